@@ -1,0 +1,124 @@
+"""`chattts-velocity` command line: say | demo | demo-assets (and the serving commands as they land)."""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+DEMO_TEXTS = [
+    "Hello! This is chattts velocity, reading a short sentence.",
+    "你好，欢迎使用这个语音合成引擎。",
+    "Many users can share one engine, and every voice can be reproduced from a seed.",
+]
+
+
+def demo_model_dir(tiny: bool = False) -> Path:
+    return Path("models") / ("demo-tiny" if tiny else "demo")
+
+
+def ensure_model(model: str, tiny: bool = False, seed: int = 0) -> tuple[Path, bool]:
+    """Resolve --model: 'demo' writes random demo weights on first use. Returns (dir, verify)."""
+    if model != "demo":
+        path = Path(model)
+        if not path.exists():
+            raise SystemExit(f"--model: {path} does not exist (give an asset folder or 'demo')")
+        return path, True
+    from .demo_weights import write_demo_assets
+
+    root = demo_model_dir(tiny)
+    if not (root / "asset" / "Vocos.safetensors").exists():
+        print(f"writing random demo weights to {root} (noise-like audio; see models/README.md)", file=sys.stderr)
+        write_demo_assets(root, seed=seed, tiny=tiny)
+    return root, False
+
+
+def load_chat(model: str, tiny: bool, use_vllm: bool, **kwargs):
+    from .chat import Chat
+
+    root, verify = ensure_model(model, tiny)
+    chat = Chat()
+    chat.load(source="custom", custom_path=root, verify=verify, use_vllm=use_vllm, **kwargs)
+    return chat
+
+
+def cmd_demo_assets(args: argparse.Namespace) -> None:
+    from .demo_weights import write_demo_assets
+
+    paths = write_demo_assets(args.dir, seed=args.seed, tiny=args.tiny)
+    print(f"demo assets written to {paths.root}")
+
+
+def cmd_say(args: argparse.Namespace) -> None:
+    from .audio import write_wav
+
+    chat = load_chat(args.model, args.tiny, use_vllm=not args.plain, dtype=args.dtype)
+    params = chat.InferCodeParams(manual_seed=args.seed, spk_emb=args.speaker or None,
+                                  max_new_token=args.max_new_token)
+    wav = chat.infer(args.text, skip_refine_text=not args.refine, params_infer_code=params)[0]
+    write_wav(args.output, wav)
+    print(f"wrote {args.output} ({len(wav) / 24000:.2f} s of audio)")
+
+
+def cmd_demo(args: argparse.Namespace) -> None:
+    from .audio import write_wav
+
+    chat = load_chat(args.model, args.tiny, use_vllm=True, dtype=args.dtype)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    speaker = chat.sample_random_speaker()
+    params = chat.InferCodeParams(spk_emb=speaker, manual_seed=args.seed, max_new_token=args.max_new_token)
+    start = time.perf_counter()
+    wavs = chat.infer(DEMO_TEXTS, skip_refine_text=True, params_infer_code=params)
+    wall = time.perf_counter() - start
+    seconds = sum(len(w) for w in wavs) / 24000
+    for i, wav in enumerate(wavs):
+        path = out / f"demo_{i:02d}.wav"
+        write_wav(path, wav)
+        print(f"{path}  {len(wav) / 24000:.2f} s")
+    print(f"{seconds:.2f} s of audio in {wall:.2f} s wall: real-time factor {wall / max(seconds, 1e-9):.3f} "
+          f"({seconds / wall:.2f}x real time)")
+    if args.model == "demo":
+        print("note: demo weights are random, so the audio is noise-like; see models/README.md for real voices")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="chattts-velocity", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("demo-assets", help="write random demo weights in the official file format")
+    p.add_argument("dir")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--tiny", action="store_true", help="test-size dimensions")
+    p.set_defaults(func=cmd_demo_assets)
+
+    for name, func, help_ in (("say", cmd_say, "synthesise one text to a WAV file"),
+                              ("demo", cmd_demo, "synthesise the example texts with demo weights")):
+        p = sub.add_parser(name, help=help_)
+        if name == "say":
+            p.add_argument("text")
+            p.add_argument("-o", "--output", default="out.wav")
+            p.add_argument("--speaker", default="", help="speaker string from sample_random_speaker()")
+            p.add_argument("--refine", action="store_true", help="run the refine-text pass first")
+            p.add_argument("--plain", action="store_true", help="use the plain transformers path")
+        else:
+            p.add_argument("--out", default="out/demo")
+        p.add_argument("--model", default="demo", help="asset folder, or 'demo' for random demo weights")
+        p.add_argument("--tiny", action="store_true", help="with --model demo: test-size weights")
+        p.add_argument("--seed", type=int, default=None)
+        p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "int8"])
+        p.add_argument("--max-new-token", type=int, default=2048)
+        p.set_defaults(func=func)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    try:
+        args.func(args)
+    except (ValueError, FileNotFoundError) as exc:
+        raise SystemExit(f"error: {exc}") from None
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,82 @@
+"""Configuration: model dimensions (read from gpt/config.json) and engine knobs."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """GPT dimensions. Always read from the checkpoint's gpt/config.json, never assumed."""
+
+    hidden_size: int = 768
+    intermediate_size: int = 3072
+    num_hidden_layers: int = 20
+    num_attention_heads: int = 12
+    num_key_value_heads: int = 12
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    max_position_embeddings: int = 4096
+    num_audio_tokens: int = 626  # codes 0..624 plus the audio EOS 625
+    num_text_tokens: int = 21178
+    num_vq: int = 4
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    @property
+    def audio_eos_id(self) -> int:
+        return self.num_audio_tokens - 1
+
+    @classmethod
+    def from_json(cls, path: str | Path) -> "ModelConfig":
+        path = Path(path)
+        if path.is_dir():
+            path = path / "config.json"
+        if not path.is_file():
+            raise FileNotFoundError(f"gpt config: {path} does not exist (expected asset/gpt/config.json)")
+        raw = json.loads(path.read_text(encoding="utf-8"))
+        names = {f.name for f in fields(cls)}
+        cfg = cls(**{k: v for k, v in raw.items() if k in names})
+        if cfg.num_key_value_heads != cfg.num_attention_heads:
+            raise ValueError(
+                f"gpt config: num_key_value_heads ({cfg.num_key_value_heads}) != num_attention_heads "
+                f"({cfg.num_attention_heads}); ChatTTS checkpoints have no grouped-query attention"
+            )
+        return cfg
+
+
+@dataclass
+class EngineConfig:
+    """Knobs of the velocity engine. Build with EngineConfig.from_kwargs(**user_kwargs)."""
+
+    block_size: int = 16  # positions per KV block (one position = one step of 4 codes)
+    kv_cache_memory: int | float | None = None  # bytes, or a fraction of RAM/VRAM; None -> 1 GiB on CPU
+    max_num_seqs: int = 64  # sequences in one step
+    max_num_batched_tokens: int = 2048  # token budget of one step (chunked prefill beyond it)
+    max_model_len: int = 4096
+    enable_prefix_caching: bool = True
+    scheduling: str = "fcfs"  # or "priority"
+    device: str = "cpu"
+    dtype: str = "float32"  # "float32" (exact), "bfloat16" (fast), "int8" (dynamic quantised linears)
+    compile: bool = False  # torch.compile the decode step
+    num_threads: int | None = None
+    seed: int = 0  # seeds the generator that picks seeds for unseeded requests
+
+    def __post_init__(self) -> None:
+        if self.block_size < 1 or self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
+            raise ValueError("block_size, max_num_seqs and max_num_batched_tokens must be >= 1")
+        if self.scheduling not in ("fcfs", "priority"):
+            raise ValueError(f"scheduling: must be 'fcfs' or 'priority', got {self.scheduling!r}")
+        if self.dtype not in ("float32", "bfloat16", "float16", "int8"):
+            raise ValueError(f"dtype: must be float32, bfloat16, float16 or int8, got {self.dtype!r}")
+
+    @classmethod
+    def from_kwargs(cls, **kwargs) -> "EngineConfig":
+        names = {f.name for f in fields(cls)}
+        unknown = set(kwargs) - names
+        if unknown:
+            raise ValueError(f"EngineConfig: unknown option(s) {sorted(unknown)}; known: {sorted(names)}")
+        return cls(**kwargs)

@@ -1,0 +1,229 @@
+"""The plain GPT path: transformers `LlamaModel` driven by upstream's batched, left-padded loop.
+
+This is the baseline and the correctness oracle (spec section 7). It keeps upstream's numbers:
+left padding, one set of sampling params per batch, `manual_seed` re-seeding the generator at
+every step. It does not keep upstream's bugs (design.md section 9): the text-phase penalty gets a
+2-D history, and "regenerate to ensure non-empty" is bounded.
+"""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Callable
+
+import torch
+from tqdm.auto import tqdm
+
+from ..config import ModelConfig
+from ..model.embed import Embed
+from ..model.loader import load_embed
+from ..schema import GenerationOutput, Prompt, SamplingParams
+from . import logits_processors as lp
+
+logger = logging.getLogger("chattts_velocity")
+MAX_REGENERATE = 3  # upstream retries forever on an immediate EOS (users report endless loops)
+
+
+class PlainGPT:
+    is_vllm = False
+
+    def __init__(self, llama: torch.nn.Module, embed: Embed, config: ModelConfig) -> None:
+        self.llama, self.embed, self.config = llama.eval(), embed.eval(), config
+        self.device = next(embed.parameters()).device
+
+    @classmethod
+    def load(cls, gpt_dir: str | Path, embed_path: str | Path, device: str = "cpu") -> "PlainGPT":
+        from transformers import LlamaConfig, LlamaModel
+        from transformers.utils import logging as hf_logging
+
+        config = ModelConfig.from_json(Path(gpt_dir) / "config.json")
+        verbosity = hf_logging.get_verbosity()
+        hf_logging.set_verbosity_error()  # the official file has no embed_tokens; HF warns about it
+        try:
+            llama = LlamaModel.from_pretrained(
+                str(gpt_dir), torch_dtype=torch.float32, attn_implementation="sdpa",
+                config=LlamaConfig.from_pretrained(str(gpt_dir)),
+            )
+        finally:
+            hf_logging.set_verbosity(verbosity)
+        llama.embed_tokens = None  # never used: inputs are embeddings (upstream deletes it too)
+        return cls(llama.to(device), load_embed(embed_path).to(device), config)
+
+    @torch.inference_mode()
+    def generate(
+        self,
+        prompts: list[Prompt],
+        params: SamplingParams | list[SamplingParams],
+        progress: bool = False,
+        should_stop: Callable[[], bool] | None = None,
+    ) -> list[GenerationOutput]:
+        params = _single_params(params)
+        for _attempt in range(MAX_REGENERATE + 1):
+            outputs, empty_first_step = self._generate_once(prompts, params, progress, should_stop)
+            if not (empty_first_step and params.ensure_non_empty and params.seed is None):
+                return outputs
+            logger.warning("unexpected end at the first step; regenerating to ensure non-empty output")
+        return outputs
+
+    def _generate_once(self, prompts, params, progress, should_stop):
+        ids, mask, text_mask = left_pad(prompts)  # [B, L, 4], [B, L], [B, L]
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        emb = self._prompt_embeddings(prompts, ids, text_mask.to(self.device))
+        loop = _Loop(self, params, ids, mask)
+        bar = tqdm(total=params.max_new_token, desc=params.mode, disable=not progress, leave=False)
+        with bar:
+            for step in range(params.max_new_token):
+                emb = loop.step(step, emb)
+                bar.update(1)
+                if step == 0 and loop.finish.any() and params.ensure_non_empty and params.seed is None:
+                    return loop.outputs(), True
+                if loop.finish.all() or (should_stop is not None and should_stop()):
+                    break
+        return loop.outputs(should_stop is not None and should_stop()), False
+
+    def _prompt_embeddings(self, prompts: list[Prompt], ids, text_mask) -> torch.Tensor:
+        emb = self.embed.embed(ids, text_mask)  # [B, L, H]
+        width = ids.shape[1]
+        for row, prompt in enumerate(prompts):
+            if prompt.spk_emb is not None and prompt.spk_positions:
+                pad = width - len(prompt)
+                positions = [pad + p for p in prompt.spk_positions]
+                emb[row, positions] = prompt.spk_emb.to(emb)
+        return emb
+
+
+class _Loop:
+    """State of one batched generation (spec section 7 steps 1-17)."""
+
+    def __init__(self, gpt: PlainGPT, params: SamplingParams, ids: torch.Tensor, mask: torch.Tensor) -> None:
+        self.gpt, self.params = gpt, params
+        self.text_mode = params.mode == "text"
+        batch, self.start = ids.shape[0], ids.shape[1]
+        self.rows = 1 if self.text_mode else gpt.config.num_vq
+        total = self.start + params.max_new_token
+        self.ids = torch.zeros(batch, total, ids.shape[2], dtype=torch.long, device=ids.device)
+        self.ids[:, : self.start] = ids
+        self.mask = torch.ones(batch, total, dtype=torch.bool, device=ids.device)
+        self.mask[:, : self.start] = mask
+        self.progress = self.start
+        self.end = torch.zeros(batch, dtype=torch.long)
+        self.finish = torch.zeros(batch, dtype=torch.bool)
+        self.hiddens: list[torch.Tensor] = []
+        temps = torch.tensor(params.temperatures(self.rows), dtype=torch.float32, device=ids.device)
+        self.temperature = temps.repeat(batch).unsqueeze(1)  # [B * rows, 1], row b*rows+q
+        self.cache = None
+        self.generator = None
+        if params.seed is not None:
+            self.generator = torch.Generator(device=ids.device)
+
+    def step(self, step: int, emb: torch.Tensor) -> torch.Tensor:
+        hidden = self._forward(step, emb)  # [B, H], the state that predicts this step's token
+        if self.params.return_hidden:
+            self.hiddens.append(hidden.float())
+        logits = self._logits(hidden)
+        logits = self._process(logits, step)
+        tokens = self._sample(logits).view(-1, self.rows)  # [B, rows]
+        self.finish |= (tokens == self.params.eos_token_id).any(1).cpu()
+        self.ids[:, self.progress] = tokens if not self.text_mode else tokens.expand(-1, self.ids.shape[2])
+        self.progress += 1
+        self.end += (~self.finish).long()
+        return self._next_embeddings(tokens)
+
+    def _forward(self, step: int, emb: torch.Tensor) -> torch.Tensor:
+        from transformers import DynamicCache
+
+        mask = self.mask[:, : self.progress].long()
+        positions = mask.cumsum(-1) - 1
+        positions.masked_fill_(mask == 0, 1)
+        if step == 0:
+            self.cache = DynamicCache()
+            cache_position = torch.arange(self.progress, device=mask.device)
+        else:
+            positions = positions[:, -1:]
+            cache_position = torch.arange(self.progress - 1, self.progress, device=mask.device)
+        out = self.gpt.llama(
+            inputs_embeds=emb, attention_mask=mask, position_ids=positions,
+            past_key_values=self.cache, use_cache=True, cache_position=cache_position,
+        )
+        self.cache = out.past_key_values
+        return out.last_hidden_state[:, -1]
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.text_mode:
+            return self.gpt.embed.text_logits(hidden).float()  # [B, V_text]
+        logits = self.gpt.embed.code_logits(hidden).float()  # [B, 4, V_audio]
+        return logits.reshape(-1, logits.shape[-1])  # [B * 4, V], row b*4+q
+
+    def _history(self) -> torch.Tensor:
+        generated = self.ids[:, self.start : self.progress, : self.rows]  # [B, G, rows]
+        return generated.permute(0, 2, 1).reshape(-1, generated.shape[1])  # [B * rows, G]
+
+    def _process(self, logits: torch.Tensor, step: int) -> torch.Tensor:
+        p = self.params
+        logits = logits / self.temperature
+        num_rows = logits.shape[0]
+        history = self._history()
+        if p.repetition_penalty != 1.0:
+            penalty = torch.full((num_rows,), p.repetition_penalty, device=logits.device)
+            # Upstream quirk kept: rows whose index reaches the processor's num_code (625 for
+            # codes, the vocabulary for text) are not penalised; only matters for B * 4 > 625.
+            penalty[logits.shape[1] - (0 if self.text_mode else 1):] = 1.0
+            logits = lp.apply_repetition_penalty(logits, history[:, -p.penalty_window :], penalty)
+        if p.top_p is not None:
+            logits = lp.apply_top_p(logits, torch.full((num_rows,), p.top_p, device=logits.device))
+        if p.top_k is not None:
+            logits = lp.apply_top_k(logits, torch.full((num_rows,), p.top_k, device=logits.device))
+        for processor in p.logits_processors:
+            for b in range(num_rows // self.rows):
+                rows = slice(b * self.rows, (b + 1) * self.rows)
+                logits[rows] = processor(history[rows].T, logits[rows])
+        if step < p.min_new_token:
+            logits[:, p.eos_token_id] = -torch.inf
+        return logits
+
+    def _sample(self, logits: torch.Tensor) -> torch.Tensor:
+        probs = torch.softmax(logits, dim=-1)
+        if self.generator is None:
+            return torch.multinomial(probs, 1)
+        return torch.multinomial(probs, 1, generator=self.generator.manual_seed(self.params.seed))
+
+    def _next_embeddings(self, tokens: torch.Tensor) -> torch.Tensor:
+        if self.text_mode:
+            return self.gpt.embed.embed_text(tokens[:, 0]).unsqueeze(1)  # [B, 1, H]
+        return self.gpt.embed.embed_codes(tokens).unsqueeze(1)  # [B, 1, H]
+
+    def outputs(self, interrupted: bool = False) -> list[GenerationOutput]:
+        hiddens = torch.stack(self.hiddens, 1) if self.hiddens else None  # [B, steps, H]
+        results = []
+        for b, n in enumerate(self.end.tolist()):
+            tokens = self.ids[b, self.start : self.start + n, : self.rows].cpu()
+            reason = "eos" if self.finish[b] else ("interrupted" if interrupted else "length")
+            results.append(GenerationOutput(
+                request_id=str(b), token_ids=tokens,
+                hidden=hiddens[b, :n].cpu() if hiddens is not None else None,
+                finished=True, finish_reason=reason,
+            ))
+        return results
+
+
+def left_pad(prompts: list[Prompt]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Upstream's batch layout: each prompt right-aligned, pads (id 0) masked out on the left."""
+    width = max(len(p) for p in prompts)
+    num_vq = prompts[0].input_ids.shape[1]
+    ids = torch.zeros(len(prompts), width, num_vq, dtype=torch.long)
+    mask = torch.zeros(len(prompts), width, dtype=torch.bool)
+    text_mask = torch.zeros(len(prompts), width, dtype=torch.bool)
+    for row, p in enumerate(prompts):
+        ids[row, width - len(p):] = p.input_ids
+        mask[row, width - len(p):] = True
+        text_mask[row, width - len(p):] = p.text_mask
+    return ids, mask, text_mask
+
+
+def _single_params(params: SamplingParams | list[SamplingParams]) -> SamplingParams:
+    if isinstance(params, SamplingParams):
+        return params
+    first = params[0]
+    if any(p is not first and p != first for p in params[1:]):
+        raise ValueError("params: the plain path samples a batch with one set of params; use is_vllm=True")
+    return first

@@ -1,0 +1,106 @@
+"""Hand-off types between the stages: text/ -> engine/ -> audio/.
+
+One dataclass per arrow of the data-flow picture (docs/architecture.md). Every stage may
+import this module; it imports nothing from the package.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Literal
+
+import torch
+
+# A custom logits processor sees the request's generated history and the logits of its rows.
+#   history: [G, num_rows] int64 (generated tokens so far, prompt excluded)
+#   logits:  [num_rows, V] float32 (already temperature-scaled)
+# and returns logits of the same shape (may modify in place).
+LogitsProcessor = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+Mode = Literal["code", "text"]
+
+
+@dataclass
+class Prompt:
+    """One request's prompt as the GPT sees it (no padding; positions start at 0)."""
+
+    input_ids: torch.Tensor  # [T, num_vq] int64; text ids repeated over the 4 channels, audio-prompt codes as is
+    text_mask: torch.Tensor  # [T] bool; True -> emb_text(ids[:, 0]); False -> sum_q emb_code[q](ids[:, q])
+    spk_emb: torch.Tensor | None = None  # [H] float32, already normalised; replaces the rows at spk_positions
+    spk_positions: tuple[int, ...] = ()  # rows holding the [spk_emb] token
+
+    def __post_init__(self) -> None:
+        if self.input_ids.dim() != 2 or self.text_mask.shape != self.input_ids.shape[:1]:
+            raise ValueError(
+                f"Prompt: input_ids must be [T, num_vq] and text_mask [T], got "
+                f"{tuple(self.input_ids.shape)} and {tuple(self.text_mask.shape)}"
+            )
+        if self.input_ids.shape[0] == 0:
+            raise ValueError("Prompt: input_ids is empty; a prompt needs at least one position")
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+
+@dataclass
+class SamplingParams:
+    """Per-request sampling settings; every request keeps its own (never 'the first request's')."""
+
+    mode: Mode = "code"
+    temperature: float | tuple[float, ...] = 0.3  # scalar, or one value per codebook row
+    top_p: float | None = 0.7
+    top_k: int | None = 20
+    repetition_penalty: float = 1.05
+    penalty_window: int = 16  # generated tokens seen by the penalty (prompt excluded)
+    max_new_token: int = 2048
+    min_new_token: int = 0
+    seed: int | None = None
+    eos_token_id: int = 625  # code mode: 625 in any of the 4 rows; text mode: [Ebreak] = 21136
+    logits_processors: tuple[LogitsProcessor, ...] = ()
+    return_hidden: bool = True
+    ensure_non_empty: bool = True  # unseeded: an EOS at the very first step is retried (bounded)
+    priority: int = 0  # lower runs first when the scheduler uses priority order
+
+    def __post_init__(self) -> None:
+        temps = self.temperature if isinstance(self.temperature, (tuple, list)) else (self.temperature,)
+        if any(not isinstance(t, (int, float)) or t <= 0 for t in temps):
+            raise ValueError(f"temperature: every value must be > 0, got {self.temperature!r}")
+        if self.top_p is not None and not 0 < self.top_p <= 1:
+            raise ValueError(f"top_P: must be in (0, 1], got {self.top_p!r}")
+        if self.top_k is not None and self.top_k < 1:
+            raise ValueError(f"top_K: must be >= 1, got {self.top_k!r}")
+        if self.repetition_penalty <= 0:
+            raise ValueError(f"repetition_penalty: must be > 0, got {self.repetition_penalty!r}")
+        if self.max_new_token < 1 or self.min_new_token < 0:
+            raise ValueError(
+                f"max_new_token must be >= 1 and min_new_token >= 0, got "
+                f"{self.max_new_token} and {self.min_new_token}"
+            )
+        if self.mode not in ("code", "text"):
+            raise ValueError(f"mode: must be 'code' or 'text', got {self.mode!r}")
+
+    def temperatures(self, num_rows: int) -> list[float]:
+        """The temperature of each of the request's rows (4 codebooks, or 1 in text mode)."""
+        if isinstance(self.temperature, (tuple, list)):
+            if len(self.temperature) == 1:
+                return [float(self.temperature[0])] * num_rows
+            if len(self.temperature) != num_rows:
+                raise ValueError(
+                    f"temperature: expected 1 or {num_rows} values, got {len(self.temperature)}"
+                )
+            return [float(t) for t in self.temperature]
+        return [float(self.temperature)] * num_rows
+
+
+FinishReason = Literal["eos", "length", "abort", "interrupted"]
+
+
+@dataclass
+class GenerationOutput:
+    """What the GPT stage hands on: the generated tokens and the hidden states that predicted them."""
+
+    request_id: str
+    token_ids: torch.Tensor  # [T, num_rows] int64 (4 in code mode, 1 in text mode); the EOS step excluded
+    hidden: torch.Tensor | None = None  # [T, H] float32; hidden[k] is the state that predicted token_ids[k]
+    finished: bool = False
+    finish_reason: FinishReason | None = None
+    extra: dict = field(default_factory=dict)  # timings and stats (e.g. time to first token)
