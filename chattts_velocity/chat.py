@@ -16,7 +16,7 @@ import torch
 from . import audio, text
 from .assets import AssetPaths, find_assets, verify_assets
 from .gpt import load_pretrained
-from .params import TEXT_EOS_TOKEN, InferCodeParams, RefineTextParams
+from .params import InferCodeParams, RefineTextParams
 from .schema import GenerationOutput, Prompt
 
 SAMPLE_RATE = 24000
@@ -29,7 +29,6 @@ class Chat:
     def __init__(self, logger: logging.Logger | None = None) -> None:
         self.logger = logger or logging.getLogger("chattts_velocity")
         self.normalizer = text.Normalizer()
-        self.normalizer.register_default_normalizers()
         self._stop = threading.Event()
         self._reset_modules()
 

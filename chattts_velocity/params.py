@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 
 from .schema import LogitsProcessor, SamplingParams
 
-TEXT_EOS_TOKEN = "[Ebreak]"
 
 
 @dataclass(repr=False, eq=False)

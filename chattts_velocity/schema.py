@@ -104,3 +104,27 @@ class GenerationOutput:
     finished: bool = False
     finish_reason: FinishReason | None = None
     extra: dict = field(default_factory=dict)  # timings and stats (e.g. time to first token)
+
+
+def pad_left(prompts: list[Prompt]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Upstream's batched layout (spec 3): every prompt right-aligned in a [N, L] grid.
+
+    Returns input_ids [N, L, num_vq] int64 (pads 0), attention_mask [N, L] int64 (0 on pads only)
+    and text_mask [N, L] bool (False on pads and audio-prompt rows). With upstream's shared
+    voice sample this equals Tokenizer.encode of ChatTTS 0.2.5 column for column.
+    """
+    if not prompts:
+        raise ValueError("prompts: need at least one Prompt to pad")
+    num_vq = prompts[0].input_ids.shape[1]
+    if any(p.input_ids.shape[1] != num_vq for p in prompts):
+        raise ValueError("prompts: every Prompt must have the same number of code channels")
+    width = max(len(p) for p in prompts)
+    input_ids = torch.zeros(len(prompts), width, num_vq, dtype=torch.int64)
+    attention_mask = torch.zeros(len(prompts), width, dtype=torch.int64)
+    text_mask = torch.zeros(len(prompts), width, dtype=torch.bool)
+    for row, p in enumerate(prompts):
+        start = width - len(p)
+        input_ids[row, start:] = p.input_ids
+        attention_mask[row, start:] = 1
+        text_mask[row, start:] = p.text_mask
+    return input_ids, attention_mask, text_mask

@@ -17,7 +17,7 @@ from tqdm.auto import tqdm
 from ..config import ModelConfig
 from ..model.embed import Embed
 from ..model.loader import load_embed
-from ..schema import GenerationOutput, Prompt, SamplingParams
+from ..schema import GenerationOutput, Prompt, SamplingParams, pad_left
 from . import logits_processors as lp
 
 logger = logging.getLogger("chattts_velocity")
@@ -66,8 +66,8 @@ class PlainGPT:
         return outputs
 
     def _generate_once(self, prompts, params, progress, should_stop):
-        ids, mask, text_mask = left_pad(prompts)  # [B, L, 4], [B, L], [B, L]
-        ids, mask = ids.to(self.device), mask.to(self.device)
+        ids, mask, text_mask = pad_left(prompts)  # [B, L, 4], [B, L], [B, L]
+        ids, mask = ids.to(self.device), mask.bool().to(self.device)
         emb = self._prompt_embeddings(prompts, ids, text_mask.to(self.device))
         loop = _Loop(self, params, ids, mask)
         bar = tqdm(total=params.max_new_token, desc=params.mode, disable=not progress, leave=False)
@@ -204,20 +204,6 @@ class _Loop:
                 finished=True, finish_reason=reason,
             ))
         return results
-
-
-def left_pad(prompts: list[Prompt]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Upstream's batch layout: each prompt right-aligned, pads (id 0) masked out on the left."""
-    width = max(len(p) for p in prompts)
-    num_vq = prompts[0].input_ids.shape[1]
-    ids = torch.zeros(len(prompts), width, num_vq, dtype=torch.long)
-    mask = torch.zeros(len(prompts), width, dtype=torch.bool)
-    text_mask = torch.zeros(len(prompts), width, dtype=torch.bool)
-    for row, p in enumerate(prompts):
-        ids[row, width - len(p):] = p.input_ids
-        mask[row, width - len(p):] = True
-        text_mask[row, width - len(p):] = p.text_mask
-    return ids, mask, text_mask
 
 
 def _single_params(params: SamplingParams | list[SamplingParams]) -> SamplingParams:

@@ -1,0 +1,30 @@
+"""Text stage (language-aware): normalise and split text, build GPT prompts, encode speakers.
+
+In: user text, speaker strings, voice-sample codes. Out: schema.Prompt for the engine.
+"""
+from chattts_velocity.text.normalizer import Normalizer, detect_language, split_text
+from chattts_velocity.text.speaker import (
+    decode_prompt,
+    decode_spk_emb,
+    encode_prompt,
+    encode_spk_emb,
+    normalize_spk_emb,
+    sample_random_speaker,
+    seed_context,
+)
+from chattts_velocity.text.tokenizer import Tokenizer, pad_left
+
+__all__ = [
+    "Normalizer",
+    "Tokenizer",
+    "decode_prompt",
+    "decode_spk_emb",
+    "detect_language",
+    "encode_prompt",
+    "encode_spk_emb",
+    "normalize_spk_emb",
+    "pad_left",
+    "sample_random_speaker",
+    "seed_context",
+    "split_text",
+]

@@ -1,0 +1,210 @@
+"""Text stage: normalisation. Raw user text -> sentences, and sentence -> text the tokenizer reads well.
+
+Implements ChatTTS's Normalizer (spec 11) and sentence splitting (spec 8 step 2); deviations are noted
+where they occur.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+import re
+from itertools import zip_longest
+from pathlib import Path
+from typing import Callable, Literal
+
+HOMOPHONES_PATH = Path(__file__).parent / "res" / "homophones.tsv"
+logger = logging.getLogger(__name__)
+
+_REJECT = re.compile(r"[^\u4e00-\u9fffA-Za-z，。、,. ]")  # what the GPT pronounces reliably
+_TAG = re.compile(r"\[[\w_]+\]")
+_CJK_CHAR = re.compile(r"[\u4e00-\u9fff]")
+_EN_WORD = re.compile(r"\b[A-Za-z]+\b")
+_SENTENCE_END = re.compile(r"(?<=。)|(?<=\.\s)")  # zero-width: the end mark stays with the left piece
+# zh only; "[", "]" and "_" are kept so [tags] survive.
+_HALF_TO_FULL = str.maketrans(
+    "!\"'#$%&(),-*+./:;<=>?@\\^`{|}~",
+    "！“‘＃＄％＆（），－＊＋。／：；＜＝＞？＠＼＾｀｛｜｝～",
+)
+# Applied to the whole text when it holds characters outside _REJECT's class.
+_SIMPLIFY = str.maketrans(
+    "：；（）【】『』「」《》－！:;()><-!",
+    "，，，，，，，，，，，，，。,,,,,,,.",
+)
+_PROBE = "test string 测试字符串"
+
+
+class Normalizer:
+    """Upstream's text normaliser: per-language normalisers, punctuation and homophone maps.
+
+    `normalizers` maps a language ("zh", "en", ...) to a str -> str function applied to the text
+    between [tags]. The zh (WeTextProcessing) and en (NeMo) ones are registered at construction
+    when their packages are installed (`load_defaults`); upstream registers none by default.
+    """
+
+    def __init__(self, homophones: str | Path = HOMOPHONES_PATH, *, load_defaults: bool = True) -> None:
+        self.normalizers: dict[str, Callable[[str], str]] = {}
+        self.homophones = load_homophones(homophones)  # {ord(source): ord(target)}
+        if load_defaults:
+            self.register_default_normalizers()
+
+    def __call__(
+        self,
+        text: str,
+        do_text_normalization: bool = True,
+        do_homophone_replacement: bool = True,
+        lang: str | None = None,
+    ) -> str:
+        """Normalise one sentence. Deviation: "" gives "" (upstream raises IndexError with a normaliser)."""
+        if not isinstance(text, str):
+            raise ValueError(f"text: expected a str, got {type(text).__name__}")
+        if do_text_normalization:
+            text = self._normalize(text, detect_language(text) if lang is None else lang)
+        invalid = invalid_characters(text)
+        if invalid:
+            logger.warning("found invalid characters: %s", sorted(invalid))
+            text = text.translate(_SIMPLIFY)
+        if do_homophone_replacement:
+            text = self.replace_homophones(text)
+        if invalid:
+            text = map_plain_segments(text, lambda t: _REJECT.sub("", t))
+        return text
+
+    def _normalize(self, text: str, lang: str) -> str:
+        if lang in self.normalizers:
+            text = map_plain_segments(text, self.normalizers[lang])
+        if lang == "zh":
+            text = text.translate(_HALF_TO_FULL)
+        return text
+
+    def replace_homophones(self, text: str) -> str:
+        """One left-to-right pass of the character map; a replaced character is not looked up again."""
+        if logger.isEnabledFor(logging.INFO):
+            pairs = [f"{c}->{chr(self.homophones[ord(c)])}" for c in text if ord(c) in self.homophones]
+            if pairs:
+                logger.info("replace homophones: %s", ", ".join(pairs))
+        return text.translate(self.homophones)
+
+    def register(self, name: str, normalizer: Callable[[str], str]) -> bool:
+        """Add a language normaliser; False (with a warning) on a duplicate name or a bad function."""
+        if name in self.normalizers:
+            logger.warning("normalizer %r is already registered", name)
+            return False
+        try:
+            result = normalizer(_PROBE)
+        except Exception as e:  # any failure of user code means "not registered", as upstream
+            logger.warning("normalizer %r failed on %r: %s", name, _PROBE, e)
+            return False
+        if not isinstance(result, str):
+            logger.warning("normalizer %r must map str -> str, returned %s", name, type(result).__name__)
+            return False
+        self.normalizers[name] = normalizer
+        return True
+
+    def unregister(self, name: str) -> None:
+        self.normalizers.pop(name, None)
+
+    def register_default_normalizers(self) -> list[str]:
+        """Register zh (WeTextProcessing) and en (NeMo) when installed; returns the names added now."""
+        added = []
+        for name, build in (("zh", _wetext_zh), ("en", _nemo_en)):
+            if name in self.normalizers:
+                continue
+            try:
+                fn = build()
+            except ImportError as e:
+                logger.debug("no %s normalizer: %s", name, e)
+                continue
+            except Exception as e:  # a broken optional install must not break text processing
+                logger.warning("the %s normalizer failed to load: %s", name, e)
+                continue
+            if self.register(name, fn):
+                added.append(name)
+        return added
+
+
+def _wetext_zh() -> Callable[[str], str]:
+    from tn.chinese.normalizer import Normalizer as ZhNormalizer
+
+    return ZhNormalizer(remove_interjections=False).normalize
+
+
+def _nemo_en() -> Callable[[str], str]:
+    from nemo_text_processing.text_normalization.normalize import Normalizer as EnNormalizer
+
+    normalizer = EnNormalizer(input_case="cased", lang="en")
+    return functools.partial(normalizer.normalize, verbose=False, punct_post_process=True)
+
+
+def load_homophones(path: str | Path) -> dict[int, int]:
+    """The homophone table (`source<TAB>target` lines, '#' comments) as a str.translate map."""
+    table: dict[int, int] = {}
+    for number, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+        if not line or line.startswith("#"):
+            continue
+        pair = line.split("\t")
+        if len(pair) != 2 or len(pair[0]) != 1 or len(pair[1]) != 1:
+            raise ValueError(f"homophones: {path}:{number} is not 'source<TAB>target' (one character each)")
+        table.setdefault(ord(pair[0]), ord(pair[1]))  # first entry wins, as upstream's lookup
+    return table
+
+
+def detect_language(text: str) -> Literal["zh", "en"]:
+    """ "zh" when CJK characters outnumber English words, else "en" (ties go to "en")."""
+    return "zh" if len(_CJK_CHAR.findall(text)) > len(_EN_WORD.findall(text)) else "en"
+
+
+def invalid_characters(text: str) -> set[str]:
+    """Characters outside Chinese, ASCII letters, ，。、,. and space, ignoring [tags]."""
+    return set(_REJECT.findall(_TAG.sub("", text)))
+
+
+def split_tags(text: str) -> tuple[list[str], list[str]]:
+    """Split into plain segments and [tags]: texts[i] precedes tags[i], so len(tags) <= len(texts).
+
+    Every "[" opens a tag (the text before it is kept, even if empty) that runs to the next "]";
+    an unterminated "[..." tail, or a tag interrupted by another "[", is dropped, as upstream.
+    Deviation: a "]" outside a tag is plain text; upstream records an empty tag there, which moves
+    later tags one segment to the right when recombined.
+    """
+    texts: list[str] = []
+    tags: list[str] = []
+    plain, tag = "", None  # tag is None outside a tag
+    for c in text:
+        if c == "[":
+            texts.append(plain)
+            plain, tag = "", c
+        elif tag is None:
+            plain += c
+        else:
+            tag += c
+            if c == "]":
+                tags.append(tag)
+                tag = None
+    if plain:
+        texts.append(plain)
+    return texts, tags
+
+
+def combine_tags(texts: list[str], tags: list[str]) -> str:
+    """Inverse of split_tags: each plain segment followed by its tag."""
+    return "".join(t + g for t, g in zip_longest(texts, tags, fillvalue=""))
+
+
+def map_plain_segments(text: str, fn: Callable[[str], str]) -> str:
+    """Apply `fn` to the text between [tags] (empty segments included) and recombine."""
+    texts, tags = split_tags(text)
+    return combine_tags([fn(t) for t in texts], tags)
+
+
+def split_text(text: str) -> list[str]:
+    """Upstream's sentence splitting, done before normalisation (spec 8 step 2).
+
+    With a "\\n" the text is split into lines; otherwise after every "。" and after every "."
+    followed by one whitespace character (which stays with the left piece).
+    Deviation: empty and whitespace-only pieces are dropped in both cases; upstream keeps empty
+    lines, and each one would be synthesised as a prompt with no text.
+    """
+    if not isinstance(text, str):
+        raise ValueError(f"text: expected a str, got {type(text).__name__}")
+    pieces = text.split("\n") if "\n" in text else _SENTENCE_END.split(text)
+    return [p for p in pieces if p.strip()]

@@ -1,0 +1,137 @@
+"""Text stage: speaker strings. Speaker vectors and audio-prompt codes <-> upstream's text encodings.
+
+Strings are bit-compatible with ChatTTS 0.2.5: base16384(raw LZMA2(little-endian payload)) (spec 6.4).
+"""
+from __future__ import annotations
+
+import lzma
+import struct
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import pybase16384 as b14
+import torch
+import torch.nn.functional as F
+
+SPK_STAT_PATH = Path(__file__).parent / "res" / "spk_stat.npy"
+SPEAKER_PREFIX = "蘁淰"  # b14 of the LZMA2 chunk header every speaker string starts with
+_LZMA_FILTERS = [{"id": lzma.FILTER_LZMA2, "preset": 9 | lzma.PRESET_EXTREME}]
+_SPK_HINT = f"(expected a string from sample_random_speaker(), starting with {SPEAKER_PREFIX})"
+_SMP_HINT = "(expected a string from Chat.sample_audio_speaker() or encode_prompt())"
+# base16384 alphabet: 14-bit payload characters, plus one optional trailing marker U+3D01..U+3D06
+# giving the byte count of a partial final 7-byte group.
+_B14_FIRST, _B14_LAST = 0x4E00, 0x4E00 + (1 << 14) - 1
+_B14_MARKERS = range(0x3D01, 0x3D07)
+
+
+def _compress(data: bytes) -> bytes:
+    return lzma.compress(data, format=lzma.FORMAT_RAW, filters=_LZMA_FILTERS)
+
+
+def _unpack(s: object, field: str, hint: str, *, header: int = 0) -> tuple[bytes, bytes]:
+    """b14-decode `s`, split off `header` raw bytes, LZMA2-decompress the rest -> (header, payload)."""
+    if not isinstance(s, str) or not s:
+        raise ValueError(f"{field}: got {type(s).__name__} {s!r:.40}, not a non-empty string {hint}")
+    body = s[:-1] if ord(s[-1]) in _B14_MARKERS else s
+    if not all(_B14_FIRST <= ord(c) <= _B14_LAST for c in body):
+        raise ValueError(f"{field}: {s[:12]!r}... contains characters outside base16384 {hint}")
+    raw = b14.decode_from_string(s)
+    if len(raw) <= header:
+        raise ValueError(f"{field}: the string is too short ({len(raw)} bytes decoded) {hint}")
+    try:
+        payload = lzma.decompress(raw[header:], format=lzma.FORMAT_RAW, filters=_LZMA_FILTERS)
+    except lzma.LZMAError as e:
+        raise ValueError(f"{field}: the string is corrupt ({e}) {hint}") from None
+    return raw[:header], payload
+
+
+def encode_spk_emb(x: torch.Tensor) -> str:
+    """Speaker vector [D] (any float dtype; stored as float16) -> upstream speaker string."""
+    if not isinstance(x, torch.Tensor) or x.dim() != 1 or not x.is_floating_point():
+        raise ValueError(f"spk_emb: expected a 1-D float tensor, got {_describe(x)}")
+    arr = x.detach().to(device="cpu", dtype=torch.float16).numpy().astype("<f2")
+    return b14.encode_to_string(_compress(arr.tobytes()))
+
+
+def decode_spk_emb(s: str) -> torch.Tensor:
+    """Upstream speaker string -> float16 [D]. Malformed strings raise ValueError."""
+    _, raw = _unpack(s, "speaker", _SPK_HINT)
+    if not raw or len(raw) % 2:
+        raise ValueError(f"speaker: decoded to {len(raw)} bytes, not a float16 vector {_SPK_HINT}")
+    return torch.from_numpy(np.frombuffer(raw, dtype="<f2").astype(np.float16))  # [D]
+
+
+def speaker_stats(dim: int = 768, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """(std, mean), each float16 [dim]: upstream's spk_stat, truncated to the first `dim` entries.
+
+    The official statistics are 768 wide. A smaller `dim` (tiny test checkpoints) takes the first
+    `dim` entries of std and of mean; this has no upstream counterpart.
+    """
+    stat = torch.from_numpy(np.load(SPK_STAT_PATH).astype(np.float16))  # [2 * 768]: std then mean
+    std, mean = stat.chunk(2)
+    if not 1 <= dim <= std.numel():
+        raise ValueError(f"dim: must be in 1..{std.numel()} (the width of spk_stat), got {dim}")
+    return std[:dim].to(device), mean[:dim].to(device)
+
+
+def sample_random_speaker(dim: int = 768, device: torch.device | str = "cpu") -> str:
+    """A random voice as an upstream speaker string, drawn from the global torch RNG.
+
+    Same draw as upstream: fp16 randn(dim) on `device`, then `x * std + mean` as two rounded fp16
+    ops, so under torch.manual_seed(s) the CPU string equals upstream's. See speaker_stats for
+    dim != 768.
+    """
+    std, mean = speaker_stats(dim, device)
+    x = torch.randn(dim, device=device, dtype=torch.float16)  # [dim]
+    x.mul_(std).add_(mean)  # NOTE: not addcmul, whose single rounding differs from upstream
+    return encode_spk_emb(x)
+
+
+def normalize_spk_emb(x: torch.Tensor) -> torch.Tensor:
+    """Speaker vector [D] -> unit-norm float32 [D], as upstream injects it (spec 6.3).
+
+    The norm is taken on the CPU in the vector's own dtype (fp16 for decoded strings), i.e.
+    fp16(x / fp16(||x||)), and only then upcast; an fp32 computation is not bit-identical.
+    """
+    if not isinstance(x, torch.Tensor) or x.dim() != 1 or not x.is_floating_point():
+        raise ValueError(f"spk_emb: expected a 1-D float tensor or a speaker string, got {_describe(x)}")
+    return F.normalize(x.detach().cpu(), p=2.0, dim=0, eps=1e-12).to(torch.float32)
+
+
+def encode_prompt(codes: torch.Tensor) -> str:
+    """Audio-prompt codes [num_vq, T] (integers 0..65535) -> upstream spk_smp string."""
+    if not isinstance(codes, torch.Tensor) or codes.dim() != 2 or codes.is_floating_point():
+        raise ValueError(f"spk_smp: expected a 2-D integer tensor [num_vq, T], got {_describe(codes)}")
+    if max(codes.shape) > 0xFFFF or (codes.numel() and (codes.min() < 0 or codes.max() > 0xFFFF)):
+        raise ValueError("spk_smp: codes and both dimensions must fit in uint16 (0..65535)")
+    arr = codes.detach().cpu().numpy().astype("<u2")  # row-major [num_vq, T]
+    return b14.encode_to_string(struct.pack("<HH", *arr.shape) + _compress(arr.tobytes()))
+
+
+def decode_prompt(s: str) -> torch.Tensor:
+    """Upstream spk_smp string -> int32 [num_vq, T]. Malformed strings raise ValueError."""
+    head, raw = _unpack(s, "spk_smp", _SMP_HINT, header=4)
+    rows, cols = struct.unpack("<HH", head)
+    if len(raw) != 2 * rows * cols:
+        raise ValueError(f"spk_smp: header says [{rows}, {cols}] but {len(raw)} bytes follow {_SMP_HINT}")
+    arr = np.frombuffer(raw, dtype="<u2").astype(np.int32).reshape(rows, cols)
+    return torch.from_numpy(arr)  # [num_vq, T]
+
+
+@contextmanager
+def seed_context(seed: int) -> Iterator[None]:
+    """Seed every torch device with `seed`; on exit restore the CPU RNG state only (as upstream)."""
+    state = torch.get_rng_state()
+    torch.manual_seed(seed)
+    try:
+        yield
+    finally:
+        torch.set_rng_state(state)
+
+
+def _describe(x: object) -> str:
+    if isinstance(x, torch.Tensor):
+        return f"a {x.dtype} tensor of shape {tuple(x.shape)}"
+    return type(x).__name__

@@ -1,0 +1,42 @@
+"""Shared fixtures: the real tokenizer/config (when present) and cached random-weight checkpoints."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_ASSETS = REPO.parent / "shared" / "chattts-asset"
+CACHE = Path(os.environ.get("CHATTTS_VELOCITY_TEST_CACHE", REPO / ".pytest-assets"))
+
+torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
+
+
+@pytest.fixture(scope="session")
+def shared_assets() -> Path:
+    if not (SHARED_ASSETS / "tokenizer" / "tokenizer.json").exists():
+        pytest.skip(f"real tokenizer not found at {SHARED_ASSETS}")
+    return SHARED_ASSETS
+
+
+def _demo_assets(name: str, tiny: bool) -> Path:
+    from chattts_velocity.demo_weights import write_demo_assets
+
+    root = CACHE / name
+    if not (root / "asset" / "Vocos.safetensors").exists():
+        write_demo_assets(root, seed=0, tiny=tiny, progress=False)
+    return root
+
+
+@pytest.fixture(scope="session")
+def tiny_assets() -> Path:
+    """A tiny random checkpoint in the official format (written once, cached across runs)."""
+    return _demo_assets("tiny", tiny=True)
+
+
+@pytest.fixture(scope="session")
+def full_assets() -> Path:
+    """Full-size random weights (about 1 GB on disk); only for tests marked slow or parity."""
+    return _demo_assets("full", tiny=False)
