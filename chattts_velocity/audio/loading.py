@@ -1,0 +1,61 @@
+"""Audio stage: read the audio checkpoints (safetensors -> fp32 state dict) and load them strictly.
+
+Sizes are read from tensor shapes; a wrong or damaged file is reported as a ValueError naming the key.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from torch import nn
+
+
+def load_safetensors(path: str | Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a .safetensors file on CPU; floating tensors upcast to float32."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint: {path} does not exist")
+    out: dict[str, torch.Tensor] = {}
+    with safe_open(str(path), framework="pt", device="cpu") as f:
+        for key in f.keys():
+            t = f.get_tensor(key)
+            out[key] = t.float() if t.is_floating_point() else t
+    return out
+
+
+def shape_of(sd: dict[str, torch.Tensor], key: str, what: str) -> torch.Size:
+    """Shape of sd[key]; a missing key is a ValueError naming the file kind."""
+    if key not in sd:
+        raise ValueError(f"{what} state dict: missing key {key!r}; is this the right checkpoint file?")
+    return sd[key].shape
+
+
+def count_indexed(sd: dict[str, torch.Tensor], prefix: str, what: str) -> int:
+    """Number of sub-modules `<prefix><j>.*` (j = 0..n-1, contiguous)."""
+    heads = {k[len(prefix):].split(".", 1)[0] for k in sd if k.startswith(prefix)}
+    found = {int(h) for h in heads if h.isdigit()}
+    if not found or len(found) != len(heads) or found != set(range(len(found))):
+        raise ValueError(
+            f"{what} state dict: expected keys {prefix}0.* .. {prefix}<n-1>.*, got {sorted(heads)}"
+        )
+    return len(found)
+
+
+def load_strict(module: nn.Module, sd: dict[str, torch.Tensor], what: str) -> nn.Module:
+    """load_state_dict(strict=True), with missing/unexpected keys and shape mismatches as ValueError."""
+    expected = module.state_dict()
+    missing = sorted(set(expected) - set(sd))
+    unexpected = sorted(set(sd) - set(expected))
+    if missing or unexpected:
+        raise ValueError(
+            f"{what} state dict does not match the module: missing keys {missing[:8]}"
+            f"{' ...' if len(missing) > 8 else ''}, unexpected keys {unexpected[:8]}"
+            f"{' ...' if len(unexpected) > 8 else ''}; pass the official {what}.safetensors contents"
+        )
+    wrong = [f"{k}: file {tuple(sd[k].shape)} vs module {tuple(v.shape)}"
+             for k, v in expected.items() if sd[k].shape != v.shape]
+    if wrong:
+        raise ValueError(f"{what} state dict: inconsistent shapes {wrong[:4]}")
+    module.load_state_dict(sd, strict=True)
+    return module

@@ -1,0 +1,101 @@
+"""Audio stage: inference-only Vocos vocoder (mel [B, 100, T] -> 24 kHz wav [B, (T-1)*hop]).
+
+Same state-dict keys as vocos 0.1.0 (feature_extractor / backbone / head); no torchaudio needed.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from chattts_velocity.audio.convnext import ConvNeXtBlock
+from chattts_velocity.audio.loading import count_indexed, load_strict, shape_of
+from chattts_velocity.audio.mel import MelSpectrogramFeatures
+
+
+class VocosBackbone(nn.Module):
+    """Conv1d embed (k7) -> LN -> ConvNeXt blocks (dilation 1, `gamma`) -> final LN."""
+
+    def __init__(self, input_channels: int, dim: int, intermediate_dim: int, num_layers: int,
+                 kernel: int = 7) -> None:
+        super().__init__()
+        self.embed = nn.Conv1d(input_channels, dim, kernel, padding=kernel // 2)
+        self.norm = nn.LayerNorm(dim, eps=1e-6)
+        self.convnext = nn.ModuleList(
+            ConvNeXtBlock(dim, intermediate_dim, kernel, 1, "gamma") for _ in range(num_layers)
+        )
+        self.final_layer_norm = nn.LayerNorm(dim, eps=1e-6)
+
+    def forward(self, mel: torch.Tensor) -> torch.Tensor:  # [B, n_mels, T] -> [B, T, dim]
+        x = self.norm(self.embed(mel).transpose(1, 2)).transpose(1, 2)  # [B, dim, T]
+        for block in self.convnext:
+            x = block(x)
+        return self.final_layer_norm(x.transpose(1, 2))
+
+
+class ISTFT(nn.Module):
+    """torch.istft with center=True and the checkpoint's window buffer."""
+
+    def __init__(self, n_fft: int = 1024, hop_length: int = 256) -> None:
+        super().__init__()
+        self.hop_length = hop_length
+        self.register_buffer("window", torch.hann_window(n_fft))
+
+    def forward(self, spec: torch.Tensor) -> torch.Tensor:  # [B, n_fft//2+1, T] complex -> [B, (T-1)*hop]
+        n_fft = self.window.shape[0]
+        return torch.istft(spec, n_fft, self.hop_length, n_fft, self.window, center=True)
+
+
+class ISTFTHead(nn.Module):
+    """Linear(dim -> n_fft+2) -> log-magnitude (exp, clip 100) and phase -> ISTFT."""
+
+    def __init__(self, dim: int, n_fft: int = 1024, hop_length: int = 256) -> None:
+        super().__init__()
+        self.out = nn.Linear(dim, n_fft + 2)
+        self.istft = ISTFT(n_fft, hop_length)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, dim] -> [B, (T-1)*hop]
+        mag, phase = self.out(x).transpose(1, 2).chunk(2, dim=1)  # 2 x [B, n_fft//2+1, T]
+        mag = torch.clip(torch.exp(mag), max=1e2)
+        spec = mag * (torch.cos(phase) + 1j * torch.sin(phase))
+        return self.istft(spec)
+
+
+class Vocos(nn.Module):
+    """Vocos.safetensors. The feature extractor's buffers load but decode() does not use them."""
+
+    def __init__(self, feature_extractor: MelSpectrogramFeatures, backbone: VocosBackbone,
+                 head: ISTFTHead) -> None:
+        super().__init__()
+        self.feature_extractor = feature_extractor
+        self.backbone = backbone
+        self.head = head
+
+    @classmethod
+    def from_state_dict(cls, sd: dict[str, torch.Tensor], hop_length: int = 256) -> "Vocos":
+        return load_strict(cls.sized_like(sd, hop_length), sd, "Vocos").eval()
+
+    @classmethod
+    def sized_like(cls, sd: dict[str, torch.Tensor], hop_length: int = 256) -> "Vocos":
+        """An unloaded Vocos with the sizes of sd (use from_state_dict to also load it)."""
+        dim, n_mels, kernel = shape_of(sd, "backbone.embed.weight", "Vocos")
+        inter = shape_of(sd, "backbone.convnext.0.pwconv1.weight", "Vocos")[0]
+        layers = count_indexed(sd, "backbone.convnext.", "Vocos")
+        n_fft = shape_of(sd, "head.istft.window", "Vocos")[0]
+        n_out = shape_of(sd, "head.out.weight", "Vocos")[0]
+        if n_out != n_fft + 2:
+            raise ValueError(f"Vocos: head.out has {n_out} rows, expected n_fft + 2 = {n_fft + 2}")
+        return cls(
+            MelSpectrogramFeatures.sized_like(sd, "feature_extractor.", "Vocos", hop_length),
+            VocosBackbone(n_mels, dim, inter, layers, kernel),
+            ISTFTHead(dim, n_fft, hop_length),
+        )
+
+    def forward(self, mel: torch.Tensor) -> torch.Tensor:  # [B, n_mels, T] -> [B, (T-1)*hop]
+        n_mels = self.backbone.embed.in_channels
+        if mel.dim() != 3 or mel.shape[1] != n_mels or mel.shape[2] < 2:
+            raise ValueError(f"mel: expected [B, {n_mels}, T] with T >= 2, got {tuple(mel.shape)}")
+        return self.head(self.backbone(mel))
+
+    @torch.inference_mode()
+    def decode(self, mel: torch.Tensor) -> torch.Tensor:  # [B, n_mels, T] -> [B, (T-1)*hop]
+        return self(mel)

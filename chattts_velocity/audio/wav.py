@@ -1,0 +1,98 @@
+"""Audio stage: waveform helpers (float32 [-1, 1] numpy -> int16 PCM, WAV files, encoded bytes, clip loading).
+
+WAV and raw PCM use the stdlib; flac/ogg/opus/mp3 use soundfile (libsndfile).
+"""
+from __future__ import annotations
+
+import io
+import wave
+from pathlib import Path
+
+import numpy as np
+import torch
+
+SAMPLE_RATE = 24000
+HOP_LENGTH = 256  # samples per mel frame; one GPT step gives 2 mel frames
+
+# response format -> (libsndfile container, subtype)
+_SOUNDFILE_FORMATS = {
+    "flac": ("FLAC", "PCM_16"),
+    "ogg": ("OGG", "VORBIS"),
+    "opus": ("OGG", "OPUS"),
+    "mp3": ("MP3", "MPEG_LAYER_III"),
+}
+FORMATS = ("wav", "pcm", *_SOUNDFILE_FORMATS)
+
+
+def samples_for_steps(num_steps: int, hop_length: int = HOP_LENGTH) -> int:
+    """Samples Vocos yields for num_steps GPT steps: (2T - 1) * hop, 0 for T = 0."""
+    return max(2 * num_steps - 1, 0) * hop_length
+
+
+def float_to_int16(wav: np.ndarray) -> np.ndarray:
+    """Clip to [-1, 1] and scale by 32767 (no peak normalisation, so silence stays silent)."""
+    x = np.nan_to_num(np.asarray(wav, dtype=np.float32), nan=0.0)
+    return np.rint(np.clip(x, -1.0, 1.0) * 32767.0).astype(np.int16)
+
+
+def _mono(wav: np.ndarray) -> np.ndarray:
+    x = np.asarray(wav)
+    if x.ndim == 2 and 1 in x.shape:
+        x = x.reshape(-1)
+    if x.ndim != 1:
+        raise ValueError(f"wav: expected a 1-D mono waveform, got shape {x.shape}")
+    return x
+
+
+def _write_wave(target: str | Path | io.BytesIO, wav: np.ndarray, sample_rate: int) -> None:
+    with wave.open(target if isinstance(target, io.BytesIO) else str(target), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(sample_rate)
+        w.writeframes(float_to_int16(_mono(wav)).astype("<i2").tobytes())
+
+
+def write_wav(path: str | Path, wav: np.ndarray, sample_rate: int = SAMPLE_RATE) -> None:
+    """Write a 16-bit PCM mono WAV file."""
+    _write_wave(path, wav, sample_rate)
+
+
+def wav_bytes(wav: np.ndarray, sample_rate: int = SAMPLE_RATE, fmt: str = "wav") -> bytes:
+    """Encode mono float audio as fmt: wav (16-bit), pcm (raw s16le), flac, ogg, opus or mp3."""
+    if fmt not in FORMATS:
+        raise ValueError(f"fmt: unsupported audio format {fmt!r}; choose one of {FORMATS}")
+    if fmt == "pcm":
+        return float_to_int16(_mono(wav)).astype("<i2").tobytes()
+    buf = io.BytesIO()
+    if fmt == "wav":
+        _write_wave(buf, wav, sample_rate)
+        return buf.getvalue()
+    import soundfile as sf
+
+    container, subtype = _SOUNDFILE_FORMATS[fmt]
+    # int16 in, so every format shares float_to_int16's scaling (flac round-trips exactly)
+    sf.write(buf, float_to_int16(_mono(wav)), sample_rate, format=container, subtype=subtype)
+    return buf.getvalue()
+
+
+def load_clip(clip: np.ndarray | torch.Tensor | str | Path, sample_rate: int = SAMPLE_RATE,
+              expected_rate: int = SAMPLE_RATE) -> torch.Tensor:  # -> [N] float32
+    """A reference clip as a 1-D float32 tensor: an array/tensor at sample_rate, or an audio file
+    (channels averaged to mono, its own rate). Integer PCM is scaled to [-1, 1]. No resampling."""
+    if isinstance(clip, (str, Path)):
+        import soundfile as sf
+
+        if not Path(clip).is_file():
+            raise ValueError(f"wav: audio file {str(clip)!r} does not exist")
+        data, sample_rate = sf.read(str(clip), dtype="float32", always_2d=True)  # [N, channels]
+        clip = data.mean(axis=1)
+    if sample_rate != expected_rate:
+        raise ValueError(f"sample_rate: the clip is {sample_rate} Hz; resample it to {expected_rate} Hz first")
+    x = torch.as_tensor(np.asarray(clip) if not isinstance(clip, torch.Tensor) else clip)
+    if x.dim() != 1:
+        raise ValueError(f"wav: expected a 1-D mono clip, got shape {tuple(x.shape)}; mix down to mono first")
+    if x.dtype in (torch.int16, torch.int32):
+        x = x.double() / float(-torch.iinfo(x.dtype).min)
+    elif not x.is_floating_point():
+        raise ValueError(f"wav: expected float, int16 or int32 samples, got {x.dtype}")
+    return x.float()
