@@ -156,7 +156,7 @@ class _Loop:
 
     def _history(self) -> torch.Tensor:
         generated = self.ids[:, self.start : self.progress, : self.rows]  # [B, G, rows]
-        return generated.permute(0, 2, 1).reshape(-1, generated.shape[1])  # [B * rows, G]
+        return generated.permute(0, 2, 1).reshape(generated.shape[0] * self.rows, generated.shape[1])  # [B * rows, G]
 
     def _process(self, logits: torch.Tensor, step: int) -> torch.Tensor:
         p = self.params

@@ -1,0 +1,107 @@
+"""Chat end to end on tiny random weights: upstream's API, one waveform per text, clear errors."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from chattts_velocity import Chat, InferCodeParams, RefineTextParams
+
+STEPS = 12
+
+
+@pytest.fixture(scope="module")
+def chat(tiny_assets) -> Chat:
+    chat = Chat()
+    assert chat.load(source="custom", custom_path=tiny_assets, verify=False)
+    return chat
+
+
+def forced(**kw) -> InferCodeParams:
+    return InferCodeParams(max_new_token=STEPS, min_new_token=STEPS, show_tqdm=False, **kw)
+
+
+def test_one_waveform_per_text_with_forced_length(chat: Chat) -> None:
+    wavs = chat.infer(["Hello world.", "A second, longer text to say."], skip_refine_text=True,
+                      params_infer_code=forced(manual_seed=3))
+    assert len(wavs) == 2
+    for wav in wavs:
+        assert wav.dtype == np.float32 and wav.ndim == 1
+        assert len(wav) == (2 * STEPS - 1) * 256
+        assert np.isfinite(wav).all() and np.abs(wav).max() > 0
+
+
+def test_string_input_splits_and_joins_into_one_waveform(chat: Chat) -> None:
+    wavs = chat.infer("First sentence. Second sentence.", skip_refine_text=True,
+                      params_infer_code=forced(manual_seed=1))
+    assert len(wavs) == 1
+    assert len(wavs[0]) == 2 * (2 * STEPS - 1) * 256  # two pieces, concatenated
+
+
+def test_use_decoder_false_uses_dvae(chat: Chat) -> None:
+    wavs = chat.infer(["Hello."], skip_refine_text=True, use_decoder=False,
+                      params_infer_code=forced(manual_seed=1))
+    assert len(wavs[0]) == (2 * STEPS - 1) * 256
+
+
+def test_same_seed_same_audio_and_params_not_mutated(chat: Chat) -> None:
+    params = forced(manual_seed=7, spk_emb=chat.sample_random_speaker())
+    before = dict(vars(params))
+    a = chat.infer(["Hello there."], skip_refine_text=True, params_infer_code=params)[0]
+    b = chat.infer(["Hello there."], skip_refine_text=True, params_infer_code=params)[0]
+    np.testing.assert_array_equal(a, b)
+    assert vars(params) == before
+
+
+def test_speaker_changes_the_audio(chat: Chat) -> None:
+    torch.manual_seed(0)
+    s1, s2 = chat.sample_random_speaker(), chat.sample_random_speaker()
+    a = chat.infer(["Hello."], skip_refine_text=True, params_infer_code=forced(manual_seed=1, spk_emb=s1))[0]
+    b = chat.infer(["Hello."], skip_refine_text=True, params_infer_code=forced(manual_seed=1, spk_emb=s2))[0]
+    assert not np.array_equal(a, b)
+
+
+def test_refine_text_only_returns_text(chat: Chat) -> None:
+    params = RefineTextParams(max_new_token=6, show_tqdm=False, manual_seed=2)
+    out = chat.infer(["hello world", "second"], refine_text_only=True, params_refine_text=params)
+    assert isinstance(out, list) and len(out) == 2 and all(isinstance(t, str) for t in out)
+
+
+def test_sample_audio_speaker_round_trip(chat: Chat) -> None:
+    wav = chat.infer(["Hello."], skip_refine_text=True, params_infer_code=forced(manual_seed=1))[0]
+    spk_smp = chat.sample_audio_speaker(wav)
+    wavs = chat.infer(["Hello again."], skip_refine_text=True,
+                      params_infer_code=forced(manual_seed=1, spk_smp=spk_smp, txt_smp="Hello."))
+    assert len(wavs[0]) == (2 * STEPS - 1) * 256
+
+
+@pytest.mark.parametrize("bad, field", [
+    ([], "text"), ("", "text"), ([1, "a"], "text[0]"), (["ok", None], "text[1]"),
+])
+def test_bad_texts(chat: Chat, bad, field: str) -> None:
+    with pytest.raises(ValueError, match=field.replace("[", r"\[")):
+        chat.infer(bad, skip_refine_text=True)
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    (dict(temperature=0), "temperature"), (dict(temperature=-1.0), "temperature"),
+    (dict(top_P=0), "top_P"), (dict(top_P=1.5), "top_P"), (dict(top_K=0), "top_K"),
+    (dict(max_new_token=-1), "max_new_token"), (dict(min_new_token=-2), "min_new_token"),
+])
+def test_bad_params(kwargs: dict, field: str) -> None:
+    with pytest.raises(ValueError, match=field):
+        InferCodeParams(**kwargs)
+
+
+def test_bad_speaker_and_clip(chat: Chat) -> None:
+    with pytest.raises(ValueError, match="speaker"):
+        chat.infer(["Hi."], skip_refine_text=True, params_infer_code=forced(spk_emb="not a speaker"))
+    with pytest.raises(ValueError, match="1-D|mono"):
+        chat.sample_audio_speaker(np.zeros((2, 24000), np.float32))
+    with pytest.raises(ValueError, match="24"):
+        chat.sample_audio_speaker(np.zeros(16000, np.float32), sample_rate=16000)
+
+
+def test_infer_before_load_is_a_clear_error() -> None:
+    with pytest.raises(RuntimeError, match="load"):
+        Chat().infer(["Hi."])
