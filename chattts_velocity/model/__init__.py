@@ -1,0 +1,31 @@
+"""Model stage: pure nn.Modules (Embed, the paged ChatTTSLlama) and their loaders; no engine imports."""
+from __future__ import annotations
+
+from chattts_velocity.model.attention import (
+    AttentionMetadata,
+    allocate_kv_cache,
+    build_attention_metadata,
+    forward_context,
+    get_forward_context,
+    kv_cache_bytes_per_block,
+    paged_attention,
+    store_kvcache,
+)
+from chattts_velocity.model.embed import Embed
+from chattts_velocity.model.llama import ChatTTSLlama
+from chattts_velocity.model.loader import load_embed, load_gpt
+
+__all__ = [
+    "AttentionMetadata",
+    "ChatTTSLlama",
+    "Embed",
+    "allocate_kv_cache",
+    "build_attention_metadata",
+    "forward_context",
+    "get_forward_context",
+    "kv_cache_bytes_per_block",
+    "load_embed",
+    "load_gpt",
+    "paged_attention",
+    "store_kvcache",
+]

@@ -1,0 +1,204 @@
+"""Paged attention over a block KV pool: step metadata, the scoped forward context, KV store and attention.
+
+In: packed q/k/v rows of the new positions of one step `[N_new, heads, head_dim]`. Out: `[N_new, heads, head_dim]`.
+KV pool layout: one tensor `[num_layers, 2, num_blocks, block_size, num_heads, head_dim]` (index 0 = K, 1 = V);
+`kv_caches[i]` is layer i's `[2, num_blocks, block_size, num_heads, head_dim]` view;
+pool slot s = block * block_size + offset.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class AttentionMetadata:
+    """One varlen step: B sequences, each with q_len new positions and k_len context positions (incl. the new).
+
+    New positions are packed sequence after sequence (N_new = sum(q_lens)); sequence b's new positions
+    are k_len - q_len .. k_len - 1, and they attend causally among themselves and fully to the cached context.
+    Build it with `build_attention_metadata`; every tensor is on the model's device.
+    """
+
+    q_lens: list[int]  # [B]
+    k_lens: list[int]  # [B]
+    positions: torch.Tensor  # [N_new] int64, position of each new row (RoPE)
+    slot_mapping: torch.Tensor  # [N_new] int64, pool slot each new row's K/V is written to
+    block_tables: torch.Tensor  # [B, max_blocks] int32, pad -1
+    last_indices: torch.Tensor  # [B] int64, row of each sequence's last new position (the one that samples)
+    gather_blocks: torch.Tensor  # [B, num_k_blocks] int64, block_tables trimmed to ceil(max k_len / bs), pad -> 0
+    q_index: torch.Tensor  # [B, max_q] int64, packed row of (b, i); padding points at row 0
+    out_index: torch.Tensor  # [N_new] int64, b * max_q + i for each packed row
+    max_k: int  # max(k_lens): gathered context is trimmed to this length
+    attn_mask: torch.Tensor | None  # [B, 1, max_q, max_k] bool (True = attend); None if nothing to mask
+    decode_only: bool  # every q_len == 1: q needs no padding
+    workspace: dict = field(default_factory=dict, repr=False)  # per-step scratch, reused by every layer
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.q_lens)
+
+
+def build_attention_metadata(
+    q_lens: list[int],
+    k_lens: list[int],
+    block_tables: list[list[int]],
+    block_size: int,
+    device: torch.device | str = "cpu",
+) -> AttentionMetadata:
+    """Precompute every index of one step once, so the per-layer work is gathers and one SDPA call."""
+    if not (len(q_lens) == len(k_lens) == len(block_tables)) or not q_lens:
+        raise ValueError("build_attention_metadata: q_lens, k_lens and block_tables need one entry per sequence")
+    if any(q < 1 or q > k for q, k in zip(q_lens, k_lens)):
+        raise ValueError(f"build_attention_metadata: need 1 <= q_len <= k_len, got {q_lens} / {k_lens}")
+    if any(len(bt) * block_size < k for bt, k in zip(block_tables, k_lens)):
+        raise ValueError("build_attention_metadata: a block table is too short for its k_len")
+    num_seqs, max_q, max_k = len(q_lens), max(q_lens), max(k_lens)
+    q_t = torch.tensor(q_lens)
+    k_t = torch.tensor(k_lens)
+    width = max(len(bt) for bt in block_tables)
+    tables = torch.tensor([list(bt) + [-1] * (width - len(bt)) for bt in block_tables], dtype=torch.int64)
+
+    seq_of_row = torch.repeat_interleave(torch.arange(num_seqs), q_t)  # [N_new]
+    cu_q = torch.cumsum(q_t, 0)
+    offset_in_seq = torch.arange(int(cu_q[-1])) - (cu_q - q_t)[seq_of_row]  # i in 0..q_len-1
+    positions = (k_t - q_t)[seq_of_row] + offset_in_seq
+    slot_mapping = tables[seq_of_row, positions // block_size] * block_size + positions % block_size
+
+    num_k_blocks = -(-max_k // block_size)
+    gather_blocks = tables[:, :num_k_blocks].clamp(min=0)
+    i = torch.arange(max_q)
+    q_index = torch.where(i[None, :] < q_t[:, None], (cu_q - q_t)[:, None] + i[None, :], 0)
+    out_index = seq_of_row * max_q + offset_in_seq
+    attn_mask = _attention_mask(q_t, k_t, max_q, max_k)
+    return AttentionMetadata(
+        q_lens=list(q_lens),
+        k_lens=list(k_lens),
+        positions=positions.to(device),
+        slot_mapping=slot_mapping.to(device),
+        block_tables=tables.to(device=device, dtype=torch.int32),
+        last_indices=(cu_q - 1).to(device),
+        gather_blocks=gather_blocks.to(device),
+        q_index=q_index.to(device),
+        out_index=out_index.to(device),
+        max_k=max_k,
+        attn_mask=None if attn_mask is None else attn_mask.to(device),
+        decode_only=max_q == 1,
+    )
+
+
+def _attention_mask(q_t: torch.Tensor, k_t: torch.Tensor, max_q: int, max_k: int) -> torch.Tensor | None:
+    # query i of sequence b sits at position k_len - q_len + i and sees keys j <= that position.
+    # Padding query rows (i >= q_len) still see >= 1 key, so their (discarded) outputs stay finite.
+    i = torch.arange(max_q)[None, :, None]
+    j = torch.arange(max_k)[None, None, :]
+    last_visible = (k_t - q_t)[:, None, None] + i  # [B, max_q, 1]
+    mask = (j <= last_visible) & (j < k_t[:, None, None])  # [B, max_q, max_k]
+    if bool(mask.all()):
+        return None
+    return mask.unsqueeze(1)
+
+
+_FORWARD_CONTEXT: AttentionMetadata | None = None  # the package's only global; set only by forward_context()
+
+
+@contextmanager
+def forward_context(meta: AttentionMetadata) -> Iterator[AttentionMetadata]:
+    """Make `meta` visible to every attention layer for the duration of one forward pass."""
+    global _FORWARD_CONTEXT
+    if _FORWARD_CONTEXT is not None:
+        raise RuntimeError("forward_context: already inside a forward context (nested use is not allowed)")
+    _FORWARD_CONTEXT = meta
+    try:
+        yield meta
+    finally:
+        _FORWARD_CONTEXT = None
+
+
+def get_forward_context() -> AttentionMetadata:
+    if _FORWARD_CONTEXT is None:
+        raise RuntimeError("get_forward_context: no AttentionMetadata set; run the model inside forward_context(meta)")
+    return _FORWARD_CONTEXT
+
+
+def allocate_kv_cache(
+    num_layers: int,
+    num_blocks: int,
+    block_size: int,
+    num_heads: int,
+    head_dim: int,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+) -> torch.Tensor:
+    """The whole pool, zero-filled: [num_layers, 2, num_blocks, block_size, num_heads, head_dim]."""
+    return torch.zeros(num_layers, 2, num_blocks, block_size, num_heads, head_dim, dtype=dtype, device=device)
+
+
+def kv_cache_bytes_per_block(
+    num_layers: int, block_size: int, num_heads: int, head_dim: int, dtype: torch.dtype = torch.float32
+) -> int:
+    """Bytes one block costs across all layers (K and V), for sizing the pool from a memory budget."""
+    return num_layers * 2 * block_size * num_heads * head_dim * torch.empty((), dtype=dtype).element_size()
+
+
+def store_kvcache(
+    k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
+    # k, v [N_new, heads, head_dim]; caches [num_blocks, block_size, heads, head_dim]; slot_mapping [N_new]
+    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slot_mapping, k.to(k_cache.dtype))
+    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
+
+
+# Sequences are attended in groups whose gathered K+V stays about this size, so SDPA reads the copy
+# from L2 instead of DRAM (measured 15-25% faster than one batched gather at batch 16, context 300, fp32).
+GROUP_BYTES = 1 << 20
+
+
+def _gather(cache: torch.Tensor, blocks: torch.Tensor, k_len: int, scratch: torch.Tensor) -> torch.Tensor:
+    # cache [num_blocks, bs, heads, head_dim], blocks [g, n] -> [g, heads, k_len, head_dim] (a view of scratch)
+    # index_select copies whole blocks (contiguous runs); advanced indexing was ~6x slower on CPU
+    flat = blocks.flatten()
+    out = torch.index_select(cache, 0, flat, out=scratch[: flat.numel()])
+    return out.view(blocks.shape[0], -1, *cache.shape[2:])[:, :k_len].transpose(1, 2)
+
+
+def _scratch(meta: AttentionMetadata, cache: torch.Tensor, num_blocks: int) -> tuple[torch.Tensor, torch.Tensor]:
+    # allocated once per step and reused by every layer
+    key = (cache.dtype, cache.device)
+    if key not in meta.workspace or meta.workspace[key][0].shape[0] < num_blocks:
+        meta.workspace[key] = tuple(cache.new_empty(num_blocks, *cache.shape[1:]) for _ in range(2))
+    return meta.workspace[key]
+
+
+def paged_attention(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata
+) -> torch.Tensor:
+    """Attention of the packed new rows q [N_new, heads, head_dim] over each sequence's cached context.
+
+    The new rows' K/V must already be stored (store_kvcache). Prefill chunks and decode rows mix freely.
+    """
+    block_size, scale = k_cache.shape[1], q.shape[-1] ** -0.5
+    if meta.decode_only:
+        queries = q.unsqueeze(2)  # [B, heads, 1, head_dim]
+    else:
+        queries = q[meta.q_index].transpose(1, 2)  # [B, heads, max_q, head_dim]
+    bytes_per_seq = 2 * meta.max_k * k_cache[0, 0].numel() * k_cache.element_size()
+    group = max(1, GROUP_BYTES // bytes_per_seq)
+    k_scratch, v_scratch = _scratch(meta, k_cache, min(group, meta.num_seqs) * meta.gather_blocks.shape[1])
+    outs = []
+    for start in range(0, meta.num_seqs, group):
+        end = start + group
+        k_len = max(meta.k_lens[start:end])
+        blocks = meta.gather_blocks[start:end, : -(-k_len // block_size)]
+        keys = _gather(k_cache, blocks, k_len, k_scratch).to(q.dtype)
+        values = _gather(v_cache, blocks, k_len, v_scratch).to(q.dtype)
+        mask = None if meta.attn_mask is None else meta.attn_mask[start:end, :, :, :k_len]
+        outs.append(F.scaled_dot_product_attention(queries[start:end], keys, values, attn_mask=mask, scale=scale))
+    out = torch.cat(outs) if len(outs) > 1 else outs[0]  # [B, heads, max_q, head_dim]
+    if meta.decode_only:
+        return out.squeeze(2)
+    return out.transpose(1, 2).flatten(0, 1)[meta.out_index]

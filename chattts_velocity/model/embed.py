@@ -1,0 +1,137 @@
+"""Embed (asset/Embed.safetensors): ids -> input embeddings, hidden states -> text/code logits.
+
+Shared by both GPT paths. Text rows use emb_text; audio rows sum the num_vq emb_code tables; the heads are
+bias-free weight-normed Linears whose effective weights are computed once and cached.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.utils.parametrizations import weight_norm
+
+
+def _weight_normed_linear(hidden_size: int, num_out: int) -> nn.Linear:
+    return weight_norm(nn.Linear(hidden_size, num_out, bias=False), name="weight", dim=0)
+
+
+def _effective_weight(linear: nn.Module) -> torch.Tensor:
+    # W = v * (g / ||v||_row): torch._weight_norm is the exact op the parametrization runs
+    p = linear.parametrizations.weight
+    return torch._weight_norm(p.original1, p.original0, 0)  # [num_out, hidden]
+
+
+class Embed(nn.Module):
+    def __init__(self, hidden_size: int, num_audio_tokens: int, num_text_tokens: int, num_vq: int = 4) -> None:
+        super().__init__()
+        self.hidden_size = hidden_size
+        self.num_audio_tokens = num_audio_tokens
+        self.num_text_tokens = num_text_tokens
+        self.num_vq = num_vq
+        self.emb_code = nn.ModuleList(nn.Embedding(num_audio_tokens, hidden_size) for _ in range(num_vq))
+        self.emb_text = nn.Embedding(num_text_tokens, hidden_size)
+        self.head_text = _weight_normed_linear(hidden_size, num_text_tokens)
+        self.head_code = nn.ModuleList(_weight_normed_linear(hidden_size, num_audio_tokens) for _ in range(num_vq))
+        # (head, dtype, device) -> (storage stamp of g/v, effective weight); see _head_weight
+        self._weight_cache: dict[tuple, tuple[tuple[int, ...], torch.Tensor]] = {}
+        self.register_load_state_dict_post_hook(lambda module, keys: module.refresh_weights())
+
+    @classmethod
+    def from_state_dict(cls, state_dict: Mapping[str, torch.Tensor]) -> Embed:
+        """Build with sizes read from the tensor shapes and load strictly (ValueError on any key mismatch)."""
+        for key in ("emb_text.weight", "emb_code.0.weight"):
+            if key not in state_dict:
+                raise ValueError(f"Embed state dict: missing {key!r}; is this asset/Embed.safetensors?")
+        num_text_tokens, hidden_size = state_dict["emb_text.weight"].shape
+        num_audio_tokens = state_dict["emb_code.0.weight"].shape[0]
+        num_vq = sum(1 for k in state_dict if k.startswith("emb_code.") and k.endswith(".weight"))
+        with torch.device("meta"):
+            embed = cls(hidden_size, num_audio_tokens, num_text_tokens, num_vq)
+        expected = embed.state_dict()
+        missing = sorted(set(expected) - set(state_dict))
+        unexpected = sorted(set(state_dict) - set(expected))
+        if missing or unexpected:
+            raise ValueError(f"Embed state dict: missing keys {missing}, unexpected keys {unexpected}")
+        bad = [f"{k}: {tuple(v.shape)} != {tuple(expected[k].shape)}" for k, v in state_dict.items()
+               if v.shape != expected[k].shape]
+        if bad:
+            raise ValueError(f"Embed state dict: shape mismatch {bad}")
+        embed.load_state_dict(state_dict, strict=True, assign=True)
+        return embed
+
+    def refresh_weights(self) -> None:
+        """Drop the cached head weights (call after editing g/v in place)."""
+        self._weight_cache.clear()
+
+    # ---- inputs -----------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def embed_text(self, ids: torch.Tensor) -> torch.Tensor:
+        # ids [N] -> [N, H]
+        return self.emb_text(ids.to(self.emb_text.weight.device))
+
+    @torch.no_grad()
+    def embed_codes(self, ids: torch.Tensor) -> torch.Tensor:
+        # ids [N, num_vq] -> [N, H]; stacked on a new last axis then summed, the reference's order
+        ids = ids.to(self.emb_text.weight.device)
+        return torch.stack([emb(ids[:, q]) for q, emb in enumerate(self.emb_code)], dim=-1).sum(-1)
+
+    @torch.no_grad()
+    def embed(self, input_ids: torch.Tensor, text_mask: torch.Tensor) -> torch.Tensor:
+        """input_ids [N, num_vq] (or [B, L, num_vq]) int64, text_mask [N] (or [B, L]) bool -> [N, H] (or [B, L, H])."""
+        if input_ids.dim() == 3:
+            flat = self.embed(input_ids.flatten(0, 1), text_mask.flatten())
+            return flat.view(*input_ids.shape[:2], self.hidden_size)
+        if input_ids.dim() != 2 or input_ids.shape[1] != self.num_vq or text_mask.shape != input_ids.shape[:1]:
+            raise ValueError(
+                f"Embed.embed: need input_ids [N, {self.num_vq}] and text_mask [N], got "
+                f"{tuple(input_ids.shape)} and {tuple(text_mask.shape)}"
+            )
+        weight = self.emb_text.weight
+        input_ids = input_ids.to(weight.device)
+        text_mask = text_mask.to(device=weight.device, dtype=torch.bool)
+        code_mask = ~text_mask
+        out = torch.zeros(input_ids.shape[0], self.hidden_size, dtype=weight.dtype, device=weight.device)
+        out[text_mask] = self.embed_text(input_ids[text_mask][:, 0])
+        out[code_mask] = self.embed_codes(input_ids[code_mask])
+        return out
+
+    @torch.no_grad()
+    def apply_speaker(
+        self, emb: torch.Tensor, positions: Sequence[int] | torch.Tensor, spk_emb: torch.Tensor
+    ) -> torch.Tensor:
+        """Replace rows `positions` of emb [N, H] by spk_emb [H] (in place; emb is returned)."""
+        if spk_emb.shape != (emb.shape[-1],):
+            raise ValueError(f"spk_emb: expected shape [{emb.shape[-1]}], got {tuple(spk_emb.shape)}")
+        index = torch.as_tensor(positions, dtype=torch.int64, device=emb.device)
+        emb[index] = spk_emb.to(dtype=emb.dtype, device=emb.device)
+        return emb
+
+    # ---- heads ------------------------------------------------------------------------------
+
+    def _head_weight(self, name: str, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        # The stamp (storage addresses of g and v) notices .to()/assignments; load_state_dict clears the cache.
+        heads = [self.head_text] if name == "text" else list(self.head_code)
+        stamp = tuple(t.data_ptr() for h in heads for t in h.parametrizations.weight.parameters())
+        hit = self._weight_cache.get((name, dtype, device))
+        if hit is not None and hit[0] == stamp:
+            return hit[1]
+        with torch.no_grad():
+            weight = torch.cat([_effective_weight(h) for h in heads], dim=0).to(dtype=dtype, device=device)
+        self._weight_cache[(name, dtype, device)] = (stamp, weight)
+        return weight
+
+    @torch.no_grad()
+    def code_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        # hidden [N, H] -> [N, num_vq, num_audio_tokens] float32 (computed in hidden's dtype)
+        weight = self._head_weight("code", hidden.dtype, hidden.device)  # [num_vq * V_audio, H]
+        # one GEMM per codebook, as the reference does: bit-identical to head_code[q](hidden) at any N
+        logits = [F.linear(hidden, w) for w in weight.split(self.num_audio_tokens)]
+        return torch.stack(logits, dim=1).float()
+
+    @torch.no_grad()
+    def text_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        # hidden [N, H] -> [N, num_text_tokens] float32 (computed in hidden's dtype)
+        return F.linear(hidden, self._head_weight("text", hidden.dtype, hidden.device)).float()

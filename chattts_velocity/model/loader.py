@@ -1,0 +1,63 @@
+"""Checkpoint loading: asset/gpt/model.safetensors -> ChatTTSLlama, asset/Embed.safetensors -> Embed.
+
+Loading is by name and strict; the only keys tolerated beyond the model's own are HF's unused
+`embed_tokens.weight` and the never-used `rotary_emb.inv_freq` buffers.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from chattts_velocity.config import ModelConfig
+from chattts_velocity.model.embed import Embed
+from chattts_velocity.model.llama import ChatTTSLlama
+
+
+def _ignored(key: str) -> bool:
+    return key == "embed_tokens.weight" or key.endswith("rotary_emb.inv_freq")
+
+
+def _check_keys(what: str, state_dict: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:
+    missing = sorted(set(expected) - set(state_dict))
+    unexpected = sorted(set(state_dict) - set(expected))
+    if missing or unexpected:
+        raise ValueError(f"{what}: missing keys {missing}, unexpected keys {unexpected}")
+    bad = [f"{k}: {tuple(v.shape)} != {tuple(expected[k].shape)}" for k, v in state_dict.items()
+           if v.shape != expected[k].shape]
+    if bad:
+        raise ValueError(f"{what}: shapes disagree with gpt/config.json: {bad}")
+
+
+def load_gpt(
+    gpt_dir: str | Path,
+    config: ModelConfig | None = None,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+) -> ChatTTSLlama:
+    """Build ChatTTSLlama from gpt_dir (model.safetensors, and config.json when config is None)."""
+    path = Path(gpt_dir)
+    file = path / "model.safetensors" if path.is_dir() else path
+    if not file.is_file():
+        raise FileNotFoundError(f"gpt weights: {file} does not exist (expected asset/gpt/model.safetensors)")
+    if config is None:
+        config = ModelConfig.from_json(file.parent / "config.json")
+    state_dict = {k: v for k, v in load_file(str(file)).items() if not _ignored(k)}
+    with torch.device("meta"):
+        model = ChatTTSLlama(config)
+    _check_keys(f"gpt weights {file}", state_dict, model.state_dict())
+    model.to_empty(device=device)
+    model.load_state_dict(state_dict, strict=True)
+    model.rotary_emb.reset_tables()
+    return model.to(dtype=dtype).eval()
+
+
+def load_embed(
+    path: str | Path, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"
+) -> Embed:
+    """Embed from asset/Embed.safetensors, sizes taken from the tensor shapes."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"Embed weights: {path} does not exist (expected asset/Embed.safetensors)")
+    return Embed.from_state_dict(load_file(str(path))).to(dtype=dtype, device=device).eval()
