@@ -1,0 +1,94 @@
+"""Engine stage: LLM.generate — offline batch generation on the velocity engine, with a progress bar."""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from tqdm.auto import tqdm
+
+from chattts_velocity.assets import AssetPaths
+from chattts_velocity.engine.llm_engine import LLMEngine
+from chattts_velocity.schema import GenerationOutput, Prompt, SamplingParams
+
+
+class LLM:
+    """The velocity GPT stage behind `load_pretrained(is_vllm=True)`; same `generate` as PlainGPT."""
+
+    is_vllm = True
+
+    def __init__(self, engine: LLMEngine) -> None:
+        self.engine = engine
+
+    @classmethod
+    def from_assets(cls, paths: AssetPaths, device: str = "cpu", dtype: str = "float32", compile: bool = False,
+                    **engine_kwargs) -> "LLM":
+        return cls(LLMEngine.from_assets(paths, device=device, dtype=dtype, compile=compile, **engine_kwargs))
+
+    @property
+    def config(self):
+        return self.engine.config
+
+    @property
+    def embed(self):
+        return self.engine.embed
+
+    def generate(
+        self,
+        prompts: list[Prompt],
+        params: SamplingParams | list[SamplingParams],
+        progress: bool = True,
+        should_stop: Callable[[], bool] | None = None,
+    ) -> list[GenerationOutput]:
+        """Generate every prompt concurrently; outputs in input order."""
+        params_list = params if isinstance(params, list) else [params] * len(prompts)
+        if len(params_list) != len(prompts):
+            raise ValueError(f"params: got {len(params_list)} for {len(prompts)} prompts")
+        ids = [self.engine.add_request(None, p, sp) for p, sp in zip(prompts, params_list)]
+        hidden_size = self.engine.config.hidden_size
+        collected = {rid: _Collector(rid, hidden_size if sp.return_hidden else None)
+                     for rid, sp in zip(ids, params_list)}
+        total = sum(sp.max_new_token for sp in params_list)
+        with tqdm(total=total, desc=params_list[0].mode if prompts else "code", disable=not progress,
+                  leave=False, unit="step") as bar:
+            while any(not c.finished for c in collected.values()):
+                if should_stop is not None and should_stop():
+                    self._abort(collected)
+                    break
+                for delta in self.engine.step():
+                    collected[delta.request_id].add(delta)
+                    bar.update(len(delta.token_ids))
+        return [collected[rid].output() for rid in ids]
+
+    def _abort(self, collected: dict[str, "_Collector"]) -> None:
+        for c in collected.values():
+            if not c.finished:
+                self.engine.abort_request(c.request_id)
+                c.finished, c.finish_reason = True, "interrupted"
+
+
+class _Collector:
+    """Accumulates one request's deltas into a GenerationOutput."""
+
+    def __init__(self, request_id: str, hidden_size: int | None) -> None:
+        self.request_id, self.hidden_size = request_id, hidden_size
+        self.tokens: list[torch.Tensor] = []
+        self.hidden: list[torch.Tensor] = []
+        self.finished = False
+        self.finish_reason = None
+        self.rows = None
+
+    def add(self, delta: GenerationOutput) -> None:
+        self.rows = delta.token_ids.shape[1]
+        if len(delta.token_ids):
+            self.tokens.append(delta.token_ids)
+            if delta.hidden is not None:
+                self.hidden.append(delta.hidden)
+        self.finished, self.finish_reason = delta.finished, delta.finish_reason
+
+    def output(self) -> GenerationOutput:
+        rows = self.rows or 1
+        tokens = torch.cat(self.tokens) if self.tokens else torch.zeros(0, rows, dtype=torch.int64)
+        hidden = torch.cat(self.hidden) if self.hidden else None
+        if hidden is None and self.hidden_size is not None:
+            hidden = torch.zeros(0, self.hidden_size)  # [0, H]: nothing generated
+        return GenerationOutput(self.request_id, tokens, hidden, self.finished, self.finish_reason)

@@ -1,0 +1,174 @@
+"""Engine stage: LLMEngine — add requests, step (schedule -> run -> postprocess), abort, stats.
+
+In: (request_id, Prompt, SamplingParams). Out: per step, one GenerationOutput *delta* per request
+that sampled or finished: the new token rows [n, rows] (n = 0 or 1) and their hidden states [n, H].
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from chattts_velocity.assets import AssetPaths
+from chattts_velocity.config import EngineConfig, ModelConfig
+from chattts_velocity.engine.block_manager import BlockManager
+from chattts_velocity.engine.model_runner import ModelRunner
+from chattts_velocity.engine.scheduler import ScheduledBatch, Scheduler, StepOutput
+from chattts_velocity.engine.sequence import Sequence
+from chattts_velocity.model import kv_cache_bytes_per_block, load_embed, load_gpt
+from chattts_velocity.schema import GenerationOutput, Prompt, SamplingParams
+
+logger = logging.getLogger("chattts_velocity")
+DEFAULT_KV_BYTES = 1 << 30  # 1 GiB when the user gives no budget
+MAX_REGENERATE = 3  # retries of an unseeded request whose very first token is EOS
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class EngineStats:
+    """Counters for /metrics and benchmarks (cumulative unless named last_*)."""
+
+    num_steps: int = 0
+    num_tokens_computed: int = 0  # positions run through the model (prefill + decode)
+    num_tokens_sampled: int = 0  # generated steps (one step = 4 codes)
+    busy_seconds: float = 0.0
+    last_batch_size: int = 0
+    last_step_seconds: float = 0.0
+    batch_sizes: list[int] = field(default_factory=list)  # recent steps' batch sizes (bounded)
+
+
+class LLMEngine:
+    def __init__(self, model, embed, config: ModelConfig, engine_config: EngineConfig) -> None:
+        self.config, self.engine_config = config, engine_config
+        dtype = next(model.parameters()).dtype
+        num_blocks = kv_cache_blocks(config, engine_config, dtype)
+        self.block_manager = BlockManager(num_blocks, engine_config.block_size, engine_config.enable_prefix_caching)
+        self.scheduler = Scheduler(engine_config, self.block_manager)
+        self.runner = ModelRunner(model, embed, config, engine_config, num_blocks)
+        self.stats = EngineStats()
+        self._retries: dict[str, int] = {}
+        self._ids = itertools.count()
+
+    @classmethod
+    def from_assets(cls, paths: AssetPaths, **engine_kwargs) -> "LLMEngine":
+        engine_config = EngineConfig.from_kwargs(**engine_kwargs)
+        if engine_config.num_threads:
+            torch.set_num_threads(engine_config.num_threads)
+        dtype = DTYPES.get(engine_config.dtype, torch.float32)
+        config = ModelConfig.from_json(paths.gpt_config)
+        model = load_gpt(paths.gpt_dir, config, dtype=dtype, device=engine_config.device)
+        embed = load_embed(paths.embed, device=engine_config.device)
+        return cls(model, embed, config, engine_config)
+
+    @property
+    def embed(self):
+        return self.runner.embed
+
+    def add_request(self, request_id: str | None, prompt: Prompt, params: SamplingParams) -> str:
+        """Queue a request; it joins the running batch at the next step. Returns its id."""
+        request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
+        self.scheduler.add(Sequence(request_id, prompt, params, arrival=time.monotonic()))
+        return request_id
+
+    def abort_request(self, request_id: str) -> bool:
+        self._retries.pop(request_id, None)
+        return self.scheduler.abort(request_id)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def step(self) -> list[GenerationOutput]:
+        batch = self.scheduler.schedule()
+        if not batch.seqs:
+            return []
+        start = time.perf_counter()
+        out = self.runner.run(batch)
+        finished = self.scheduler.postprocess(batch, out)
+        self._record(batch, time.perf_counter() - start)
+        return self._deltas(batch, out, finished)
+
+    def _deltas(self, batch: ScheduledBatch, out: StepOutput, finished: list[Sequence]) -> list[GenerationOutput]:
+        done = {seq.request_id for seq in finished if not self._retry_if_empty(seq)}
+        outputs = []
+        for b, seq in enumerate(batch.seqs):
+            if not batch.sample[b] or (seq.is_finished and seq.request_id not in done):
+                continue
+            appended = seq.num_generated > 0 and not (seq.is_finished and seq.finish_reason == "eos")
+            n = 1 if appended else 0
+            hidden = out.hidden[b : b + 1] if (n and seq.params.return_hidden) else None
+            outputs.append(GenerationOutput(
+                request_id=seq.request_id,
+                token_ids=out.tokens[b : b + n, : seq.num_rows],  # [n, rows]
+                hidden=hidden,  # [n, H]
+                finished=seq.is_finished,
+                finish_reason=seq.finish_reason,
+                extra={"num_generated": seq.num_generated},
+            ))
+        return outputs
+
+    def _retry_if_empty(self, seq: Sequence) -> bool:
+        """Upstream's ensure_non_empty, bounded: re-run an unseeded request whose first token was EOS."""
+        p = seq.params
+        if seq.finish_reason != "eos" or seq.num_generated or p.seed is not None or not p.ensure_non_empty:
+            return False
+        tries = self._retries.get(seq.request_id, 0)
+        if tries >= MAX_REGENERATE:
+            self._retries.pop(seq.request_id, None)
+            return False
+        logger.warning("request %s ended at its first step; regenerating (%d/%d)", seq.request_id, tries + 1,
+                       MAX_REGENERATE)
+        self._retries[seq.request_id] = tries + 1
+        self.scheduler.add(Sequence(seq.request_id, seq.prompt, p, arrival=seq.arrival))
+        return True
+
+    def _record(self, batch: ScheduledBatch, seconds: float) -> None:
+        s = self.stats
+        s.num_steps += 1
+        s.num_tokens_computed += batch.num_tokens
+        s.num_tokens_sampled += sum(batch.sample)
+        s.busy_seconds += seconds
+        s.last_batch_size, s.last_step_seconds = batch.num_seqs, seconds
+        s.batch_sizes = (s.batch_sizes + [batch.num_seqs])[-256:]
+
+    def metrics(self) -> dict[str, float]:
+        return {
+            "num_waiting": len(self.scheduler.waiting),
+            "num_running": len(self.scheduler.running),
+            "kv_cache_usage": self.block_manager.usage,
+            "num_steps": self.stats.num_steps,
+            "num_tokens_sampled": self.stats.num_tokens_sampled,
+            "steps_per_second": self.stats.num_tokens_sampled / max(self.stats.busy_seconds, 1e-9),
+        }
+
+
+def kv_cache_blocks(config: ModelConfig, engine_config: EngineConfig, dtype: torch.dtype) -> int:
+    """Blocks that fit the user's KV budget (bytes, or a fraction of RAM / VRAM); clear error if too few."""
+    per_block = kv_cache_bytes_per_block(
+        config.num_hidden_layers, engine_config.block_size, config.num_attention_heads, config.head_dim, dtype
+    )
+    budget = _budget_bytes(engine_config.kv_cache_memory, engine_config.device)
+    num_blocks = int(budget // per_block)
+    needed = -(-engine_config.max_model_len // engine_config.block_size)
+    if num_blocks < needed:
+        raise ValueError(
+            f"kv_cache_memory: {budget / 2**20:.1f} MiB holds {num_blocks} KV blocks of {engine_config.block_size} "
+            f"positions, but one sequence of max_model_len={engine_config.max_model_len} needs {needed} "
+            f"({needed * per_block / 2**20:.1f} MiB); raise kv_cache_memory or lower max_model_len"
+        )
+    return num_blocks
+
+
+def _budget_bytes(value: int | float | None, device: str) -> float:
+    if value is None:
+        return DEFAULT_KV_BYTES
+    if isinstance(value, float) and 0 < value <= 1:
+        if str(device).startswith("cuda"):
+            return value * torch.cuda.mem_get_info()[1]
+        return value * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if value <= 0:
+        raise ValueError(f"kv_cache_memory: must be > 0 bytes or a fraction in (0, 1], got {value!r}")
+    return float(value)

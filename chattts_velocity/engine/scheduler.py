@@ -1,0 +1,230 @@
+"""Engine stage: continuous batching (which sequences run this step, chunked prefill, preemption).
+
+In: Sequences via add(); StepOutput from the model runner. Out: ScheduledBatch; finished Sequences.
+"""
+from __future__ import annotations
+
+import bisect
+import random
+from dataclasses import dataclass
+
+import torch
+
+from chattts_velocity.config import EngineConfig
+from chattts_velocity.engine.block_manager import BlockManager
+from chattts_velocity.engine.sequence import Sequence, SequenceStatus
+
+
+@dataclass
+class ScheduledBatch:
+    """One step's work. Sequence b computes positions [num_computed_tokens[b], +num_new_tokens[b])."""
+
+    seqs: list[Sequence]  # [B]; blocks for every computed position are already in seq.block_table
+    num_new_tokens: list[int]  # [B] positions to compute: a prefill chunk, or 1 for decode
+    num_computed_tokens: list[int]  # [B] positions already in the KV cache (the chunk's start)
+    # [B] False only for a plain decode: one generated position, whose ids are seq.last_row.
+    # True for prompt chunks and for recomputing generated positions after a preemption.
+    is_prefill: list[bool]
+    sample: list[bool]  # [B] the chunk reaches len(seq): the last position's logits are sampled
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.seqs)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.num_new_tokens)
+
+    @property
+    def is_decode_only(self) -> bool:
+        return not any(self.is_prefill)
+
+
+@dataclass
+class StepOutput:
+    """What the model runner returns for a ScheduledBatch."""
+
+    tokens: torch.Tensor  # [B, rows] int64; rows >= seqs[b].num_rows; row b is ignored unless sampled[b]
+    hidden: torch.Tensor | None  # [B, H] last computed position's state (predicted tokens[b]); None: not kept
+    sampled: list[bool]  # [B] equals ScheduledBatch.sample (False for a partial prefill chunk)
+
+
+class Scheduler:
+    """Owns the waiting and running queues and the BlockManager; the runner sees only ScheduledBatch."""
+
+    def __init__(self, config: EngineConfig, block_manager: BlockManager) -> None:
+        self.config = config
+        self.block_manager = block_manager
+        self.waiting: list[Sequence] = []  # next to admit first
+        self.running: list[Sequence] = []
+        self._requests: dict[str, Sequence] = {}  # unfinished requests by id
+        self._seeds = random.Random(config.seed)  # seeds unseeded requests, so an engine replays
+        self.num_preemptions = 0  # total over the scheduler's life (for metrics)
+
+    def _key(self, seq: Sequence) -> tuple[int, float]:
+        """Lower runs first and is preempted last."""
+        priority = seq.params.priority if self.config.scheduling == "priority" else 0
+        return (priority, seq.arrival)
+
+    def add(self, seq: Sequence) -> None:
+        self._check_fits(seq)
+        if seq.request_id in self._requests:
+            raise ValueError(f"request_id: {seq.request_id!r} is already running; use a unique id")
+        if seq.seed is None:
+            seq.seed = self._seeds.getrandbits(63)
+        seq.status = SequenceStatus.WAITING
+        self._requests[seq.request_id] = seq
+        if self.config.scheduling == "priority":
+            keys = [self._key(s) for s in self.waiting]
+            self.waiting.insert(bisect.bisect_right(keys, self._key(seq)), seq)
+        else:
+            self.waiting.append(seq)
+
+    def _check_fits(self, seq: Sequence) -> None:
+        positions = seq.num_prompt_tokens + seq.params.max_new_token
+        if positions > self.config.max_model_len:
+            raise ValueError(
+                f"max_new_token: prompt ({seq.num_prompt_tokens} positions) + max_new_token "
+                f"({seq.params.max_new_token}) = {positions} exceeds max_model_len "
+                f"({self.config.max_model_len}); lower max_new_token or shorten the text"
+            )
+        needed = self.block_manager.blocks_for(positions)
+        if needed > self.block_manager.num_blocks:
+            raise ValueError(
+                f"max_new_token: prompt + max_new_token = {positions} positions need {needed} KV blocks "
+                f"but the pool has {self.block_manager.num_blocks}; lower max_new_token or raise "
+                f"kv_cache_memory"
+            )
+
+    def abort(self, request_id: str) -> bool:
+        """Stop a waiting or running request and free its blocks. False if it is unknown or done."""
+        seq = self._requests.pop(request_id, None)
+        if seq is None:
+            return False
+        if seq in self.waiting:
+            self.waiting.remove(seq)
+        if seq in self.running:
+            self.running.remove(seq)
+        self.block_manager.free(seq)
+        seq.status = SequenceStatus.FINISHED_ABORTED
+        return True
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    def schedule(self) -> ScheduledBatch:
+        # NOTE on the scheduling invariant: there is no prefill or decode phase. Every sequence
+        # has num_computed_tokens (KV in cache) and len(seq) (prompt rows + generated tokens);
+        # a step computes up to len(seq) - num_computed_tokens positions of it, within the
+        # token budget (max_num_batched_tokens) and max_num_seqs. Running sequences go first,
+        # decodes before unfinished prefill chunks, then waiting ones are admitted in queue
+        # order (no skipping). A running sequence always holds blocks for every position it
+        # computes; when the pool cannot supply its next slot, the unscheduled running
+        # sequence with the largest (priority, arrival) key is preempted by recompute: its
+        # blocks are freed, num_computed_tokens drops to 0, generated tokens and hidden states
+        # stay, and it goes back to the front of the queue. Its sampling noise is keyed by
+        # (seed, step), so the recomputed run samples exactly what an unconstrained run would.
+        budget = self.config.max_num_batched_tokens
+        chosen: list[tuple[Sequence, int]] = []
+        preempted = False
+        order = sorted(self.running, key=lambda s: (len(s) - s.num_computed_tokens > 1, self._key(s)))
+        for seq in order:
+            if budget == 0 or len(chosen) == self.config.max_num_seqs:
+                break
+            if seq.status is not SequenceStatus.RUNNING:
+                continue  # preempted earlier in this loop
+            if not self._reserve_slot(seq, {s for s, _ in chosen}):
+                preempted = True
+                continue
+            chosen.append((seq, min(len(seq) - seq.num_computed_tokens, budget)))
+            budget -= chosen[-1][1]
+        if not preempted:  # the pool is full: admitting now would only preempt again
+            self._admit(chosen, budget)
+        return self._batch(chosen)
+
+    def _reserve_slot(self, seq: Sequence, scheduled: set[Sequence]) -> bool:
+        """Get seq's next KV slot, preempting other unscheduled runners; False if seq itself went."""
+        while not self.block_manager.can_append(seq):
+            victim = max((s for s in self.running if s not in scheduled), key=self._key)
+            self._preempt(victim)
+            if victim is seq:
+                return False
+        self.block_manager.append_slot(seq)
+        return True
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self.block_manager.free(seq)
+        seq.status = SequenceStatus.WAITING
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        if self.config.scheduling == "priority":
+            keys = [self._key(s) for s in self.waiting]
+            self.waiting.insert(bisect.bisect_left(keys, self._key(seq)), seq)
+        else:
+            self.waiting.insert(0, seq)
+
+    def _admit(self, chosen: list[tuple[Sequence, int]], budget: int) -> None:
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            seq = self.waiting[0]
+            if len(chosen) == self.config.max_num_seqs or not self.block_manager.can_allocate(seq):
+                break
+            self.waiting.pop(0)
+            self.block_manager.allocate(seq)
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            chosen.append((seq, min(len(seq) - seq.num_computed_tokens, budget)))
+            budget -= chosen[-1][1]
+
+    @staticmethod
+    def _batch(chosen: list[tuple[Sequence, int]]) -> ScheduledBatch:
+        seqs = [seq for seq, _ in chosen]
+        new = [n for _, n in chosen]
+        done = [seq.num_computed_tokens for seq in seqs]
+        return ScheduledBatch(
+            seqs=seqs,
+            num_new_tokens=new,
+            num_computed_tokens=done,
+            is_prefill=[n > 1 or d < seq.num_prompt_tokens for seq, d, n in zip(seqs, done, new)],
+            sample=[d + n == len(seq) for seq, d, n in zip(seqs, done, new)],
+        )
+
+    def postprocess(self, batch: ScheduledBatch, out: StepOutput) -> list[Sequence]:
+        """Advance the KV counters, append sampled tokens, apply finish rules; returns finished seqs."""
+        if list(out.sampled) != batch.sample:
+            raise RuntimeError(f"StepOutput.sampled {out.sampled} != ScheduledBatch.sample {batch.sample}")
+        tokens = out.tokens.tolist() if any(batch.sample) else []
+        finished = []
+        for b, seq in enumerate(batch.seqs):
+            if seq.status is not SequenceStatus.RUNNING:
+                continue  # aborted while the step ran
+            seq.num_computed_tokens = batch.num_computed_tokens[b] + batch.num_new_tokens[b]
+            self.block_manager.cache_computed_blocks(seq)
+            if not batch.sample[b]:
+                continue
+            hidden = None if out.hidden is None else out.hidden[b]  # [H]
+            status = self._append(seq, tuple(tokens[b][: seq.num_rows]), hidden)
+            if status is not None:
+                self._finish(seq, status)
+                finished.append(seq)
+        return finished
+
+    @staticmethod
+    def _append(seq: Sequence, token: tuple[int, ...], hidden: torch.Tensor | None) -> SequenceStatus | None:
+        """Finish rules (design.md 5): EOS in any row (not appended), or max_new_token reached."""
+        if seq.params.eos_token_id in token:  # the sampler masks EOS until min_new_token
+            return SequenceStatus.FINISHED_EOS
+        seq.append_token(token, hidden)
+        if seq.num_generated >= seq.params.max_new_token:
+            return SequenceStatus.FINISHED_LENGTH
+        return None
+
+    def _finish(self, seq: Sequence, status: SequenceStatus) -> None:
+        self.running.remove(seq)
+        self.block_manager.free(seq)
+        self._requests.pop(seq.request_id, None)
+        seq.status = status

@@ -1,0 +1,172 @@
+"""Engine stage: one request's state (prompt rows, generated tokens, hidden states, KV bookkeeping).
+
+In: schema.Prompt + schema.SamplingParams. Out: schema.GenerationOutput (see `Sequence.to_output`).
+"""
+from __future__ import annotations
+
+import hashlib
+from enum import Enum
+
+import torch
+
+from chattts_velocity.schema import (
+    FinishReason,
+    GenerationOutput,
+    Prompt,
+    SamplingParams,
+)
+
+
+class SequenceStatus(Enum):
+    WAITING = "waiting"  # also a preempted sequence waiting to be recomputed
+    RUNNING = "running"
+    FINISHED_EOS = "eos"
+    FINISHED_LENGTH = "length"
+    FINISHED_ABORTED = "abort"
+
+    @property
+    def is_finished(self) -> bool:
+        return self not in (SequenceStatus.WAITING, SequenceStatus.RUNNING)
+
+
+class Sequence:
+    """A request as the engine sees it.
+
+    One position = one KV slot = one row of `num_vq` ids (a prompt row, or a generated token).
+    `len(seq)` counts positions: prompt rows + generated tokens. Between steps a running
+    sequence has `num_computed_tokens <= len(seq) - 1`: the last position (the newest token)
+    still has to be fed to predict the next one.
+    """
+
+    def __init__(self, request_id: str, prompt: Prompt, params: SamplingParams, arrival: float = 0.0) -> None:
+        self.request_id = request_id
+        self.prompt = prompt
+        self.params = params
+        self.arrival = arrival
+        self.prompt_ids = prompt.input_ids.to("cpu", torch.int64)  # [P, num_vq]
+        self.prompt_mask = prompt.text_mask.to("cpu", torch.bool)  # [P]
+        self.num_vq = self.prompt_ids.shape[1]
+        self.is_text = params.mode == "text"
+        self.num_rows = 1 if self.is_text else self.num_vq  # sampled rows per step
+        self.generated: list[tuple[int, ...]] = []  # [G][num_rows]
+        self._hidden: torch.Tensor | None = None  # [capacity, H] growing buffer, first G rows valid
+        self.status = SequenceStatus.WAITING
+        self.num_computed_tokens = 0  # positions whose KV is in the cache
+        self.num_cached_tokens = 0  # positions served by the prefix cache at the last allocate()
+        self.block_table: list[int] = []
+        self.seed: int | None = params.seed  # the scheduler draws one at add() when None
+        self.num_preemptions = 0
+        self.cache_salt = _cache_salt(prompt)
+
+    def __len__(self) -> int:
+        return self.prompt_ids.shape[0] + len(self.generated)
+
+    def __repr__(self) -> str:
+        return (
+            f"Sequence({self.request_id!r}, {self.status.name}, len={len(self)}, "
+            f"computed={self.num_computed_tokens}, blocks={self.block_table})"
+        )
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return self.prompt_ids.shape[0]
+
+    @property
+    def num_generated(self) -> int:
+        return len(self.generated)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status.is_finished
+
+    @property
+    def finish_reason(self) -> FinishReason | None:
+        return self.status.value if self.status.is_finished else None  # type: ignore[return-value]
+
+    def num_blocks(self, block_size: int) -> int:
+        """KV blocks needed to hold every position of the sequence."""
+        return (len(self) + block_size - 1) // block_size
+
+    def rows(self, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Model inputs of positions [start, end): ids [n, num_vq] int64 and text_mask [n] bool.
+
+        Generated positions read as the model embeds them: a code token as its num_vq codes
+        (text_mask False), a text token repeated over the channels (text_mask True).
+        """
+        num_prompt = self.num_prompt_tokens
+        ids = [self.prompt_ids[start:min(end, num_prompt)]]
+        mask = [self.prompt_mask[start:min(end, num_prompt)]]
+        if end > num_prompt:
+            gen = torch.tensor(self.generated[max(start, num_prompt) - num_prompt:end - num_prompt],
+                               dtype=torch.int64).view(-1, self.num_rows)  # [g, num_rows]
+            ids.append(gen.expand(-1, self.num_vq))
+            mask.append(torch.full((gen.shape[0],), self.is_text, dtype=torch.bool))
+        return torch.cat(ids), torch.cat(mask)
+
+    @property
+    def last_row(self) -> tuple[int, ...]:
+        """The ids of position len-1 ([num_vq]; a text token repeated), fed at a decode step."""
+        if not self.generated:
+            return tuple(self.prompt_ids[-1].tolist())
+        last = self.generated[-1]
+        return last * self.num_vq if self.is_text else last
+
+    def token_ids(self) -> torch.Tensor:
+        """Generated tokens so far: [G, num_rows] int64 (the EOS step is never stored)."""
+        return torch.tensor(self.generated, dtype=torch.int64).view(-1, self.num_rows)
+
+    def recent_tokens(self, window: int) -> torch.Tensor:
+        """The last `window` generated tokens per row, oldest first: [num_rows, <=window] int64."""
+        recent = self.generated[-window:] if window > 0 else []
+        return torch.tensor(recent, dtype=torch.int64).view(-1, self.num_rows).T
+
+    def hidden_states(self) -> torch.Tensor | None:
+        """[G, H]; row k is the state that predicted generated token k. None if none kept."""
+        if self._hidden is None:
+            return None
+        return self._hidden[: len(self.generated)]
+
+    def append_token(self, token: tuple[int, ...], hidden: torch.Tensor | None) -> None:
+        """Record one sampled token ([num_rows] ids) and the hidden state [H] that predicted it."""
+        if len(token) != self.num_rows:
+            raise ValueError(f"token has {len(token)} ids, sequence samples {self.num_rows} rows")
+        if hidden is not None and self.params.return_hidden:
+            self._store_hidden(hidden)
+        self.generated.append(token)
+
+    def _store_hidden(self, hidden: torch.Tensor) -> None:
+        step = len(self.generated)
+        if self._hidden is None or step >= self._hidden.shape[0]:
+            capacity = max(16, 2 * step)
+            grown = hidden.new_empty((capacity, hidden.shape[-1]))
+            if self._hidden is not None:
+                grown[:step] = self._hidden[:step]
+            self._hidden = grown
+        self._hidden[step] = hidden
+
+    def to_output(self) -> GenerationOutput:
+        """Snapshot for the caller; may be taken while the sequence is still running (streaming)."""
+        hidden = self.hidden_states()
+        return GenerationOutput(
+            request_id=self.request_id,
+            token_ids=self.token_ids(),  # [G, num_rows]
+            hidden=None if hidden is None or hidden.shape[0] == 0 else hidden.float(),  # [G, H]
+            finished=self.is_finished,
+            finish_reason=self.finish_reason,
+            extra={
+                "num_prompt_tokens": self.num_prompt_tokens,
+                "num_cached_tokens": self.num_cached_tokens,
+                "num_preemptions": self.num_preemptions,
+                "seed": self.seed,
+            },
+        )
+
+
+def _cache_salt(prompt: Prompt) -> bytes:
+    """Bytes that change the KV of a prompt beyond its ids: the speaker vector and where it goes."""
+    if prompt.spk_emb is None:
+        return b""
+    digest = hashlib.blake2b(digest_size=16)
+    digest.update(prompt.spk_emb.detach().to("cpu", torch.float32).contiguous().numpy().tobytes())
+    digest.update(repr(tuple(prompt.spk_positions)).encode())
+    return digest.digest()
