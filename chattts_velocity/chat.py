@@ -146,6 +146,46 @@ class Chat:
         wavs = self._decode(outputs, use_decoder)
         return _join_per_text(wavs, owner, len(texts), None)
 
+    def infer_many(
+        self,
+        texts: list[str],
+        params: list[InferCodeParams],
+        use_decoder: bool = True,
+        lang: str | None = None,
+        do_text_normalization: bool = True,
+        do_homophone_replacement: bool = True,
+        split_text: bool = True,
+        use_vllm: bool | None = None,
+        progress: bool = False,
+    ) -> Iterator[tuple[int, np.ndarray]]:
+        """Each text with its own params (voice, seed, ...), all at once; yields (index, wav) as texts finish.
+
+        No refine pass. On the velocity engine every piece of every text shares the running batch.
+        """
+        texts = _check_texts(texts)
+        if len(params) != len(texts):
+            raise ValueError(f"params: got {len(params)} InferCodeParams for {len(texts)} texts")
+        self._stop.clear()
+        gpt = self._gpt(use_vllm)
+        pieces, owner = _split(texts, split_text)
+        pieces = [self.normalizer(p, do_text_normalization, do_homophone_replacement, lang) for p in pieces]
+        prompts = [self._code_prompt(p, params[i]) for p, i in zip(pieces, owner)]
+        sampling = [params[i].to_sampling_params("code", gpt.config.audio_eos_id, use_decoder) for i in owner]
+        pending = {i: owner.count(i) for i in set(owner)}
+        done: dict[int, list] = {i: [None] * n for i, n in pending.items()}
+        slot = [owner[:k].count(owner[k]) for k in range(len(owner))]
+        for k, output in _generate_each(gpt, prompts, sampling, progress, self._stop.is_set):
+            i = owner[k]
+            done[i][slot[k]] = output
+            pending[i] -= 1
+            if pending[i] == 0:
+                yield i, np.concatenate(self._decode(done.pop(i), use_decoder)).astype(np.float32)
+
+    def _code_prompt(self, piece: str, params: InferCodeParams) -> Prompt:
+        spk_emb = _speaker_tensor(params.spk_emb)
+        spk_smp = text.decode_prompt(params.spk_smp) if params.spk_smp is not None else None
+        return self.tokenizer.code_prompt(piece, spk_emb, params.txt_smp, params.prompt, spk_smp)
+
     def _refine(self, gpt, pieces: list[str], params: RefineTextParams, batch: int) -> list[str]:
         prompts = [self.tokenizer.refine_prompt(p, params.prompt) for p in pieces]
         eos = self.tokenizer.eos_id
@@ -154,11 +194,7 @@ class Chat:
         return [self.tokenizer.refined_text(o.token_ids[:, 0].tolist()) for o in outs]
 
     def _infer_code(self, gpt, pieces: list[str], params: InferCodeParams, use_decoder: bool, batch: int):
-        spk_emb = _speaker_tensor(params.spk_emb)
-        spk_smp = text.decode_prompt(params.spk_smp) if params.spk_smp is not None else None
-        prompts = [
-            self.tokenizer.code_prompt(p, spk_emb, params.txt_smp, params.prompt, spk_smp) for p in pieces
-        ]
+        prompts = [self._code_prompt(p, params) for p in pieces]
         eos = gpt.config.audio_eos_id
         sampling = params.to_sampling_params("code", eos, return_hidden=use_decoder)
         return self._generate(gpt, prompts, sampling, batch, params.show_tqdm)
@@ -186,6 +222,15 @@ class Chat:
         wavs = _join_per_text(self._decode(outputs, use_decoder), owner, num_texts, None)
         for i, wav in enumerate(wavs):
             yield [wav if j == i else np.zeros(0, np.float32) for j in range(num_texts)]
+
+
+def _generate_each(gpt, prompts, sampling, progress, should_stop) -> Iterator[tuple[int, GenerationOutput]]:
+    """(index, output) as requests finish: all at once on the engine, one by one on the plain path."""
+    if getattr(gpt, "is_vllm", False):
+        yield from gpt.generate_iter(prompts, sampling, progress=progress, should_stop=should_stop)
+        return
+    for k, (prompt, params) in enumerate(zip(prompts, sampling)):
+        yield k, gpt.generate([prompt], params, progress=progress, should_stop=should_stop)[0]
 
 
 def _check_texts(value) -> list[str]:

@@ -1,7 +1,7 @@
 """Engine stage: LLM.generate — offline batch generation on the velocity engine, with a progress bar."""
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 from tqdm.auto import tqdm
@@ -40,6 +40,19 @@ class LLM:
         should_stop: Callable[[], bool] | None = None,
     ) -> list[GenerationOutput]:
         """Generate every prompt concurrently; outputs in input order."""
+        outputs: list[GenerationOutput | None] = [None] * len(prompts)
+        for index, output in self.generate_iter(prompts, params, progress, should_stop):
+            outputs[index] = output
+        return outputs  # type: ignore[return-value]
+
+    def generate_iter(
+        self,
+        prompts: list[Prompt],
+        params: SamplingParams | list[SamplingParams],
+        progress: bool = True,
+        should_stop: Callable[[], bool] | None = None,
+    ) -> Iterator[tuple[int, GenerationOutput]]:
+        """Like generate, but yields (index, output) as each request finishes."""
         params_list = params if isinstance(params, list) else [params] * len(prompts)
         if len(params_list) != len(prompts):
             raise ValueError(f"params: got {len(params_list)} for {len(prompts)} prompts")
@@ -47,23 +60,29 @@ class LLM:
         hidden_size = self.engine.config.hidden_size
         collected = {rid: _Collector(rid, hidden_size if sp.return_hidden else None)
                      for rid, sp in zip(ids, params_list)}
+        index = {rid: i for i, rid in enumerate(ids)}
         total = sum(sp.max_new_token for sp in params_list)
-        with tqdm(total=total, desc=params_list[0].mode if prompts else "code", disable=not progress,
-                  leave=False, unit="step") as bar:
+        mode = params_list[0].mode if params_list else "code"
+        with tqdm(total=total, desc=mode, disable=not progress, leave=False, unit="step") as bar:
             while any(not c.finished for c in collected.values()):
                 if should_stop is not None and should_stop():
-                    self._abort(collected)
-                    break
+                    for rid in self._abort(collected):
+                        yield index[rid], collected[rid].output()
+                    return
                 for delta in self.engine.step():
-                    collected[delta.request_id].add(delta)
+                    collector = collected[delta.request_id]
+                    collector.add(delta)
                     bar.update(len(delta.token_ids))
-        return [collected[rid].output() for rid in ids]
+                    if collector.finished:
+                        yield index[delta.request_id], collector.output()
 
-    def _abort(self, collected: dict[str, "_Collector"]) -> None:
-        for c in collected.values():
-            if not c.finished:
-                self.engine.abort_request(c.request_id)
-                c.finished, c.finish_reason = True, "interrupted"
+    def _abort(self, collected: dict[str, "_Collector"]) -> list[str]:
+        """Abort every unfinished request (interrupt); returns their ids."""
+        aborted = [c.request_id for c in collected.values() if not c.finished]
+        for rid in aborted:
+            self.engine.abort_request(rid)
+            collected[rid].finished, collected[rid].finish_reason = True, "interrupted"
+        return aborted
 
 
 class _Collector:
