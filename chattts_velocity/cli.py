@@ -105,9 +105,10 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--out", default="out/demo")
         p.add_argument("--model", default="demo", help="asset folder, or 'demo' for random demo weights")
         p.add_argument("--tiny", action="store_true", help="with --model demo: test-size weights")
-        p.add_argument("--seed", type=int, default=None)
+        p.add_argument("--seed", type=int, default=0 if name == "demo" else None)
         p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "int8"])
-        p.add_argument("--max-new-token", type=int, default=2048)
+        # Random demo weights rarely emit EOS, so the demo caps each clip (150 steps = 3.2 s).
+        p.add_argument("--max-new-token", type=int, default=150 if name == "demo" else 2048)
         p.set_defaults(func=func)
     return parser
 
