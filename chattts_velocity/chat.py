@@ -140,9 +140,9 @@ class Chat:
             if refine_text_only:
                 joined = _join_per_text(pieces, owner, len(texts), "\n")
                 return joined[0] if isinstance(text, str) else joined
-        outputs = self._infer_code(gpt, pieces, code_params, use_decoder, max_split_batch)
         if stream:
-            return self._stream_results(outputs, owner, len(texts), use_decoder)
+            return self._stream_results(gpt, pieces, owner, len(texts), code_params, use_decoder)
+        outputs = self._infer_code(gpt, pieces, code_params, use_decoder, max_split_batch)
         wavs = self._decode(outputs, use_decoder)
         return _join_per_text(wavs, owner, len(texts), None)
 
@@ -183,6 +183,10 @@ class Chat:
 
     def _code_prompt(self, piece: str, params: InferCodeParams) -> Prompt:
         spk_emb = _speaker_tensor(params.spk_emb)
+        hidden = self._gpt(None).config.hidden_size
+        if spk_emb is not None and spk_emb.shape[0] != hidden:
+            raise ValueError(f"spk_emb: this speaker has {spk_emb.shape[0]} values but the model needs "
+                             f"{hidden}; sample it with this model's sample_random_speaker()")
         spk_smp = text.decode_prompt(params.spk_smp) if params.spk_smp is not None else None
         return self.tokenizer.code_prompt(piece, spk_emb, params.txt_smp, params.prompt, spk_smp)
 
@@ -217,11 +221,20 @@ class Chat:
                 return audio.decode_hidden_batch(self.decoder, self.vocos, [o.hidden for o in outputs])
             return audio.decode_codes_batch(self.dvae, self.vocos, [o.token_ids for o in outputs])
 
-    def _stream_results(self, outputs, owner, num_texts, use_decoder) -> Iterator[list[np.ndarray]]:
-        # Placeholder streaming: whole clips, one yield per text (true streaming comes from the engine).
-        wavs = _join_per_text(self._decode(outputs, use_decoder), owner, num_texts, None)
-        for i, wav in enumerate(wavs):
-            yield [wav if j == i else np.zeros(0, np.float32) for j in range(num_texts)]
+    def _stream_results(self, gpt, pieces: list[str], owner: list[int], num_texts: int, params: InferCodeParams,
+                        use_decoder: bool) -> Iterator[list[np.ndarray]]:
+        """Audio as the engine generates it: each yield holds one new (maybe empty) chunk per text.
+
+        A text's chunks concatenate to its non-stream waveform; its pieces play in order. The decoder
+        sees params.stream_batch new steps per chunk plus exact context on both sides (audio/streaming.py).
+        """
+        from . import speech
+
+        prompts = [self._code_prompt(p, params) for p in pieces]
+        sampling = params.to_sampling_params("code", gpt.config.audio_eos_id, use_decoder)
+        options = speech.StreamOptions(chunk_steps=params.stream_batch)
+        return speech.stream_texts(self, gpt, prompts, [sampling] * len(prompts), owner, num_texts, use_decoder,
+                                   options, self._stop.is_set)
 
 
 def _generate_each(gpt, prompts, sampling, progress, should_stop) -> Iterator[tuple[int, GenerationOutput]]:

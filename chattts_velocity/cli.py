@@ -82,6 +82,34 @@ def cmd_demo(args: argparse.Namespace) -> None:
         print("note: demo weights are random, so the audio is noise-like; see models/README.md for real voices")
 
 
+def cmd_export(args: argparse.Namespace) -> None:
+    from .export import plan_export, run_export
+    from .params import InferCodeParams
+
+    plan = plan_export(args.input, args.output_dir, seed=args.seed, speaker=args.speaker or None)
+    chat = load_chat(args.model, args.tiny, use_vllm=True, dtype=args.dtype) if plan.todo else None
+    # Random demo weights rarely emit EOS, so with --model demo each sentence is capped (150 steps = 3.2 s).
+    max_new_token = args.max_new_token or (150 if args.model == "demo" else 2048)
+    run_export(chat, plan, InferCodeParams(max_new_token=max_new_token, show_tqdm=False))
+    if plan.count("error"):
+        raise SystemExit(1)
+
+
+def _add_export(sub) -> None:
+    p = sub.add_parser("export", help="synthesise every line of a text or JSONL file to its own WAV (resumable)")
+    p.add_argument("input", help="text file (one utterance per line) or JSONL (text, id, speaker, seed, output); "
+                                 "'-' reads stdin")
+    p.add_argument("-o", "--output-dir", required=True, help="folder for the WAVs and manifest.json")
+    p.add_argument("--model", default="demo", help="asset folder, or 'demo' for random demo weights")
+    p.add_argument("--tiny", action="store_true", help="with --model demo: test-size weights")
+    p.add_argument("--seed", type=int, default=None,
+                   help="line k uses seed + k - 1 (default: a random seed per line, kept in the manifest)")
+    p.add_argument("--speaker", default="", help="speaker string for lines without their own")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "int8"])
+    p.add_argument("--max-new-token", type=int, default=None, help="steps per sentence (default 2048; 150 for demo)")
+    p.set_defaults(func=cmd_export)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="chattts-velocity", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -110,6 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
         # Random demo weights rarely emit EOS, so the demo caps each clip (150 steps = 3.2 s).
         p.add_argument("--max-new-token", type=int, default=150 if name == "demo" else 2048)
         p.set_defaults(func=func)
+    _add_export(sub)
     return parser
 
 

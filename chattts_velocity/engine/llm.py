@@ -56,7 +56,17 @@ class LLM:
         params_list = params if isinstance(params, list) else [params] * len(prompts)
         if len(params_list) != len(prompts):
             raise ValueError(f"params: got {len(params_list)} for {len(prompts)} prompts")
-        ids = [self.engine.add_request(None, p, sp) for p, sp in zip(prompts, params_list)]
+        ids: list[str] = []
+        try:
+            for p, sp in zip(prompts, params_list):
+                ids.append(self.engine.add_request(None, p, sp))
+            yield from self._drive(ids, params_list, progress, should_stop)
+        finally:  # an error, an early close or a failed add leaves no request behind in the engine
+            for rid in ids:
+                self.engine.abort_request(rid)
+
+    def _drive(self, ids: list[str], params_list: list[SamplingParams], progress: bool,
+               should_stop: Callable[[], bool] | None) -> Iterator[tuple[int, GenerationOutput]]:
         hidden_size = self.engine.config.hidden_size
         collected = {rid: _Collector(rid, hidden_size if sp.return_hidden else None)
                      for rid, sp in zip(ids, params_list)}
@@ -70,7 +80,9 @@ class LLM:
                         yield index[rid], collected[rid].output()
                     return
                 for delta in self.engine.step():
-                    collector = collected[delta.request_id]
+                    collector = collected.get(delta.request_id)
+                    if collector is None:
+                        continue  # another consumer's request sharing this engine
                     collector.add(delta)
                     bar.update(len(delta.token_ids))
                     if collector.finished:

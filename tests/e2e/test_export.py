@@ -1,0 +1,60 @@
+"""`chattts-velocity export` as a user runs it: a subprocess on the tiny demo checkpoint, run twice."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.e2e
+
+
+def cli(cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    path = os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), str(REPO)]))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path}
+    return subprocess.run([sys.executable, "-m", "chattts_velocity.cli", "export", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture()
+def workdir(tmp_path: Path, tiny_assets: Path) -> Path:
+    """A folder where `--model demo --tiny` finds the cached tiny checkpoint instead of writing one."""
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "demo-tiny").symlink_to(tiny_assets, target_is_directory=True)
+    return tmp_path
+
+
+def test_export_fifty_lines_twice(workdir: Path) -> None:
+    words = ("alpha bravo charlie delta echo " * 10).split()
+    rows = [json.dumps({"text": f"Line {word} of the batch."}) for word in words]
+    rows[9] = '{"text": '  # invalid JSON
+    rows[19] = json.dumps({"text": "Outside.", "output": "../../outside.wav"})
+    (workdir / "lines.jsonl").write_text("\n".join(rows) + "\n", encoding="utf-8")
+    args = ("lines.jsonl", "-o", "out", "--model", "demo", "--tiny", "--seed", "3", "--max-new-token", "8")
+
+    first = cli(workdir, *args)
+    assert first.returncode == 1, first.stderr[-2000:]
+    assert first.stdout.rstrip().endswith("48/50 succeeded"), first.stdout[-2000:]
+    assert "line 10: invalid JSON" in first.stdout and "line 20: output:" in first.stdout
+    wavs = sorted((workdir / "out").glob("*.wav"))
+    assert len(wavs) == 48 and not (workdir.parent / "outside.wav").exists()
+    entries = json.loads((workdir / "out" / "manifest.json").read_text(encoding="utf-8"))["lines"]
+    assert [e["seed"] for e in entries if e["status"] == "ok"] == [3 + k for k in range(50) if k not in (9, 19)]
+    stamps = {p.name: p.stat().st_mtime_ns for p in wavs}
+
+    second = cli(workdir, *args)
+    assert second.returncode == 1, second.stderr[-2000:]
+    assert "skipped 48 existing outputs" in second.stdout and "wrote 0, skipped 48 existing, 2 failed" in second.stdout
+    assert second.stdout.rstrip().endswith("48/50 succeeded")
+    assert {p.name: p.stat().st_mtime_ns for p in (workdir / "out").glob("*.wav")} == stamps
+    assert not [p for p in (workdir / "out").rglob("*") if p.name.endswith(".tmp")]
+
+
+def test_export_bad_speaker_argument_is_a_clear_error(workdir: Path) -> None:
+    (workdir / "lines.txt").write_text("Hello.\n", encoding="utf-8")
+    result = cli(workdir, "lines.txt", "-o", "out", "--model", "demo", "--tiny", "--speaker", "nope")
+    assert result.returncode != 0 and "error: speaker" in result.stderr and "Traceback" not in result.stderr
