@@ -95,6 +95,29 @@ def cmd_export(args: argparse.Namespace) -> None:
         raise SystemExit(1)
 
 
+def cmd_webui(args: argparse.Namespace) -> None:
+    try:
+        from webui.app import serve
+    except ModuleNotFoundError as exc:
+        raise SystemExit(f"webui: cannot import {exc.name}; it needs gradio (pip install 'gradio>=5,<6') "
+                         "and the webui/ folder of a source checkout") from None
+    serve(args)
+
+
+def _add_webui(sub) -> None:
+    p = sub.add_parser("webui", help="Gradio web UI (pip install 'gradio>=5,<6'; ffmpeg for streaming)")
+    p.add_argument("--model", default="demo", help="asset folder, or 'demo' for random demo weights")
+    p.add_argument("--tiny", action="store_true", help="with --model demo: test-size weights")
+    p.add_argument("--no-verify", action="store_true", help="skip the sha256 check of a custom folder")
+    p.add_argument("--host", default="127.0.0.1", help="bind address (0.0.0.0 exposes the UI on the network)")
+    p.add_argument("--port", type=int, default=7860)
+    p.add_argument("--share", action="store_true", help="create a public gradio.live link")
+    p.add_argument("--plain", action="store_true", help="use the plain transformers path, not the engine")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "int8"])
+    p.add_argument("--max-new-token", type=int, default=2048, help="cap on audio tokens per sentence")
+    p.set_defaults(func=cmd_webui)
+
+
 def _add_export(sub) -> None:
     p = sub.add_parser("export", help="synthesise every line of a text or JSONL file to its own WAV (resumable)")
     p.add_argument("input", help="text file (one utterance per line) or JSONL (text, id, speaker, seed, output); "
@@ -139,6 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--max-new-token", type=int, default=150 if name == "demo" else 2048)
         p.set_defaults(func=func)
     _add_export(sub)
+    _add_webui(sub)
     return parser
 
 

@@ -1,0 +1,1 @@
+"""Gradio web UI for chattts_velocity (`python webui/app.py` or `chattts-velocity webui`)."""
