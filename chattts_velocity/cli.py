@@ -87,12 +87,37 @@ def cmd_export(args: argparse.Namespace) -> None:
     from .params import InferCodeParams
 
     plan = plan_export(args.input, args.output_dir, seed=args.seed, speaker=args.speaker or None)
-    chat = load_chat(args.model, args.tiny, use_vllm=True, dtype=args.dtype) if plan.todo else None
     # Random demo weights rarely emit EOS, so with --model demo each sentence is capped (150 steps = 3.2 s).
     max_new_token = args.max_new_token or (150 if args.model == "demo" else 2048)
-    run_export(chat, plan, InferCodeParams(max_new_token=max_new_token, show_tqdm=False))
+    params = InferCodeParams(max_new_token=max_new_token, show_tqdm=False)
+    if args.ray:
+        _export_with_ray(args, plan, params)
+    else:
+        run_export(load_chat(args.model, args.tiny, use_vllm=True, dtype=args.dtype) if plan.todo else None,
+                   plan, params)
     if plan.count("error"):
         raise SystemExit(1)
+
+
+def _export_with_ray(args: argparse.Namespace, plan, params) -> None:
+    from .serve import ray_export, ray_serve  # imports no ray: init_ray sets the loopback env first
+
+    root, verify = ensure_model(args.model, args.tiny)
+    if plan.todo:
+        ray_serve.init_ray(args.ray_address, log_to_driver=True)
+    options = ray_export.RayExportOptions(actors=args.actors, cpus_per_actor=args.cpus_per_actor,
+                                          gpus_per_actor=args.gpus_per_actor, batch_size=args.batch_size)
+    ray_export.run_export_ray(root, plan, params, options, verify=verify, dtype=args.dtype)
+
+
+def _add_export_ray_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("Ray Data (needs the [ray] extra)")
+    g.add_argument("--ray", action="store_true", help="synthesise on a Ray actor pool; this process writes the files")
+    g.add_argument("--ray-address", default=None, help="join this Ray cluster; default: a private loopback cluster")
+    g.add_argument("--actors", type=int, default=2)
+    g.add_argument("--cpus-per-actor", type=float, default=0.5, help="keep actors x this below the cluster's CPUs")
+    g.add_argument("--gpus-per-actor", type=float, default=0.0)
+    g.add_argument("--batch-size", type=int, default=16)
 
 
 def cmd_webui(args: argparse.Namespace) -> None:
@@ -130,6 +155,7 @@ def _add_export(sub) -> None:
     p.add_argument("--speaker", default="", help="speaker string for lines without their own")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "int8"])
     p.add_argument("--max-new-token", type=int, default=None, help="steps per sentence (default 2048; 150 for demo)")
+    _add_export_ray_flags(p)
     p.set_defaults(func=cmd_export)
 
 

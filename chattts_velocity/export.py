@@ -300,7 +300,7 @@ def _save(out_dir: Path, line: ExportLine, wav: np.ndarray, log: Log) -> None:
     if len(wav) == 0:
         return _fail(line, "the model produced no audio (it stopped at the first step); try another seed", log)
     try:
-        _replace_atomically(out_dir / line.output, lambda tmp: write_wav(tmp, wav))
+        replace_atomically(out_dir / line.output, lambda tmp: write_wav(tmp, wav))
     except Exception as exc:  # noqa: BLE001 - a full disk or a blocked path fails this line only
         return _fail(line, f"could not write {line.output}: {exc}", log)
     line.status, line.duration = "ok", round(len(wav) / SAMPLE_RATE, 3)
@@ -312,7 +312,7 @@ def _fail(line: ExportLine, message: str, log: Log) -> None:
     log(f"line {line.line}: {message}")
 
 
-def _replace_atomically(path: Path, write: Callable[[Path], None]) -> None:
+def replace_atomically(path: Path, write: Callable[[Path], None]) -> None:
     """write() a hidden temp file, fsync, rename: a crash never leaves a partial file under `path`."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
@@ -330,7 +330,7 @@ def write_manifest(plan: ExportPlan) -> Path:
            "succeeded": plan.succeeded, "failed": plan.count("error"),
            "lines": [dataclasses.asdict(line) for line in plan.lines]}
     body = json.dumps(doc, ensure_ascii=False, indent=1)
-    _replace_atomically(plan.manifest, lambda tmp: tmp.write_text(body, encoding="utf-8"))
+    replace_atomically(plan.manifest, lambda tmp: tmp.write_text(body, encoding="utf-8"))
     return plan.manifest
 
 

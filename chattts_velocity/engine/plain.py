@@ -16,7 +16,7 @@ from tqdm.auto import tqdm
 
 from ..config import ModelConfig
 from ..model.embed import Embed
-from ..model.loader import load_embed
+from ..model.loader import gpt_state_dict, load_embed
 from ..schema import GenerationOutput, Prompt, SamplingParams, pad_left
 from . import logits_processors as lp
 
@@ -33,21 +33,22 @@ class PlainGPT:
 
     @classmethod
     def load(cls, gpt_dir: str | Path, embed_path: str | Path, device: str = "cpu") -> "PlainGPT":
+        """transformers `LlamaModel` (SDPA, fp32) with the checkpoint's weights, loaded by key.
+
+        Built from config.json and filled from model.safetensors ourselves (not `from_pretrained`),
+        so files written by any safetensors tool load; `embed_tokens` is dropped as upstream does.
+        """
         from transformers import LlamaConfig, LlamaModel
-        from transformers.utils import logging as hf_logging
+        from transformers.modeling_utils import no_init_weights
 
         config = ModelConfig.from_json(Path(gpt_dir) / "config.json")
-        verbosity = hf_logging.get_verbosity()
-        hf_logging.set_verbosity_error()  # the official file has no embed_tokens; HF warns about it
-        try:
-            llama = LlamaModel.from_pretrained(
-                str(gpt_dir), torch_dtype=torch.float32, attn_implementation="sdpa",
-                config=LlamaConfig.from_pretrained(str(gpt_dir)),
-            )
-        finally:
-            hf_logging.set_verbosity(verbosity)
+        hf_config = LlamaConfig.from_pretrained(str(gpt_dir))
+        hf_config._attn_implementation = "sdpa"
+        with no_init_weights():
+            llama = LlamaModel(hf_config)
         llama.embed_tokens = None  # never used: inputs are embeddings (upstream deletes it too)
-        return cls(llama.to(device), load_embed(embed_path).to(device), config)
+        llama.load_state_dict(gpt_state_dict(gpt_dir), strict=True)
+        return cls(llama.to(device).float(), load_embed(embed_path).to(device), config)
 
     @torch.inference_mode()
     def generate(

@@ -49,8 +49,9 @@ def load_gpt(
     _check_keys(f"gpt weights {file}", state_dict, model.state_dict())
     model.to_empty(device=device)
     model.load_state_dict(state_dict, strict=True)
-    model.rotary_emb.reset_tables()
-    return model.to(dtype=dtype).eval()
+    model = model.to(dtype=dtype)
+    model.rotary_emb.float().reset_tables()  # RoPE tables stay fp32 (bf16 angles would drift with position)
+    return model.eval()
 
 
 def load_embed(
@@ -61,3 +62,12 @@ def load_embed(
     if not path.is_file():
         raise FileNotFoundError(f"Embed weights: {path} does not exist (expected asset/Embed.safetensors)")
     return Embed.from_state_dict(load_file(str(path))).to(dtype=dtype, device=device).eval()
+
+
+def gpt_state_dict(gpt_dir: str | Path) -> dict[str, torch.Tensor]:
+    """asset/gpt/model.safetensors as fp32 tensors by HF key, without the ignored keys."""
+    path = Path(gpt_dir)
+    file = path / "model.safetensors" if path.is_dir() else path
+    if not file.is_file():
+        raise FileNotFoundError(f"gpt weights: {file} does not exist (expected asset/gpt/model.safetensors)")
+    return {k: v.float() for k, v in load_file(str(file)).items() if not _ignored(k)}

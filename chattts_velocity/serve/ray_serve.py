@@ -1,0 +1,226 @@
+"""Serving stage on Ray Serve: the OpenAI speech app (openai_api.create_app) as replicas, one engine in each.
+
+In: a model folder, a ServerConfig and ReplicaOptions. Out: a Serve Application (build_app), or one served over HTTP
+(serve_on_ray). Needs the [ray] extra; `ray` is imported inside functions so init_ray() can set the loopback env first.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .openai_api import ServerConfig, create_app
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+    from ray.serve import Application
+
+    from ..chat import Chat
+
+# A private local cluster must stay on loopback: Ray otherwise advertises and binds the machine's
+# network address (ray.init(_node_ip_address="127.0.0.1") is silently rewritten). Read at `import ray`.
+LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0",
+                "RAY_AUTH_MODE": "disabled"}
+LOOPBACK = "127.0.0.1"
+REPLICA_HEADER = "x-chattts-replica"  # names the replica that answered (load-balancing checks, debugging)
+DEPLOYMENT = "chattts-speech"
+
+
+# ---- the cluster ---------------------------------------------------------------------------
+def init_ray(address: str | None = None, num_cpus: float | None = None, object_store_mb: int | None = 256,
+             temp_dir: str | None = None, log_to_driver: bool = False) -> dict[str, Any]:
+    """Join the cluster at `address` ("auto", "host:6379", "ray://..."), or start a private local one.
+
+    The local cluster is loopback-only (every Ray listener on 127.0.0.1), has no dashboard, and
+    caps the object store (MiB; Ray's default is 30 % of RAM). Returns ray.init's address_info.
+    Does nothing when Ray is already initialised (so library calls never start a second cluster).
+    """
+    if "ray" in sys.modules and sys.modules["ray"].is_initialized():
+        ray = sys.modules["ray"]
+        return {"node_ip_address": ray.util.get_node_ip_address(), "gcs_address": ray.get_runtime_context().gcs_address}
+    if address is None:
+        _set_loopback_env()
+    import ray
+
+    if address is not None:
+        return ray.init(address=address, log_to_driver=log_to_driver).address_info
+    store = None if object_store_mb is None else int(object_store_mb * 2**20)
+    info = ray.init(num_cpus=num_cpus, include_dashboard=False, object_store_memory=store, _temp_dir=temp_dir,
+                    log_to_driver=log_to_driver).address_info
+    if info["node_ip_address"] != LOOPBACK:
+        ray.shutdown()
+        raise RuntimeError(f"ray: the local cluster came up on {info['node_ip_address']}, not {LOOPBACK}; "
+                           "start it before anything imports ray, or set RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0")
+    return info
+
+
+def _set_loopback_env() -> None:
+    for key, value in LOOPBACK_ENV.items():
+        os.environ.setdefault(key, value)
+    if "ray" in sys.modules:  # too late to set the variable: it is read when ray is imported
+        from ray._private import ray_constants
+
+        if ray_constants.ENABLE_RAY_CLUSTER:
+            raise RuntimeError("ray: it was imported before RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 was set, so a "
+                               "local cluster would listen on the network; call init_ray() before importing ray")
+
+
+def load_worker_chat(model_dir: str, verify: bool = True, **load_kwargs: Any) -> Chat:
+    """The velocity-engine Chat inside a replica or actor (the folder must exist on every node)."""
+    from ..chat import Chat
+
+    chat = Chat()
+    chat.load(source="custom", custom_path=model_dir, verify=verify, use_vllm=True, **load_kwargs)
+    return chat
+
+
+# ---- the deployment ------------------------------------------------------------------------
+@dataclass
+class ReplicaOptions:
+    """How Serve runs the speech app. Defaults suit one CPU replica; see docs/scaling.md for tuning."""
+
+    replicas: int = 1
+    autoscale: tuple[int, int] | None = None  # (min, max) replicas; replaces `replicas`
+    num_cpus: float = 1.0
+    num_gpus: float = 0.0
+    # Serve's default of 5 would cap the engine's continuous batch at 5 per replica: let the engine queue.
+    max_ongoing_requests: int = 256
+    max_queued_requests: int = -1  # requests waiting in front of the replicas; beyond it Serve answers 503
+    target_ongoing_requests: float = 32.0  # per replica, for autoscaling: about the batch where throughput saturates
+    upscale_delay_s: float = 10.0
+    downscale_delay_s: float = 300.0
+
+    def __post_init__(self) -> None:
+        if self.replicas < 1:
+            raise ValueError(f"replicas: must be >= 1, got {self.replicas}")
+        if self.autoscale is not None and not 1 <= self.autoscale[0] <= self.autoscale[1]:
+            raise ValueError(f"autoscale: give MIN:MAX with 1 <= MIN <= MAX, got {self.autoscale}")
+        if self.max_ongoing_requests < 1 or self.num_cpus < 0 or self.num_gpus < 0:
+            raise ValueError("max_ongoing_requests must be >= 1 and num_cpus / num_gpus >= 0")
+
+    def deployment_options(self) -> dict[str, Any]:
+        """Keyword arguments of serve.deployment()."""
+        actor = {"num_cpus": self.num_cpus, **({"num_gpus": self.num_gpus} if self.num_gpus else {})}
+        options: dict[str, Any] = {"name": DEPLOYMENT, "ray_actor_options": actor,
+                                   "max_ongoing_requests": self.max_ongoing_requests,
+                                   "max_queued_requests": self.max_queued_requests,
+                                   "health_check_period_s": 10, "graceful_shutdown_timeout_s": 30}
+        if self.autoscale is None:
+            return {**options, "num_replicas": self.replicas}
+        low, high = self.autoscale
+        return {**options, "autoscaling_config": {
+            "min_replicas": low, "max_replicas": high, "initial_replicas": low,
+            "target_ongoing_requests": self.target_ongoing_requests,
+            "upscale_delay_s": self.upscale_delay_s, "downscale_delay_s": self.downscale_delay_s}}
+
+
+class ReplicaHeader:
+    """ASGI middleware: adds `x-chattts-replica: <replica id>/<pid>` to every HTTP response."""
+
+    def __init__(self, app: Any, value: str) -> None:
+        self.app, self.header = app, (REPLICA_HEADER.encode(), value.encode())
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+
+        async def tagged(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", ()), self.header]}
+            await send(message)
+
+        await self.app(scope, receive, tagged)
+
+
+class SpeechReplica:
+    """One Serve replica: the speech app, whose lifespan loads the Chat and starts this replica's engine.
+
+    Wrapped by serve.ingress() in build_app; Serve then calls __serve_build_asgi_app__ in the replica and
+    runs the app's lifespan there, so the same create_app() serves under uvicorn and under Serve.
+    """
+
+    def __init__(self, model_dir: str, config: ServerConfig, load_kwargs: dict[str, Any]) -> None:
+        self.model_dir, self.config, self.load_kwargs = model_dir, config, load_kwargs
+
+    def __serve_build_asgi_app__(self) -> FastAPI:
+        app = create_app(functools.partial(load_worker_chat, self.model_dir, **self.load_kwargs), self.config)
+        app.add_middleware(ReplicaHeader, value=replica_name())
+        return app
+
+    def check_health(self) -> None:
+        """Serve replaces a replica whose engine loop died (a raised error marks it unhealthy)."""
+        state = getattr(self.app.state, "server", None)  # `app` comes from Serve's ingress wrapper
+        if state is not None and not state.engine.is_running:
+            raise RuntimeError(f"engine: the background loop stopped ({state.engine.error!r})")
+
+
+def replica_name() -> str:
+    from ray import serve
+
+    try:
+        return f"{serve.get_replica_context().replica_tag}/{os.getpid()}"
+    except RuntimeError:  # not inside a replica (unit tests)
+        return f"local/{os.getpid()}"
+
+
+def build_app(model_dir: str | Path, config: ServerConfig | None = None, options: ReplicaOptions | None = None,
+              **load_kwargs: Any) -> Application:
+    """The speech app as a Serve Application. load_kwargs go to Chat.load (verify, dtype, EngineConfig fields)."""
+    from ray import serve
+
+    options = options or ReplicaOptions()
+    model_dir = str(Path(model_dir).resolve())
+    if not Path(model_dir).is_dir():
+        raise ValueError(f"model_dir: {model_dir} is not a folder; give the asset folder (the same path on every node)")
+    deployment = serve.deployment(**options.deployment_options())(serve.ingress()(SpeechReplica))
+    return deployment.bind(model_dir, config or ServerConfig(), load_kwargs)
+
+
+def app_builder(args: dict[str, Any]) -> Application:
+    """`serve run` / Serve config entry point (import_path: chattts_velocity.serve.ray_serve:app_builder).
+
+    args: model (folder, required), verify, dtype, the ServerConfig fields (max_new_token, api_key, ...)
+    and `engine` (a dict of EngineConfig fields, e.g. kv_cache_memory). Replica counts, CPUs and
+    autoscaling go in the config's `deployments:` section (deployment name "chattts-speech").
+    """
+    args = dict(args)
+    if "model" not in args:
+        raise ValueError("model: the Serve config's args need `model: /path/to/asset/folder`")
+    model = args.pop("model")
+    load_kwargs = {k: args.pop(k) for k in ("verify", "dtype") if k in args}
+    load_kwargs.update(args.pop("engine", None) or {})
+    known = {f.name for f in dataclasses.fields(ServerConfig)} - {"stream_options"}
+    if set(args) - known:
+        raise ValueError(f"args: unknown field(s) {sorted(set(args) - known)}; known: {sorted(known | {'model'})}")
+    return build_app(model, ServerConfig(**args), **load_kwargs)
+
+
+def serve_on_ray(app: Application, host: str = LOOPBACK, port: int = 8000, name: str = "chattts",
+                 blocking: bool = True) -> str:
+    """Start Serve's HTTP proxy on host:port and deploy `app` at "/"; blocks until Ctrl-C when `blocking`.
+
+    Without an init_ray() first this starts a private loopback cluster. HTTP options only apply to the
+    first serve.start() of a cluster.
+    """
+    init_ray()  # never let serve.start() auto-start a cluster on the network address
+    from ray import serve
+
+    serve.start(http_options={"host": host, "port": port})
+    serve.run(app, name=name, route_prefix="/", blocking=False)
+    url = f"http://{host}:{port}"
+    if not blocking:
+        return url
+    print(f"serving on {url} (Ctrl-C stops)", file=sys.stderr)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        serve.shutdown()
+    return url

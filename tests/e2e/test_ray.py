@@ -1,0 +1,289 @@
+"""Ray Serve replicas and the Ray Data export on a private loopback-only local cluster (tiny random weights)."""
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import os
+import re
+import shutil
+import socket
+import tempfile
+import time
+import wave
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("fastapi")
+from chattts_velocity.serve import ray_serve  # noqa: E402 -- imports no ray
+
+for _key, _value in ray_serve.LOOPBACK_ENV.items():  # before the first `import ray` of this process
+    os.environ.setdefault(_key, _value)
+ray = pytest.importorskip("ray")
+openai = pytest.importorskip("openai")
+httpx = pytest.importorskip("httpx")
+
+from chattts_velocity.export import plan_export, wav_seconds  # noqa: E402
+from chattts_velocity.params import InferCodeParams  # noqa: E402
+from chattts_velocity.serve import ServerConfig  # noqa: E402
+from chattts_velocity.serve.ray_export import RayExportOptions, run_export_ray  # noqa: E402
+from chattts_velocity.text import sample_random_speaker  # noqa: E402
+
+pytestmark = [pytest.mark.e2e, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
+REPO = Path(__file__).resolve().parents[2]
+HOP = 256
+KV_BYTES = 32 * 2**20  # per engine: plenty for the tiny model, and 4 engines share this box
+# 60 sentence pieces generate at once: seconds of work on the tiny model, however early each piece stops.
+LONG_INPUT = " ".join(["Nobody listens to the end of this sentence."] * 60)
+LOAD = {"verify": False, "kv_cache_memory": KV_BYTES}  # random demo weights carry no official checksums
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until(condition, timeout: float = 60.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"{what} not reached in {timeout:.0f} s"
+        time.sleep(0.1)
+
+
+def piece_samples(steps: int) -> int:
+    """A one-sentence clip of T steps decodes to (2T - 1) * 256 samples (tiny random weights rarely stop early)."""
+    return (2 * steps - 1) * HOP
+
+
+def assert_clip(samples: int, steps: int) -> None:
+    assert samples % (2 * HOP) == HOP and 0 < samples <= piece_samples(steps)
+
+
+@pytest.fixture(scope="session")
+def ray_cluster() -> Iterator[dict]:
+    """One private cluster per session: 2 logical CPUs, 256 MiB object store, no dashboard, loopback only."""
+    temp = tempfile.mkdtemp(prefix="cv-ray-")  # short: Ray's socket paths must stay under 108 bytes
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    info = ray_serve.init_ray(num_cpus=2, object_store_mb=256, temp_dir=temp)
+    try:
+        yield info
+    finally:
+        ray.shutdown()
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+# ---- the cluster -----------------------------------------------------------------------------------
+def test_cluster_is_loopback_only(ray_cluster: dict) -> None:
+    assert ray_cluster["node_ip_address"] == "127.0.0.1"
+    assert ray_cluster["gcs_address"].rsplit(":", 1)[0] == "127.0.0.1"
+    assert {node["NodeManagerAddress"] for node in ray.nodes()} == {"127.0.0.1"}
+
+
+# ---- Ray Serve: 2 replicas of the OpenAI speech app --------------------------------------------------
+class TestServe:
+    @pytest.fixture(scope="class")
+    def url(self, ray_cluster: dict, tiny_assets: Path) -> Iterator[str]:
+        from ray import serve
+
+        options = ray_serve.ReplicaOptions(replicas=2, num_cpus=0.25)  # 2 x 0.25 leaves CPUs for Ray Data
+        app = ray_serve.build_app(tiny_assets, ServerConfig(max_new_token=2000), options, **LOAD)
+        started = time.perf_counter()
+        url = ray_serve.serve_on_ray(app, port=free_port(), blocking=False)
+        print(f"serve: 2 replicas ready in {time.perf_counter() - started:.1f} s")
+        try:
+            yield url
+        finally:
+            serve.shutdown()
+
+    def test_twenty_concurrent_openai_requests_reach_both_replicas(self, url: str) -> None:
+        async def main() -> list:
+            client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=300)
+            calls = [client.audio.speech.with_raw_response.create(
+                model="tts-1", voice="alloy", input=f"Ray request number {i % 10}.", response_format="wav",
+                extra_body={"seed": i % 10, "max_new_tokens": 8}) for i in range(20)]
+            return await asyncio.gather(*calls)
+
+        started = time.perf_counter()
+        responses = asyncio.run(main())
+        print(f"serve: 20 concurrent requests in {time.perf_counter() - started:.2f} s")
+        audio = [parse_wav(r.content) for r in responses]
+        replicas = [r.headers[ray_serve.REPLICA_HEADER] for r in responses]
+        print("serve: requests per replica", {name: replicas.count(name) for name in set(replicas)})
+        assert all(r.status_code == 200 for r in responses)
+        assert len(set(replicas)) == 2
+        for clip in audio:
+            assert_clip(len(clip), 8)
+            assert np.abs(clip).max() > 0
+        for i in range(10):
+            # Request i and i + 10 are the same request: the same codes on any replica. The decoder runs in
+            # batches whose make-up differs, so float rounding may move a sample by one int16 step.
+            assert np.abs(audio[i].astype(np.int32) - audio[i + 10]).max() <= 1
+        assert not np.array_equal(audio[0], audio[1])
+
+    def test_stream_arrives_in_chunks(self, url: str) -> None:
+        client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=300)
+        arrivals, data = [], b""
+        started = time.perf_counter()
+        with client.audio.speech.with_streaming_response.create(
+                model="tts-1", voice="echo", input="A streamed sentence through the Serve proxy.",
+                response_format="pcm", extra_body={"stream": True, "seed": 1, "max_new_tokens": 600}) as response:
+            for chunk in response.iter_bytes():
+                arrivals.append(time.perf_counter() - started)
+                data += chunk
+        print(f"serve: {len(data) // 2} samples in {len(arrivals)} chunks, first at {arrivals[0]:.2f} s, "
+              f"last at {arrivals[-1]:.2f} s")
+        assert_clip(len(data) // 2, 600)
+        steps = (len(data) // 2 // HOP + 1) // 2
+        assert steps > 3 * 24  # this seed's clip spans several 24-step chunks (random weights stop early)
+        assert len(arrivals) >= 3 and arrivals[-1] - arrivals[0] > 0.05
+
+    def test_client_disconnect_aborts_the_engine_request(self, url: str) -> None:
+        body = {"input": LONG_INPUT, "voice": "echo", "response_format": "pcm", "stream": True, "seed": 9,
+                "max_new_tokens": 600}
+        with httpx.stream("POST", url + "/v1/audio/speech", json=body, timeout=120) as response:
+            replica = response.headers[ray_serve.REPLICA_HEADER]
+            next(response.iter_bytes())  # audio is flowing; leaving the block drops the connection
+        wait_until(lambda: replica_metrics(url, replica, "chattts_engine_requests_aborted_total") >= 1,
+                   what="the engine requests aborted")
+        wait_until(lambda: replica_metrics(url, replica, "chattts_kv_cache_blocks_used") == 0, what="KV blocks freed")
+
+    def test_non_streamed_client_timeout_aborts_too(self, url: str) -> None:
+        body = {"input": LONG_INPUT, "voice": "sage", "response_format": "wav", "seed": 6, "max_new_tokens": 600}
+        names = replica_names(url)
+        before = {name: replica_metrics(url, name, "chattts_engine_requests_aborted_total") for name in names}
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(url + "/v1/audio/speech", json=body, timeout=1.0)
+        wait_until(lambda: sum(replica_metrics(url, name, "chattts_engine_requests_aborted_total")
+                               for name in names) > sum(before.values()), what="the engine requests aborted")
+
+    def test_health_and_models_through_the_proxy(self, url: str) -> None:
+        assert httpx.get(url + "/health", timeout=30).json() == {"status": "ok"}
+        client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=60)
+        assert {m.id for m in client.models.list()} >= {"chattts", "tts-1"}
+        bad = httpx.post(url + "/v1/audio/speech", json={"input": "", "voice": "alloy"}, timeout=30)
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "input"
+
+
+def parse_wav(data: bytes) -> np.ndarray:
+    with wave.open(io.BytesIO(data)) as w:
+        assert (w.getframerate(), w.getnchannels(), w.getsampwidth()) == (24000, 1, 2)
+        return np.frombuffer(w.readframes(w.getnframes()), dtype="<i2")
+
+
+def replica_names(url: str, tries: int = 40) -> set[str]:
+    return {httpx.get(url + "/health", timeout=30).headers[ray_serve.REPLICA_HEADER] for _ in range(tries)}
+
+
+def replica_metrics(url: str, replica: str, name: str, tries: int = 40) -> float:
+    """`name` from /metrics of one replica: the proxy picks replicas, so ask until that one answers."""
+    for _ in range(tries):
+        response = httpx.get(url + "/metrics", timeout=30)
+        if response.headers[ray_serve.REPLICA_HEADER] == replica:
+            return next(float(line.split()[-1]) for line in response.text.splitlines() if line.startswith(name + " "))
+    raise AssertionError(f"replica {replica} did not answer /metrics in {tries} tries")
+
+
+# ---- the Serve config example ------------------------------------------------------------------------
+def test_serve_config_example_is_valid_and_loopback(ray_cluster: dict, tiny_assets: Path) -> None:
+    yaml = pytest.importorskip("yaml")
+    from ray.serve.schema import ServeDeploySchema
+
+    config = ServeDeploySchema.model_validate(yaml.safe_load((REPO / "examples" / "ray_serve_config.yaml").read_text()))
+    assert config.http_options.host == "127.0.0.1"
+    (app,) = config.applications
+    assert app.import_path == "chattts_velocity.serve.ray_serve:app_builder"
+    (deployment,) = app.deployments
+    assert deployment.name == ray_serve.DEPLOYMENT and deployment.max_ongoing_requests >= 64
+    built = ray_serve.app_builder({**app.args, "model": str(tiny_assets), "verify": False})
+    assert type(built).__name__ == "Application"
+    with pytest.raises(ValueError, match="unknown field"):
+        ray_serve.app_builder({"model": str(tiny_assets), "max_new_tokens": 5})
+
+
+# ---- Ray Data export -----------------------------------------------------------------------------------
+BAD = (17, 123)  # 1-based lines whose speaker string has the wrong width for the tiny model
+WORDS = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet")
+
+
+def write_lines(path: Path, bad_speaker: str | None) -> None:
+    rows = []
+    for n in range(1, 201):
+        row = {"id": f"utt-{n:03d}", "text": f"Sentence {WORDS[n % 10]} {WORDS[n // 10 % 10]} of the Ray export."}
+        if n in BAD and bad_speaker is not None:
+            row["speaker"] = bad_speaker
+        rows.append(json.dumps(row))
+    path.write_text("\n".join(rows) + "\n", encoding="utf-8")
+
+
+def test_data_export_200_lines_two_bad_then_resume(ray_cluster: dict, tiny_assets: Path, tmp_path: Path) -> None:
+    lines, out, logs = tmp_path / "lines.jsonl", tmp_path / "out", []
+    write_lines(lines, bad_speaker=sample_random_speaker(768))  # a full-size voice; the tiny model has 64
+    params = InferCodeParams(max_new_token=8, show_tqdm=False)
+    options = RayExportOptions(actors=2, cpus_per_actor=0.5, batch_size=16, batches_in_flight=2)
+
+    started = time.perf_counter()
+    plan = run_export_ray(tiny_assets, plan_export(lines, out, seed=5), params, options, progress=False,
+                          log=logs.append, **LOAD)
+    print(f"data: 200 lines on 2 actors in {time.perf_counter() - started:.1f} s")
+    wavs = sorted(out.glob("*.wav"))
+    assert len(wavs) == 198 and plan.count("ok") == 198 and plan.count("error") == 2
+    for path in wavs:
+        assert_clip(round(wav_seconds(path) * 24000), 8)
+    manifest = json.loads((out / "manifest.json").read_text(encoding="utf-8"))
+    failed = [e for e in manifest["lines"] if e["status"] == "error"]
+    assert (manifest["total"], manifest["succeeded"], manifest["failed"]) == (200, 198, 2)
+    assert [e["line"] for e in failed] == list(BAD) and all("spk_emb" in e["error"] for e in failed)
+    assert [e["seed"] for e in manifest["lines"]] == [5 + k for k in range(200)]
+    assert f"line {BAD[0]}: synthesis failed" in "\n".join(logs)
+    summary = next(line for line in logs if line.startswith("ray: "))
+    print(summary)
+    actors, peak = re.fullmatch(r"ray: (\d+) actor\(s\) ran \[.*\] lines; engine batches reached (\d+) sequences",
+                                summary).groups()
+    assert int(actors) == 2 and int(peak) > options.batch_size  # several batches in flight share one engine
+    assert not [p for p in out.iterdir() if p.name.endswith(".tmp")]
+    stamps = {p.name: p.stat().st_mtime_ns for p in wavs}
+
+    write_lines(lines, bad_speaker=None)  # fix the two lines and run again: only they are synthesised
+    again = plan_export(lines, out, seed=5)
+    assert [line.line for line in again.todo] == list(BAD) and again.count("skipped") == 198
+    run_export_ray(tiny_assets, again, params, options, progress=False, log=logs.append, **LOAD)
+    assert again.count("ok") == 2 and again.succeeded == 200
+    assert {p.name: p.stat().st_mtime_ns for p in out.glob("*.wav") if p.name in stamps} == stamps
+    assert len(list(out.glob("*.wav"))) == 200
+    assert json.loads((out / "manifest.json").read_text(encoding="utf-8"))["succeeded"] == 200
+
+
+def test_synthesizer_reports_rows_and_replaces_a_dead_engine(tiny_assets: Path) -> None:
+    """The UDF alone (no cluster): a crashed engine loop fails its rows, not the batch, and is replaced."""
+    from chattts_velocity.serve.ray_export import Synthesizer
+
+    synth = Synthesizer(str(tiny_assets), InferCodeParams(max_new_token=8, show_tqdm=False), LOAD)
+    batch = {"key": np.arange(3), "text": np.array(["One.", "Two.", "Three."], dtype=object),
+             "seed": np.array([1, 2, 3]), "speaker": np.array(["", "", sample_random_speaker(768)], dtype=object)}
+
+    async def run() -> dict:
+        (out,) = [out async for out in synth(batch)]
+        return out
+
+    first = asyncio.run(run())
+    assert first["status"] == ["ok", "ok", "error"] and "spk_emb" in first["error"][2]
+    assert_clip(len(parse_wav(first["wav"][0])), 8) and first["samples"][0] == len(parse_wav(first["wav"][0]))
+    dead = synth.engine
+
+    def crash() -> None:
+        raise RuntimeError("simulated kernel failure")
+
+    dead.engine.step = crash
+    second = asyncio.run(run())
+    assert second["status"] == ["error"] * 3 and "simulated kernel failure" in second["error"][0]
+    assert synth.engine is not dead and synth.engine.is_running
+    third = asyncio.run(run())
+    assert third["status"] == ["ok", "ok", "error"]
+    # The same weights and seed in the new engine: the same codes; batched decoding may round one step apart.
+    assert np.abs(parse_wav(third["wav"][1]).astype(np.int32) - parse_wav(first["wav"][1])).max() <= 1
+    synth.engine.shutdown()
+    synth.service.shutdown()
