@@ -50,6 +50,14 @@ def test_code_phase_equals_plain_path_without_speaker_forced_length(chat: Chat) 
     _assert_same(plain, fast, 1e-4)
 
 
+def test_audio_prompt_speaker_equals_plain_path(chat: Chat) -> None:
+    clip = chat.infer(["Hello."], skip_refine_text=True, use_vllm=False,
+                      params_infer_code=near_greedy(max_new_token=20, min_new_token=20))[0]
+    params = near_greedy(spk_smp=chat.sample_audio_speaker(clip), txt_smp="Hello.", max_new_token=24)
+    plain, fast = _code_outputs(chat, False, params), _code_outputs(chat, True, params)
+    _assert_same(plain, fast, 1e-4)
+
+
 def test_refine_ids_equal_plain_path(chat: Chat) -> None:
     params = RefineTextParams(temperature=1e-6, max_new_token=20, show_tqdm=False)
     plain = chat._refine(chat._gpt(False), TEXTS, params, len(TEXTS))
