@@ -1,0 +1,11 @@
+"""Serving stage: the OpenAI-compatible speech server (FastAPI + uvicorn) on one shared AsyncLLMEngine.
+
+    from chattts_velocity.serve import ServerConfig, create_app, run_server
+    run_server(lambda: load_my_chat(), ServerConfig(api_key=None), host="127.0.0.1", port=8000)
+
+Needs the [server] extra (fastapi, uvicorn); importing chattts_velocity itself does not.
+"""
+from chattts_velocity.serve.openai_api import ServerConfig, create_app, run_server
+from chattts_velocity.serve.service import SpeechService, SpeechStream
+
+__all__ = ["ServerConfig", "SpeechService", "SpeechStream", "create_app", "run_server"]

@@ -1,0 +1,295 @@
+"""Serving stage: the OpenAI-compatible speech API (FastAPI) over one SpeechService.
+
+POST /v1/audio/speech, GET /v1/audio/voices, /v1/models, /health, /metrics. The Chat and the AsyncLLMEngine are
+built in the app's lifespan, so the same app object runs under uvicorn and under Ray Serve (one engine per replica).
+"""
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager, suppress
+from dataclasses import dataclass, field
+
+import numpy as np
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from pydantic import BaseModel, ConfigDict
+from starlette.exceptions import HTTPException
+
+from ..audio.wav import SAMPLE_RATE, float_to_int16, wav_bytes
+from ..chat import Chat
+from ..engine.async_engine import AsyncLLMEngine
+from ..params import InferCodeParams
+from ..speech import StreamOptions
+from . import metrics
+from .formats import MEDIA_TYPES, STREAMED, available_formats, sse_events, streaming_wav_header
+from .service import SpeechService, SpeechStream
+from .voices import VoiceBook, speed_prompt
+
+logger = logging.getLogger("chattts_velocity.serve")
+MODEL_ALIASES = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")
+DISCONNECT_POLL = 0.5  # seconds between client-disconnect checks of a non-streamed request
+
+
+@dataclass
+class ServerConfig:
+    model_name: str = "chattts"
+    api_key: str | None = None  # when set, /v1/* needs "Authorization: Bearer <api_key>"
+    max_input_chars: int = 4096
+    max_new_token: int = 2048  # per sentence piece; a request's max_new_tokens may only lower it
+    split_text: bool = True  # sentence pieces generate concurrently and play in order
+    warmup_steps: int = 16  # one short request at startup, so the first user does not pay first-call costs
+    stream_options: StreamOptions = field(default_factory=StreamOptions)
+
+
+class SpeechBody(BaseModel):
+    """OpenAI's fields plus the usual extensions; unknown fields are ignored with a warning."""
+
+    model_config = ConfigDict(extra="allow", protected_namespaces=())
+    model: str = "tts-1"
+    input: str
+    voice: str | int | None = None
+    response_format: str = "mp3"
+    speed: float = 1.0
+    stream: bool = False
+    stream_format: str = "audio"
+    instructions: str | None = None  # accepted, not used (ChatTTS takes no style prompt)
+    seed: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    max_new_tokens: int | None = None
+    min_new_tokens: int | None = None  # forbids EOS before this many steps (benchmarks, tests)
+
+
+def api_error(status: int, message: str, param: str | None = None, code: str | None = None,
+              kind: str = "invalid_request_error") -> HTTPException:
+    return HTTPException(status, detail={"message": message, "type": kind, "param": param, "code": code})
+
+
+def bad_request(exc: ValueError) -> HTTPException:
+    """Our ValueErrors start with the field name ("temperature: ..."): that is OpenAI's `param`."""
+    message = str(exc)
+    head = message.split(":", 1)[0]
+    param = {"top_P": "top_p", "top_K": "top_k", "max_new_token": "max_new_tokens", "text[0]": "input",
+             "speaker": "voice"}.get(head, head)
+    return api_error(400, message, param=param if head != message and " " not in head else None)
+
+
+class ServerState:
+    """Everything a route needs, built once per process (or Ray Serve replica) in the lifespan."""
+
+    def __init__(self, chat: Chat, config: ServerConfig) -> None:
+        llm = chat._gpt(True)
+        self.chat, self.config = chat, config
+        self.engine = AsyncLLMEngine(llm.engine)
+        self.service = SpeechService(chat, self.engine, config.stream_options)
+        self.voices = VoiceBook(chat.sample_random_speaker, llm.config.hidden_size)
+        self.metrics = metrics.ServerMetrics()
+        self.formats = available_formats()
+        self.engine.start()
+
+    def shutdown(self) -> None:
+        self.engine.shutdown()
+        self.service.shutdown()
+
+    async def warm_up(self, steps: int) -> None:
+        """Run one short request end to end (first-call costs of the GEMMs and convolutions)."""
+        if steps > 0:
+            params = InferCodeParams(manual_seed=0, max_new_token=steps, min_new_token=steps, show_tqdm=False)
+            await self.service.synthesize("Warm up.", params)
+
+    def check(self, body: SpeechBody) -> str:
+        """Validate the body; returns the response format."""
+        if body.model_extra:
+            logger.warning("speech request: ignoring unknown field(s) %s", sorted(body.model_extra))
+        if not body.input.strip():
+            raise api_error(400, "input: is empty; give the text to speak", "input", "empty_input")
+        if len(body.input) > self.config.max_input_chars:
+            raise api_error(400, f"input: {len(body.input)} characters is over the limit of "
+                                 f"{self.config.max_input_chars}; split the text", "input", "input_too_long")
+        fmt = body.response_format.lower()
+        if fmt not in self.formats:
+            raise api_error(400, f"response_format: {body.response_format!r} is not available here; choose one "
+                                 f"of {list(self.formats)}", "response_format", "unsupported_response_format")
+        if body.stream_format not in ("audio", "sse"):
+            raise api_error(400, f"stream_format: must be 'audio' or 'sse', got {body.stream_format!r}",
+                            "stream_format")
+        return fmt
+
+    def params(self, body: SpeechBody) -> InferCodeParams:
+        cap = self.config.max_new_token
+        if body.max_new_tokens is not None and not 1 <= body.max_new_tokens <= cap:
+            raise ValueError(f"max_new_tokens: must be in 1..{cap} on this server, got {body.max_new_tokens}")
+        if body.min_new_tokens is not None and not 0 <= body.min_new_tokens <= (body.max_new_tokens or cap):
+            raise ValueError(f"min_new_tokens: must be in 0..max_new_tokens, got {body.min_new_tokens}")
+        sampling = {"temperature": body.temperature, "top_P": body.top_p, "top_K": body.top_k}
+        return InferCodeParams(
+            prompt=speed_prompt(body.speed), spk_emb=self.voices.resolve(body.voice), manual_seed=body.seed,
+            max_new_token=body.max_new_tokens or cap, min_new_token=body.min_new_tokens or 0, show_tqdm=False,
+            **{name: value for name, value in sampling.items() if value is not None},
+        )
+
+    async def observed(self, stream: SpeechStream) -> AsyncIterator[np.ndarray]:
+        """The stream's chunks, counted into the metrics; an early exit (client gone) aborts the rest."""
+        first, ended = True, False
+        try:
+            async for chunk in stream:
+                if first:
+                    self.metrics.time_to_first_audio.observe(stream.first_audio)
+                    first = False
+                self.metrics.audio_seconds += len(chunk) / SAMPLE_RATE
+                yield chunk
+            ended = True
+            self.metrics.request_seconds.observe(time.perf_counter() - stream.started)
+        except Exception:
+            ended = True
+            self.metrics.errors += 1
+            raise
+        finally:
+            stream.close()
+            self.metrics.disconnects += not ended
+
+    async def audio_bytes(self, stream: SpeechStream, fmt: str) -> AsyncIterator[bytes]:
+        if fmt not in STREAMED:
+            chunks = [c async for c in self.observed(stream)]
+            clip = np.concatenate(chunks) if chunks else np.zeros(0, np.float32)
+            yield await asyncio.to_thread(wav_bytes, clip, fmt=fmt)  # mp3/opus encoding is not instant
+            return
+        if fmt == "wav":
+            yield streaming_wav_header()
+        async for chunk in self.observed(stream):
+            yield float_to_int16(chunk).astype("<i2").tobytes()
+
+    async def collect(self, stream: SpeechStream, request: Request) -> np.ndarray | None:
+        """The whole clip, or None if the client disconnected first (the request is then aborted)."""
+        async def gather() -> list[np.ndarray]:
+            return [c async for c in self.observed(stream)]
+
+        task = asyncio.ensure_future(gather())
+        try:
+            while not (await asyncio.wait({task}, timeout=DISCONNECT_POLL))[0]:
+                if await request.is_disconnected():
+                    return None
+            chunks = task.result()
+        finally:
+            if not task.done():
+                task.cancel()
+                with suppress(asyncio.CancelledError):
+                    await task
+        return np.concatenate(chunks) if chunks else np.zeros(0, np.float32)
+
+
+def create_app(chat: Chat | Callable[[], Chat], config: ServerConfig | None = None) -> FastAPI:
+    """The API app. `chat` is a loaded Chat or a zero-argument loader (called in the lifespan, off the loop)."""
+    config = config or ServerConfig()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        loaded = chat if isinstance(chat, Chat) else await asyncio.to_thread(chat)
+        app.state.server = ServerState(loaded, config)
+        try:
+            await app.state.server.warm_up(config.warmup_steps)
+            yield
+        finally:
+            app.state.server.shutdown()
+
+    app = FastAPI(title="chattts_velocity speech API", lifespan=lifespan)
+    _add_error_handlers(app)
+    auth = [Depends(_key_checker(config.api_key))]
+    _add_speech_route(app, config, auth)
+    _add_info_routes(app, config, auth)
+    return app
+
+
+def _add_speech_route(app: FastAPI, config: ServerConfig, auth: list) -> None:
+    @app.post("/v1/audio/speech", dependencies=auth)
+    async def create_speech(body: SpeechBody, request: Request) -> Response:
+        state: ServerState = request.app.state.server
+        state.metrics.requests += 1
+        fmt = state.check(body)
+        try:
+            stream = await state.service.open(body.input, state.params(body), split=config.split_text)
+        except ValueError as exc:
+            raise bad_request(exc) from None
+        except RuntimeError as exc:
+            raise api_error(503, str(exc), kind="server_error", code="engine_unavailable") from None
+        if body.stream or body.stream_format == "sse":
+            data = state.audio_bytes(stream, fmt)
+            if body.stream_format == "sse":
+                return StreamingResponse(sse_events(data), media_type="text/event-stream")
+            return StreamingResponse(data, media_type=MEDIA_TYPES[fmt])
+        wav = await state.collect(stream, request)
+        data = b"" if wav is None else await asyncio.to_thread(wav_bytes, wav, fmt=fmt)
+        return Response(data, media_type=MEDIA_TYPES[fmt])
+
+
+def _add_info_routes(app: FastAPI, config: ServerConfig, auth: list) -> None:
+    @app.get("/v1/audio/voices", dependencies=auth)
+    async def list_voices(request: Request) -> dict:
+        voices = request.app.state.server.voices.names()
+        return {"object": "list", "voices": [v["id"] for v in voices], "data": voices}
+
+    @app.get("/v1/models", dependencies=auth)
+    async def list_models() -> dict:
+        return {"object": "list", "data": [{"id": name, "object": "model", "created": 0, "owned_by": "chattts_velocity"}
+                                           for name in (config.model_name, *MODEL_ALIASES)]}
+
+    @app.get("/health")
+    async def health(request: Request) -> JSONResponse:
+        ok = request.app.state.server.engine.is_running
+        return JSONResponse({"status": "ok" if ok else "engine stopped"}, status_code=200 if ok else 503)
+
+    @app.get("/metrics")
+    async def prometheus(request: Request) -> PlainTextResponse:
+        state: ServerState = request.app.state.server
+        text = metrics.render(state.engine.metrics(), state.metrics, state.service.worker.max_batch)
+        return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
+
+
+def _key_checker(api_key: str | None) -> Callable:
+    async def check(request: Request) -> None:
+        if api_key is None:
+            return
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), api_key.encode()):
+            raise api_error(401, "Incorrect API key provided; send 'Authorization: Bearer <key>'",
+                            code="invalid_api_key")
+    return check
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    """Every error in OpenAI's shape: {"error": {"message", "type", "param", "code"}}."""
+    def count(request: Request) -> None:
+        state = getattr(request.app.state, "server", None)
+        if state is not None:
+            state.metrics.errors += 1
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        count(request)
+        detail = exc.detail if isinstance(exc.detail, dict) else {
+            "message": str(exc.detail), "type": "invalid_request_error", "param": None, "code": None}
+        return JSONResponse({"error": detail}, status_code=exc.status_code, headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        count(request)
+        first = exc.errors()[0] if exc.errors() else {}
+        loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+        message = f"{'.'.join(loc) or 'body'}: {first.get('msg', 'invalid request')}"
+        error = {"message": message, "type": "invalid_request_error", "param": loc[-1] if loc else None,
+                 "code": None}
+        return JSONResponse({"error": error}, status_code=400)
+
+
+def run_server(chat: Chat | Callable[[], Chat], config: ServerConfig | None = None, host: str = "127.0.0.1",
+               port: int = 8000, log_level: str = "info") -> None:
+    """Serve the API with uvicorn (blocking). Binds loopback unless host says otherwise."""
+    import uvicorn
+
+    uvicorn.run(create_app(chat, config), host=host, port=port, log_level=log_level)

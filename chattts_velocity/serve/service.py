@@ -1,0 +1,242 @@
+"""Serving stage: SpeechService — many concurrent texts on one AsyncLLMEngine, audio streamed per text.
+
+In: text + InferCodeParams per HTTP request. Out: float32 24 kHz chunks in order (speech.StreamSet semantics).
+One decode thread batches the due windows of every live stream into one Decoder + Vocos call.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import queue
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from .. import text as text_stage
+from ..engine.async_engine import AsyncLLMEngine, RequestStream
+from ..params import InferCodeParams
+from ..schema import Prompt, SamplingParams
+from ..speech import EMPTY, StreamOptions, StreamSet, delta_rows
+
+if TYPE_CHECKING:
+    from ..chat import Chat
+
+logger = logging.getLogger("chattts_velocity.serve")
+_END = object()  # a stream's last item on a chunk queue
+
+Sink = Callable[[object], None]  # receives np.ndarray chunks, then _END (or an exception)
+
+
+@dataclass
+class _Open:
+    key: str
+    use_decoder: bool
+    sink: Sink
+
+
+@dataclass
+class _Push:
+    key: str
+    rows: torch.Tensor | None  # [n, C]
+    finished: bool
+
+
+@dataclass
+class _Drop:
+    key: str
+
+
+class DecodeWorker:
+    """A thread that owns a StreamSet: rows pushed by many requests are decoded together, chunks go to sinks.
+
+    NOTE: only this thread touches the StreamDecoders. While it decodes one batch the next round's rows
+    pile up in the inbox, so the busier the server, the more windows share one Decoder + Vocos call.
+    """
+
+    def __init__(self, streams: StreamSet) -> None:
+        self.streams = streams
+        self.max_batch = 0  # most streams that got audio from one batched decode
+        self._inbox: queue.SimpleQueue[_Open | _Push | _Drop | None] = queue.SimpleQueue()
+        self._sinks: dict[str, Sink] = {}
+        self._thread = threading.Thread(target=self._loop, name="chattts-decode", daemon=True)
+        self._thread.start()
+
+    def open(self, key: str, use_decoder: bool, sink: Sink) -> None:
+        self._inbox.put(_Open(key, use_decoder, sink))
+
+    def push(self, key: str, rows: torch.Tensor | None, finished: bool) -> None:
+        self._inbox.put(_Push(key, rows, finished))
+
+    def drop(self, key: str) -> None:
+        self._inbox.put(_Drop(key))
+
+    def shutdown(self, timeout: float = 30.0) -> None:
+        self._inbox.put(None)
+        self._thread.join(timeout)
+
+    def _loop(self) -> None:
+        while True:
+            messages = [self._inbox.get()]
+            while not self._inbox.empty():
+                messages.append(self._inbox.get())
+            if None in messages:
+                return
+            try:
+                rows, ended = self._apply(messages)
+                if rows or ended:
+                    self._decode(rows, ended)
+            except Exception:  # noqa: BLE001 -- a bug here must not silence every other stream
+                logger.exception("decode worker: round failed")
+
+    def _apply(self, messages: list) -> tuple[dict[str, torch.Tensor], list[str]]:
+        rows: dict[str, list[torch.Tensor]] = {}
+        ended: list[str] = []
+        for m in messages:
+            if isinstance(m, _Open):
+                try:
+                    self.streams.open(m.key, m.use_decoder)
+                    self._sinks[m.key] = m.sink
+                except ValueError as exc:
+                    m.sink(exc)
+            elif isinstance(m, _Drop):
+                self.streams.drop(m.key)
+                self._sinks.pop(m.key, None)
+                rows.pop(m.key, None)
+                ended = [k for k in ended if k != m.key]
+            elif m.key in self._sinks:
+                if m.rows is not None and len(m.rows):
+                    rows.setdefault(m.key, []).append(m.rows)
+                if m.finished:
+                    ended.append(m.key)
+        return {k: torch.cat(v) for k, v in rows.items()}, ended
+
+    def _decode(self, rows: dict[str, torch.Tensor], ended: list[str]) -> None:
+        # Streams still waiting for their first audio go first, in their own (small) batch, so a request
+        # that just joined does not wait behind the steady windows of everyone else.
+        fresh = {k: r for k, r in rows.items() if self.streams.streams[k].emitted_samples == 0}
+        steady = {k: r for k, r in rows.items() if k not in fresh}
+        for group in (fresh, steady):
+            if group:
+                self._run(list(group), lambda g=group: self.streams.push(g))
+        ended = [k for k in ended if k in self._sinks]  # not failed above
+        if ended:
+            self._run(ended, lambda: self.streams.finish(ended))
+        for key in ended:
+            if key in self._sinks:
+                self._sinks.pop(key)(_END)
+
+    def _run(self, keys: list[str], decode: Callable[[], dict[str, np.ndarray]]) -> None:
+        """One batched decode; chunks (or the error) go to the keys' sinks."""
+        try:
+            with torch.inference_mode():
+                chunks = decode()
+        except Exception as exc:  # noqa: BLE001 -- the requests involved get the error, the worker lives on
+            for key in keys:
+                self.streams.drop(key)
+                self._sinks.pop(key, lambda _: None)(exc)
+            return
+        self.max_batch = max(self.max_batch, sum(len(c) > 0 for c in chunks.values()))
+        for key, chunk in chunks.items():
+            if len(chunk):
+                self._sinks[key](chunk)
+
+
+class SpeechService:
+    """Many concurrent texts on one AsyncLLMEngine; each text's audio streams as its pieces are generated."""
+
+    def __init__(self, chat: Chat, engine: AsyncLLMEngine, options: StreamOptions | None = None) -> None:
+        self.chat, self.engine, self.options = chat, engine, options or StreamOptions()
+        self.worker = DecodeWorker(StreamSet(chat.decoder, chat.dvae, chat.vocos, self.options))
+        self._keys = itertools.count()
+
+    def prompts(self, text: str, params: InferCodeParams, use_decoder: bool = True, lang: str | None = None,
+                normalize: bool = True, split: bool = True) -> list[tuple[Prompt, SamplingParams]]:
+        """The text's sentence pieces as engine requests (as Chat.infer builds them)."""
+        pieces = (text_stage.split_text(text) if split else []) or [text]
+        sampling = params.to_sampling_params("code", self.engine.engine.config.audio_eos_id, use_decoder)
+        return [(self.chat._code_prompt(self.chat.normalizer(p, normalize, normalize, lang), params), sampling)
+                for p in pieces]
+
+    async def open(self, text: str, params: InferCodeParams, use_decoder: bool = True,
+                   **text_options: object) -> SpeechStream:
+        """Queue every piece of text on the engine; bad input raises ValueError here, before any audio."""
+        stream = SpeechStream(self, time.perf_counter())
+        try:
+            for prompt, sampling in self.prompts(text, params, use_decoder, **text_options):
+                await stream.add(prompt, sampling, use_decoder)
+        except BaseException:
+            stream.close()
+            raise
+        return stream
+
+    async def synthesize(self, text: str, params: InferCodeParams, **options: object) -> np.ndarray:
+        """The whole waveform of text (the concatenation of its stream)."""
+        stream = await self.open(text, params, **options)
+        chunks = [chunk async for chunk in stream]
+        return np.concatenate(chunks).astype(np.float32) if chunks else EMPTY
+
+    def shutdown(self) -> None:
+        self.worker.shutdown()
+
+
+class SpeechStream:
+    """One text's audio: `async for chunk in stream` yields float32 chunks in order; close() aborts the rest."""
+
+    def __init__(self, service: SpeechService, started: float) -> None:
+        self.service, self.started = service, started
+        self.first_audio: float | None = None  # seconds from open() to the first chunk
+        self._keys: list[str] = []
+        self._queues: list[asyncio.Queue] = []
+        self._tasks: list[asyncio.Task] = []
+
+    async def add(self, prompt: Prompt, sampling: SamplingParams, use_decoder: bool) -> None:
+        key = f"speech-{next(self.service._keys)}"
+        request = await self.service.engine.add_request(prompt, sampling, key)
+        chunks: asyncio.Queue = asyncio.Queue()
+        self.service.worker.open(key, use_decoder, _sink(asyncio.get_running_loop(), chunks))
+        self._keys.append(key)
+        self._queues.append(chunks)
+        self._tasks.append(asyncio.create_task(self._feed(key, request, use_decoder, chunks)))
+
+    async def _feed(self, key: str, request: RequestStream, use_decoder: bool, chunks: asyncio.Queue) -> None:
+        try:
+            async for delta in self.service.engine.outputs(request):
+                rows = delta_rows(delta, use_decoder) if len(delta.token_ids) else None
+                self.service.worker.push(key, rows, delta.finished)
+        except Exception as exc:  # noqa: BLE001 -- surfaces in the consumer, in order
+            chunks.put_nowait(exc)
+
+    async def __aiter__(self) -> AsyncIterator[np.ndarray]:
+        try:
+            for chunks in self._queues:
+                while (item := await chunks.get()) is not _END:
+                    if isinstance(item, BaseException):
+                        raise item
+                    if self.first_audio is None:
+                        self.first_audio = time.perf_counter() - self.started
+                    yield item
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Abort the pieces still generating (cancelling a feeder aborts its engine request)."""
+        for task in self._tasks:
+            task.cancel()
+        for key in self._keys:
+            self.service.worker.drop(key)
+
+
+def _sink(loop: asyncio.AbstractEventLoop, chunks: asyncio.Queue) -> Sink:
+    """Hand items from the decode thread to a queue on the consumer's loop."""
+    def put(item: object) -> None:
+        try:
+            loop.call_soon_threadsafe(chunks.put_nowait, item)
+        except RuntimeError:  # the consumer's loop is closed: nobody is listening any more
+            pass
+    return put

@@ -1,0 +1,188 @@
+"""Streaming speech: engine deltas -> StreamDecoder -> float32 24 kHz chunks, in order per text.
+
+Shared by `Chat.infer(stream=True)` (here: the caller's thread steps the engine) and the OpenAI server
+(`serve/service.py`: an AsyncLLMEngine plus a decode thread running a StreamSet). With the default StreamOptions
+a text's chunks concatenate to its whole-clip waveform within the StreamDecoder tolerance (1e-5 max abs).
+"""
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Hashable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from .audio import DVAE, Decoder, Vocos
+from .audio.streaming import StreamDecoder
+from .schema import GenerationOutput, Prompt, SamplingParams
+
+if TYPE_CHECKING:
+    from .chat import Chat
+    from .engine.llm import LLM
+    from .engine.llm_engine import LLMEngine
+    from .engine.plain import PlainGPT
+
+EMPTY = np.zeros(0, dtype=np.float32)
+
+
+@dataclass(frozen=True)
+class StreamOptions:
+    """Chunking of the streamed audio. None = the StreamDecoder's exact receptive-field default.
+
+    first_chunk_steps / first_lookahead_steps apply until a stream's first audio; later chunks are exact again
+    (their left context is real). A first lookahead below the exact one (52 steps full size) makes the end of
+    the first chunk approximate and its join to the second one may click. Measured on full-size random demo
+    weights (first chunk 8 steps; error vs the whole-clip decode, whose peak was 0.23): lookahead 24 -> exact
+    (6e-7), 16 -> max 1.9e-4, 8 -> max 2.4e-2 (5 % rms of the chunk), 4 -> max 9.7e-2 (30 % rms). Real
+    weights may reach further; re-measure before lowering it in production.
+    """
+
+    chunk_steps: int = 24
+    left_context_steps: int | None = None
+    lookahead_steps: int | None = None
+    first_chunk_steps: int | None = None
+    first_lookahead_steps: int | None = None
+
+
+class StreamSet:
+    """StreamDecoders by key on one set of modules; each push/finish decodes every due window in one batch."""
+
+    def __init__(self, decoder: Decoder | None, dvae: DVAE | None, vocos: Vocos,
+                 options: StreamOptions | None = None) -> None:
+        self.modules, self.options = (decoder, dvae, vocos), options or StreamOptions()
+        self.streams: dict[Hashable, StreamDecoder] = {}
+        self._steady: dict[Hashable, tuple[int, int]] = {}  # key -> (chunk, lookahead) after the first audio
+
+    def open(self, key: Hashable, use_decoder: bool = True) -> None:
+        o = self.options
+        stream = StreamDecoder(*self.modules, use_decoder=use_decoder, chunk_steps=o.chunk_steps,
+                               left_context_steps=o.left_context_steps, lookahead_steps=o.lookahead_steps)
+        if o.first_chunk_steps is not None or o.first_lookahead_steps is not None:
+            self._steady[key] = (stream.chunk_steps, stream.lookahead_steps)
+            # NOTE: StreamDecoder plans each window from these two attributes, so changing them
+            # between pushes changes only the windows planned afterwards.
+            stream.chunk_steps = o.first_chunk_steps or stream.chunk_steps
+            stream.lookahead_steps = max(1, o.first_lookahead_steps or stream.lookahead_steps)
+        self.streams[key] = stream
+
+    def push(self, rows: dict[Hashable, torch.Tensor]) -> dict[Hashable, np.ndarray]:
+        """Append each key's new steps [n, C]; returns the samples that became final, per key."""
+        out = self._batched(list(rows), lambda group: StreamDecoder.push_many(
+            [self.streams[k] for k in group], [rows[k] for k in group]))
+        for key, chunk in out.items():
+            if len(chunk) and key in self._steady:
+                self.streams[key].chunk_steps, self.streams[key].lookahead_steps = self._steady.pop(key)
+        return out
+
+    def finish(self, keys: list[Hashable]) -> dict[Hashable, np.ndarray]:
+        """Flush and forget the keys' streams; returns their remaining samples."""
+        out = self._batched(keys, lambda group: StreamDecoder.flush_many([self.streams[k] for k in group]))
+        for key in keys:
+            self.drop(key)
+        return out
+
+    def drop(self, key: Hashable) -> None:
+        self.streams.pop(key, None)
+        self._steady.pop(key, None)
+
+    def _batched(self, keys: list[Hashable], run: Callable[[list], list[np.ndarray]]) -> dict[Hashable, np.ndarray]:
+        out: dict[Hashable, np.ndarray] = {}
+        for use_decoder in (True, False):  # push_many needs streams on the same mel model
+            group = [k for k in keys if self.streams[k].use_decoder == use_decoder]
+            if group:
+                out.update(zip(group, run(group)))
+        return out
+
+
+def delta_rows(delta: GenerationOutput, use_decoder: bool) -> torch.Tensor:  # -> [n, C]
+    return delta.hidden if use_decoder and delta.hidden is not None else delta.token_ids
+
+
+# ---- synchronous streaming for Chat.infer(stream=True) ---------------------------------------------
+class InOrder:
+    """Per text, releases piece audio in piece order: a later piece is held until the earlier ones finish."""
+
+    def __init__(self, owner: list[int], num_texts: int) -> None:
+        self.order = [deque(k for k, i in enumerate(owner) if i == t) for t in range(num_texts)]
+        self.held: dict[int, list[np.ndarray]] = {}
+        self.done: set[int] = set()
+
+    def add(self, piece: int, chunk: np.ndarray, finished: bool) -> None:
+        self.held.setdefault(piece, []).append(chunk)
+        if finished:
+            self.done.add(piece)
+
+    def take(self) -> list[np.ndarray]:
+        """One chunk per text (maybe empty): everything now releasable."""
+        out = []
+        for pieces in self.order:
+            parts = []
+            while pieces:
+                parts += self.held.pop(pieces[0], [])
+                if pieces[0] not in self.done:
+                    break
+                pieces.popleft()
+            out.append(np.concatenate(parts).astype(np.float32) if parts else EMPTY)
+        return out
+
+
+def stream_texts(chat: Chat, gpt: LLM | PlainGPT, prompts: list[Prompt], sampling: list[SamplingParams], owner: list[int],
+                 num_texts: int, use_decoder: bool, options: StreamOptions | None = None,
+                 should_stop: Callable[[], bool] = lambda: False) -> Iterator[list[np.ndarray]]:
+    """Chat.infer(stream=True): yields one new chunk per text whenever any text has new audio."""
+    streams = StreamSet(chat.decoder, chat.dvae, chat.vocos, options)
+    for k in range(len(prompts)):
+        streams.open(k, use_decoder)
+    order = InOrder(owner, num_texts)
+    steps = _engine_steps(gpt.engine, prompts, sampling, should_stop) if getattr(gpt, "is_vllm", False) \
+        else _plain_steps(gpt, prompts, sampling, streams.options.chunk_steps, should_stop)
+    for deltas in steps:
+        with torch.inference_mode():
+            chunks = streams.push({k: delta_rows(d, use_decoder) for k, d in deltas if len(d.token_ids)})
+            ended = [k for k, d in deltas if d.finished]
+            for k, chunk in streams.finish(ended).items():
+                chunks[k] = np.concatenate([chunks.get(k, EMPTY), chunk])
+        for k, chunk in chunks.items():
+            order.add(k, chunk, False)
+        for k in ended:
+            order.add(k, EMPTY, True)
+        out = order.take()
+        if any(len(c) for c in out):
+            yield out
+
+
+def _engine_steps(engine: LLMEngine, prompts: list[Prompt], sampling: list[SamplingParams],
+                  should_stop: Callable[[], bool]) -> Iterator[list[tuple[int, GenerationOutput]]]:
+    """Step the engine in the caller's thread; yields each step's (piece, delta). Interrupt ends every piece."""
+    index = {engine.add_request(None, p, s): k for k, (p, s) in enumerate(zip(prompts, sampling))}
+    live = set(index)
+    try:
+        while live:
+            if should_stop():
+                yield [(index[rid], _ended(rid)) for rid in sorted(live, key=index.get)]
+                return
+            deltas = engine.step()
+            live -= {d.request_id for d in deltas if d.finished}
+            yield [(index[d.request_id], d) for d in deltas]
+    finally:
+        for rid in live:
+            engine.abort_request(rid)
+
+
+def _plain_steps(gpt: PlainGPT, prompts: list[Prompt], sampling: list[SamplingParams], chunk: int,
+                 should_stop: Callable[[], bool]) -> Iterator[list[tuple[int, GenerationOutput]]]:
+    """The plain path has no step API: generate whole, then feed the decoder chunk by chunk."""
+    outputs = gpt.generate(prompts, sampling, progress=False, should_stop=should_stop)
+    for k, out in enumerate(outputs):
+        n = len(out.token_ids)
+        for start in range(0, max(n, 1), chunk):
+            hidden = None if out.hidden is None else out.hidden[start: start + chunk]
+            yield [(k, GenerationOutput(out.request_id, out.token_ids[start: start + chunk], hidden,
+                                        start + chunk >= n, out.finish_reason))]
+
+
+def _ended(request_id: str) -> GenerationOutput:
+    return GenerationOutput(request_id, torch.zeros(0, 1, dtype=torch.int64), None, True, "interrupted")
+

@@ -1,0 +1,291 @@
+"""The OpenAI-compatible server on loopback (tiny random weights), driven by the official `openai` client."""
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import json
+import socket
+import struct
+import threading
+import time
+import wave
+from collections.abc import Iterator
+from typing import NamedTuple
+
+import numpy as np
+import pytest
+
+openai = pytest.importorskip("openai")
+httpx = pytest.importorskip("httpx")
+uvicorn = pytest.importorskip("uvicorn")
+pytest.importorskip("fastapi")
+
+from chattts_velocity import Chat  # noqa: E402
+from chattts_velocity.serve import ServerConfig, create_app  # noqa: E402
+from chattts_velocity.serve.voices import VoiceBook, speed_prompt  # noqa: E402
+
+HOP = 256
+KEY = "test-key-123"
+
+
+class Server(NamedTuple):
+    url: str
+    state: object  # openai_api.ServerState
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _tiny_chat(tiny_assets) -> Chat:
+    chat = Chat()
+    chat.load(source="custom", custom_path=tiny_assets, verify=False, use_vllm=True)
+    return chat
+
+
+def _serve(app) -> tuple[uvicorn.Server, threading.Thread, str]:
+    port = _free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 120
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            pytest.fail("uvicorn did not start")
+        time.sleep(0.05)
+    return server, thread, f"http://127.0.0.1:{port}"
+
+
+@pytest.fixture(scope="module")
+def server(tiny_assets) -> Iterator[Server]:
+    app = create_app(lambda: _tiny_chat(tiny_assets), ServerConfig(max_new_token=2000, max_input_chars=300))
+    uv, thread, url = _serve(app)
+    try:
+        yield Server(url, app.state.server)
+    finally:
+        uv.should_exit = True
+        thread.join(60)
+
+
+@pytest.fixture
+def client(server: Server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=300)
+
+
+def speech_kwargs(steps: int = 30, seed: int = 1, **kw) -> dict:
+    extra = kw.pop("extra", {})
+    body = dict(model="tts-1", voice="alloy", input="Hello from the speech server.", response_format="wav")
+    body.update(kw)
+    return {**body, "extra_body": {"seed": seed, "max_new_tokens": steps, **extra}}
+
+
+def parse_wav(data: bytes) -> np.ndarray:
+    with wave.open(io.BytesIO(data)) as w:
+        assert (w.getframerate(), w.getnchannels(), w.getsampwidth()) == (24000, 1, 2)
+        return np.frombuffer(w.readframes(w.getnframes()), dtype="<i2")
+
+
+def assert_clip_length(samples: int, max_steps: int) -> None:
+    """One piece of T steps decodes to exactly (2T - 1) * 256 samples."""
+    assert samples % (2 * HOP) == HOP and samples <= (2 * max_steps - 1) * HOP
+
+
+def metric(server: Server, name: str) -> float:
+    text = httpx.get(server.url + "/metrics").text
+    values = [float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " ")]
+    assert values, f"{name} missing from /metrics"
+    return values[0]
+
+
+def wait_until(condition, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.05)
+
+
+# ---- unit checks of the field mapping (no server) ------------------------------------------------
+@pytest.mark.parametrize("speed,n", [(0.25, 0), (0.5, 2), (1.0, 5), (2.0, 8), (4.0, 9)])
+def test_speed_maps_to_speed_token(speed: float, n: int) -> None:
+    assert speed_prompt(speed) == f"[speed_{n}]"
+
+
+def test_voice_book_resolves_names_seeds_and_strings() -> None:
+    draws = iter(f"speaker-{i}" for i in range(100))
+    book = VoiceBook(lambda: next(draws), hidden_size=64)
+    assert book.resolve("alloy") == book.resolve("ALLOY") == book.resolve(1111) == book.resolve("1111")
+    assert book.resolve(None) == book.resolve("default") != book.resolve("alloy")
+    with pytest.raises(ValueError, match="voice"):
+        book.resolve("no-such-voice")
+    with pytest.raises(ValueError, match="speed"):
+        speed_prompt(5.0)
+
+
+# ---- the server ------------------------------------------------------------------------------------
+@pytest.mark.e2e
+def test_non_streamed_wav_is_valid_and_seeded(server: Server, client) -> None:
+    a = parse_wav(client.audio.speech.create(**speech_kwargs(seed=7)).content)
+    b = parse_wav(client.audio.speech.create(**speech_kwargs(seed=7)).content)
+    c = parse_wav(client.audio.speech.create(**speech_kwargs(seed=7, voice="echo")).content)
+    assert_clip_length(len(a), 30)
+    assert np.array_equal(a, b) and np.abs(a).max() > 0
+    assert not np.array_equal(a[: len(c)], c[: len(a)])  # another voice, another audio
+
+
+@pytest.mark.e2e
+def test_streamed_wav_and_pcm_equal_the_non_streamed_audio(server: Server, client) -> None:
+    whole = parse_wav(client.audio.speech.create(**speech_kwargs(seed=3)).content)
+    kw = speech_kwargs(seed=3)
+    kw["extra_body"]["stream"] = True
+    with client.audio.speech.with_streaming_response.create(**kw) as response:
+        assert response.headers["content-type"] == "audio/wav"
+        data = b"".join(response.iter_bytes())
+    riff, riff_size, wave_tag = struct.unpack("<4sI4s", data[:12])
+    data_tag, data_size = struct.unpack("<4sI", data[36:44])
+    assert (riff, wave_tag, data_tag) == (b"RIFF", b"WAVE", b"data")
+    assert riff_size == data_size == 0xFFFFFFFF  # unknown length, as streamed
+    assert np.array_equal(np.frombuffer(data[44:], dtype="<i2"), whole)
+    kw["response_format"] = "pcm"
+    with client.audio.speech.with_streaming_response.create(**kw) as response:
+        assert np.array_equal(np.frombuffer(response.read(), dtype="<i2"), whole)
+
+
+@pytest.mark.e2e
+def test_sse_stream_format(server: Server) -> None:
+    body = {"input": "Hello there.", "voice": "nova", "response_format": "pcm", "stream_format": "sse",
+            "seed": 2, "max_new_tokens": 20}
+    events = [json.loads(line[6:]) for line in httpx.post(server.url + "/v1/audio/speech", json=body,
+                                                          timeout=300).text.splitlines() if line.startswith("data: ")]
+    assert events[-1]["type"] == "speech.audio.done"
+    audio = b"".join(base64.b64decode(e["audio"]) for e in events[:-1])
+    assert all(e["type"] == "speech.audio.delta" for e in events[:-1])
+    assert_clip_length(len(audio) // 2, 20)
+
+
+@pytest.mark.e2e
+def test_other_formats_decode(server: Server, client) -> None:
+    sf = pytest.importorskip("soundfile")
+    assert {"wav", "pcm"} <= set(server.state.formats)
+    wav = parse_wav(client.audio.speech.create(**speech_kwargs(steps=40, seed=4)).content)
+    for fmt in ("flac", "mp3", "opus"):
+        if fmt not in server.state.formats:
+            continue
+        kw = speech_kwargs(steps=40, seed=4, response_format=fmt)
+        if fmt == "mp3":
+            kw.pop("response_format")  # OpenAI's default format
+        audio, rate = sf.read(io.BytesIO(client.audio.speech.create(**kw).content), dtype="int16")
+        assert rate == 24000
+        if fmt == "flac":  # lossless: the same samples as the WAV
+            assert np.array_equal(audio, wav)
+        else:  # lossy codecs pad a little at the edges
+            assert abs(len(audio) - len(wav)) <= 4096
+
+
+@pytest.mark.e2e
+def test_voices_models_health(server: Server, client) -> None:
+    voices = httpx.get(server.url + "/v1/audio/voices").json()
+    assert {"alloy", "default"} <= set(voices["voices"])
+    assert {m.id for m in client.models.list()} >= {"chattts", "tts-1"}
+    assert httpx.get(server.url + "/health").json() == {"status": "ok"}
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("kw,param", [
+    ({"input": ""}, "input"),
+    ({"input": "   "}, "input"),
+    ({"response_format": "aac"}, "response_format"),
+    ({"input": "x" * 301}, "input"),
+    ({"voice": "nobody"}, "voice"),
+    ({"speed": 9.0}, "speed"),
+    ({"extra": {"temperature": -1.0}}, "temperature"),
+    ({"extra": {"max_new_tokens": 5000}}, "max_new_tokens"),
+    ({"extra": {"min_new_tokens": 40}}, "min_new_tokens"),
+])
+def test_bad_requests_get_openai_errors(server: Server, client, kw: dict, param: str) -> None:
+    with pytest.raises(openai.BadRequestError) as err:
+        client.audio.speech.create(**speech_kwargs(**kw))
+    assert err.value.status_code == 400
+    error = err.value.body if "message" in err.value.body else err.value.body["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["param"] == param
+    assert error["type"] == "invalid_request_error" and param.split("_")[0] in error["message"]
+
+
+@pytest.mark.e2e
+def test_unknown_fields_are_ignored(server: Server, client) -> None:
+    kw = speech_kwargs(steps=10)
+    kw["extra_body"]["not_a_field"] = 1
+    assert_clip_length(len(parse_wav(client.audio.speech.create(**kw).content)), 10)
+
+
+@pytest.mark.e2e
+def test_32_concurrent_clients_share_batches(server: Server) -> None:
+    steps_before = metric(server, "chattts_engine_shared_steps_total")
+
+    async def main() -> list[bytes]:
+        aclient = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=600)
+        calls = [aclient.audio.speech.create(**speech_kwargs(steps=20 + i % 8, seed=100 + i,
+                                                             input=f"Concurrent client number {i}."))
+                 for i in range(32)]
+        return [r.content for r in await asyncio.gather(*calls)]
+
+    results = asyncio.run(main())
+    for i, data in enumerate(results):
+        audio = parse_wav(data)
+        assert_clip_length(len(audio), 20 + i % 8)
+        assert np.abs(audio).max() > 0
+    assert metric(server, "chattts_engine_max_batch_size") >= 8
+    assert metric(server, "chattts_engine_shared_steps_total") - steps_before >= 20
+    assert metric(server, "chattts_kv_cache_blocks_used") == 0
+    assert metric(server, "chattts_time_to_first_audio_seconds_count") >= 32
+
+
+@pytest.mark.e2e
+def test_client_disconnect_mid_stream_aborts_and_frees_blocks(server: Server, client) -> None:
+    engine = server.state.engine
+    aborted = engine.stats.num_aborted
+    kw = speech_kwargs(steps=1800, seed=5, extra={"min_new_tokens": 1800, "stream": True})
+    with client.audio.speech.with_streaming_response.create(**kw) as response:
+        first = next(response.iter_bytes())
+        assert first[:4] == b"RIFF"
+        wait_until(lambda: engine.engine.block_manager.num_used_blocks > 0)
+    # leaving the block closes the connection long before 1800 steps are generated
+    wait_until(lambda: engine.stats.num_aborted == aborted + 1)
+    wait_until(lambda: engine.engine.block_manager.num_used_blocks == 0)
+    assert not engine.engine.has_unfinished_requests()
+    assert metric(server, "chattts_speech_disconnects_total") >= 1
+
+
+@pytest.mark.e2e
+def test_client_timeout_on_a_non_streamed_request_aborts_it(server: Server) -> None:
+    engine = server.state.engine
+    aborted = engine.stats.num_aborted
+    body = {"input": "A long request nobody waits for.", "voice": "sage", "response_format": "wav",
+            "max_new_tokens": 1800, "min_new_tokens": 1800, "seed": 6}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(server.url + "/v1/audio/speech", json=body, timeout=1.5)
+    wait_until(lambda: engine.stats.num_aborted == aborted + 1)
+    wait_until(lambda: engine.engine.block_manager.num_used_blocks == 0)
+
+
+@pytest.mark.e2e
+def test_api_key(tiny_assets) -> None:
+    app = create_app(lambda: _tiny_chat(tiny_assets), ServerConfig(api_key=KEY, max_new_token=20))
+    uv, thread, url = _serve(app)
+    try:
+        wrong = openai.OpenAI(base_url=url + "/v1", api_key="wrong", max_retries=0)
+        with pytest.raises(openai.AuthenticationError) as err:
+            wrong.models.list()
+        assert err.value.status_code == 401
+        error = err.value.body if "message" in err.value.body else err.value.body["error"]
+        assert error["code"] == "invalid_api_key"
+        missing = httpx.post(url + "/v1/audio/speech", json={"input": "hi", "voice": "alloy"})
+        assert missing.status_code == 401 and missing.json()["error"]["code"] == "invalid_api_key"
+        ok = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0)
+        assert_clip_length(len(parse_wav(ok.audio.speech.create(**speech_kwargs(steps=10)).content)), 10)
+        assert httpx.get(url + "/health").status_code == 200  # probes need no key
+    finally:
+        uv.should_exit = True
+        thread.join(60)
