@@ -120,6 +120,59 @@ def _add_export_ray_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--batch-size", type=int, default=16)
 
 
+def cmd_serve(args: argparse.Namespace) -> None:
+    from .serve.openai_api import ServerConfig, run_server
+
+    # Random demo weights rarely emit EOS: cap each sentence (150 steps = 3.2 s) unless told otherwise.
+    max_new_token = args.max_new_token or (150 if args.model == "demo" else 2048)
+    config = ServerConfig(api_key=args.api_key, max_new_token=max_new_token)
+    if args.ray:
+        _serve_with_ray(args, config)
+        return
+    run_server(lambda: load_chat(args.model, args.tiny, use_vllm=True, dtype=args.dtype), config,
+               host=args.host, port=args.port)
+
+
+def _serve_with_ray(args: argparse.Namespace, config) -> None:
+    from .serve import ray_serve  # imports no ray: init_ray sets the loopback env first
+
+    ray_serve.init_ray(args.ray_address, log_to_driver=True)
+    root, verify = ensure_model(args.model, args.tiny)
+    options = ray_serve.ReplicaOptions(replicas=args.replicas, autoscale=args.autoscale, num_cpus=args.replica_cpus,
+                                       num_gpus=args.replica_gpus, max_ongoing_requests=args.max_ongoing_requests)
+    app = ray_serve.build_app(root, config, options, verify=verify, dtype=args.dtype)
+    ray_serve.serve_on_ray(app, host=args.host, port=args.port)
+
+
+def _min_max(value: str) -> tuple[int, int]:
+    low, sep, high = value.partition(":")
+    if not (sep and low.isdigit() and high.isdigit()) or not 1 <= int(low) <= int(high):
+        raise argparse.ArgumentTypeError(f"expected MIN:MAX with 1 <= MIN <= MAX, got {value!r}")
+    return int(low), int(high)
+
+
+def _add_serve(sub) -> None:
+    p = sub.add_parser("serve", help="OpenAI-compatible speech API (pip install -e '.[server]')")
+    p.add_argument("--model", default="demo", help="asset folder, or 'demo' for random demo weights")
+    p.add_argument("--tiny", action="store_true", help="with --model demo: test-size weights")
+    p.add_argument("--host", default="127.0.0.1", help="bind address (0.0.0.0 exposes the API on the network)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/*")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "int8"])
+    p.add_argument("--max-new-token", type=int, default=None, help="steps per sentence (default 2048; 150 for demo)")
+    g = p.add_argument_group("Ray Serve (needs the [ray] extra)")
+    g.add_argument("--ray", action="store_true", help="run the API as Ray Serve replicas, one engine each")
+    g.add_argument("--ray-address", default=None, help="join this Ray cluster; default: a private loopback cluster")
+    scale = g.add_mutually_exclusive_group()
+    scale.add_argument("--replicas", type=int, default=1, help="a fixed number of replicas")
+    scale.add_argument("--autoscale", type=_min_max, default=None, metavar="MIN:MAX",
+                       help="scale between MIN and MAX replicas on ongoing requests")
+    g.add_argument("--replica-cpus", type=float, default=1.0)
+    g.add_argument("--replica-gpus", type=float, default=0.0)
+    g.add_argument("--max-ongoing-requests", type=int, default=256)
+    p.set_defaults(func=cmd_serve)
+
+
 def cmd_webui(args: argparse.Namespace) -> None:
     try:
         from webui.app import serve
@@ -188,6 +241,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--max-new-token", type=int, default=150 if name == "demo" else 2048)
         p.set_defaults(func=func)
     _add_export(sub)
+    _add_serve(sub)
     _add_webui(sub)
     return parser
 
