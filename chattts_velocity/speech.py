@@ -45,6 +45,14 @@ class StreamOptions:
     first_chunk_steps: int | None = None
     first_lookahead_steps: int | None = None
 
+    def __post_init__(self) -> None:
+        for name in ("chunk_steps", "first_chunk_steps", "first_lookahead_steps", "lookahead_steps"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name}: must be an integer >= 1 (or None for the exact default), got {value!r}")
+        if self.left_context_steps is not None and self.left_context_steps < 0:
+            raise ValueError(f"left_context_steps: must be >= 0, got {self.left_context_steps!r}")
+
 
 class StreamSet:
     """StreamDecoders by key on one set of modules; each push/finish decodes every due window in one batch."""
@@ -64,7 +72,7 @@ class StreamSet:
             # NOTE: StreamDecoder plans each window from these two attributes, so changing them
             # between pushes changes only the windows planned afterwards.
             stream.chunk_steps = o.first_chunk_steps or stream.chunk_steps
-            stream.lookahead_steps = max(1, o.first_lookahead_steps or stream.lookahead_steps)
+            stream.lookahead_steps = o.first_lookahead_steps or stream.lookahead_steps
         self.streams[key] = stream
 
     def push(self, rows: dict[Hashable, torch.Tensor]) -> dict[Hashable, np.ndarray]:

@@ -21,6 +21,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("texts", nargs="*", default=["Streaming keeps the wait short. The rest follows."])
     parser.add_argument("--model", default="demo", help="asset folder, or 'demo' for random demo weights")
+    parser.add_argument("--no-verify", action="store_true", help="skip the sha256 check (custom or random weights)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--max-new-token", type=int, default=300, help="random demo weights rarely stop")
@@ -29,7 +30,8 @@ def main() -> None:
 
     root, verify = ensure_model(args.model)
     chat = Chat()
-    chat.load(source="custom", custom_path=root, verify=verify, use_vllm=True, dtype=args.dtype)
+    chat.load(source="custom", custom_path=root, verify=verify and not args.no_verify, use_vllm=True,
+              dtype=args.dtype)
     params = InferCodeParams(manual_seed=args.seed, max_new_token=args.max_new_token, stream_batch=args.stream_batch,
                              spk_emb=chat.sample_random_speaker(), show_tqdm=False)
     clips: list[list[np.ndarray]] = [[] for _ in args.texts]
