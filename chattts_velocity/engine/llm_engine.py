@@ -25,7 +25,14 @@ from chattts_velocity.schema import GenerationOutput, Prompt, SamplingParams
 logger = logging.getLogger("chattts_velocity")
 DEFAULT_KV_BYTES = 1 << 30  # 1 GiB when the user gives no budget
 MAX_REGENERATE = 3  # retries of an unseeded request whose very first token is EOS
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# EngineConfig.dtype -> (dtype of the checkpoint's weights and of the KV cache, PackedLinear mode).
+# Activations stay float32 on CPU in every mode; the heads and the sampler always run in float32.
+PRECISIONS: dict[str, tuple[torch.dtype, str | None]] = {
+    "float32": (torch.float32, None),  # exact: the plain path's numbers
+    "bfloat16": (torch.bfloat16, "bfloat16"),  # oneDNN-prepacked bf16 GEMMs, bf16 KV cache
+    "float16": (torch.float16, "float16"),
+    "int8": (torch.bfloat16, "int8"),  # weight-only int8 GEMMs (bf16 activations), bf16 KV cache
+}
 
 
 @dataclass
@@ -43,12 +50,15 @@ class EngineStats:
 
 class LLMEngine:
     def __init__(self, model, embed, config: ModelConfig, engine_config: EngineConfig) -> None:
+        """model: a ChatTTSLlama already in engine_config.dtype's weight dtype (see from_assets)."""
         self.config, self.engine_config = config, engine_config
-        dtype = next(model.parameters()).dtype
-        num_blocks = kv_cache_blocks(config, engine_config, dtype)
+        kv_dtype, pack_mode = PRECISIONS[engine_config.dtype]
+        if pack_mode is not None:
+            model.pack_linears(pack_mode)
+        num_blocks = kv_cache_blocks(config, engine_config, kv_dtype)
         self.block_manager = BlockManager(num_blocks, engine_config.block_size, engine_config.enable_prefix_caching)
         self.scheduler = Scheduler(engine_config, self.block_manager)
-        self.runner = ModelRunner(model, embed, config, engine_config, num_blocks)
+        self.runner = ModelRunner(model, embed, config, engine_config, num_blocks, kv_dtype=kv_dtype)
         self.stats = EngineStats()
         self._retries: dict[str, int] = {}
         self._ids = itertools.count()
@@ -58,7 +68,7 @@ class LLMEngine:
         engine_config = EngineConfig.from_kwargs(**engine_kwargs)
         if engine_config.num_threads:
             torch.set_num_threads(engine_config.num_threads)
-        dtype = DTYPES.get(engine_config.dtype, torch.float32)
+        dtype, _ = PRECISIONS[engine_config.dtype]
         config = ModelConfig.from_json(paths.gpt_config)
         model = load_gpt(paths.gpt_dir, config, dtype=dtype, device=engine_config.device)
         embed = load_embed(paths.embed, device=engine_config.device)

@@ -1,8 +1,9 @@
 """Paged attention over a block KV pool: step metadata, the scoped forward context, KV store and attention.
 
 In: packed q/k/v rows of the new positions of one step `[N_new, heads, head_dim]`. Out: `[N_new, heads, head_dim]`.
-KV pool layout: one tensor `[num_layers, 2, num_blocks, block_size, num_heads, head_dim]` (index 0 = K, 1 = V);
-`kv_caches[i]` is layer i's `[2, num_blocks, block_size, num_heads, head_dim]` view;
+KV pool layout: one tensor `[num_layers, 2, num_blocks, block_size, num_heads, head_dim]` (index 0 = K, 1 = V),
+`kv_caches[i]` being layer i's `[2, num_blocks, block_size, num_heads, head_dim]` view, or (the engine's
+choice) a list of per-layer (K, V) tensors `[num_blocks, block_size, num_heads, head_dim]`;
 pool slot s = block * block_size + offset.
 """
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -41,6 +43,18 @@ class AttentionMetadata:
     @property
     def num_seqs(self) -> int:
         return len(self.q_lens)
+
+
+class DecodeMetadata(NamedTuple):
+    """A decode-only step as plain tensors (one new position per sequence), for compiled steps.
+
+    Unlike AttentionMetadata it holds no Python lists, so a compiled step sees only tensor shapes:
+    batch size B and table width n are its only dynamic sizes.
+    """
+
+    slot_mapping: torch.Tensor  # [B] int64, pool slot the new position's K/V is written to
+    block_tables: torch.Tensor  # [B, n] int64, pad 0 (any valid block; masked by context_lens)
+    context_lens: torch.Tensor  # [B] int64, positions to attend, including the new one
 
 
 def build_attention_metadata(
@@ -138,6 +152,25 @@ def allocate_kv_cache(
     return torch.zeros(num_layers, 2, num_blocks, block_size, num_heads, head_dim, dtype=dtype, device=device)
 
 
+def allocate_kv_pairs(
+    num_layers: int,
+    num_blocks: int,
+    block_size: int,
+    num_heads: int,
+    head_dim: int,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The pool as separate tensors: per layer (K, V), each [num_blocks, block_size, num_heads, head_dim].
+
+    Same slots as allocate_kv_cache, but no two pools share storage: torch.compile can then write
+    a layer's K and V in place (views of one tensor, both mutated, make it copy the whole pool).
+    """
+    shape = (num_blocks, block_size, num_heads, head_dim)
+    return [(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+            for _ in range(num_layers)]
+
+
 def kv_cache_bytes_per_block(
     num_layers: int, block_size: int, num_heads: int, head_dim: int, dtype: torch.dtype = torch.float32
 ) -> int:
@@ -149,8 +182,12 @@ def store_kvcache(
     k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
 ) -> None:
     # k, v [N_new, heads, head_dim]; caches [num_blocks, block_size, heads, head_dim]; slot_mapping [N_new]
-    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slot_mapping, k.to(k_cache.dtype))
-    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
+    # NOTE: written so that torch.compile scatters in place. With index_copy_, or with values that
+    # are a strided view of a GEMM output (q/k/v split from one fused projection), inductor
+    # instead copies the whole pool, scatters into the copy and copies it back: 2 GB per step.
+    k, v = k.contiguous(), v.contiguous()
+    k_cache.view(-1, *k_cache.shape[2:]).index_put_((slot_mapping,), k.to(k_cache.dtype))
+    v_cache.view(-1, *v_cache.shape[2:]).index_put_((slot_mapping,), v.to(v_cache.dtype))
 
 
 # Sequences are attended in groups whose gathered K+V stays about this size, so SDPA reads the copy
@@ -202,3 +239,22 @@ def paged_attention(
     if meta.decode_only:
         return out.squeeze(2)
     return out.transpose(1, 2).flatten(0, 1)[meta.out_index]
+
+
+def paged_decode_attention(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: DecodeMetadata
+) -> torch.Tensor:
+    """Decode attention q [B, heads, head_dim] over each sequence's blocks -> [B, heads, head_dim].
+
+    Written as a gather + two reductions so that torch.compile fuses the block lookup into the
+    dot products (the K/V blocks are read once, in place, with fp32 accumulation). Run eagerly
+    it materialises the gathered context; there paged_attention is the faster choice.
+    """
+    scale = q.shape[-1] ** -0.5
+    keys = k_cache[meta.block_tables].flatten(1, 2)  # [B, n * block_size, heads, head_dim]
+    values = v_cache[meta.block_tables].flatten(1, 2)
+    scores = (q.unsqueeze(1).float() * keys.float()).sum(-1) * scale  # [B, T, heads]
+    t = torch.arange(keys.shape[1], device=q.device)
+    outside = (t[None, :] >= meta.context_lens[:, None]).unsqueeze(-1)  # [B, T, 1]
+    probs = scores.masked_fill(outside, float("-inf")).softmax(dim=1)
+    return (probs.unsqueeze(-1) * values.float()).sum(1).to(q.dtype)  # [B, heads, head_dim]

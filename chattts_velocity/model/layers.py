@@ -72,6 +72,11 @@ class LlamaMLP(nn.Module):
         self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
         self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+        self.gate_up_packed: nn.Module | None = None  # fused gate/up rows; set by ChatTTSLlama.pack_linears
+        self.down_packed: nn.Module | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        if self.gate_up_packed is None:
+            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_up_packed(x).chunk(2, dim=-1)  # [N, 2I] -> 2 x [N, I]
+        return self.down_packed(F.silu(gate) * up)

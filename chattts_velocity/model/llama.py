@@ -1,18 +1,30 @@
 """The GPT backbone with a paged KV cache: embeddings of the new positions in, final-norm hidden states out.
 
 Parameter names equal the keys of asset/gpt/model.safetensors (HF `LlamaModel` without `embed_tokens`).
-The step's AttentionMetadata comes from `forward_context`; see attention.py for the KV pool layout.
+The step's metadata is an argument or comes from `forward_context`; see attention.py for the KV pool layout.
+`pack_linears` adds fused, kernel-specific copies of the projections (bf16 oneDNN, int8) for fast engines.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
 
 from chattts_velocity.config import ModelConfig
-from chattts_velocity.model.attention import get_forward_context, paged_attention, store_kvcache
+from chattts_velocity.model.attention import (
+    AttentionMetadata,
+    DecodeMetadata,
+    get_forward_context,
+    paged_attention,
+    paged_decode_attention,
+    store_kvcache,
+)
 from chattts_velocity.model.layers import LlamaMLP, RMSNorm, RotaryEmbedding
+from chattts_velocity.model.packed import PackedLinear, fuse_rows
+
+StepMetadata = AttentionMetadata | DecodeMetadata
+KVPair = tuple[torch.Tensor, torch.Tensor]  # one layer's K and V pools
 
 
 class LlamaAttention(nn.Module):
@@ -25,20 +37,31 @@ class LlamaAttention(nn.Module):
         self.k_proj = nn.Linear(hidden, hidden, bias=False)
         self.v_proj = nn.Linear(hidden, hidden, bias=False)
         self.o_proj = nn.Linear(hidden, hidden, bias=False)
+        self.qkv_packed: PackedLinear | None = None  # fused q/k/v rows; set by ChatTTSLlama.pack_linears
+        self.o_packed: PackedLinear | None = None
+
+    def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if self.qkv_packed is None:
+            return self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        return self.qkv_packed(x).split(x.shape[-1], dim=-1)  # [N, 3H] -> 3 x [N, H]
 
     def forward(
-        self, x: torch.Tensor, positions: torch.Tensor, rotary: RotaryEmbedding, kv_cache: torch.Tensor
+        self, x: torch.Tensor, positions: torch.Tensor, rotary: RotaryEmbedding, kv_cache: KVPair,
+        meta: StepMetadata,
     ) -> torch.Tensor:
-        # x [N, H]; kv_cache [2, num_blocks, block_size, heads, head_dim]
-        meta = get_forward_context()
+        # x [N, H]; kv_cache: (K, V) pools, each [num_blocks, block_size, heads, head_dim]
         shape = (x.shape[0], self.num_heads, self.head_dim)
-        q = self.q_proj(x).view(shape)
-        k = self.k_proj(x).view(shape)
-        v = self.v_proj(x).view(shape)
-        q, k = rotary(positions, q, k)
-        store_kvcache(k, v, kv_cache[0], kv_cache[1], meta.slot_mapping)
-        out = paged_attention(q, kv_cache[0], kv_cache[1], meta)  # [N, heads, head_dim]
-        return self.o_proj(out.flatten(1))
+        q, k, v = (t.view(shape) for t in self._qkv(x))
+        q, k = rotary(positions, q.float(), k.float())  # RoPE in fp32 whatever the weights' dtype
+        k_cache, v_cache = kv_cache
+        store_kvcache(k, v, k_cache, v_cache, meta.slot_mapping)
+        q = q.to(k_cache.dtype)
+        if isinstance(meta, DecodeMetadata):
+            out = paged_decode_attention(q, k_cache, v_cache, meta)  # [N, heads, head_dim]
+        else:
+            out = paged_attention(q, k_cache, v_cache, meta)
+        out = out.flatten(1)
+        return self.o_proj(out) if self.o_packed is None else self.o_packed(out)
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -50,16 +73,24 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(
-        self, x: torch.Tensor, positions: torch.Tensor, rotary: RotaryEmbedding, kv_cache: torch.Tensor
+        self, x: torch.Tensor, positions: torch.Tensor, rotary: RotaryEmbedding, kv_cache: KVPair,
+        meta: StepMetadata,
     ) -> torch.Tensor:
         # Self attention
         residual = x
-        x = self.self_attn(self.input_layernorm(x), positions, rotary, kv_cache)
+        x = self.self_attn(self.input_layernorm(x), positions, rotary, kv_cache, meta)
         x = residual + x
         # MLP
         residual = x
         x = self.mlp(self.post_attention_layernorm(x))
         return residual + x
+
+
+def run_decoder_layer(
+    layer: LlamaDecoderLayer, x: torch.Tensor, positions: torch.Tensor, rotary: RotaryEmbedding,
+    kv_cache: KVPair, meta: StepMetadata,
+) -> torch.Tensor:
+    return layer(x, positions, rotary, kv_cache, meta)
 
 
 class ChatTTSLlama(nn.Module):
@@ -73,16 +104,41 @@ class ChatTTSLlama(nn.Module):
         self.rotary_emb = RotaryEmbedding(config.head_dim, config.max_position_embeddings, config.rope_theta)
 
     def forward(
-        self, inputs_embeds: torch.Tensor, positions: torch.Tensor, kv_caches: Sequence[torch.Tensor] | torch.Tensor
+        self,
+        inputs_embeds: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: Sequence[torch.Tensor | KVPair] | torch.Tensor,
+        meta: StepMetadata | None = None,
+        run_layer: Callable[..., torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """inputs_embeds [N_new, H], positions [N_new] -> hidden [N_new, H] after the final norm.
 
-        kv_caches[i] is layer i's [2, num_blocks, block_size, heads, head_dim] pool (a list, or the
-        [num_layers, ...] tensor from allocate_kv_cache). Must run inside forward_context(meta).
+        kv_caches[i] is layer i's K and V pools: a [2, num_blocks, block_size, heads, head_dim] tensor
+        (allocate_kv_cache) or a (K, V) pair (allocate_kv_pairs). The step's metadata is `meta`, or else
+        the one set by forward_context(meta). Activations keep the embeddings' dtype between layers.
+        run_layer(layer, x, positions, rotary, kv_cache, meta) replaces the plain layer call (the
+        engine passes a torch.compile'd run_decoder_layer: one graph serves all layers).
         """
         if len(kv_caches) != len(self.layers):
             raise ValueError(f"kv_caches: need one pool per layer ({len(self.layers)}), got {len(kv_caches)}")
+        meta = get_forward_context() if meta is None else meta
+        run_layer = run_decoder_layer if run_layer is None else run_layer
         x = inputs_embeds
         for layer, kv_cache in zip(self.layers, kv_caches):
-            x = layer(x, positions, self.rotary_emb, kv_cache)
+            # K and V enter as two tensors; with allocate_kv_pairs they share no storage, and a
+            # compiled layer writes them in place (two mutated views of one storage make
+            # torch.compile copy the whole pool at every call)
+            x = run_layer(layer, x, positions, self.rotary_emb, (kv_cache[0], kv_cache[1]), meta)
         return self.norm(x)
+
+    def pack_linears(self, mode: str) -> None:
+        """Route every projection through a PackedLinear of `mode` (q/k/v and gate/up fused).
+
+        The checkpoint's Linear modules (and so the state dict) are kept as they are.
+        """
+        for layer in self.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            attn.qkv_packed = PackedLinear(fuse_rows(attn.q_proj, attn.k_proj, attn.v_proj), mode)
+            attn.o_packed = PackedLinear(attn.o_proj.weight, mode)
+            mlp.gate_up_packed = PackedLinear(fuse_rows(mlp.gate_proj, mlp.up_proj), mode)
+            mlp.down_packed = PackedLinear(mlp.down_proj.weight, mode)

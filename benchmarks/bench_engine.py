@@ -1,0 +1,191 @@
+"""Benchmark: the velocity engine against the plain path (and the reference package) in the same run.
+
+Every request is forced to the same length (min_new_token == max_new_token), so work is identical
+across paths. Per concurrency level N the velocity engine runs N requests at once; the plain path
+runs at N in --plain-sizes only (it is slow); the reference chattts 0.2.5 runs in its own venv with
+--reference. Paths are interleaved within each repeat and ratios are taken inside one repeat, so a
+busy host slows all of them alike. A matmul probe before and after each repeat reports how much CPU
+the host grants. Usage (from a checkout):
+
+    python benchmarks/bench_engine.py --model models/demo --dtype bfloat16 --concurrency 1,16,32
+    python benchmarks/bench_engine.py --quick
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))  # runnable from a checkout without installing
+
+# torch and the package load lazily in run(), so `chattts-velocity bench --help` stays instant
+
+TARGETS = (  # (label, velocity concurrency, plain concurrency, metric, target ratio) from issue 5
+    ("single stream vs plain@1", 1, 1, "steps_per_s", 3.0),
+    ("32 concurrent vs plain@16 (GPT)", 32, 16, "steps_per_s", 6.0),
+    ("32 concurrent vs plain@16 (end to end)", 32, 16, "audio_per_s_e2e", 4.0),
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of `python benchmarks/bench_engine.py` and of `chattts-velocity bench`."""
+    parser.add_argument("--model", default="demo", help="asset folder, or 'demo' (random full-size weights)")
+    parser.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "int8"])
+    parser.add_argument("--compile", default="auto", choices=["auto", "on", "off"],
+                        help="torch.compile the decode step (auto: on for bfloat16)")
+    parser.add_argument("--concurrency", help="comma-separated request counts (default 1,8,16,32,64)")
+    parser.add_argument("--plain-sizes", help="plain-path batch sizes, '' to skip (default 1,16)")
+    parser.add_argument("--steps", type=int, help="forced code steps per request (default 100)")
+    parser.add_argument("--repeats", type=int, help="interleaved rounds (default 3)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    parser.add_argument("--decode-dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+                        help="Decoder+Vocos precision (auto: bfloat16 unless --dtype float32)")
+    parser.add_argument("--reference", action="store_true", help="also time chattts 0.2.5 in its venv")
+    parser.add_argument("--no-e2e", action="store_true", help="skip Decoder+Vocos (GPT only)")
+    parser.add_argument("--quick", action="store_true",
+                        help="about one minute: defaults become 20 steps, N in 1,8, plain at 1, one repeat, no compile")
+    parser.add_argument("--name", default=None, help="results/<name>.json (default: a timestamp)")
+    parser.add_argument("--out", default=str(REPO / "benchmarks" / "results"))
+
+
+DEFAULTS = {"steps": 100, "repeats": 3, "concurrency": "1,8,16,32,64", "plain_sizes": "1,16"}
+QUICK = {"steps": 20, "repeats": 1, "concurrency": "1,8", "plain_sizes": "1"}
+
+
+def resolve(args: argparse.Namespace) -> argparse.Namespace:
+    """Fill the defaults (--quick has its own; options given explicitly always win)."""
+    for key, value in (QUICK if args.quick else DEFAULTS).items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    if args.quick and args.compile == "auto":
+        args.compile = "off"
+    args.concurrency_list = _ints(args.concurrency)
+    args.plain_list = _ints(args.plain_sizes)
+    args.compile_on = args.compile == "on" or (args.compile == "auto" and args.dtype == "bfloat16")
+    if args.decode_dtype == "auto":
+        args.decode_dtype = "float32" if args.dtype == "float32" else "bfloat16"
+    if args.steps < 1 or args.repeats < 1 or not args.concurrency_list:
+        raise ValueError("--steps and --repeats must be >= 1 and --concurrency non-empty")
+    return args
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ValueError(f"expected comma-separated integers, got {text!r}") from None
+    if any(v < 1 for v in values):
+        raise ValueError(f"counts must be >= 1, got {text!r}")
+    return values
+
+
+def run(args: argparse.Namespace) -> dict:
+    """Load everything, run the interleaved repeats, print the tables and write the JSON."""
+    args = resolve(args)
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    from benchmarks.bench_runs import load_suite
+
+    suite = load_suite(args)
+    print(suite.describe(), flush=True)
+    repeats = [run_repeat(suite, args, r) for r in range(args.repeats)]
+    report = summarise(suite, args, repeats)
+    path = Path(args.out) / f"{args.name or time.strftime('%Y%m%d-%H%M%S')}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2), encoding="utf-8")
+    print(f"\nresults written to {path}")
+    return report
+
+
+def run_repeat(suite, args: argparse.Namespace, index: int) -> dict:
+    from benchmarks import bench_probe as probe
+    from benchmarks.bench_runs import run_plain, run_reference, run_velocity
+
+    before = probe.contention_probe(suite.threads)
+    runs = []
+    for n in args.concurrency_list:
+        runs.append(run_velocity(suite, n))
+        print(runs[-1].line(), flush=True)
+        if n in args.plain_list and suite.plain is not None:
+            runs.append(run_plain(suite, n))
+            print(runs[-1].line(), flush=True)
+    if args.reference:
+        for item in run_reference(suite, args.plain_list or [1]):
+            runs.append(item)
+            print(runs[-1].line(), flush=True)
+    after = probe.contention_probe(suite.threads)
+    ratios = same_run_ratios(runs)
+    print(f"repeat {index + 1}/{args.repeats}: probe before {before['summary']}, after {after['summary']}")
+    for label, value in ratios.items():
+        print(f"  {label}: {value:.2f}x")
+    return {"probe_before": before, "probe_after": after, "runs": [r.as_dict() for r in runs], "ratios": ratios}
+
+
+def same_run_ratios(runs: list) -> dict[str, float]:
+    """velocity / plain (and velocity / reference) for every target and matching concurrency."""
+    by = {(r.path, r.concurrency): r for r in runs}
+    ratios: dict[str, float] = {}
+    for label, n_fast, n_base, metric, _ in TARGETS:
+        for base in ("plain", "reference"):
+            fast, slow = by.get(("velocity", n_fast)), by.get((base, n_base))
+            if fast and slow and getattr(slow, metric):
+                ratios[label.replace("plain", base)] = getattr(fast, metric) / getattr(slow, metric)
+    for (path, n), slow in by.items():
+        fast = by.get(("velocity", n))
+        if path != "velocity" and fast:
+            ratios[f"velocity@{n} / {path}@{n} (GPT)"] = fast.steps_per_s / slow.steps_per_s
+    return ratios
+
+
+def summarise(suite, args: argparse.Namespace, repeats: list[dict]) -> dict:
+    keys = sorted({(r["path"], r["concurrency"]) for rep in repeats for r in rep["runs"]})
+    rows = []
+    print(f"\n{'path':<10}{'N':>4}{'steps/s best':>14}{'median':>9}{'audio s/s GPT':>15}{'e2e':>7}"
+          f"{'TTFA mean s':>13}{'cores used':>12}{'peak RSS MB':>13}")
+    for path, n in keys:
+        runs = [r for rep in repeats for r in rep["runs"] if (r["path"], r["concurrency"]) == (path, n)]
+        row = {"path": path, "concurrency": n, **_best_and_median(runs)}
+        rows.append(row)
+        print(f"{path:<10}{n:>4}{row['steps_per_s_best']:>14.1f}{row['steps_per_s_median']:>9.1f}"
+              f"{row['audio_per_s_gpt_median']:>15.2f}{row['audio_per_s_e2e_median']:>7.2f}"
+              f"{row['ttft_mean_median']:>13.2f}{row['cores_used_median']:>12.2f}{row['peak_rss_mb']:>13.0f}")
+    ratios = {label: statistics.median(rep["ratios"][label] for rep in repeats if label in rep["ratios"])
+              for label in {k for rep in repeats for k in rep["ratios"]}}
+    print("\nsame-run ratios (median over repeats; targets from issue 5):")
+    for label in sorted(ratios):
+        target = next((t for name, *_, t in TARGETS if name == label), None)
+        verdict = "" if target is None else (" (target %.0fx: %s)" % (target, "met" if ratios[label] >= target
+                                                                         else "MISSED"))
+        print(f"  {label}: {ratios[label]:.2f}x{verdict}")
+    return {"config": suite.config(args), "rows": rows, "ratios": ratios, "repeats": repeats}
+
+
+def _best_and_median(runs: list[dict]) -> dict:
+    out: dict[str, float] = {}
+    for key in ("steps_per_s", "audio_per_s_gpt", "audio_per_s_e2e", "ttft_mean", "cores_used"):
+        values = [r[key] for r in runs]
+        out[f"{key}_median"] = statistics.median(values)
+        out[f"{key}_best"] = min(values) if key == "ttft_mean" else max(values)
+    out["peak_rss_mb"] = max(r["peak_rss_mb"] for r in runs)
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="bench_engine", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(parser)
+    try:
+        run(parser.parse_args(argv))
+    except (ValueError, FileNotFoundError) as exc:
+        raise SystemExit(f"error: {exc}") from None
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,103 @@
+"""Reduced-precision engines (bfloat16, int8): packed linears against float32 formulas, and code agreement.
+
+Agreement is teacher-forced: both engines score the same fp32 trajectory position by position, so one
+flipped near-tie cannot snowball into a different continuation (free-running sequences diverge after
+their first different code, whatever the precision).
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from chattts_velocity.gpt import load_pretrained
+from chattts_velocity.model import PackedLinear, build_attention_metadata
+from chattts_velocity.params import InferCodeParams
+from chattts_velocity.text import Tokenizer, sample_random_speaker
+
+gen = torch.Generator().manual_seed(0)
+WEIGHT = torch.randn(96, 64, generator=gen) * 0.05
+X = torch.randn(5, 64, generator=gen)
+
+
+def test_float32_packed_linear_is_f_linear_exactly() -> None:
+    assert torch.equal(PackedLinear(WEIGHT, "float32")(X), F.linear(X, WEIGHT))
+
+
+def test_bfloat16_packed_linear_is_within_bf16_rounding() -> None:
+    y = PackedLinear(WEIGHT, "bfloat16")(X).float()
+    exact = X.double() @ WEIGHT.double().T
+    # inputs and weights rounded to bf16 (rel. 2^-8 each) and the output too: |err| <= 3 * 2^-8 * sum|x w|
+    bound = 3 * 2**-8 * (X.double().abs() @ WEIGHT.double().abs().T)
+    assert ((y.double() - exact).abs() <= bound + 1e-6).all()
+
+
+def test_int8_packed_linear_is_within_quantisation_error() -> None:
+    lin = PackedLinear(WEIGHT, "int8")
+    scales = WEIGHT.abs().amax(dim=1) / 127  # [out]
+    # half a step of rounding, plus the bf16 rounding of the stored scale (rel. 2^-8) times |q| <= 127
+    per_weight = scales.double() * (0.5 + 127 * 2**-8)  # [out]
+    dequantised = lin.packed.double() * lin.scales.double()[:, None]
+    assert ((dequantised - WEIGHT.double()).abs() <= per_weight[:, None] + 1e-9).all()
+    y = lin(X).double()
+    exact = X.double() @ WEIGHT.double().T
+    # plus the bf16 rounding of x and of the output
+    bound = X.double().abs().sum(1, keepdim=True) * per_weight + 3 * 2**-8 * (X.double().abs() @ WEIGHT.double().abs().T)
+    assert ((y - exact).abs() <= bound + 1e-6).all()
+
+
+def test_unknown_mode_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="mode"):
+        PackedLinear(WEIGHT, "int4")
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "int8"])
+def test_reduced_precision_engine_keeps_checkpoint_names_and_fp32_outputs(tiny_assets, dtype) -> None:
+    fp32, fast = load_pretrained(tiny_assets, is_vllm=True), load_pretrained(tiny_assets, is_vllm=True, dtype=dtype)
+    assert fast.engine.runner.model.state_dict().keys() == fp32.engine.runner.model.state_dict().keys()
+    assert fast.engine.runner.kv_cache[0][0].dtype == torch.bfloat16
+    tok = Tokenizer(tiny_assets / "asset" / "tokenizer")
+    out = fast.generate([tok.code_prompt("Hello there.")], _params(6), progress=False)[0]
+    assert out.token_ids.shape == (6, 4) and out.hidden.dtype == torch.float32 and out.hidden.shape == (6, 64)
+
+
+def _params(steps: int):
+    return InferCodeParams(temperature=1e-6, max_new_token=steps, min_new_token=steps,
+                           show_tqdm=False).to_sampling_params("code", 625, return_hidden=True)
+
+
+def teacher_forced_agreement(assets, dtype: str, num_seqs: int, steps: int) -> float:
+    """Share of (position, codebook) argmaxes of `dtype` equal to fp32's along fp32's own trajectory."""
+    tok = Tokenizer(assets / "asset" / "tokenizer")
+    ref = load_pretrained(assets, is_vllm=True)
+    fast = load_pretrained(assets, is_vllm=True, dtype=dtype)
+    torch.manual_seed(0)
+    speaker = sample_random_speaker(ref.config.hidden_size)
+    prompts = [tok.code_prompt(f"Sentence number {i} for the agreement test.", speaker) for i in range(num_seqs)]
+    outputs = ref.generate(prompts, _params(steps), progress=False)
+    same = [(_logits_along(ref, p, o.token_ids).argmax(-1) == _logits_along(fast, p, o.token_ids).argmax(-1))
+            for p, o in zip(prompts, outputs)]
+    return torch.cat([s.flatten() for s in same]).float().mean().item()
+
+
+@torch.inference_mode()
+def _logits_along(llm, prompt, codes: torch.Tensor) -> torch.Tensor:
+    """Code logits [T, 4, V] predicting each generated position, from one prefill of prompt + codes."""
+    runner = llm.engine.runner
+    ids = torch.cat([prompt.input_ids, codes])  # [P + T, 4]
+    mask = torch.cat([prompt.text_mask, torch.zeros(len(codes), dtype=torch.bool)])
+    embeds = runner.embed.embed(ids, mask)
+    embeds[list(prompt.spk_positions)] = prompt.spk_emb
+    blocks = list(range(-(-len(ids) // runner.block_size)))
+    meta = build_attention_metadata([len(ids)], [len(ids)], [blocks], runner.block_size)
+    hidden = runner.model(embeds.to(runner.act_dtype), meta.positions, runner.kv_cache, meta).float()
+    return runner.embed.code_logits(hidden[len(prompt) - 1 : -1])
+
+
+def test_bfloat16_codes_agree_with_float32_tiny(tiny_assets) -> None:
+    assert teacher_forced_agreement(tiny_assets, "bfloat16", num_seqs=8, steps=100) >= 0.95
+
+
+@pytest.mark.slow
+def test_bfloat16_codes_agree_with_float32_full_size(full_assets) -> None:
+    assert teacher_forced_agreement(full_assets, "bfloat16", num_seqs=8, steps=100) >= 0.95
