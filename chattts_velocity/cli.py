@@ -1,4 +1,4 @@
-"""`chattts-velocity` command line: say | demo | demo-assets (and the serving commands as they land)."""
+"""`chattts-velocity` command line: say | demo | demo-assets | export | serve | webui | bench."""
 from __future__ import annotations
 
 import argparse
@@ -173,6 +173,25 @@ def _add_serve(sub) -> None:
     p.set_defaults(func=cmd_serve)
 
 
+def _bench_module():
+    """benchmarks/bench_engine.py of a source checkout (the same code as `python benchmarks/bench_engine.py`)."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_engine.py"
+    if not path.exists():
+        raise SystemExit(f"bench: {path} not found; run from a source checkout of chattts_velocity")
+    spec = importlib.util.spec_from_file_location("bench_engine", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _add_bench(sub) -> None:
+    # `main` hands every argument after `bench` to benchmarks/bench_engine.py unparsed.
+    sub.add_parser("bench", help="velocity vs plain path (and reference) in the same run; JSON results",
+                   add_help=False)
+
+
 def cmd_webui(args: argparse.Namespace) -> None:
     try:
         from webui.app import serve
@@ -243,10 +262,15 @@ def build_parser() -> argparse.ArgumentParser:
     _add_export(sub)
     _add_serve(sub)
     _add_webui(sub)
+    _add_bench(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["bench"]:
+        _bench_module().main(argv[1:])
+        return
     args = build_parser().parse_args(argv)
     try:
         args.func(args)
