@@ -137,10 +137,13 @@ def same_run_ratios(runs: list) -> dict[str, float]:
             fast, slow = by.get(("velocity", n_fast)), by.get((base, n_base))
             if fast and slow and getattr(slow, metric):
                 ratios[label.replace("plain", base)] = getattr(fast, metric) / getattr(slow, metric)
+                if metric == "steps_per_s":  # the same comparison per CPU-second: robust to a busy host
+                    ratios[label.replace("plain", base) + " [per CPU-s]"] = fast.steps_per_cpu_s / slow.steps_per_cpu_s
     for (path, n), slow in by.items():
         fast = by.get(("velocity", n))
         if path != "velocity" and fast:
             ratios[f"velocity@{n} / {path}@{n} (GPT)"] = fast.steps_per_s / slow.steps_per_s
+            ratios[f"velocity@{n} / {path}@{n} (steps per CPU-s)"] = fast.steps_per_cpu_s / slow.steps_per_cpu_s
     return ratios
 
 
@@ -148,14 +151,15 @@ def summarise(suite, args: argparse.Namespace, repeats: list[dict]) -> dict:
     keys = sorted({(r["path"], r["concurrency"]) for rep in repeats for r in rep["runs"]})
     rows = []
     print(f"\n{'path':<10}{'N':>4}{'steps/s best':>14}{'median':>9}{'audio s/s GPT':>15}{'e2e':>7}"
-          f"{'TTFA mean s':>13}{'cores used':>12}{'peak RSS MB':>13}")
+          f"{'TTFA mean s':>13}{'cores used':>12}{'steps/CPU-s':>13}{'peak RSS MB':>13}")
     for path, n in keys:
         runs = [r for rep in repeats for r in rep["runs"] if (r["path"], r["concurrency"]) == (path, n)]
         row = {"path": path, "concurrency": n, **_best_and_median(runs)}
         rows.append(row)
         print(f"{path:<10}{n:>4}{row['steps_per_s_best']:>14.1f}{row['steps_per_s_median']:>9.1f}"
               f"{row['audio_per_s_gpt_median']:>15.2f}{row['audio_per_s_e2e_median']:>7.2f}"
-              f"{row['ttft_mean_median']:>13.2f}{row['cores_used_median']:>12.2f}{row['peak_rss_mb']:>13.0f}")
+              f"{row['ttft_mean_median']:>13.2f}{row['cores_used_median']:>12.2f}"
+              f"{row['steps_per_cpu_s_median']:>13.1f}{row['peak_rss_mb']:>13.0f}")
     ratios = {label: statistics.median(rep["ratios"][label] for rep in repeats if label in rep["ratios"])
               for label in {k for rep in repeats for k in rep["ratios"]}}
     print("\nsame-run ratios (median over repeats; targets from issue 5):")
@@ -169,7 +173,7 @@ def summarise(suite, args: argparse.Namespace, repeats: list[dict]) -> dict:
 
 def _best_and_median(runs: list[dict]) -> dict:
     out: dict[str, float] = {}
-    for key in ("steps_per_s", "audio_per_s_gpt", "audio_per_s_e2e", "ttft_mean", "cores_used"):
+    for key in ("steps_per_s", "audio_per_s_gpt", "audio_per_s_e2e", "ttft_mean", "cores_used", "steps_per_cpu_s"):
         values = [r[key] for r in runs]
         out[f"{key}_median"] = statistics.median(values)
         out[f"{key}_best"] = min(values) if key == "ttft_mean" else max(values)

@@ -67,15 +67,21 @@ class Run:
     def cores_used(self) -> float:
         return self.cpu_seconds / (self.gpt_seconds + (self.decode_seconds or 0.0))
 
+    @property
+    def steps_per_cpu_s(self) -> float:
+        """Code steps per CPU-second (GPT and decode): work per core granted, steadier than steps/s
+        when the host takes cores away mid-run (an OpenMP thread spinning at a barrier still counts)."""
+        return self.concurrency * self.steps / max(self.cpu_seconds, 1e-9)
+
     def as_dict(self) -> dict:
-        props = ("steps_per_s", "audio_per_s_gpt", "audio_per_s_e2e", "ttft_mean", "cores_used")
+        props = ("steps_per_s", "audio_per_s_gpt", "audio_per_s_e2e", "ttft_mean", "cores_used", "steps_per_cpu_s")
         return {**asdict(self), **{p: getattr(self, p) for p in props}}
 
     def line(self) -> str:
         decode = "" if self.decode_seconds is None else f", e2e {self.audio_per_s_e2e:.2f} audio s/s"
         return (f"  {self.path:<9} N={self.concurrency:<3} {self.steps_per_s:8.1f} steps/s "
                 f"({self.audio_per_s_gpt:.2f} audio s/s GPT{decode}), TTFA {self.ttft_mean:.2f} s, "
-                f"{self.cores_used:.2f} cores used")
+                f"{self.cores_used:.2f} cores used, {self.steps_per_cpu_s:.1f} steps per CPU-s")
 
 
 @dataclass
