@@ -37,7 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="demo", help="asset folder, or 'demo' (random full-size weights)")
     parser.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "int8"])
     parser.add_argument("--compile", default="auto", choices=["auto", "on", "off"],
-                        help="torch.compile the decode step (auto: on for bfloat16)")
+                        help="torch.compile the decode step (auto: on, except with --quick)")
     parser.add_argument("--concurrency", help="comma-separated request counts (default 1,8,16,32,64)")
     parser.add_argument("--plain-sizes", help="plain-path batch sizes, '' to skip (default 1,16)")
     parser.add_argument("--steps", type=int, help="forced code steps per request (default 100)")
@@ -66,7 +66,7 @@ def resolve(args: argparse.Namespace) -> argparse.Namespace:
         args.compile = "off"
     args.concurrency_list = _ints(args.concurrency)
     args.plain_list = _ints(args.plain_sizes)
-    args.compile_on = args.compile == "on" or (args.compile == "auto" and args.dtype == "bfloat16")
+    args.compile_on = args.compile != "off"
     if args.decode_dtype == "auto":
         args.decode_dtype = "float32" if args.dtype == "float32" else "bfloat16"
     if args.steps < 1 or args.repeats < 1 or not args.concurrency_list:

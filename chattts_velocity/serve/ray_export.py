@@ -39,9 +39,11 @@ class RayExportOptions:
     batch_size: int = 16
     batches_in_flight: int = 4  # concurrent UDF calls per actor, all feeding the one engine
     manifest_every: int = 64  # rows written between manifest rewrites
+    start_timeout_s: int = 600  # wait for every actor to load before dispatching, so the first one ready
+    #                             does not take all the work; raises if the cluster cannot place them
 
     def __post_init__(self) -> None:
-        for name in ("actors", "batch_size", "batches_in_flight", "manifest_every"):
+        for name in ("actors", "batch_size", "batches_in_flight", "manifest_every", "start_timeout_s"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)!r}")
         if self.cpus_per_actor < 0 or self.gpus_per_actor < 0:
@@ -131,6 +133,7 @@ def export_dataset(model_dir: str, plan: ExportPlan, keys: list[int], params: In
                                       max_tasks_in_flight_per_actor=options.batches_in_flight,
                                       max_concurrent_calls_per_actor=options.batches_in_flight)
     gpus = {"num_gpus": options.gpus_per_actor} if options.gpus_per_actor else {}
+    dataset.context.wait_for_min_actors_s = options.start_timeout_s
     return dataset.map_batches(Synthesizer, fn_constructor_args=(model_dir, params, load_kwargs),
                                batch_size=options.batch_size, batch_format="numpy", compute=pool,
                                num_cpus=options.cpus_per_actor, **gpus)
