@@ -5,7 +5,9 @@ across paths. Per concurrency level N the velocity engine runs N requests at onc
 runs at N in --plain-sizes only (it is slow); the reference chattts 0.2.5 runs in its own venv with
 --reference. Paths are interleaved within each repeat and ratios are taken inside one repeat, so a
 busy host slows all of them alike. A matmul probe before and after each repeat reports how much CPU
-the host grants. Usage (from a checkout):
+the host grants. Each repeat then streams --ttfa-sizes requests through a StreamSet (bench_stream.py)
+for the real time to first audio; the "first token" column is only the time to the first code step.
+Usage (from a checkout):
 
     python benchmarks/bench_engine.py --model models/demo --dtype bfloat16 --concurrency 1,16,32
     python benchmarks/bench_engine.py --quick
@@ -47,14 +49,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="Decoder+Vocos precision (auto: bfloat16 unless --dtype float32)")
     parser.add_argument("--reference", action="store_true", help="also time chattts 0.2.5 in its venv")
     parser.add_argument("--no-e2e", action="store_true", help="skip Decoder+Vocos (GPT only)")
+    parser.add_argument("--ttfa-sizes", help="request counts for the streaming time-to-first-audio runs, '' to skip "
+                                             "(default 1,16)")
     parser.add_argument("--quick", action="store_true",
-                        help="about one minute: defaults become 20 steps, N in 1,8, plain at 1, one repeat, no compile")
+                        help="about one minute: defaults become 20 steps, N in 1,8, plain and TTFA at 1, one repeat, "
+                             "no compile")
     parser.add_argument("--name", default=None, help="results/<name>.json (default: a timestamp)")
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "results"))
 
 
-DEFAULTS = {"steps": 100, "repeats": 3, "concurrency": "1,8,16,32,64", "plain_sizes": "1,16"}
-QUICK = {"steps": 20, "repeats": 1, "concurrency": "1,8", "plain_sizes": "1"}
+DEFAULTS = {"steps": 100, "repeats": 3, "concurrency": "1,8,16,32,64", "plain_sizes": "1,16", "ttfa_sizes": "1,16"}
+QUICK = {"steps": 20, "repeats": 1, "concurrency": "1,8", "plain_sizes": "1", "ttfa_sizes": "1"}
 
 
 def resolve(args: argparse.Namespace) -> argparse.Namespace:
@@ -66,6 +71,7 @@ def resolve(args: argparse.Namespace) -> argparse.Namespace:
         args.compile = "off"
     args.concurrency_list = _ints(args.concurrency)
     args.plain_list = _ints(args.plain_sizes)
+    args.ttfa_list = _ints(args.ttfa_sizes)
     args.compile_on = args.compile != "off"
     if args.decode_dtype == "auto":
         args.decode_dtype = "float32" if args.dtype == "float32" else "bfloat16"
@@ -107,6 +113,7 @@ def run(args: argparse.Namespace) -> dict:
 def run_repeat(suite, args: argparse.Namespace, index: int) -> dict:
     from benchmarks import bench_probe as probe
     from benchmarks.bench_runs import run_plain, run_reference, run_velocity
+    from benchmarks.bench_stream import run_sizes
 
     before = probe.contention_probe(suite.threads)
     runs = []
@@ -116,6 +123,7 @@ def run_repeat(suite, args: argparse.Namespace, index: int) -> dict:
         if n in args.plain_list and suite.plain is not None:
             runs.append(run_plain(suite, n))
             print(runs[-1].line(), flush=True)
+    stream_ttfa = run_sizes(suite, args.ttfa_list)
     if args.reference:
         for item in run_reference(suite, args.plain_list or [1]):
             runs.append(item)
@@ -125,7 +133,8 @@ def run_repeat(suite, args: argparse.Namespace, index: int) -> dict:
     print(f"repeat {index + 1}/{args.repeats}: probe before {before['summary']}, after {after['summary']}")
     for label, value in ratios.items():
         print(f"  {label}: {value:.2f}x")
-    return {"probe_before": before, "probe_after": after, "runs": [r.as_dict() for r in runs], "ratios": ratios}
+    return {"probe_before": before, "probe_after": after, "runs": [r.as_dict() for r in runs], "ratios": ratios,
+            "stream_ttfa": stream_ttfa}
 
 
 def same_run_ratios(runs: list) -> dict[str, float]:
@@ -151,7 +160,7 @@ def summarise(suite, args: argparse.Namespace, repeats: list[dict]) -> dict:
     keys = sorted({(r["path"], r["concurrency"]) for rep in repeats for r in rep["runs"]})
     rows = []
     print(f"\n{'path':<10}{'N':>4}{'steps/s best':>14}{'median':>9}{'audio s/s GPT':>15}{'e2e':>7}"
-          f"{'TTFA mean s':>13}{'cores used':>12}{'steps/CPU-s':>13}{'peak RSS MB':>13}")
+          f"{'1st token s':>13}{'cores used':>12}{'steps/CPU-s':>13}{'peak RSS MB':>13}")
     for path, n in keys:
         runs = [r for rep in repeats for r in rep["runs"] if (r["path"], r["concurrency"]) == (path, n)]
         row = {"path": path, "concurrency": n, **_best_and_median(runs)}
@@ -168,7 +177,10 @@ def summarise(suite, args: argparse.Namespace, repeats: list[dict]) -> dict:
         verdict = "" if target is None else (" (target %.0fx: %s)" % (target, "met" if ratios[label] >= target
                                                                          else "MISSED"))
         print(f"  {label}: {ratios[label]:.2f}x{verdict}")
-    return {"config": suite.config(args), "rows": rows, "ratios": ratios, "repeats": repeats}
+    from benchmarks.bench_stream import summarise as summarise_stream
+
+    return {"config": suite.config(args), "rows": rows, "ratios": ratios, "stream_ttfa": summarise_stream(repeats),
+            "repeats": repeats}
 
 
 def _best_and_median(runs: list[dict]) -> dict:

@@ -5,6 +5,10 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .serve.openai_api import ServerConfig
 
 DEMO_TEXTS = [
     "Hello! This is chattts velocity, reading a short sentence.",
@@ -120,12 +124,28 @@ def _add_export_ray_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--batch-size", type=int, default=16)
 
 
-def cmd_serve(args: argparse.Namespace) -> None:
-    from .serve.openai_api import ServerConfig, run_server
+def server_config(args: argparse.Namespace) -> ServerConfig:
+    """ServerConfig from the serve flags (unset ones keep its defaults); a bad value is a ValueError naming its flag."""
+    from .serve.openai_api import ServerConfig
+    from .speech import StreamOptions
 
+    stream = {k: getattr(args, k) for k in ("chunk_steps", "first_chunk_steps", "first_lookahead_steps")}
     # Random demo weights rarely emit EOS: cap each sentence (150 steps = 3.2 s) unless told otherwise.
     max_new_token = args.max_new_token or (150 if args.model == "demo" else 2048)
-    config = ServerConfig(api_key=args.api_key, max_new_token=max_new_token)
+    try:  # None keeps the defaults (for streaming: the exact receptive-field context)
+        return ServerConfig(api_key=args.api_key, max_new_token=max_new_token,
+                            stream_options=StreamOptions(**{k: v for k, v in stream.items() if v is not None}),
+                            max_input_chars=ServerConfig.max_input_chars if args.max_input_chars is None
+                            else args.max_input_chars)
+    except ValueError as exc:
+        field, _, why = str(exc).partition(":")
+        raise ValueError(f"--{field.replace('_', '-')}:{why}") from None
+
+
+def cmd_serve(args: argparse.Namespace) -> None:
+    from .serve.openai_api import run_server
+
+    config = server_config(args)
     if args.ray:
         _serve_with_ray(args, config)
         return
@@ -160,6 +180,11 @@ def _add_serve(sub) -> None:
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/*")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "int8"])
     p.add_argument("--max-new-token", type=int, default=None, help="steps per sentence (default 2048; 150 for demo)")
+    p.add_argument("--max-input-chars", type=int, metavar="N", help="longest input text (default 4096)")
+    p.add_argument("--chunk-steps", type=int, metavar="N", help="steps per streamed chunk (default 24 = 0.5 s)")
+    p.add_argument("--first-chunk-steps", type=int, metavar="N", help="a stream's first chunk (default: --chunk-steps)")
+    p.add_argument("--first-lookahead-steps", type=int, metavar="N",
+                   help="its lookahead (default: exact, 52 steps; 16 is ~2e-4 off on demo weights)")
     g = p.add_argument_group("Ray Serve (needs the [ray] extra)")
     g.add_argument("--ray", action="store_true", help="run the API as Ray Serve replicas, one engine each")
     g.add_argument("--ray-address", default=None, help="join this Ray cluster; default: a private loopback cluster")

@@ -1,6 +1,6 @@
-"""Model stage: frozen Linear weights in the layout fast CPU kernels want (bf16 oneDNN, int8 dynamic).
+"""Model stage: frozen Linear weights in the layouts fast CPU kernels want (bf16 tiles + oneDNN, int8 tiles).
 
-In: x [N, in_features] in the model's activation dtype. Out: [N, out_features] in the same dtype.
+In: x [N, in_features] activations. Out: [N, out_features], float32 from the tile kernels (see PackedLinear).
 The checkpoint's nn.Linear modules stay untouched (their names are the state-dict keys); a model's
 `pack_linears()` adds PackedLinear siblings that the forward uses instead.
 """
@@ -10,7 +10,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from chattts_velocity.model import kernels
+
 MODES = ("float32", "bfloat16", "float16", "int8")
+ONEDNN_FROM_ROWS = 5  # bf16 batches of this many rows or more go to oneDNN (measured crossover 4-6)
 
 
 # NOTE: oneDNN's prepacked weight is an opaque MKLDNN tensor. Called directly, torch.compile's
@@ -33,10 +36,13 @@ def onednn_bf16_available() -> bool:
 class PackedLinear(nn.Module):
     """y = x @ W.T without bias, W frozen. Holds no parameters, so it never enters a state dict.
 
-    mode "bfloat16": W in bf16, reordered once for oneDNN (falls back to a plain bf16 GEMM where
-    oneDNN has no bf16 kernels). "int8": weight-only int8, W quantised symmetrically per output
-    channel and multiplied with bf16 activations by torch's int8-weight kernel (half the bytes
-    of bf16: a win at batch 1-4, a loss beyond). "float32" and "float16": W through F.linear.
+    mode "bfloat16": W in bf16. On CPUs with AVX-512 BF16 the decode-size batches (< ONEDNN_FROM_ROWS rows)
+    stream W through our tile kernel (kernels/cpu_linear.cpp, ~1.5x oneDNN's speed at one row) and larger
+    ones use oneDNN's prepacked GEMM (AMX where present); W is kept in both layouts. Elsewhere oneDNN, or a
+    plain bf16 GEMM without it. "int8": weight-only int8, W quantised symmetrically per output channel; the
+    tile kernel multiplies it with fp32 activations (half the bytes of bf16: the fastest mode at 1-4 rows),
+    or torch's int8-weight kernel with bf16 activations where ours is unavailable. "float32" and
+    "float16": W through F.linear. Outputs are float32 except in the fallbacks (bf16) and float16 mode.
     """
 
     def __init__(self, weight: Tensor, mode: str) -> None:
@@ -46,34 +52,66 @@ class PackedLinear(nn.Module):
         self.mode = mode
         self.out_features, self.in_features = weight.shape
         weight = weight.detach()
+        on_cpu = weight.device.type == "cpu"
+        # Kernel-specific forms are plain attributes: module.to() must not touch them.
         self.weight: Tensor | None = None  # [out, in] when used through F.linear
-        self.packed = None  # opaque kernel-specific form; plain attribute: module.to() must not touch it
-        if mode == "bfloat16" and weight.device.type == "cpu" and onednn_bf16_available():
-            self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.to(torch.bfloat16).contiguous())
-        elif mode == "int8":
-            self.packed, self.scales = _quantize_int8(weight.float())
+        self.onednn = None  # opaque oneDNN bf16 weight
+        self.tiles: Tensor | None = None  # kernels.to_tiles layout for cpu_linear.cpp
+        self.qweight: Tensor | None = None  # int8 [out, in] for torch's int8-weight kernel
+        self.scales: Tensor | None = None  # int8: [out] per-channel scales
+        if mode == "int8":
+            qweight, self.scales = _quantize_int8(weight.float())
+            if on_cpu and kernels.fits_tiles(qweight, 16) and kernels.load():
+                self.tiles = kernels.to_tiles(qweight, 16)
+            else:
+                self.qweight, self.scales = qweight, self.scales.to(torch.bfloat16)
+                if self.in_features % 16:  # torch's int8-weight kernel is wrong (or crashes) there
+                    self.weight = self.dequantized().to(torch.bfloat16)
+        elif mode == "bfloat16" and on_cpu:
+            weight = weight.to(torch.bfloat16).contiguous()
+            if onednn_bf16_available():
+                self.onednn = torch.ops.mkldnn._reorder_linear_weight(weight)
+            if kernels.fits_tiles(weight, 32) and kernels.load():
+                self.tiles = kernels.to_tiles(weight, 32)
+            if self.onednn is None and self.tiles is None:
+                self.weight = weight
         else:
             self.weight = weight.to(getattr(torch, mode)).contiguous()
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, mode={self.mode}"
+        kernel = "tiles" if self.tiles is not None else "onednn" if self.onednn is not None else "torch"
+        return f"in_features={self.in_features}, out_features={self.out_features}, mode={self.mode}, kernel={kernel}"
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor) -> Tensor:  # x [N, in] -> [N, out]
         if self.weight is not None:
             return F.linear(x.to(self.weight.dtype), self.weight)
+        if self.tiles is not None:
+            if self.mode == "int8":
+                return torch.ops.chattts_velocity_cpu.linear_int8_tiles(x.float(), self.tiles, self.scales)
+            return torch.ops.chattts_velocity_cpu.linear_bf16_tiles(x.float(), self.tiles, self.onednn, ONEDNN_FROM_ROWS)
         x = x.to(torch.bfloat16)
         if self.mode == "int8":
-            return torch._weight_int8pack_mm(x, self.packed, self.scales)
+            return torch._weight_int8pack_mm(x, self.qweight, self.scales)
         if torch.compiler.is_compiling():
-            return linear_onednn(x, self.packed, self.out_features)
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")  # the custom op costs ~0.1 ms
+            return linear_onednn(x, self.onednn, self.out_features)
+        return torch.ops.mkldnn._linear_pointwise(x, self.onednn, None, "none", [], "")  # the custom op costs ~0.1 ms
+
+    def dequantized(self) -> Tensor:
+        """int8 mode: the weight the kernels multiply with, [out, in] float32."""
+        if self.mode != "int8":
+            raise ValueError(f"dequantized: only for int8 mode, this is {self.mode}")
+        if self.tiles is not None:
+            qweight = self.tiles.transpose(1, 2).reshape(self.out_features, self.in_features)
+        else:
+            qweight = self.qweight
+        return qweight.float() * self.scales.float()[:, None]
 
 
 def _quantize_int8(weight: Tensor) -> tuple[Tensor, Tensor]:
-    """weight [out, in] fp32 -> int8 [out, in] and bf16 scales [out] with weight ~= int8 * scale."""
+    """weight [out, in] fp32 -> int8 [out, in] and float32 scales [out] with weight ~= int8 * scale."""
     scales = (weight.abs().amax(dim=1) / 127).clamp(min=1e-12)  # [out]
     qweight = torch.round(weight / scales[:, None]).clamp(-127, 127).to(torch.int8).contiguous()
-    return qweight, scales.to(torch.bfloat16)
+    return qweight, scales
 
 
 def fuse_rows(*linears: nn.Linear) -> Tensor:

@@ -45,6 +45,11 @@ class ServerConfig:
     warmup_steps: int = 16  # one short request at startup, so the first user does not pay first-call costs
     stream_options: StreamOptions = field(default_factory=StreamOptions)
 
+    def __post_init__(self) -> None:
+        for name in ("max_input_chars", "max_new_token"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ValueError(f"{name}: must be an integer >= 1, got {getattr(self, name)!r}")
+
 
 class SpeechBody(BaseModel):
     """OpenAI's fields plus the usual extensions; unknown fields are ignored with a warning."""

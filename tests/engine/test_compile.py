@@ -39,12 +39,16 @@ def test_compiled_fp32_equals_the_plain_path(tiny_assets, compiled_fp32) -> None
         assert (a.hidden - b.hidden).abs().max().item() <= 1e-4
 
 
-def test_no_recompiles_once_warmed_up(tiny_assets, compiled_fp32) -> None:
-    compiled_fp32.generate(_prompts(tiny_assets, TEXTS[:1]), _params(3), progress=False)
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int8"])
+def test_no_recompiles_once_warmed_up(tiny_assets, compiled_fp32, dtype) -> None:
+    llm = compiled_fp32 if dtype == "float32" else load_pretrained(tiny_assets, is_vllm=True, compile=True,
+                                                                    block_size=4, dtype=dtype)
+    llm.generate(_prompts(tiny_assets, TEXTS[:1]), _params(3), progress=False)
     before = dict(counters["stats"])
-    # batch sizes 1..5 and contexts crossing several 4-position blocks: only dynamic sizes change
-    for n in (1, 3, 5, 2):
-        compiled_fp32.generate(_prompts(tiny_assets, (TEXTS * 2)[:n]), _params(9, seed=n), progress=False)
+    # batch sizes 1..7 (bf16 switches kernels at 5 rows, inside the op) and contexts crossing several
+    # 4-position blocks: only dynamic sizes change
+    for n in (1, 3, 7, 5, 2):
+        llm.generate(_prompts(tiny_assets, (TEXTS * 2)[:n]), _params(9, seed=n), progress=False)
     assert dict(counters["stats"]) == before
 
 

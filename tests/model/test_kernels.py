@@ -1,0 +1,97 @@
+"""CPU tile kernels (model/kernels/cpu_linear.cpp) against float64 formulas, their batch invariance, and the
+fallback to torch's kernels."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from chattts_velocity.model import PackedLinear, kernels, packed
+
+UNSUPPORTED = kernels._unsupported()
+needs_kernels = pytest.mark.skipif(UNSUPPORTED is not None, reason=f"CPU kernels unsupported here: {UNSUPPORTED}")
+gen = torch.Generator().manual_seed(0)
+WEIGHT = torch.randn(200, 96, generator=gen) * 0.05  # N % 4 == 0, K % 32 == 0, not powers of two
+
+
+def _bf16_bound(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    # x and w rounded to bf16 (relative 2^-8 each), products exact, fp32 sums
+    return 2.5 * 2**-8 * (x.double().abs() @ w.double().abs().T) + 1e-6
+
+
+@needs_kernels
+def test_kernels_build_and_load_on_a_supported_cpu() -> None:
+    assert kernels.load()
+    assert "kernel=tiles" in repr(PackedLinear(WEIGHT, "bfloat16"))
+
+
+@needs_kernels
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 7, 9])
+def test_bf16_tiles_within_bf16_rounding_on_both_sides_of_the_onednn_switch(rows: int) -> None:
+    x = torch.randn(rows, 96, generator=gen)
+    y = PackedLinear(WEIGHT, "bfloat16")(x)
+    assert y.dtype == torch.float32 and y.shape == (rows, 200)
+    exact = x.double() @ WEIGHT.double().T
+    assert ((y.double() - exact).abs() <= _bf16_bound(x, WEIGHT)).all()
+
+
+@needs_kernels
+def test_bf16_tiles_without_onednn_match_the_formula_at_any_batch() -> None:
+    lin = PackedLinear(WEIGHT, "bfloat16")
+    x = torch.randn(11, 96, generator=gen)
+    y = torch.ops.chattts_velocity_cpu.linear_bf16_tiles(x, lin.tiles, None, 0)  # tiles for every row
+    exact = x.double() @ WEIGHT.double().T
+    assert ((y.double() - exact).abs() <= _bf16_bound(x, WEIGHT)).all()
+
+
+@needs_kernels
+def test_int8_tiles_equal_the_dequantised_weight_in_fp32_and_do_not_depend_on_the_batch() -> None:
+    lin = PackedLinear(WEIGHT, "int8")
+    assert lin.tiles is not None and lin.scales.dtype == torch.float32
+    x = torch.randn(9, 96, generator=gen)
+    y = lin(x)
+    exact = x.double() @ lin.dequantized().double().T
+    assert (y.double() - exact).abs().max().item() <= 1e-5  # fp32 activations: only fp32 summation error
+    for rows in (1, 2, 5):  # each row's sums run in a fixed order whatever rows share its batch
+        assert torch.equal(lin(x[:rows]), y[:rows])
+        assert torch.equal(lin(x[rows:]), y[rows:])
+
+
+@needs_kernels
+def test_shapes_that_do_not_fit_tiles_use_torch_kernels() -> None:
+    odd = torch.randn(30, 40, generator=gen) * 0.05  # 30 % 4 != 0, 40 % 32 != 0
+    for mode in ("bfloat16", "int8"):
+        lin = PackedLinear(odd, mode)
+        assert lin.tiles is None
+        x = torch.randn(3, 40, generator=gen)
+        assert (lin(x).double() - x.double() @ odd.double().T).abs().max().item() < 0.02
+
+
+@needs_kernels
+def test_kernel_rejects_mismatched_inputs_clearly() -> None:
+    lin = PackedLinear(WEIGHT, "bfloat16")
+    with pytest.raises(RuntimeError, match="features"):
+        torch.ops.chattts_velocity_cpu.linear_bf16_tiles(torch.randn(2, 64), lin.tiles, None, 0)
+
+
+def test_switch_off_keeps_torch_kernels_without_a_warning() -> None:
+    code = ("import warnings; warnings.simplefilter('error');"
+            "import torch; from chattts_velocity.model import PackedLinear, kernels;"
+            "assert not kernels.load();"
+            "lin = PackedLinear(torch.randn(8, 32), 'bfloat16'); assert lin.tiles is None, lin;"
+            "print(lin(torch.randn(2, 32)).shape)")
+    env = {**os.environ, kernels.ENV_SWITCH: "0"}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "torch.Size([2, 8])" in done.stdout
+
+
+def test_to_tiles_is_a_pure_reordering() -> None:
+    w = torch.arange(8 * 64).reshape(8, 64)
+    tiles = kernels.to_tiles(w, 32)
+    assert tiles.shape == (2, 2, 4, 32)
+    assert torch.equal(tiles[1, 0, 2], w[6, :32]) and torch.equal(tiles[0, 1, 3], w[3, 32:])
+    assert packed.ONEDNN_FROM_ROWS >= 2

@@ -1,0 +1,73 @@
+"""`chattts-velocity serve` flags -> ServerConfig (local and --ray paths), without starting a server or Ray."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("fastapi")
+
+from chattts_velocity import cli
+from chattts_velocity.serve import openai_api, ray_serve
+from chattts_velocity.speech import StreamOptions
+
+LOW_LATENCY = ["--chunk-steps", "12", "--first-chunk-steps", "8", "--first-lookahead-steps", "16",
+               "--max-input-chars", "100"]
+
+
+@pytest.fixture
+def served(monkeypatch: pytest.MonkeyPatch) -> list[dict]:
+    """Every run_server call's arguments; the chat loader is never called."""
+    calls: list[dict] = []
+    monkeypatch.setattr(openai_api, "run_server", lambda chat, config, **kw: calls.append({"config": config, **kw}))
+    return calls
+
+
+def test_flags_reach_server_config(served: list[dict]) -> None:
+    cli.main(["serve", "--port", "8123", *LOW_LATENCY])
+    (call,) = served
+    assert call["port"] == 8123
+    assert call["config"].stream_options == StreamOptions(chunk_steps=12, first_chunk_steps=8, first_lookahead_steps=16)
+    assert call["config"].max_input_chars == 100
+
+
+def test_unset_flags_keep_the_dataclass_defaults(served: list[dict]) -> None:
+    cli.main(["serve"])
+    config = served[0]["config"]
+    defaults = openai_api.ServerConfig()
+    assert config.stream_options == StreamOptions() == defaults.stream_options
+    assert config.stream_options.first_lookahead_steps is None  # exact
+    assert config.max_input_chars == defaults.max_input_chars
+    assert config.max_new_token == 150  # the demo cap, unchanged by the new flags
+
+
+def test_ray_path_gets_the_same_config(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    built: list = []
+    monkeypatch.setattr(ray_serve, "init_ray", lambda *a, **kw: None)
+    monkeypatch.setattr(ray_serve, "build_app", lambda root, config, options, **kw: built.append((root, config)))
+    monkeypatch.setattr(ray_serve, "serve_on_ray", lambda app, **kw: None)
+    cli.main(["serve", "--ray", "--model", str(tmp_path), *LOW_LATENCY])
+    (root, config), = built
+    assert root == tmp_path
+    assert config.stream_options == StreamOptions(chunk_steps=12, first_chunk_steps=8, first_lookahead_steps=16)
+    assert config.max_input_chars == 100
+
+
+@pytest.mark.parametrize("flag", ["--chunk-steps", "--first-chunk-steps", "--first-lookahead-steps",
+                                  "--max-input-chars"])
+@pytest.mark.parametrize("value", ["0", "-3"])
+def test_bad_value_is_a_one_line_error_naming_the_flag(served: list[dict], flag: str, value: str) -> None:
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["serve", flag, value])
+    message = str(exc.value.code)
+    assert message.startswith(f"error: {flag}: ") and value in message and "\n" not in message
+    assert "_" not in message.split(":")[1]  # the flag, not the dataclass field name
+    assert served == []
+
+
+def test_non_integer_is_an_argparse_error(served: list[dict], capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["serve", "--first-chunk-steps", "eight"])
+    assert exc.value.code == 2
+    assert "argument --first-chunk-steps: invalid int value: 'eight'" in capsys.readouterr().err
+    assert served == []
