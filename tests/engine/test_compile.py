@@ -76,3 +76,24 @@ def test_chat_load_compile_bfloat16_runs(tiny_assets) -> None:
     params = InferCodeParams(max_new_token=8, min_new_token=8, manual_seed=3, show_tqdm=False)
     wavs = chat.infer(TEXTS[:2], skip_refine_text=True, params_infer_code=params)
     assert [len(w) for w in wavs] == [(2 * 8 - 1) * 256] * 2
+
+
+def test_engines_of_other_dtypes_in_one_process_keep_their_own_graphs(tiny_assets) -> None:
+    # all engines compile the same Python function; the graphs of engines built later must be told apart
+    # from the fp32 one, and the fp32 engine must keep running its own graph afterwards. (A fresh fp32
+    # engine: the in-place test above scribbles on the shared fixture's KV blocks, which its prefix cache reuses.)
+    compiled_fp32 = load_pretrained(tiny_assets, is_vllm=True, compile=True, block_size=4)
+    prompts = _prompts(tiny_assets, TEXTS[:2])
+    compiled_fp32.generate(prompts, _params(4), progress=False)
+    for dtype in ("bfloat16", "int8"):
+        other = load_pretrained(tiny_assets, is_vllm=True, compile=True, block_size=4, dtype=dtype)
+        reduced = other.generate(prompts, _params(12), progress=False)
+        plain = load_pretrained(tiny_assets).generate(prompts, _params(12), progress=False)
+        exact = compiled_fp32.generate(prompts, _params(12), progress=False)
+        for p, e, r in zip(plain, exact, reduced):
+            assert torch.equal(p.token_ids, e.token_ids) and (p.hidden - e.hidden).abs().max().item() <= 1e-4
+            # its own, reduced-precision graph: close to fp32 until the first differing code changes the history
+            same = (p.token_ids == r.token_ids).all(dim=1).long()
+            agree = int(same.cumprod(0).sum())
+            assert agree >= 1 and not torch.equal(p.hidden, r.hidden)
+            assert (p.hidden[: agree + 1] - r.hidden[: agree + 1]).abs().max().item() < 0.5
