@@ -5,10 +5,8 @@ import argparse
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from .serve.openai_api import ServerConfig
+from .cli_serve import add_serve_parser
 
 DEMO_TEXTS = [
     "Hello! This is chattts velocity, reading a short sentence.",
@@ -124,80 +122,6 @@ def _add_export_ray_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--batch-size", type=int, default=16)
 
 
-def server_config(args: argparse.Namespace) -> ServerConfig:
-    """ServerConfig from the serve flags (unset ones keep its defaults); a bad value is a ValueError naming its flag."""
-    from .serve.openai_api import ServerConfig
-    from .speech import StreamOptions
-
-    stream = {k: getattr(args, k) for k in ("chunk_steps", "first_chunk_steps", "first_lookahead_steps")}
-    # Random demo weights rarely emit EOS: cap each sentence (150 steps = 3.2 s) unless told otherwise.
-    max_new_token = args.max_new_token or (150 if args.model == "demo" else 2048)
-    try:  # None keeps the defaults (for streaming: the exact receptive-field context)
-        return ServerConfig(api_key=args.api_key, max_new_token=max_new_token,
-                            stream_options=StreamOptions(**{k: v for k, v in stream.items() if v is not None}),
-                            max_input_chars=ServerConfig.max_input_chars if args.max_input_chars is None
-                            else args.max_input_chars)
-    except ValueError as exc:
-        field, _, why = str(exc).partition(":")
-        raise ValueError(f"--{field.replace('_', '-')}:{why}") from None
-
-
-def cmd_serve(args: argparse.Namespace) -> None:
-    from .serve.openai_api import run_server
-
-    config = server_config(args)
-    if args.ray:
-        _serve_with_ray(args, config)
-        return
-    run_server(lambda: load_chat(args.model, args.tiny, use_vllm=True, dtype=args.dtype), config,
-               host=args.host, port=args.port)
-
-
-def _serve_with_ray(args: argparse.Namespace, config) -> None:
-    from .serve import ray_serve  # imports no ray: init_ray sets the loopback env first
-
-    ray_serve.init_ray(args.ray_address, log_to_driver=True)
-    root, verify = ensure_model(args.model, args.tiny)
-    options = ray_serve.ReplicaOptions(replicas=args.replicas, autoscale=args.autoscale, num_cpus=args.replica_cpus,
-                                       num_gpus=args.replica_gpus, max_ongoing_requests=args.max_ongoing_requests)
-    app = ray_serve.build_app(root, config, options, verify=verify, dtype=args.dtype)
-    ray_serve.serve_on_ray(app, host=args.host, port=args.port)
-
-
-def _min_max(value: str) -> tuple[int, int]:
-    low, sep, high = value.partition(":")
-    if not (sep and low.isdigit() and high.isdigit()) or not 1 <= int(low) <= int(high):
-        raise argparse.ArgumentTypeError(f"expected MIN:MAX with 1 <= MIN <= MAX, got {value!r}")
-    return int(low), int(high)
-
-
-def _add_serve(sub) -> None:
-    p = sub.add_parser("serve", help="OpenAI-compatible speech API (pip install -e '.[server]')")
-    p.add_argument("--model", default="demo", help="asset folder, or 'demo' for random demo weights")
-    p.add_argument("--tiny", action="store_true", help="with --model demo: test-size weights")
-    p.add_argument("--host", default="127.0.0.1", help="bind address (0.0.0.0 exposes the API on the network)")
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/*")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "int8"])
-    p.add_argument("--max-new-token", type=int, default=None, help="steps per sentence (default 2048; 150 for demo)")
-    p.add_argument("--max-input-chars", type=int, metavar="N", help="longest input text (default 4096)")
-    p.add_argument("--chunk-steps", type=int, metavar="N", help="steps per streamed chunk (default 24 = 0.5 s)")
-    p.add_argument("--first-chunk-steps", type=int, metavar="N", help="a stream's first chunk (default: --chunk-steps)")
-    p.add_argument("--first-lookahead-steps", type=int, metavar="N",
-                   help="its lookahead (default: exact, 52 steps; 16 is ~2e-4 off on demo weights)")
-    g = p.add_argument_group("Ray Serve (needs the [ray] extra)")
-    g.add_argument("--ray", action="store_true", help="run the API as Ray Serve replicas, one engine each")
-    g.add_argument("--ray-address", default=None, help="join this Ray cluster; default: a private loopback cluster")
-    scale = g.add_mutually_exclusive_group()
-    scale.add_argument("--replicas", type=int, default=1, help="a fixed number of replicas")
-    scale.add_argument("--autoscale", type=_min_max, default=None, metavar="MIN:MAX",
-                       help="scale between MIN and MAX replicas on ongoing requests")
-    g.add_argument("--replica-cpus", type=float, default=1.0)
-    g.add_argument("--replica-gpus", type=float, default=0.0)
-    g.add_argument("--max-ongoing-requests", type=int, default=256)
-    p.set_defaults(func=cmd_serve)
-
-
 def _bench_module():
     """benchmarks/bench_engine.py of a source checkout (the same code as `python benchmarks/bench_engine.py`)."""
     import importlib.util
@@ -285,7 +209,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--max-new-token", type=int, default=150 if name == "demo" else 2048)
         p.set_defaults(func=func)
     _add_export(sub)
-    _add_serve(sub)
+    add_serve_parser(sub)
     _add_webui(sub)
     _add_bench(sub)
     return parser

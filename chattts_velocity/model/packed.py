@@ -1,6 +1,6 @@
 """Model stage: frozen Linear weights in the layouts fast CPU kernels want (bf16 tiles + oneDNN, int8 tiles).
 
-In: x [N, in_features] activations. Out: [N, out_features], float32 from the tile kernels (see PackedLinear).
+In: x [N, in_features] activations. Out: [N, out_features] (dtype per mode, see PackedLinear).
 The checkpoint's nn.Linear modules stay untouched (their names are the state-dict keys); a model's
 `pack_linears()` adds PackedLinear siblings that the forward uses instead.
 """
@@ -42,7 +42,7 @@ class PackedLinear(nn.Module):
     plain bf16 GEMM without it. "int8": weight-only int8, W quantised symmetrically per output channel; the
     tile kernel multiplies it with fp32 activations (half the bytes of bf16: the fastest mode at 1-4 rows),
     or torch's int8-weight kernel with bf16 activations where ours is unavailable. "float32" and
-    "float16": W through F.linear. Outputs are float32 except in the fallbacks (bf16) and float16 mode.
+    "float16": W through F.linear. Outputs: bf16 in mode "bfloat16", float32 from the int8 tile kernel.
     """
 
     def __init__(self, weight: Tensor, mode: str) -> None:
@@ -88,7 +88,8 @@ class PackedLinear(nn.Module):
         if self.tiles is not None:
             if self.mode == "int8":
                 return torch.ops.chattts_velocity_cpu.linear_int8_tiles(x.float(), self.tiles, self.scales)
-            return torch.ops.chattts_velocity_cpu.linear_bf16_tiles(x.float(), self.tiles, self.onednn, ONEDNN_FROM_ROWS)
+            x = x.to(torch.bfloat16)  # in a compiled step this cast fuses into the op that produced x
+            return torch.ops.chattts_velocity_cpu.linear_bf16_tiles(x, self.tiles, self.onednn, ONEDNN_FROM_ROWS)
         x = x.to(torch.bfloat16)
         if self.mode == "int8":
             return torch._weight_int8pack_mm(x, self.qweight, self.scales)

@@ -94,10 +94,14 @@ def _logits_along(llm, prompt, codes: torch.Tensor) -> torch.Tensor:
     return runner.embed.code_logits(hidden[len(prompt) - 1 : -1])
 
 
-def test_bfloat16_codes_agree_with_float32_tiny(tiny_assets) -> None:
-    assert teacher_forced_agreement(tiny_assets, "bfloat16", num_seqs=8, steps=100) >= 0.95
+@pytest.mark.parametrize("dtype", ["bfloat16", "int8"])
+def test_reduced_precision_codes_agree_with_float32_tiny(tiny_assets, dtype) -> None:
+    assert teacher_forced_agreement(tiny_assets, dtype, num_seqs=8, steps=100) >= 0.95
 
 
 @pytest.mark.slow
-def test_bfloat16_codes_agree_with_float32_full_size(full_assets) -> None:
-    assert teacher_forced_agreement(full_assets, "bfloat16", num_seqs=8, steps=100) >= 0.95
+@pytest.mark.parametrize("dtype", ["bfloat16", "int8"])
+def test_reduced_precision_codes_agree_with_float32_full_size(full_assets, dtype) -> None:
+    agreement = teacher_forced_agreement(full_assets, dtype, num_seqs=8, steps=100)
+    print(f"{dtype}: {agreement:.2%} of codes agree with float32")
+    assert agreement >= 0.95

@@ -7,11 +7,11 @@
 // Tile layout of W [N, K]: [N / 4, K / C, 4, C] (C = 32 for bf16, 16 for int8), i.e. for every group of
 // 4 output rows the C-wide column chunks of those rows follow each other in memory.
 //
-// Ops (schema in TORCH_LIBRARY below), x float32 [M, K] -> y float32 [M, N]:
-//   linear_bf16_tiles(x, tiles, onednn, onednn_from_rows): x rounded to bf16, bf16 products summed in fp32.
+// Ops (schema in TORCH_LIBRARY below), x [M, K] -> y [M, N]:
+//   linear_bf16_tiles(x, tiles, onednn, onednn_from_rows): x and y bf16, products summed in fp32.
 //     Rows are done 4 at a time, unless M >= onednn_from_rows > 0: then the whole batch goes to oneDNN's
 //     prepacked kernel (`onednn`, AMX where present), which wins once the GEMM stops being memory-bound.
-//   linear_int8_tiles(x, tiles, scales): weight-only int8 (per-output-row scales), x kept in fp32.
+//   linear_int8_tiles(x, tiles, scales): weight-only int8 (per-output-row scales), x and y float32.
 // Each row of x has its own accumulators summed in a fixed order, so the tile kernels' results do not
 // depend on the batch a row is in (oneDNN's may).
 #include <ATen/ATen.h>
@@ -27,7 +27,7 @@ constexpr int64_t kRows = 4;    // output rows per tile
 constexpr int64_t kPrefetch = 4096;  // bytes ahead of the stream
 
 template <int M>
-void bf16_tiles(const uint16_t* x, const uint16_t* w, float* y, int64_t K, int64_t N, int64_t t0, int64_t t1) {
+void bf16_tiles(const uint16_t* x, const uint16_t* w, at::BFloat16* y, int64_t K, int64_t N, int64_t t0, int64_t t1) {
   for (int64_t t = t0; t < t1; ++t) {
     const uint16_t* wt = w + t * kRows * K;
     __m512 acc[M][kRows];
@@ -47,7 +47,7 @@ void bf16_tiles(const uint16_t* x, const uint16_t* w, float* y, int64_t K, int64
       }
     }
     for (int m = 0; m < M; ++m)
-      for (int r = 0; r < kRows; ++r) y[m * N + t * kRows + r] = _mm512_reduce_add_ps(acc[m][r]);
+      for (int r = 0; r < kRows; ++r) y[m * N + t * kRows + r] = at::BFloat16(_mm512_reduce_add_ps(acc[m][r]));
   }
 }
 
@@ -87,8 +87,8 @@ void over_row_groups(int64_t M, int64_t tiles, Kernel kernel) {
   }
 }
 
-void check_inputs(const at::Tensor& x, const at::Tensor& tiles, int64_t chunk) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "x must be float32 [M, K]");
+void check_inputs(const at::Tensor& x, const at::Tensor& tiles, int64_t chunk, at::ScalarType dtype) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == dtype, "x must be ", dtype, " [M, K]");
   TORCH_CHECK(tiles.dim() == 4 && tiles.size(2) == kRows && tiles.size(3) == chunk && tiles.is_contiguous(),
               "tiles must be a contiguous [N/4, K/", chunk, ", 4, ", chunk, "] weight");
   TORCH_CHECK(tiles.size(1) * chunk == x.size(1), "x has ", x.size(1), " features, the weight ", tiles.size(1) * chunk);
@@ -100,24 +100,23 @@ at::Tensor onednn_linear(const at::Tensor& x, const at::Tensor& packed) {
                        .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
                                          c10::string_view, c10::List<std::optional<at::Scalar>>,
                                          std::optional<c10::string_view>)>();
-  return op.call(x.to(at::kBFloat16), packed, std::nullopt, "none", c10::List<std::optional<at::Scalar>>(),
-                 c10::string_view("")).to(at::kFloat);
+  return op.call(x, packed, std::nullopt, "none", c10::List<std::optional<at::Scalar>>(), c10::string_view(""));
 }
 
 at::Tensor linear_bf16_tiles(const at::Tensor& x, const at::Tensor& tiles, const std::optional<at::Tensor>& onednn,
                              int64_t onednn_from_rows) {
-  check_inputs(x, tiles, 32);
+  check_inputs(x, tiles, 32, at::kBFloat16);
   TORCH_CHECK(tiles.scalar_type() == at::kBFloat16, "tiles must be bfloat16");
   const int64_t M = x.size(0), K = x.size(1), N = tiles.size(0) * kRows;
-  if (onednn.has_value() && onednn_from_rows > 0 && M >= onednn_from_rows) return onednn_linear(x, *onednn);
-  auto xb = x.to(at::kBFloat16).contiguous();
+  auto xb = x.contiguous();
+  if (onednn.has_value() && onednn_from_rows > 0 && M >= onednn_from_rows) return onednn_linear(xb, *onednn);
   auto y = at::empty({M, N}, x.options());
   auto xp = reinterpret_cast<const uint16_t*>(xb.data_ptr());
   auto wp = reinterpret_cast<const uint16_t*>(tiles.data_ptr());
-  auto yp = y.data_ptr<float>();
+  auto yp = y.data_ptr<at::BFloat16>();
   over_row_groups(M, tiles.size(0), [&](int64_t m0, int64_t rows, int64_t t0, int64_t t1) {
     const uint16_t* xm = xp + m0 * K;
-    float* ym = yp + m0 * N;
+    at::BFloat16* ym = yp + m0 * N;
     switch (rows) {
       case 1: bf16_tiles<1>(xm, wp, ym, K, N, t0, t1); break;
       case 2: bf16_tiles<2>(xm, wp, ym, K, N, t0, t1); break;
@@ -129,7 +128,7 @@ at::Tensor linear_bf16_tiles(const at::Tensor& x, const at::Tensor& tiles, const
 }
 
 at::Tensor linear_int8_tiles(const at::Tensor& x, const at::Tensor& tiles, const at::Tensor& scales) {
-  check_inputs(x, tiles, 16);
+  check_inputs(x, tiles, 16, at::kFloat);
   TORCH_CHECK(tiles.scalar_type() == at::kChar, "tiles must be int8");
   const int64_t M = x.size(0), K = x.size(1), N = tiles.size(0) * kRows;
   TORCH_CHECK(scales.scalar_type() == at::kFloat && scales.numel() == N && scales.is_contiguous(),
