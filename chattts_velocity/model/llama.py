@@ -21,6 +21,7 @@ from chattts_velocity.model.attention import (
     store_kvcache,
 )
 from chattts_velocity.model.layers import LlamaMLP, RMSNorm, RotaryEmbedding
+from chattts_velocity.model import kernels
 from chattts_velocity.model.packed import PackedLinear, fuse_rows
 
 StepMetadata = AttentionMetadata | DecodeMetadata
@@ -39,6 +40,7 @@ class LlamaAttention(nn.Module):
         self.o_proj = nn.Linear(hidden, hidden, bias=False)
         self.qkv_packed: PackedLinear | None = None  # fused q/k/v rows; set by ChatTTSLlama.pack_linears
         self.o_packed: PackedLinear | None = None
+        self.decode_kernel = False  # kernels' paged_decode_attention for bf16 caches; set by pack_linears
 
     def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         if self.qkv_packed is None:
@@ -56,7 +58,10 @@ class LlamaAttention(nn.Module):
         k_cache, v_cache = kv_cache
         store_kvcache(k, v, k_cache, v_cache, meta.slot_mapping)
         q = q.to(k_cache.dtype)
-        if isinstance(meta, DecodeMetadata):
+        if isinstance(meta, DecodeMetadata) and self.decode_kernel and k_cache.dtype == torch.bfloat16:
+            out = torch.ops.chattts_velocity_cpu.paged_decode_attention(
+                q, k_cache, v_cache, meta.block_tables, meta.context_lens, self.head_dim**-0.5)
+        elif isinstance(meta, DecodeMetadata):
             out = paged_decode_attention(q, k_cache, v_cache, meta)  # [N, heads, head_dim]
         else:
             out = paged_attention(q, k_cache, v_cache, meta)
@@ -134,11 +139,14 @@ class ChatTTSLlama(nn.Module):
     def pack_linears(self, mode: str) -> None:
         """Route every projection through a PackedLinear of `mode` (q/k/v and gate/up fused).
 
-        The checkpoint's Linear modules (and so the state dict) are kept as they are.
+        The checkpoint's Linear modules (and so the state dict) are kept as they are. Reduced-precision modes
+        also switch compiled decode steps to the C++ paged attention where model/kernels builds.
         """
+        decode_kernel = mode in ("bfloat16", "int8") and self.config.head_dim % 32 == 0 and kernels.load()
         for layer in self.layers:
             attn, mlp = layer.self_attn, layer.mlp
             attn.qkv_packed = PackedLinear(fuse_rows(attn.q_proj, attn.k_proj, attn.v_proj), mode)
             attn.o_packed = PackedLinear(attn.o_proj.weight, mode)
             mlp.gate_up_packed = PackedLinear(fuse_rows(mlp.gate_proj, mlp.up_proj), mode)
             mlp.down_packed = PackedLinear(mlp.down_proj.weight, mode)
+            attn.decode_kernel = decode_kernel

@@ -9,7 +9,8 @@ import sys
 import pytest
 import torch
 
-from chattts_velocity.model import PackedLinear, kernels, packed
+from chattts_velocity.model import DecodeMetadata, PackedLinear, kernels, packed
+from chattts_velocity.model.attention import paged_decode_attention
 
 UNSUPPORTED = kernels._unsupported()
 needs_kernels = pytest.mark.skipif(UNSUPPORTED is not None, reason=f"CPU kernels unsupported here: {UNSUPPORTED}")
@@ -95,3 +96,57 @@ def test_to_tiles_is_a_pure_reordering() -> None:
     assert tiles.shape == (2, 2, 4, 32)
     assert torch.equal(tiles[1, 0, 2], w[6, :32]) and torch.equal(tiles[0, 1, 3], w[3, 32:])
     assert packed.ONEDNN_FROM_ROWS >= 2
+
+
+@needs_kernels
+@pytest.mark.parametrize("head_dim", [32, 64, 128])
+def test_paged_decode_attention_kernel_matches_the_torch_formula(head_dim: int) -> None:
+    num_blocks, block_size, heads = 30, 16, 3
+    k_cache = torch.randn(num_blocks, block_size, heads, head_dim, generator=gen).bfloat16()
+    v_cache = torch.randn(num_blocks, block_size, heads, head_dim, generator=gen).bfloat16()
+    q = (torch.randn(6, heads, head_dim, generator=gen) * 2).bfloat16()
+    tables = torch.randperm(num_blocks, generator=gen)[:30].view(6, 5)  # distinct blocks, padding rows included
+    lens = torch.tensor([1, 16, 17, 80, 45, 2])  # block edges, a full table, a single position
+    meta = DecodeMetadata(torch.zeros(6, dtype=torch.long), tables, lens)
+    expected = paged_decode_attention(q, k_cache, v_cache, meta).float()
+    out = torch.ops.chattts_velocity_cpu.paged_decode_attention(q, k_cache, v_cache, tables, lens, head_dim**-0.5)
+    assert out.dtype == torch.bfloat16 and out.shape == q.shape
+    # same fp32 arithmetic up to summation order and a 2e-7 exp: at most one bf16 rounding step apart
+    assert ((out.float() - expected).abs() <= 2**-7 * expected.abs() + 1e-6).all()
+    assert torch.equal(out[0].float(), v_cache[tables[0, 0], 0].float())  # one position: its V exactly
+
+
+@needs_kernels
+def test_paged_decode_attention_kernel_rejects_bad_lengths() -> None:
+    cache = torch.zeros(4, 16, 2, 32, dtype=torch.bfloat16)
+    q = torch.zeros(1, 2, 32, dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="context_lens"):
+        torch.ops.chattts_velocity_cpu.paged_decode_attention(q, cache, cache, torch.zeros(1, 2, dtype=torch.long),
+                                                              torch.tensor([33]), 1.0)
+
+
+@needs_kernels
+@torch.inference_mode()
+def test_packed_model_decode_steps_use_the_attention_kernel_with_the_same_numbers() -> None:
+    from chattts_velocity.config import ModelConfig
+    from chattts_velocity.model import ChatTTSLlama, allocate_kv_pairs
+
+    config = ModelConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
+                         num_key_value_heads=2, max_position_embeddings=256)  # head_dim 32
+    torch.manual_seed(0)
+    model = ChatTTSLlama(config).eval()
+    for param in model.parameters():
+        param.normal_(0, 0.1)
+    model.pack_linears("bfloat16")
+    assert all(layer.self_attn.decode_kernel for layer in model.layers)
+    pools = allocate_kv_pairs(2, 8, 16, 2, 32, torch.bfloat16)
+    for pool in (t for pair in pools for t in pair):
+        pool.normal_()
+    tables, lens = torch.tensor([[3, 5, 0], [1, 2, 7]]), torch.tensor([20, 40])
+    meta = DecodeMetadata(torch.tensor([5 * 16 + 3, 7 * 16 + 7]), tables, lens)
+    x = torch.randn(2, 64)
+    fused = model(x, lens - 1, pools, meta)
+    for layer in model.layers:
+        layer.self_attn.decode_kernel = False
+    reference = model(x, lens - 1, pools, meta)
+    assert (fused - reference).abs().max().item() < 0.05 * reference.abs().max().item()

@@ -1,4 +1,4 @@
-"""Model stage: optional C++ CPU kernels (cpu_linear.cpp), built with the system's C++ compiler on first use.
+"""Model stage: optional C++ CPU kernels (cpu_*.cpp), built with the system's C++ compiler on first use.
 
 `load()` -> True when `torch.ops.chattts_velocity_cpu.*` are ready. It never raises: on a CPU without AVX-512
 BF16, without g++, or with CHATTTS_VELOCITY_CPU_KERNELS=0, callers keep torch's own kernels (and a warning
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-SOURCE = Path(__file__).with_name("cpu_linear.cpp")
+SOURCES = sorted(Path(__file__).parent.glob("cpu_*.cpp"))  # linked into one library
 ENV_SWITCH = "CHATTTS_VELOCITY_CPU_KERNELS"
 CPU_FLAGS = ("avx512f", "avx512bw", "avx512_bf16")
 COMPILER_FLAGS = ["-O3", "-std=c++17", "-shared", "-fPIC", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl",
@@ -65,14 +65,14 @@ def _cpu_flags() -> set[str]:
 
 
 def _build() -> Path:
-    """Compile cpu_linear.cpp once per (source, torch, python); concurrent builders each write a temporary
+    """Compile the sources once per (sources, torch, python); concurrent builders each write a temporary
     file and rename it into place, so readers only ever see a complete library."""
     from torch.utils import cpp_extension
 
-    source = SOURCE.read_bytes()
+    source = b"".join(path.read_bytes() for path in SOURCES)
     key = hashlib.sha256(source + torch.__version__.encode() + sys.version.encode()).hexdigest()[:16]
     cache = Path(os.environ.get("CHATTTS_VELOCITY_CACHE") or Path.home() / ".cache" / "chattts_velocity")
-    target = cache / "kernels" / key / "cpu_linear.so"
+    target = cache / "kernels" / key / "cpu_kernels.so"
     if target.is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -82,7 +82,7 @@ def _build() -> Path:
         built = Path(tmp) / target.name
         command = [os.environ.get("CXX", "g++"), *COMPILER_FLAGS, f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
                    *(f"-I{p}" for p in cpp_extension.include_paths()), f"-I{sysconfig.get_paths()['include']}",
-                   str(SOURCE), "-o", str(built), *(f"-L{p}" for p in libs), *(f"-Wl,-rpath,{p}" for p in libs),
+                   *map(str, SOURCES), "-o", str(built), *(f"-L{p}" for p in libs), *(f"-Wl,-rpath,{p}" for p in libs),
                    "-lc10", "-ltorch_cpu"]
         done = subprocess.run(command, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
         if done.returncode != 0:
@@ -101,6 +101,10 @@ def _register_fakes() -> None:
     @torch.library.register_fake("chattts_velocity_cpu::linear_int8_tiles")
     def _int8(x, tiles, scales):
         return x.new_empty(x.shape[0], tiles.shape[0] * tiles.shape[2])
+
+    @torch.library.register_fake("chattts_velocity_cpu::paged_decode_attention")
+    def _attention(q, k_cache, v_cache, block_tables, context_lens, scale):
+        return torch.empty_like(q)
 
 
 def to_tiles(weight: torch.Tensor, chunk: int) -> torch.Tensor:
