@@ -37,7 +37,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
     if args.ray:
         _serve_with_ray(args, config)
         return
-    run_server(lambda: load_chat(args.model, args.tiny, use_vllm=True, dtype=args.dtype), config,
+    run_server(lambda: load_chat(args.model, args.tiny, use_vllm=True, dtype=args.dtype, compile=args.compile), config,
                host=args.host, port=args.port)
 
 
@@ -49,7 +49,7 @@ def _serve_with_ray(args: argparse.Namespace, config) -> None:
     root, verify = ensure_model(args.model, args.tiny)
     options = ray_serve.ReplicaOptions(replicas=args.replicas, autoscale=args.autoscale, num_cpus=args.replica_cpus,
                                        num_gpus=args.replica_gpus, max_ongoing_requests=args.max_ongoing_requests)
-    app = ray_serve.build_app(root, config, options, verify=verify, dtype=args.dtype)
+    app = ray_serve.build_app(root, config, options, verify=verify, dtype=args.dtype, compile=args.compile)
     ray_serve.serve_on_ray(app, host=args.host, port=args.port)
 
 
@@ -68,6 +68,7 @@ def add_serve_parser(sub) -> None:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/*")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "int8"])
+    p.add_argument("--compile", action="store_true", help="torch.compile the decode step (fastest with bf16/int8)")
     p.add_argument("--max-new-token", type=int, default=None, help="steps per sentence (default 2048; 150 for demo)")
     p.add_argument("--max-input-chars", type=int, metavar="N", help="longest input text (default 4096)")
     p.add_argument("--chunk-steps", type=int, metavar="N", help="steps per streamed chunk (default 24 = 0.5 s)")

@@ -184,7 +184,7 @@ def build_app(model_dir: str | Path, config: ServerConfig | None = None, options
 def app_builder(args: dict[str, Any]) -> Application:
     """`serve run` / Serve config entry point (import_path: chattts_velocity.serve.ray_serve:app_builder).
 
-    args: model (folder, required), verify, dtype, the ServerConfig fields (max_new_token, api_key, ...)
+    args: model (folder, required), verify, dtype, compile, the ServerConfig fields (max_new_token, api_key, ...)
     and `engine` (a dict of EngineConfig fields, e.g. kv_cache_memory). Replica counts, CPUs and
     autoscaling go in the config's `deployments:` section (deployment name "chattts-speech").
     """
@@ -192,7 +192,7 @@ def app_builder(args: dict[str, Any]) -> Application:
     if "model" not in args:
         raise ValueError("model: the Serve config's args need `model: /path/to/asset/folder`")
     model = args.pop("model")
-    load_kwargs = {k: args.pop(k) for k in ("verify", "dtype") if k in args}
+    load_kwargs = {k: args.pop(k) for k in ("verify", "dtype", "compile") if k in args}
     load_kwargs.update(args.pop("engine", None) or {})
     known = {f.name for f in dataclasses.fields(ServerConfig)} - {"stream_options"}
     if set(args) - known:

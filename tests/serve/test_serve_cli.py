@@ -71,3 +71,12 @@ def test_non_integer_is_an_argparse_error(served: list[dict], capsys: pytest.Cap
     assert exc.value.code == 2
     assert "argument --first-chunk-steps: invalid int value: 'eight'" in capsys.readouterr().err
     assert served == []
+
+
+def test_dtype_and_compile_reach_the_chat_loader(monkeypatch: pytest.MonkeyPatch) -> None:
+    factories, loads = [], []
+    monkeypatch.setattr(openai_api, "run_server", lambda chat, config, **kw: factories.append(chat))
+    monkeypatch.setattr(cli, "load_chat", lambda *args, **kwargs: loads.append(kwargs))
+    cli.main(["serve", "--dtype", "int8", "--compile"])
+    factories[0]()
+    assert loads == [{"use_vllm": True, "dtype": "int8", "compile": True}]
