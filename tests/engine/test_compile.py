@@ -61,9 +61,12 @@ def test_compiled_step_writes_the_kv_pool_in_place(compiled_fp32) -> None:
     def layer_step(*args):  # its own code object: compiled afresh, not served from the runner's cache
         return run_decoder_layer(*args)
 
+    saved = (k_pool.clone(), v_pool.clone())  # the fixture's prefix cache may hold these blocks
     with torch.inference_mode(), torch._inductor.config.patch(fx_graph_cache=False):
         _, code = run_and_get_code(torch.compile(layer_step, fullgraph=True), layer, x, torch.tensor([5, 6]),
                                    runner.model.rotary_emb, (k_pool, v_pool), meta)
+        k_pool.copy_(saved[0])
+        v_pool.copy_(saved[1])
     assert code
     # a copy of the pool would loop over all of its elements
     assert not any(f"{k_pool.numel()}L" in c for c in code)
@@ -80,8 +83,7 @@ def test_chat_load_compile_bfloat16_runs(tiny_assets) -> None:
 
 def test_engines_of_other_dtypes_in_one_process_keep_their_own_graphs(tiny_assets) -> None:
     # all engines compile the same Python function; the graphs of engines built later must be told apart
-    # from the fp32 one, and the fp32 engine must keep running its own graph afterwards. (A fresh fp32
-    # engine: the in-place test above scribbles on the shared fixture's KV blocks, which its prefix cache reuses.)
+    # from the fp32 one, and the fp32 engine must keep running its own graph afterwards
     compiled_fp32 = load_pretrained(tiny_assets, is_vllm=True, compile=True, block_size=4)
     prompts = _prompts(tiny_assets, TEXTS[:2])
     compiled_fp32.generate(prompts, _params(4), progress=False)
