@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..speech import StreamOptions
 from .openai_api import ServerConfig, create_app
 
 if TYPE_CHECKING:
@@ -185,7 +186,8 @@ def app_builder(args: dict[str, Any]) -> Application:
     """`serve run` / Serve config entry point (import_path: chattts_velocity.serve.ray_serve:app_builder).
 
     args: model (folder, required), verify, dtype, compile, the ServerConfig fields (max_new_token, api_key, ...)
-    and `engine` (a dict of EngineConfig fields, e.g. kv_cache_memory). Replica counts, CPUs and
+    `engine` (a dict of EngineConfig fields, e.g. kv_cache_memory) and `stream` (StreamOptions fields, e.g.
+    first_chunk_steps). Replica counts, CPUs and
     autoscaling go in the config's `deployments:` section (deployment name "chattts-speech").
     """
     args = dict(args)
@@ -194,10 +196,14 @@ def app_builder(args: dict[str, Any]) -> Application:
     model = args.pop("model")
     load_kwargs = {k: args.pop(k) for k in ("verify", "dtype", "compile") if k in args}
     load_kwargs.update(args.pop("engine", None) or {})
+    stream = args.pop("stream", None) or {}
     known = {f.name for f in dataclasses.fields(ServerConfig)} - {"stream_options"}
     if set(args) - known:
         raise ValueError(f"args: unknown field(s) {sorted(set(args) - known)}; known: {sorted(known | {'model'})}")
-    return build_app(model, ServerConfig(**args), **load_kwargs)
+    fields = {f.name for f in dataclasses.fields(StreamOptions)}
+    if not isinstance(stream, dict) or set(stream) - fields:
+        raise ValueError(f"stream: expected a mapping of StreamOptions fields {sorted(fields)}, got {stream!r}")
+    return build_app(model, ServerConfig(stream_options=StreamOptions(**stream), **args), **load_kwargs)
 
 
 def serve_on_ray(app: Application, host: str = LOOPBACK, port: int = 8000, name: str = "chattts",

@@ -30,6 +30,7 @@ from chattts_velocity.export import plan_export, wav_seconds  # noqa: E402
 from chattts_velocity.params import InferCodeParams  # noqa: E402
 from chattts_velocity.serve import ServerConfig  # noqa: E402
 from chattts_velocity.serve.ray_export import RayExportOptions, run_export_ray  # noqa: E402
+from chattts_velocity.speech import StreamOptions  # noqa: E402
 from chattts_velocity.text import sample_random_speaker  # noqa: E402
 
 pytestmark = [pytest.mark.e2e, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
@@ -188,7 +189,8 @@ def replica_metrics(url: str, replica: str, name: str, tries: int = 40) -> float
 
 
 # ---- the Serve config example ------------------------------------------------------------------------
-def test_serve_config_example_is_valid_and_loopback(ray_cluster: dict, tiny_assets: Path) -> None:
+def test_serve_config_example_is_valid_and_loopback(ray_cluster: dict, tiny_assets: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     yaml = pytest.importorskip("yaml")
     from ray.serve.schema import ServeDeploySchema
 
@@ -202,6 +204,14 @@ def test_serve_config_example_is_valid_and_loopback(ray_cluster: dict, tiny_asse
     assert type(built).__name__ == "Application"
     with pytest.raises(ValueError, match="unknown field"):
         ray_serve.app_builder({"model": str(tiny_assets), "max_new_tokens": 5})
+    with pytest.raises(ValueError, match="stream"):
+        ray_serve.app_builder({"model": str(tiny_assets), "stream": {"first_chunk": 8}})
+    captured = []
+    monkeypatch.setattr(ray_serve, "build_app", lambda model, config, **kw: captured.append((config, kw)))
+    ray_serve.app_builder({**app.args, "model": str(tiny_assets), "verify": False})
+    (config, load_kwargs), = captured
+    assert config.stream_options == StreamOptions(**app.args["stream"]) and config.stream_options.first_chunk_steps
+    assert load_kwargs["dtype"] == app.args["dtype"] and load_kwargs["kv_cache_memory"] > 0
 
 
 # ---- Ray Data export -----------------------------------------------------------------------------------
