@@ -114,6 +114,10 @@ def test_paged_decode_attention_kernel_matches_the_torch_formula(head_dim: int) 
     # same fp32 arithmetic up to summation order and a 2e-7 exp: at most one bf16 rounding step apart
     assert ((out.float() - expected).abs() <= 2**-7 * expected.abs() + 1e-6).all()
     assert torch.equal(out[0].float(), v_cache[tables[0, 0], 0].float())  # one position: its V exactly
+    # alone, a sequence's heads are split across threads: every head still sums in the same order
+    alone = torch.ops.chattts_velocity_cpu.paged_decode_attention(q[3:4], k_cache, v_cache, tables[3:4], lens[3:4],
+                                                                  head_dim**-0.5)
+    assert torch.equal(alone[0], out[3])
 
 
 @needs_kernels
