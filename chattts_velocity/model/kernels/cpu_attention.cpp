@@ -67,10 +67,11 @@ inline void prefetch_row(const uint16_t* row, int64_t dim) {
 struct Scratch {
   std::vector<float> scores;  // [G, stride]
   std::vector<float> acc;     // [G, D]
-  std::vector<float> top;     // [G]
+  std::vector<float> top;     // [G], the row maxima
+  std::vector<float> total;   // [G], the softmax denominators
 };
 
-void softmax_rows(float* scores, int64_t len, float top, float& total_out) {  // in place: exp(s - top), sum
+float softmax_row(float* scores, int64_t len, float top) {  // in place: exp(s - top); returns their sum
   __m512 total = _mm512_setzero_ps();
   for (int64_t p = 0; p < len; p += 16) {
     const __mmask16 live = len - p >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (len - p)) - 1);
@@ -78,7 +79,7 @@ void softmax_rows(float* scores, int64_t len, float top, float& total_out) {  //
     _mm512_mask_storeu_ps(scores + p, live, e);
     total = _mm512_mask_add_ps(total, live, total, e);
   }
-  total_out = _mm512_reduce_add_ps(total);
+  return _mm512_reduce_add_ps(total);
 }
 
 void attend_heads(const Paged& c, const uint16_t* q, uint16_t* out, int64_t b, int64_t h0, int64_t G, int64_t len,
@@ -99,8 +100,8 @@ void attend_heads(const Paged& c, const uint16_t* q, uint16_t* out, int64_t b, i
       s.top[g] = std::max(s.top[g], score);
     }
   }
-  std::vector<float> totals(static_cast<size_t>(G));
-  for (int64_t g = 0; g < G; ++g) softmax_rows(s.scores.data() + g * stride, len, s.top[g], totals[g]);
+  s.total.resize(static_cast<size_t>(G));
+  for (int64_t g = 0; g < G; ++g) s.total[g] = softmax_row(s.scores.data() + g * stride, len, s.top[g]);
   s.acc.assign(static_cast<size_t>(span), 0.0f);
   float* acc = s.acc.data();
   for (int64_t p = 0; p < len; ++p) {
@@ -113,7 +114,7 @@ void attend_heads(const Paged& c, const uint16_t* q, uint16_t* out, int64_t b, i
     }
   }
   for (int64_t g = 0; g < G; ++g) {
-    const __m512 inv = _mm512_set1_ps(1.0f / totals[g]);
+    const __m512 inv = _mm512_set1_ps(1.0f / s.total[g]);
     for (int64_t d = g * D; d < (g + 1) * D; d += 16) {
       const __m256bh rounded = _mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_loadu_ps(acc + d), inv));
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + d), reinterpret_cast<const __m256i&>(rounded));
