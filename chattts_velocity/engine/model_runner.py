@@ -33,8 +33,10 @@ class ModelRunner:
 
     Decode-only steps (every sequence feeds its newest token) take a lean path: inputs are built
     from each sequence's last row and block table with a few list comprehensions and one tensor
-    per field, and with compile=True the whole 20-layer forward is one torch.compile'd graph whose
-    only dynamic sizes are the batch and the block-table width (no recompiles once warmed up).
+    per field. In bf16 and int8 engines where the C++ kernels build, each layer of a decode step is one
+    fused op (ChatTTSLlama.decode) and nothing is compiled. Otherwise, with compile=True, the decode layers
+    run one torch.compile'd graph whose only dynamic sizes are the batch and the block-table width (no
+    recompiles once warmed up).
     """
 
     def __init__(
@@ -54,7 +56,10 @@ class ModelRunner:
         self.pad_block = num_blocks
         self.sampler = Sampler()
         self.compiled_layer = None
-        if engine_config.compile:
+        self.fused_decode = model.fused_layers is not None and self.kv_dtype == torch.bfloat16
+        if engine_config.compile and self.fused_decode:
+            logger.info("decode steps run fused C++ layers: nothing to compile")
+        elif engine_config.compile:
             # one graph serves all layers (their weights are graph inputs, not constants)
             self.compiled_layer = torch.compile(run_decoder_layer, fullgraph=True, dynamic=False)
             self._warm_up()
@@ -81,28 +86,33 @@ class ModelRunner:
         embeds = self.embed.embed(ids.to(self.device), text.to(self.device)).to(self.act_dtype)  # [B, H]
         bs = self.block_size
         tables = [seq.block_table[: p // bs + 1] for seq, p in zip(seqs, positions)]
+        if self.fused_decode:
+            pos, meta = self._decode_metadata(positions, tables)
+            return self.model.decode(embeds, pos, self.kv_cache, meta)
         if self.compiled_layer is None:
             meta = build_attention_metadata([1] * len(seqs), [p + 1 for p in positions], tables, bs, self.device)
             return self.model(embeds, meta.positions, self.kv_cache, meta)
         return self._run_compiled(embeds, positions, tables)[: len(seqs)]
 
-    def _run_compiled(self, embeds: torch.Tensor, positions: list[int], tables: list[list[int]]) -> torch.Tensor:
-        bs, num_real = self.block_size, len(positions)
-        num_pad = max(0, MIN_DYNAMIC - num_real)
-        width = max(MIN_DYNAMIC, max(len(t) for t in tables))
+    def _decode_metadata(self, positions: list[int], tables: list[list[int]], min_size: int = 1,
+                         ) -> tuple[torch.Tensor, DecodeMetadata]:
+        """positions [B] and DecodeMetadata; batch and table width padded to min_size with padding-block rows."""
+        bs, num_pad = self.block_size, max(0, min_size - len(positions))
+        width = max(min_size, max(len(t) for t in tables))
         tables = [t + [0] * (width - len(t)) for t in tables] + [[self.pad_block] * width] * num_pad
         slots = [t[p // bs] * bs + p % bs for t, p in zip(tables, positions)] + [self.pad_block * bs] * num_pad
-        positions = positions + [0] * num_pad
+        as_tensor = lambda values: torch.tensor(values, dtype=torch.int64, device=self.device)
+        pos = as_tensor(positions + [0] * num_pad)
+        return pos, DecodeMetadata(as_tensor(slots), as_tensor(tables), pos + 1)
+
+    def _run_compiled(self, embeds: torch.Tensor, positions: list[int], tables: list[list[int]]) -> torch.Tensor:
+        pos, meta = self._decode_metadata(positions, tables, MIN_DYNAMIC)
+        num_pad = pos.shape[0] - embeds.shape[0]
         if num_pad:
             embeds = torch.cat([embeds, embeds.new_zeros(num_pad, embeds.shape[1])])
-        as_tensor = lambda values: torch.tensor(values, dtype=torch.int64, device=self.device)  # noqa: E731
-        pos = as_tensor(positions)
-        args = (embeds, pos, as_tensor(slots), as_tensor(tables), pos + 1)
-        for t in args:
+        for t in (embeds, pos, *meta):
             torch._dynamo.mark_dynamic(t, 0)
-        torch._dynamo.mark_dynamic(args[3], 1)
-        embeds, pos, slot_mapping, block_tables, context_lens = args
-        meta = DecodeMetadata(slot_mapping, block_tables, context_lens)
+        torch._dynamo.mark_dynamic(meta.block_tables, 1)
         return self.model(embeds, pos, self.kv_cache, meta, run_layer=self.compiled_layer)  # [B_pad, H]
 
     @torch.inference_mode()

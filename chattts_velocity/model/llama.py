@@ -2,16 +2,19 @@
 
 Parameter names equal the keys of asset/gpt/model.safetensors (HF `LlamaModel` without `embed_tokens`).
 The step's metadata is an argument or comes from `forward_context`; see attention.py for the KV pool layout.
-`pack_linears` adds fused, kernel-specific copies of the projections (bf16 oneDNN, int8) for fast engines.
+`pack_linears` adds fused, kernel-specific copies of the projections (bf16 oneDNN, int8) for fast engines, and
+where the C++ kernels build, `decode` runs a whole decode-step layer as one op (kernels/cpu_decode_layer.cpp).
 """
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from chattts_velocity.config import ModelConfig
+from chattts_velocity.model import kernels
 from chattts_velocity.model.attention import (
     AttentionMetadata,
     DecodeMetadata,
@@ -21,11 +24,30 @@ from chattts_velocity.model.attention import (
     store_kvcache,
 )
 from chattts_velocity.model.layers import LlamaMLP, RMSNorm, RotaryEmbedding
-from chattts_velocity.model import kernels
-from chattts_velocity.model.packed import PackedLinear, fuse_rows
+from chattts_velocity.model.packed import ONEDNN_FROM_ROWS, PackedLinear, fuse_rows
 
 StepMetadata = AttentionMetadata | DecodeMetadata
 KVPair = tuple[torch.Tensor, torch.Tensor]  # one layer's K and V pools
+
+
+@dataclass
+class FusedLayerWeights:
+    """One layer's weights as kernels/cpu_decode_layer.cpp takes them."""
+
+    norms: torch.Tensor  # [2, H] fp32: input_layernorm, post_attention_layernorm
+    weights: list[torch.Tensor]  # tiles of the qkv, o, gate_up and down projections (all bf16 or all int8)
+    extras: list[torch.Tensor | None]  # per projection: oneDNN's packed bf16 copy (or None), or int8 scales
+
+    @classmethod
+    def of(cls, layer: LlamaDecoderLayer) -> FusedLayerWeights | None:
+        """None unless every projection of the layer has tiles (see PackedLinear)."""
+        attn, mlp = layer.self_attn, layer.mlp
+        packed = [attn.qkv_packed, attn.o_packed, mlp.gate_up_packed, mlp.down_packed]
+        if any(p is None or p.tiles is None for p in packed):
+            return None
+        norms = torch.stack([layer.input_layernorm.weight.detach(), layer.post_attention_layernorm.weight.detach()])
+        extras = [p.scales if p.mode == "int8" else p.onednn for p in packed]
+        return cls(norms.float().contiguous(), [p.tiles for p in packed], extras)
 
 
 class LlamaAttention(nn.Module):
@@ -107,6 +129,7 @@ class ChatTTSLlama(nn.Module):
         self.layers = nn.ModuleList(LlamaDecoderLayer(config) for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary_emb = RotaryEmbedding(config.head_dim, config.max_position_embeddings, config.rope_theta)
+        self.fused_layers: list[FusedLayerWeights] | None = None  # set by pack_linears where the kernels build
 
     def forward(
         self,
@@ -136,11 +159,29 @@ class ChatTTSLlama(nn.Module):
             x = run_layer(layer, x, positions, self.rotary_emb, (kv_cache[0], kv_cache[1]), meta)
         return self.norm(x)
 
+    def decode(self, inputs_embeds: torch.Tensor, positions: torch.Tensor, kv_caches: Sequence[KVPair],
+               meta: DecodeMetadata) -> torch.Tensor:
+        """A decode step through the fused C++ layer (needs `fused_layers`): inputs_embeds [B, H] -> hidden [B, H].
+
+        Same inputs as forward with one new position per sequence; kv_caches are (K, V) pairs of bf16 pools.
+        """
+        if self.fused_layers is None:
+            raise ValueError("decode: the fused layer needs pack_linears('bfloat16' or 'int8') and the CPU kernels")
+        op = torch.ops.chattts_velocity_cpu.decode_layer
+        cos, sin = self.rotary_emb.cos_cache, self.rotary_emb.sin_cache
+        eps = self.config.rms_norm_eps
+        x = inputs_embeds.float().contiguous()
+        for fused, (k_cache, v_cache) in zip(self.fused_layers, kv_caches):
+            x = op(x, positions, cos, sin, fused.norms, fused.weights, fused.extras, k_cache, v_cache,
+                   meta.slot_mapping, meta.block_tables, meta.context_lens, eps, ONEDNN_FROM_ROWS)
+        return self.norm(x)
+
     def pack_linears(self, mode: str) -> None:
         """Route every projection through a PackedLinear of `mode` (q/k/v and gate/up fused).
 
         The checkpoint's Linear modules (and so the state dict) are kept as they are. Reduced-precision modes
-        also switch compiled decode steps to the C++ paged attention where model/kernels builds.
+        also switch compiled decode steps to the C++ paged attention where model/kernels builds, and give
+        `decode` its fused layers when every projection has tiles.
         """
         decode_kernel = mode in ("bfloat16", "int8") and self.config.head_dim % 32 == 0 and kernels.load()
         for layer in self.layers:
@@ -150,3 +191,5 @@ class ChatTTSLlama(nn.Module):
             mlp.gate_up_packed = PackedLinear(fuse_rows(mlp.gate_proj, mlp.up_proj), mode)
             mlp.down_packed = PackedLinear(mlp.down_proj.weight, mode)
             attn.decode_kernel = decode_kernel
+        fused = [FusedLayerWeights.of(layer) for layer in self.layers] if decode_kernel else []
+        self.fused_layers = fused if fused and all(f is not None for f in fused) else None

@@ -66,8 +66,12 @@ def _params(steps: int):
                            show_tqdm=False).to_sampling_params("code", 625, return_hidden=True)
 
 
-def teacher_forced_agreement(assets, dtype: str, num_seqs: int, steps: int) -> float:
-    """Share of (position, codebook) argmaxes of `dtype` equal to fp32's along fp32's own trajectory."""
+def teacher_forced_agreement(assets, dtype: str, num_seqs: int, steps: int, decode_steps: bool = False) -> float:
+    """Share of (position, codebook) argmaxes of `dtype` equal to fp32's along fp32's own trajectory.
+
+    The trajectory is scored by one prefill per sequence, or (decode_steps) by the engine's decode path, one
+    batched step per position (the fused C++ layers where they are in use).
+    """
     tok = Tokenizer(assets / "asset" / "tokenizer")
     ref = load_pretrained(assets, is_vllm=True)
     fast = load_pretrained(assets, is_vllm=True, dtype=dtype)
@@ -75,33 +79,63 @@ def teacher_forced_agreement(assets, dtype: str, num_seqs: int, steps: int) -> f
     speaker = sample_random_speaker(ref.config.hidden_size)
     prompts = [tok.code_prompt(f"Sentence number {i} for the agreement test.", speaker) for i in range(num_seqs)]
     outputs = ref.generate(prompts, _params(steps), progress=False)
-    same = [(_logits_along(ref, p, o.token_ids).argmax(-1) == _logits_along(fast, p, o.token_ids).argmax(-1))
-            for p, o in zip(prompts, outputs)]
+    codes = [o.token_ids for o in outputs]
+    score = _decoded_logits if decode_steps else _prefilled_logits
+    same = [(a.argmax(-1) == b.argmax(-1)) for a, b in zip(score(ref, prompts, codes), score(fast, prompts, codes))]
     return torch.cat([s.flatten() for s in same]).float().mean().item()
 
 
 @torch.inference_mode()
-def _logits_along(llm, prompt, codes: torch.Tensor) -> torch.Tensor:
-    """Code logits [T, 4, V] predicting each generated position, from one prefill of prompt + codes."""
+def _prefilled_logits(llm, prompts, codes: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Per sequence, code logits [T, 4, V] predicting each generated position, from one prefill of prompt + codes."""
+    runner, logits = llm.engine.runner, []
+    for prompt, seq_codes in zip(prompts, codes):
+        hidden = _prefill(runner, prompt, seq_codes, list(range(-(-(len(prompt) + len(seq_codes)) // runner.block_size))))
+        logits.append(runner.embed.code_logits(hidden[len(prompt) - 1 : -1]))
+    return logits
+
+
+@torch.inference_mode()
+def _decoded_logits(llm, prompts, codes: list[torch.Tensor]) -> list[torch.Tensor]:
+    """As _prefilled_logits, but every generated position goes through a batched decode step."""
     runner = llm.engine.runner
+    steps = codes[0].shape[0]
+    width = -(-(max(len(p) for p in prompts) + steps) // runner.block_size)
+    tables = [list(range(b * width, (b + 1) * width)) for b in range(len(prompts))]
+    last = [_prefill(runner, p, codes[0][:0], t)[-1] for p, t in zip(prompts, tables)]
+    hidden = [torch.stack(last)]  # [B, H] per step
+    for t in range(steps - 1):
+        ids = torch.stack([c[t] for c in codes])  # [B, 4]
+        embeds = runner.embed.embed(ids, torch.zeros(len(ids), dtype=torch.bool)).to(runner.act_dtype)
+        pos, meta = runner._decode_metadata([len(p) + t for p in prompts], tables)
+        if runner.fused_decode:
+            hidden.append(runner.model.decode(embeds, pos, runner.kv_cache, meta))
+        else:
+            hidden.append(runner.model(embeds, pos, runner.kv_cache, meta))
+    logits = runner.embed.code_logits(torch.stack(hidden, 1).float().flatten(0, 1))  # [B * T, 4, V]
+    return list(logits.view(len(prompts), steps, *logits.shape[1:]))
+
+
+def _prefill(runner, prompt, codes: torch.Tensor, blocks: list[int]) -> torch.Tensor:
+    """Hidden states [P + T, H] of prompt + codes, run as one prefill into `blocks`."""
     ids = torch.cat([prompt.input_ids, codes])  # [P + T, 4]
     mask = torch.cat([prompt.text_mask, torch.zeros(len(codes), dtype=torch.bool)])
     embeds = runner.embed.embed(ids, mask)
     embeds[list(prompt.spk_positions)] = prompt.spk_emb
-    blocks = list(range(-(-len(ids) // runner.block_size)))
     meta = build_attention_metadata([len(ids)], [len(ids)], [blocks], runner.block_size)
-    hidden = runner.model(embeds.to(runner.act_dtype), meta.positions, runner.kv_cache, meta).float()
-    return runner.embed.code_logits(hidden[len(prompt) - 1 : -1])
+    return runner.model(embeds.to(runner.act_dtype), meta.positions, runner.kv_cache, meta).float()
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "int8"])
-def test_reduced_precision_codes_agree_with_float32_tiny(tiny_assets, dtype) -> None:
-    assert teacher_forced_agreement(tiny_assets, dtype, num_seqs=8, steps=100) >= 0.95
+@pytest.mark.parametrize("decode_steps", [False, True], ids=["prefill", "decode"])
+def test_reduced_precision_codes_agree_with_float32_tiny(tiny_assets, dtype, decode_steps) -> None:
+    assert teacher_forced_agreement(tiny_assets, dtype, num_seqs=8, steps=100, decode_steps=decode_steps) >= 0.95
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["bfloat16", "int8"])
-def test_reduced_precision_codes_agree_with_float32_full_size(full_assets, dtype) -> None:
-    agreement = teacher_forced_agreement(full_assets, dtype, num_seqs=8, steps=100)
+@pytest.mark.parametrize("decode_steps", [False, True], ids=["prefill", "decode"])
+def test_reduced_precision_codes_agree_with_float32_full_size(full_assets, dtype, decode_steps) -> None:
+    agreement = teacher_forced_agreement(full_assets, dtype, num_seqs=8, steps=100, decode_steps=decode_steps)
     print(f"{dtype}: {agreement:.2%} of codes agree with float32")
     assert agreement >= 0.95

@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 SOURCES = sorted(Path(__file__).parent.glob("cpu_*.cpp"))  # linked into one library
+HEADERS = sorted(Path(__file__).parent.glob("cpu_*.h"))
 ENV_SWITCH = "CHATTTS_VELOCITY_CPU_KERNELS"
 CPU_FLAGS = ("avx512f", "avx512bw", "avx512_bf16")
 COMPILER_FLAGS = ["-O3", "-std=c++17", "-shared", "-fPIC", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl",
@@ -69,7 +70,7 @@ def _build() -> Path:
     file and rename it into place, so readers only ever see a complete library."""
     from torch.utils import cpp_extension
 
-    source = b"".join(path.read_bytes() for path in SOURCES)
+    source = b"".join(path.read_bytes() for path in SOURCES + HEADERS)
     key = hashlib.sha256(source + torch.__version__.encode() + sys.version.encode()).hexdigest()[:16]
     cache = Path(os.environ.get("CHATTTS_VELOCITY_CACHE") or Path.home() / ".cache" / "chattts_velocity")
     target = cache / "kernels" / key / "cpu_kernels.so"

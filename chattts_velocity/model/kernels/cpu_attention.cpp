@@ -13,38 +13,16 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
-#include <immintrin.h>
+#include "cpu_kernels.h"
 
 #include <limits>
 #include <vector>
 
+namespace chattts_velocity_cpu {
 namespace {
 
 constexpr int64_t kMaxHeadDim = 256;
 constexpr int64_t kAhead = 8;  // positions prefetched ahead: one (position, head) row is a strided 2-line read
-
-// exp(x) for x <= 0 (softmax after subtracting the max): x = n ln2 + r, |r| <= ln2 / 2, e^r by a degree-7
-// polynomial (Cephes expf coefficients), times 2^n. Relative error ~2e-7.
-inline __m512 exp_nonpositive(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-  return _mm512_scalef_ps(p, n);
-}
-
-inline __m512 load_bf16(const uint16_t* p) {  // 16 bf16 -> 16 fp32 (exact)
-  const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
-}
 
 struct Paged {
   const uint16_t* k;
@@ -75,7 +53,7 @@ float softmax_row(float* scores, int64_t len, float top) {  // in place: exp(s -
   __m512 total = _mm512_setzero_ps();
   for (int64_t p = 0; p < len; p += 16) {
     const __mmask16 live = len - p >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (len - p)) - 1);
-    const __m512 e = exp_nonpositive(_mm512_sub_ps(_mm512_maskz_loadu_ps(live, scores + p), _mm512_set1_ps(top)));
+    const __m512 e = exp_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(live, scores + p), _mm512_set1_ps(top)));
     _mm512_mask_storeu_ps(scores + p, live, e);
     total = _mm512_mask_add_ps(total, live, total, e);
   }
@@ -110,14 +88,13 @@ void attend_heads(const Paged& c, const uint16_t* q, uint16_t* out, int64_t b, i
     for (int64_t g = 0; g < G; ++g) {
       const __m512 w = _mm512_set1_ps(s.scores[g * stride + p]);
       for (int64_t d = g * D; d < (g + 1) * D; d += 16)
-        _mm512_storeu_ps(acc + d, _mm512_fmadd_ps(w, load_bf16(v + d), _mm512_loadu_ps(acc + d)));
+        _mm512_storeu_ps(acc + d, _mm512_fmadd_ps(w, load16(v + d), _mm512_loadu_ps(acc + d)));
     }
   }
   for (int64_t g = 0; g < G; ++g) {
     const __m512 inv = _mm512_set1_ps(1.0f / s.total[g]);
     for (int64_t d = g * D; d < (g + 1) * D; d += 16) {
-      const __m256bh rounded = _mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_loadu_ps(acc + d), inv));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + d), reinterpret_cast<const __m256i&>(rounded));
+      store16(out + d, _mm512_mul_ps(_mm512_loadu_ps(acc + d), inv));
     }
   }
 }
@@ -132,6 +109,8 @@ int64_t heads_per_task(int64_t B, int64_t H) {
   }
   return H / groups;
 }
+
+}  // namespace
 
 at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                                   const at::Tensor& block_tables, const at::Tensor& context_lens, double scale) {
@@ -170,7 +149,7 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
   return out;
 }
 
-}  // namespace
+}  // namespace chattts_velocity_cpu
 
 TORCH_LIBRARY_FRAGMENT(chattts_velocity_cpu, m) {
   m.def("paged_decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
@@ -178,5 +157,5 @@ TORCH_LIBRARY_FRAGMENT(chattts_velocity_cpu, m) {
 }
 
 TORCH_LIBRARY_IMPL(chattts_velocity_cpu, CPU, m) {
-  m.impl("paged_decode_attention", &paged_decode_attention);
+  m.impl("paged_decode_attention", &chattts_velocity_cpu::paged_decode_attention);
 }

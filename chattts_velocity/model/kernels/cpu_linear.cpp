@@ -19,8 +19,9 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
-#include <immintrin.h>
+#include "cpu_kernels.h"
 
+namespace chattts_velocity_cpu {
 namespace {
 
 constexpr int64_t kRows = 4;    // output rows per tile
@@ -103,6 +104,8 @@ at::Tensor onednn_linear(const at::Tensor& x, const at::Tensor& packed) {
   return op.call(x, packed, std::nullopt, "none", c10::List<std::optional<at::Scalar>>(), c10::string_view(""));
 }
 
+}  // namespace
+
 at::Tensor linear_bf16_tiles(const at::Tensor& x, const at::Tensor& tiles, const std::optional<at::Tensor>& onednn,
                              int64_t onednn_from_rows) {
   check_inputs(x, tiles, 32, at::kBFloat16);
@@ -152,7 +155,7 @@ at::Tensor linear_int8_tiles(const at::Tensor& x, const at::Tensor& tiles, const
   return y;
 }
 
-}  // namespace
+}  // namespace chattts_velocity_cpu
 
 TORCH_LIBRARY(chattts_velocity_cpu, m) {
   m.def("linear_bf16_tiles(Tensor x, Tensor tiles, Tensor? onednn, int onednn_from_rows) -> Tensor");
@@ -160,11 +163,11 @@ TORCH_LIBRARY(chattts_velocity_cpu, m) {
 }
 
 TORCH_LIBRARY_IMPL(chattts_velocity_cpu, CPU, m) {
-  m.impl("linear_bf16_tiles", &linear_bf16_tiles);
-  m.impl("linear_int8_tiles", &linear_int8_tiles);
+  m.impl("linear_bf16_tiles", &chattts_velocity_cpu::linear_bf16_tiles);
+  m.impl("linear_int8_tiles", &chattts_velocity_cpu::linear_int8_tiles);
 }
 
 // oneDNN's prepacked weight is an MkldnnCPU tensor, which puts calls that carry it under that dispatch key.
 TORCH_LIBRARY_IMPL(chattts_velocity_cpu, MkldnnCPU, m) {
-  m.impl("linear_bf16_tiles", &linear_bf16_tiles);
+  m.impl("linear_bf16_tiles", &chattts_velocity_cpu::linear_bf16_tiles);
 }

@@ -1,0 +1,154 @@
+"""The fused C++ decode layer (model/kernels/cpu_decode_layer.cpp) against the layer-by-layer Python path, and the
+engine's use of it. The model is small but has head_dim 32, which the C++ attention needs."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+from chattts_velocity.config import EngineConfig, ModelConfig
+from chattts_velocity.engine.llm_engine import LLMEngine
+from chattts_velocity.model import (
+    ChatTTSLlama,
+    DecodeMetadata,
+    Embed,
+    allocate_kv_pairs,
+    build_attention_metadata,
+    kernels,
+)
+from chattts_velocity.schema import Prompt, SamplingParams
+
+UNSUPPORTED = kernels._unsupported()
+pytestmark = pytest.mark.skipif(UNSUPPORTED is not None, reason=f"CPU kernels unsupported here: {UNSUPPORTED}")
+BLOCK = 4
+HIDDEN, HEADS, INTER, LAYERS = 128, 4, 256, 2
+
+
+def _config() -> ModelConfig:
+    return ModelConfig(hidden_size=HIDDEN, intermediate_size=INTER, num_hidden_layers=LAYERS,
+                       num_attention_heads=HEADS, max_position_embeddings=512, num_audio_tokens=626,
+                       num_text_tokens=50)
+
+
+def _model(mode: str, seed: int = 0) -> ChatTTSLlama:
+    gen = torch.Generator().manual_seed(seed)
+    model = ChatTTSLlama(_config())
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "layernorm" in name or name == "norm.weight":
+                p.copy_(torch.rand(p.shape, generator=gen) + 0.5)
+            else:
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.05)
+    model = model.to(torch.bfloat16).eval()
+    model.rotary_emb.float().reset_tables()
+    model.pack_linears(mode)
+    return model
+
+
+def _prefilled(model: ChatTTSLlama, lens: list[int]):
+    """KV pools holding `lens` random positions per sequence, and each sequence's block table."""
+    kv = allocate_kv_pairs(LAYERS, 64, BLOCK, HEADS, HIDDEN // HEADS, torch.bfloat16)
+    blocks = iter(range(64))
+    tables = [[next(blocks) for _ in range(n // BLOCK + 1)] for n in lens]
+    meta = build_attention_metadata(lens, lens, tables, BLOCK, "cpu")
+    with torch.inference_mode():
+        model(torch.randn(sum(lens), HIDDEN), meta.positions, kv, meta)
+    return kv, tables
+
+
+def _decode_inputs(lens: list[int], tables: list[list[int]]):
+    pos = torch.tensor(lens)
+    slots = torch.tensor([t[p // BLOCK] * BLOCK + p % BLOCK for t, p in zip(tables, lens)])
+    width = max(map(len, tables))
+    padded = torch.tensor([t + [0] * (width - len(t)) for t in tables])
+    return pos, DecodeMetadata(slots, padded, pos + 1)
+
+
+@pytest.mark.parametrize("mode", ["bfloat16", "int8"])
+@pytest.mark.parametrize("lens", [[7], [5, 9, 2], [3, 11, 6, 1, 8, 4]])  # 6 rows: bf16 projections go to oneDNN
+def test_fused_decode_matches_the_layer_by_layer_path(mode: str, lens: list[int]) -> None:
+    model = _model(mode)
+    assert model.fused_layers is not None
+    kv, tables = _prefilled(model, lens)
+    kv_fused = [(k.clone(), v.clone()) for k, v in kv]
+    x = torch.randn(len(lens), HIDDEN)
+    pos, meta = _decode_inputs(lens, tables)
+    with torch.inference_mode():
+        expected = model(x, pos, kv, meta)
+        fused = model.decode(x, pos, kv_fused, meta)
+    scale = expected.abs().max().item()
+    # int8: same fp32 arithmetic up to summation order; bf16: the Python path rounds the SiLU gate twice
+    tolerance = 1e-5 if mode == "int8" else 2e-3
+    assert (fused - expected).abs().max().item() <= tolerance * scale
+    for (k, v), (kf, vf) in zip(kv, kv_fused):  # the new K/V rows were written where the Python path wrote them
+        assert (k.float() - kf.float()).abs().max().item() <= 2**-7 * k.float().abs().max().item()
+        assert torch.equal(v, vf) if mode == "int8" else (v.float() - vf.float()).abs().max().item() <= 2**-6
+
+
+def test_fused_decode_rows_do_not_depend_on_the_batch_in_int8() -> None:
+    model = _model("int8")
+    lens = [5, 9, 2]
+    kv, tables = _prefilled(model, lens)
+    x = torch.randn(len(lens), HIDDEN)
+    with torch.inference_mode():
+        together = model.decode(x, *_decode_inputs(lens, tables)[:1], [(k.clone(), v.clone()) for k, v in kv],
+                                _decode_inputs(lens, tables)[1])
+        alone = model.decode(x[1:2], *_decode_inputs(lens[1:2], tables[1:2])[:1], kv,
+                             _decode_inputs(lens[1:2], tables[1:2])[1])
+    assert torch.equal(together[1:2], alone)
+
+
+def test_fused_decode_rejects_slots_outside_the_pool() -> None:
+    model = _model("bfloat16")
+    kv, tables = _prefilled(model, [3])
+    pos, meta = _decode_inputs([3], tables)
+    with torch.inference_mode(), pytest.raises(RuntimeError, match="slot_mapping"):
+        model.decode(torch.randn(1, HIDDEN), pos, kv, meta._replace(slot_mapping=torch.tensor([10_000])))
+
+
+def test_decode_without_fused_layers_is_a_clear_error() -> None:
+    model = _model("float32")
+    assert model.fused_layers is None
+    with pytest.raises(ValueError, match="fused layer"):
+        model.decode(torch.randn(1, HIDDEN), torch.tensor([0]), [], DecodeMetadata(*[torch.tensor([0])] * 3))
+
+
+def _engine(mode: str, **options) -> LLMEngine:
+    config = _config()
+    embed = Embed(HIDDEN, config.num_audio_tokens, config.num_text_tokens, config.num_vq)
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in embed.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.5)
+    model = _model("float32")  # weights only: the engine packs them
+    for layer in model.layers:
+        layer.self_attn.qkv_packed = layer.self_attn.o_packed = None
+        layer.mlp.gate_up_packed = layer.mlp.down_packed = None
+    engine_config = EngineConfig(dtype=mode, block_size=BLOCK, kv_cache_memory=1 << 22, **options)
+    return LLMEngine(model, embed, config, engine_config)
+
+
+def _generate(engine: LLMEngine, n: int) -> list[torch.Tensor]:
+    rows: dict[str, list[torch.Tensor]] = {}
+    for i in range(n):
+        ids = torch.arange(1 + i, 6 + 2 * i)[:, None].repeat(1, 4)  # [T, 4] text ids
+        params = SamplingParams(temperature=1e-6, max_new_token=12, min_new_token=12, seed=i)
+        engine.add_request(f"r{i}", Prompt(ids, torch.ones(len(ids), dtype=torch.bool)), params)
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            rows.setdefault(out.request_id, []).append(out.token_ids)
+    return [torch.cat(rows[f"r{i}"]) for i in range(n)]
+
+
+@pytest.mark.parametrize("mode", ["bfloat16", "int8"])
+def test_engine_decodes_with_fused_layers_and_compiles_nothing(mode: str) -> None:
+    before = dict(counters["stats"])
+    fused = _engine(mode, compile=True)
+    assert fused.runner.fused_decode and fused.runner.compiled_layer is None
+    tokens = _generate(fused, 6)
+    assert dict(counters["stats"]) == before  # no graph was compiled
+    eager = _engine(mode)
+    eager.runner.fused_decode = False  # the layer-by-layer path over the same packed weights
+    reference = _generate(eager, 6)
+    same = sum(torch.equal(a, b) for a, b in zip(tokens, reference))
+    assert same >= 5 if mode == "bfloat16" else same == 6
