@@ -1,7 +1,8 @@
 """Micro-benchmark: the C++ decode kernels against the torch paths they replace, interleaved in one process.
 
 Linears: the 80 projections of one full-size step (20 layers x q/k/v, o, gate/up, down; distinct weights, so every
-call reads DRAM like a real step) at M rows: oneDNN's prepacked bf16 GEMM, our bf16 tiles, our int8 tiles.
+call reads DRAM like a real step) at M rows: oneDNN's prepacked bf16 GEMM, our bf16 tiles, our AMX panels (CPUs
+with AMX-BF16), our int8 tiles.
 Attention: 20 layers of paged decode attention over bf16 caches: our kernel against torch.compile's fused gather.
 Usage: python benchmarks/bench_kernels.py [--threads 2] [--repeats 6] [--name kernels]
 """
@@ -48,6 +49,7 @@ def linear_variants(rows: int) -> tuple[dict[str, Callable[[], object]], float]:
     bf16 = [[w.bfloat16() for w in layer] for layer in weights]
     onednn = [[torch.ops.mkldnn._reorder_linear_weight(w) for w in layer] for layer in bf16]
     tiles = [[kernels.to_tiles(w, 32) for w in layer] for layer in bf16]
+    panels = [[kernels.to_panels(w) for w in layer] for layer in bf16] if kernels.amx_ready() else []
     int8 = [[(kernels.to_tiles(q, 16), s) for q, s in map(_quantize_int8, layer)] for layer in weights]
     x = {k: torch.randn(rows, k) for k in (768, 3072)}
     xb = {k: v.bfloat16() for k, v in x.items()}
@@ -55,9 +57,12 @@ def linear_variants(rows: int) -> tuple[dict[str, Callable[[], object]], float]:
     variants = {
         "onednn bf16": lambda: [torch.ops.mkldnn._linear_pointwise(xb[k], w, None, "none", [], "")
                                 for layer in onednn for w, k in zip(layer, ks)],
-        "tiles bf16": lambda: [ops.linear_bf16_tiles(xb[k], w, None, 0) for layer in tiles for w, k in zip(layer, ks)],
+        "tiles bf16": lambda: [ops.linear_bf16(xb[k], w, None, None, 0) for layer in tiles for w, k in zip(layer, ks)],
         "tiles int8": lambda: [ops.linear_int8_tiles(x[k], w, s) for layer in int8 for (w, s), k in zip(layer, ks)],
     }
+    if panels:  # rows >= 1 always take the panels here
+        variants["amx bf16"] = lambda: [ops.linear_bf16(xb[k], t, p, None, 1) for lt, lp in zip(tiles, panels)
+                                        for t, p, k in zip(lt, lp, ks)]
     return variants, sum(n * k for n, k in SHAPES) * LAYERS * 2 / 1e9  # GB of bf16 weights
 
 
@@ -91,7 +96,7 @@ def main(argv: list[str] | None = None) -> None:
         torch.set_num_threads(args.threads)
     report: dict = {"threads": torch.get_num_threads(), "linears": {}, "attention": {}}
     with torch.inference_mode():
-        for rows in (1, 4, 16):
+        for rows in (1, 4, 8, 16, 32, 64):
             variants, gigabytes = linear_variants(rows)
             report["linears"][f"M={rows}"] = _print(f"80 linears, M={rows}", timed(variants, args.repeats), gigabytes)
         for batch, context in ((1, 100), (32, 100), (32, 300)):

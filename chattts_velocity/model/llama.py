@@ -24,7 +24,7 @@ from chattts_velocity.model.attention import (
     store_kvcache,
 )
 from chattts_velocity.model.layers import LlamaMLP, RMSNorm, RotaryEmbedding
-from chattts_velocity.model.packed import ONEDNN_FROM_ROWS, PackedLinear, fuse_rows
+from chattts_velocity.model.packed import TILES_BELOW_ROWS, PackedLinear, fuse_rows
 
 StepMetadata = AttentionMetadata | DecodeMetadata
 KVPair = tuple[torch.Tensor, torch.Tensor]  # one layer's K and V pools
@@ -36,6 +36,7 @@ class FusedLayerWeights:
 
     norms: torch.Tensor  # [2, H] fp32: input_layernorm, post_attention_layernorm
     weights: list[torch.Tensor]  # tiles of the qkv, o, gate_up and down projections (all bf16 or all int8)
+    panels: list[torch.Tensor | None]  # per projection: the AMX layout of bf16 weights, where available
     extras: list[torch.Tensor | None]  # per projection: oneDNN's packed bf16 copy (or None), or int8 scales
 
     @classmethod
@@ -47,7 +48,7 @@ class FusedLayerWeights:
             return None
         norms = torch.stack([layer.input_layernorm.weight.detach(), layer.post_attention_layernorm.weight.detach()])
         extras = [p.scales if p.mode == "int8" else p.onednn for p in packed]
-        return cls(norms.float().contiguous(), [p.tiles for p in packed], extras)
+        return cls(norms.float().contiguous(), [p.tiles for p in packed], [p.panels for p in packed], extras)
 
 
 class LlamaAttention(nn.Module):
@@ -172,8 +173,8 @@ class ChatTTSLlama(nn.Module):
         eps = self.config.rms_norm_eps
         x = inputs_embeds.float().contiguous()
         for fused, (k_cache, v_cache) in zip(self.fused_layers, kv_caches):
-            x = op(x, positions, cos, sin, fused.norms, fused.weights, fused.extras, k_cache, v_cache,
-                   meta.slot_mapping, meta.block_tables, meta.context_lens, eps, ONEDNN_FROM_ROWS)
+            x = op(x, positions, cos, sin, fused.norms, fused.weights, fused.panels, fused.extras, k_cache, v_cache,
+                   meta.slot_mapping, meta.block_tables, meta.context_lens, eps, TILES_BELOW_ROWS)
         return self.norm(x)
 
     def pack_linears(self, mode: str) -> None:

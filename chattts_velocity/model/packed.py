@@ -13,7 +13,7 @@ from torch import Tensor, nn
 from chattts_velocity.model import kernels
 
 MODES = ("float32", "bfloat16", "float16", "int8")
-ONEDNN_FROM_ROWS = 5  # bf16 batches of this many rows or more go to oneDNN (measured crossover 4-6)
+TILES_BELOW_ROWS = 5  # bf16 batches of fewer rows use the tile kernel, larger ones AMX or oneDNN (crossover 4-6)
 
 
 # NOTE: oneDNN's prepacked weight is an opaque MKLDNN tensor. Called directly, torch.compile's
@@ -36,10 +36,10 @@ def onednn_bf16_available() -> bool:
 class PackedLinear(nn.Module):
     """y = x @ W.T without bias, W frozen. Holds no parameters, so it never enters a state dict.
 
-    mode "bfloat16": W in bf16. On CPUs with AVX-512 BF16 the decode-size batches (< ONEDNN_FROM_ROWS rows)
-    stream W through our tile kernel (kernels/cpu_linear.cpp, ~1.5x oneDNN's speed at one row) and larger
-    ones use oneDNN's prepacked GEMM (AMX where present); W is kept in both layouts. Elsewhere oneDNN, or a
-    plain bf16 GEMM without it. "int8": weight-only int8, W quantised symmetrically per output channel; the
+    mode "bfloat16": W in bf16. On CPUs with AVX-512 BF16 batches of fewer than TILES_BELOW_ROWS rows stream W
+    through our tile kernel (kernels/cpu_linear.cpp, ~1.5x oneDNN's speed at one row); with AMX, batches up to
+    64 rows go through kernels/cpu_amx.cpp (W read once for all rows, 1.2-1.8x oneDNN), and larger ones use
+    oneDNN's prepacked GEMM. W is kept in each layout it uses. Elsewhere oneDNN, or a plain bf16 GEMM without it. "int8": weight-only int8, W quantised symmetrically per output channel; the
     tile kernel multiplies it with fp32 activations (half the bytes of bf16: the fastest mode at 1-4 rows),
     or torch's int8-weight kernel with bf16 activations where ours is unavailable. "float32" and
     "float16": W through F.linear. Outputs: bf16 in mode "bfloat16", float32 from the int8 tile kernel.
@@ -57,6 +57,7 @@ class PackedLinear(nn.Module):
         self.weight: Tensor | None = None  # [out, in] when used through F.linear
         self.onednn = None  # opaque oneDNN bf16 weight
         self.tiles: Tensor | None = None  # kernels.to_tiles layout for cpu_linear.cpp
+        self.panels: Tensor | None = None  # kernels.to_panels layout for cpu_amx.cpp
         self.qweight: Tensor | None = None  # int8 [out, in] for torch's int8-weight kernel
         self.scales: Tensor | None = None  # int8: [out] per-channel scales
         if mode == "int8":
@@ -73,13 +74,16 @@ class PackedLinear(nn.Module):
                 self.onednn = torch.ops.mkldnn._reorder_linear_weight(weight)
             if kernels.fits_tiles(weight, 32) and kernels.load():
                 self.tiles = kernels.to_tiles(weight, 32)
+                if kernels.fits_panels(weight) and kernels.amx_ready():
+                    self.panels = kernels.to_panels(weight)
             if self.onednn is None and self.tiles is None:
                 self.weight = weight
         else:
             self.weight = weight.to(getattr(torch, mode)).contiguous()
 
     def extra_repr(self) -> str:
-        kernel = "tiles" if self.tiles is not None else "onednn" if self.onednn is not None else "torch"
+        kernel = "tiles+amx" if self.panels is not None else "tiles" if self.tiles is not None else (
+            "onednn" if self.onednn is not None else "torch")
         return f"in_features={self.in_features}, out_features={self.out_features}, mode={self.mode}, kernel={kernel}"
 
     def forward(self, x: Tensor) -> Tensor:  # x [N, in] -> [N, out]
@@ -89,7 +93,7 @@ class PackedLinear(nn.Module):
             if self.mode == "int8":
                 return torch.ops.chattts_velocity_cpu.linear_int8_tiles(x.float(), self.tiles, self.scales)
             x = x.to(torch.bfloat16)  # in a compiled step this cast fuses into the op that produced x
-            return torch.ops.chattts_velocity_cpu.linear_bf16_tiles(x, self.tiles, self.onednn, ONEDNN_FROM_ROWS)
+            return torch.ops.chattts_velocity_cpu.linear_bf16(x, self.tiles, self.panels, self.onednn, TILES_BELOW_ROWS)
         x = x.to(torch.bfloat16)
         if self.mode == "int8":
             return torch._weight_int8pack_mm(x, self.qweight, self.scales)

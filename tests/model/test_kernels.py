@@ -43,7 +43,7 @@ def test_bf16_tiles_within_bf16_rounding_on_both_sides_of_the_onednn_switch(rows
 def test_bf16_tiles_without_onednn_match_the_formula_at_any_batch() -> None:
     lin = PackedLinear(WEIGHT, "bfloat16")
     x = torch.randn(11, 96, generator=gen)
-    y = torch.ops.chattts_velocity_cpu.linear_bf16_tiles(x.bfloat16(), lin.tiles, None, 0)  # tiles for every row
+    y = torch.ops.chattts_velocity_cpu.linear_bf16(x.bfloat16(), lin.tiles, None, None, 0)  # tiles for every row
     exact = x.double() @ WEIGHT.double().T
     assert ((y.double() - exact).abs() <= _bf16_bound(x, WEIGHT)).all()
 
@@ -61,6 +61,32 @@ def test_int8_tiles_equal_the_dequantised_weight_in_fp32_and_do_not_depend_on_th
         assert torch.equal(lin(x[rows:]), y[rows:])
 
 
+needs_amx = pytest.mark.skipif(UNSUPPORTED is not None or not kernels.amx_ready(), reason="no AMX-BF16 here")
+WIDE = torch.randn(80, 96, generator=gen) * 0.05  # N % 16 == 0: fits the AMX panels too
+
+
+@needs_amx
+@pytest.mark.parametrize("rows", [5, 16, 17, 40, 64, 65, 150])  # tile groups, padding, several passes, oneDNN
+def test_amx_panels_within_bf16_rounding_and_batch_invariant(rows: int) -> None:
+    lin = PackedLinear(WIDE, "bfloat16")
+    assert lin.panels is not None and "tiles+amx" in repr(lin)
+    x = torch.randn(rows, 96, generator=gen)
+    y = lin(x)
+    assert ((y.double() - x.double() @ WIDE.double().T).abs() <= _bf16_bound(x, WIDE)).all()
+    amx = torch.ops.chattts_velocity_cpu.linear_bf16(x.bfloat16(), lin.tiles, lin.panels, None, 5)  # no oneDNN
+    for start in (0, rows // 2 - 2, rows - 5):  # a row's sums do not depend on the other rows (5 rows: still AMX)
+        part = torch.ops.chattts_velocity_cpu.linear_bf16(x[start:start + 5].bfloat16(), lin.tiles, lin.panels, None, 5)
+        assert torch.equal(part, amx[start:start + 5])
+
+
+def test_to_panels_is_a_pure_reordering() -> None:
+    w = torch.arange(32 * 64).reshape(32, 64)
+    panels = kernels.to_panels(w)
+    assert panels.shape == (2, 32, 16, 2)
+    # panel p, pair j, column c, element e = W[16 p + c, 2 j + e]
+    assert panels[1, 5, 3, 1].item() == w[19, 11].item() and panels[0, 31, 15, 0].item() == w[15, 62].item()
+
+
 @needs_kernels
 def test_shapes_that_do_not_fit_tiles_use_torch_kernels() -> None:
     odd = torch.randn(30, 40, generator=gen) * 0.05  # 30 % 4 != 0, 40 % 32 != 0
@@ -75,7 +101,7 @@ def test_shapes_that_do_not_fit_tiles_use_torch_kernels() -> None:
 def test_kernel_rejects_mismatched_inputs_clearly() -> None:
     lin = PackedLinear(WEIGHT, "bfloat16")
     with pytest.raises(RuntimeError, match="features"):
-        torch.ops.chattts_velocity_cpu.linear_bf16_tiles(torch.randn(2, 64).bfloat16(), lin.tiles, None, 0)
+        torch.ops.chattts_velocity_cpu.linear_bf16(torch.randn(2, 64).bfloat16(), lin.tiles, None, None, 0)
 
 
 def test_switch_off_keeps_torch_kernels_without_a_warning() -> None:
@@ -95,7 +121,7 @@ def test_to_tiles_is_a_pure_reordering() -> None:
     tiles = kernels.to_tiles(w, 32)
     assert tiles.shape == (2, 2, 4, 32)
     assert torch.equal(tiles[1, 0, 2], w[6, :32]) and torch.equal(tiles[0, 1, 3], w[3, 32:])
-    assert packed.ONEDNN_FROM_ROWS >= 2
+    assert packed.TILES_BELOW_ROWS >= 2
 
 
 @needs_kernels

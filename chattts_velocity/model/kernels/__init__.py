@@ -1,5 +1,8 @@
 """Model stage: optional C++ CPU kernels (cpu_*.cpp), built with the system's C++ compiler on first use.
 
+cpu_linear.cpp (bf16 / int8 linears for decode), cpu_amx.cpp (bf16 linears for 5-64 rows on AMX CPUs),
+cpu_attention.cpp (paged decode attention), cpu_decode_layer.cpp (a whole decode layer as one op).
+
 `load()` -> True when `torch.ops.chattts_velocity_cpu.*` are ready. It never raises: on a CPU without AVX-512
 BF16, without g++, or with CHATTTS_VELOCITY_CPU_KERNELS=0, callers keep torch's own kernels (and a warning
 says why once). The build takes about a minute and is cached per source, torch and Python version in
@@ -25,7 +28,7 @@ HEADERS = sorted(Path(__file__).parent.glob("cpu_*.h"))
 ENV_SWITCH = "CHATTTS_VELOCITY_CPU_KERNELS"
 CPU_FLAGS = ("avx512f", "avx512bw", "avx512_bf16")
 COMPILER_FLAGS = ["-O3", "-std=c++17", "-shared", "-fPIC", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl",
-                  "-mavx512bf16", "-mfma"]
+                  "-mavx512bf16", "-mfma", "-mamx-tile", "-mamx-bf16"]
 
 
 @functools.cache
@@ -95,8 +98,8 @@ def _build() -> Path:
 def _register_fakes() -> None:
     """Output shapes for torch.compile's tracing (the batch dimension stays symbolic)."""
 
-    @torch.library.register_fake("chattts_velocity_cpu::linear_bf16_tiles")
-    def _bf16(x, tiles, onednn, onednn_from_rows):
+    @torch.library.register_fake("chattts_velocity_cpu::linear_bf16")
+    def _bf16(x, tiles, panels, onednn, tiles_below_rows):
         return x.new_empty(x.shape[0], tiles.shape[0] * tiles.shape[2])
 
     @torch.library.register_fake("chattts_velocity_cpu::linear_int8_tiles")
@@ -117,3 +120,20 @@ def to_tiles(weight: torch.Tensor, chunk: int) -> torch.Tensor:
 def fits_tiles(weight: torch.Tensor, chunk: int) -> bool:
     n, k = weight.shape
     return n % 4 == 0 and k % chunk == 0
+
+
+@functools.cache
+def amx_ready() -> bool:
+    """True when the kernels are loaded and cpu_amx.cpp can run here (AMX-BF16, and Linux granted its state)."""
+    return load() and {"amx_tile", "amx_bf16"} <= _cpu_flags() and torch.ops.chattts_velocity_cpu.amx_ready()
+
+
+def to_panels(weight: torch.Tensor) -> torch.Tensor:
+    """weight [N, K] -> [N/16, K/2, 16, 2], the layout cpu_amx.cpp streams (N % 16 == K % 32 == 0)."""
+    n, k = weight.shape
+    return weight.reshape(n // 16, 16, k // 2, 2).permute(0, 2, 1, 3).contiguous()
+
+
+def fits_panels(weight: torch.Tensor) -> bool:
+    n, k = weight.shape
+    return n % 16 == 0 and k % 32 == 0

@@ -2,9 +2,10 @@
 // bfloat16 and int8 modes on x86 CPUs with AVX-512 BF16.
 //
 //   decode_layer(x [B, H] fp32, positions [B], cos, sin [max_positions, D] fp32, norms [2, H] fp32,
-//                weights [qkv, o, gate_up, down] in the tile layout, extras (per weight: oneDNN's packed copy or
-//                None for bf16 tiles, fp32 scales for int8 tiles), k_cache, v_cache (mutated: the new K/V rows),
-//                slot_mapping [B], block_tables [B, n], context_lens [B], eps, onednn_from_rows) -> x' [B, H] fp32
+//                weights [qkv, o, gate_up, down] in the tile layout, panels (per weight: the AMX layout or None),
+//                extras (per weight: oneDNN's packed copy or None for bf16 tiles, fp32 scales for int8 tiles),
+//                k_cache, v_cache (mutated: the new K/V rows), slot_mapping [B], block_tables [B, n],
+//                context_lens [B], eps, tiles_below_rows (see linear_bf16)) -> x' [B, H] fp32
 //
 // Why: at batch 1-4 a compiled layer costs ~0.4 ms of Python, guards and tiny kernels on top of its weight
 // reads, ~10 ms per 20-layer step; here the glue (norms, RoPE, KV store, SiLU gate, residuals) is a few
@@ -24,12 +25,13 @@ namespace {
 
 struct Projection {
   at::Tensor tiles;
-  std::optional<at::Tensor> extra;  // bf16: oneDNN's prepacked weight (optional); int8: fp32 scales [N]
+  std::optional<at::Tensor> panels;  // bf16: the AMX layout (optional)
+  std::optional<at::Tensor> extra;   // bf16: oneDNN's prepacked weight (optional); int8: fp32 scales [N]
 };
 
-at::Tensor project(const Projection& p, const at::Tensor& x, int64_t onednn_from_rows) {  // [M, K] -> [M, N]
+at::Tensor project(const Projection& p, const at::Tensor& x, int64_t tiles_below_rows) {  // [M, K] -> [M, N]
   if (p.tiles.scalar_type() == at::kChar) return linear_int8_tiles(x, p.tiles, *p.extra);
-  return linear_bf16_tiles(x, p.tiles, p.extra, onednn_from_rows);
+  return linear_bf16(x, p.tiles, p.panels, p.extra, tiles_below_rows);
 }
 
 template <typename T>
@@ -105,13 +107,13 @@ struct Step {
 // T: the projections' activation type (uint16_t = bf16 for bf16 weights, float for int8 weights).
 template <typename T>
 at::Tensor layer(const at::Tensor& x, const float* norms, const Projection (&w)[4], const Step& s, float eps,
-                 int64_t onednn_from_rows) {
+                 int64_t tiles_below_rows) {
   const int64_t B = x.size(0), H = x.size(1), heads = s.k_cache.size(2), D = s.k_cache.size(3);
   const int64_t I = w[3].tiles.size(1) * w[3].tiles.size(3);
   const auto act = x.options().dtype(std::is_same_v<T, float> ? at::kFloat : at::kBFloat16);
   auto h = at::empty({B, H}, act);
   rms_norm(data<float>(x), norms, data<T>(h), B, H, eps);
-  const auto qkv = project(w[0], h, onednn_from_rows);
+  const auto qkv = project(w[0], h, tiles_below_rows);
   TORCH_CHECK(qkv.size(1) == 3 * H, "weights[0] must be the fused q/k/v projection [3H, H]");
   auto q = at::empty({B, heads, D}, x.options().dtype(at::kBFloat16));
   rope_and_store(data<T>(qkv), data<int64_t>(s.positions), data<float>(s.cos), data<float>(s.sin),
@@ -120,15 +122,15 @@ at::Tensor layer(const at::Tensor& x, const float* norms, const Projection (&w)[
   auto attended = paged_decode_attention(q, s.k_cache, s.v_cache, s.block_tables, s.context_lens,
                                          1.0 / std::sqrt(static_cast<double>(D)))
                       .view({B, H});
-  const auto o = project(w[1], std::is_same_v<T, float> ? attended.to(at::kFloat) : attended, onednn_from_rows);
+  const auto o = project(w[1], std::is_same_v<T, float> ? attended.to(at::kFloat) : attended, tiles_below_rows);
   auto out = at::empty_like(x);
   add_rows(data<float>(x), data<T>(o), data<float>(out), B * H);
   rms_norm(data<float>(out), norms + H, data<T>(h), B, H, eps);
-  const auto gate_up = project(w[2], h, onednn_from_rows);
+  const auto gate_up = project(w[2], h, tiles_below_rows);
   TORCH_CHECK(gate_up.size(1) == 2 * I, "weights[2] must be the fused gate/up projection [2I, H]");
   auto gated = at::empty({B, I}, act);
   silu_gate(data<T>(gate_up), data<T>(gated), B, I);
-  const auto down = project(w[3], gated, onednn_from_rows);
+  const auto down = project(w[3], gated, tiles_below_rows);
   add_rows(data<float>(out), data<T>(down), data<float>(out), B * H);
   return out;
 }
@@ -156,22 +158,24 @@ void check_step(const at::Tensor& x, const Step& s, const at::Tensor& norms) {
 }
 
 at::Tensor decode_layer(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& cos, const at::Tensor& sin,
-                        const at::Tensor& norms, at::TensorList weights, const c10::List<std::optional<at::Tensor>>& extras,
+                        const at::Tensor& norms, at::TensorList weights, const c10::List<std::optional<at::Tensor>>& panels,
+                        const c10::List<std::optional<at::Tensor>>& extras,
                         at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& slot_mapping,
                         const at::Tensor& block_tables, const at::Tensor& context_lens, double eps,
-                        int64_t onednn_from_rows) {
-  TORCH_CHECK(weights.size() == 4 && extras.size() == 4, "weights and extras: one each for qkv, o, gate_up, down");
+                        int64_t tiles_below_rows) {
+  TORCH_CHECK(weights.size() == 4 && panels.size() == 4 && extras.size() == 4,
+              "weights, panels and extras: one each for qkv, o, gate_up, down");
   const Step step{positions, cos, sin, k_cache, v_cache, slot_mapping, block_tables, context_lens};
   check_step(x, step, norms);
   Projection w[4];
-  for (size_t i = 0; i < 4; ++i) w[i] = {weights[i], extras.get(i)};
+  for (size_t i = 0; i < 4; ++i) w[i] = {weights[i], panels.get(i), extras.get(i)};
   const bool int8 = w[0].tiles.scalar_type() == at::kChar;
   for (const auto& p : w) {
     TORCH_CHECK(p.tiles.scalar_type() == (int8 ? at::kChar : at::kBFloat16), "weights must be all bf16 or all int8");
     TORCH_CHECK(!int8 || p.extra.has_value(), "int8 weights need their scales in extras");
   }
-  if (int8) return layer<float>(x, data<float>(norms), w, step, static_cast<float>(eps), onednn_from_rows);
-  return layer<uint16_t>(x, data<float>(norms), w, step, static_cast<float>(eps), onednn_from_rows);
+  if (int8) return layer<float>(x, data<float>(norms), w, step, static_cast<float>(eps), tiles_below_rows);
+  return layer<uint16_t>(x, data<float>(norms), w, step, static_cast<float>(eps), tiles_below_rows);
 }
 
 }  // namespace
@@ -179,8 +183,8 @@ at::Tensor decode_layer(const at::Tensor& x, const at::Tensor& positions, const 
 
 TORCH_LIBRARY_FRAGMENT(chattts_velocity_cpu, m) {
   m.def("decode_layer(Tensor x, Tensor positions, Tensor cos, Tensor sin, Tensor norms, Tensor[] weights, "
-        "Tensor?[] extras, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor slot_mapping, Tensor block_tables, "
-        "Tensor context_lens, float eps, int onednn_from_rows) -> Tensor");
+        "Tensor?[] panels, Tensor?[] extras, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor slot_mapping, Tensor block_tables, "
+        "Tensor context_lens, float eps, int tiles_below_rows) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(chattts_velocity_cpu, CPU, m) {

@@ -1,19 +1,19 @@
 // Memory-bound linears for decode on x86 CPUs with AVX-512 BF16: y = x @ W.T for a few rows of x.
 //
-// At batch 1-4 a decode step reads every weight once per step, so its time is the weight bytes over the
-// memory bandwidth. oneDNN's bf16 kernel reaches about 60 % of that bandwidth there; these kernels read
-// the weight as one sequential stream (the "tile" layout below) and reach 85-95 %.
+// A decode step reads every weight once per step, so its time is the weight bytes over the memory bandwidth.
+// oneDNN's bf16 kernel reaches about 60 % of that bandwidth; these kernels read the weight as one sequential
+// stream (the "tile" layout below) and reach 85-95 % at 1-4 rows; cpu_amx.cpp does the same for 5-64 rows.
 //
 // Tile layout of W [N, K]: [N / 4, K / C, 4, C] (C = 32 for bf16, 16 for int8), i.e. for every group of
 // 4 output rows the C-wide column chunks of those rows follow each other in memory.
 //
 // Ops (schema in TORCH_LIBRARY below), x [M, K] -> y [M, N]:
-//   linear_bf16_tiles(x, tiles, onednn, onednn_from_rows): x and y bf16, products summed in fp32.
-//     Rows are done 4 at a time, unless M >= onednn_from_rows > 0: then the whole batch goes to oneDNN's
-//     prepacked kernel (`onednn`, AMX where present), which wins once the GEMM stops being memory-bound.
+//   linear_bf16(x, tiles, panels, onednn, tiles_below_rows): x and y bf16, products summed in fp32.
+//     Rows are done 4 at a time, unless M >= tiles_below_rows > 0: then the whole batch goes to the AMX panel
+//     kernel (`panels`, up to 64 rows) or else to oneDNN's prepacked kernel (`onednn`).
 //   linear_int8_tiles(x, tiles, scales): weight-only int8 (per-output-row scales), x and y float32.
-// Each row of x has its own accumulators summed in a fixed order, so the tile kernels' results do not
-// depend on the batch a row is in (oneDNN's may).
+// Each row of x has its own accumulators summed in a fixed order, so the tile and AMX kernels' results do not
+// depend on the other rows in the batch (oneDNN's may).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -106,13 +106,16 @@ at::Tensor onednn_linear(const at::Tensor& x, const at::Tensor& packed) {
 
 }  // namespace
 
-at::Tensor linear_bf16_tiles(const at::Tensor& x, const at::Tensor& tiles, const std::optional<at::Tensor>& onednn,
-                             int64_t onednn_from_rows) {
+at::Tensor linear_bf16(const at::Tensor& x, const at::Tensor& tiles, const std::optional<at::Tensor>& panels,
+                       const std::optional<at::Tensor>& onednn, int64_t tiles_below_rows) {
   check_inputs(x, tiles, 32, at::kBFloat16);
   TORCH_CHECK(tiles.scalar_type() == at::kBFloat16, "tiles must be bfloat16");
   const int64_t M = x.size(0), K = x.size(1), N = tiles.size(0) * kRows;
   auto xb = x.contiguous();
-  if (onednn.has_value() && onednn_from_rows > 0 && M >= onednn_from_rows) return onednn_linear(xb, *onednn);
+  if (tiles_below_rows > 0 && M >= tiles_below_rows) {
+    if (panels.has_value() && (M <= kAmxMaxRows || !onednn.has_value())) return linear_bf16_amx(xb, *panels);
+    if (onednn.has_value()) return onednn_linear(xb, *onednn);
+  }
   auto y = at::empty({M, N}, x.options());
   auto xp = reinterpret_cast<const uint16_t*>(xb.data_ptr());
   auto wp = reinterpret_cast<const uint16_t*>(tiles.data_ptr());
@@ -158,16 +161,16 @@ at::Tensor linear_int8_tiles(const at::Tensor& x, const at::Tensor& tiles, const
 }  // namespace chattts_velocity_cpu
 
 TORCH_LIBRARY(chattts_velocity_cpu, m) {
-  m.def("linear_bf16_tiles(Tensor x, Tensor tiles, Tensor? onednn, int onednn_from_rows) -> Tensor");
+  m.def("linear_bf16(Tensor x, Tensor tiles, Tensor? panels, Tensor? onednn, int tiles_below_rows) -> Tensor");
   m.def("linear_int8_tiles(Tensor x, Tensor tiles, Tensor scales) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(chattts_velocity_cpu, CPU, m) {
-  m.impl("linear_bf16_tiles", &chattts_velocity_cpu::linear_bf16_tiles);
+  m.impl("linear_bf16", &chattts_velocity_cpu::linear_bf16);
   m.impl("linear_int8_tiles", &chattts_velocity_cpu::linear_int8_tiles);
 }
 
 // oneDNN's prepacked weight is an MkldnnCPU tensor, which puts calls that carry it under that dispatch key.
 TORCH_LIBRARY_IMPL(chattts_velocity_cpu, MkldnnCPU, m) {
-  m.impl("linear_bf16_tiles", &chattts_velocity_cpu::linear_bf16_tiles);
+  m.impl("linear_bf16", &chattts_velocity_cpu::linear_bf16);
 }
