@@ -2,9 +2,9 @@
 
 Linears: the 80 projections of one full-size step (20 layers x q/k/v, o, gate/up, down; distinct weights, so every
 call reads DRAM like a real step) at M rows: oneDNN's prepacked bf16 GEMM, our bf16 tiles, our AMX panels (CPUs
-with AMX-BF16), our int8 tiles.
+with AMX-BF16), our int8 tiles and int8 AMX panels.
 Attention: 20 layers of paged decode attention over bf16 caches: our kernel against torch.compile's fused gather.
-Usage: python benchmarks/bench_kernels.py [--threads 2] [--repeats 6] [--name kernels]
+Usage: python benchmarks/bench_kernels.py [--threads 2] [--repeats 6] [--rows 1,4,16] [--name kernels]
 """
 from __future__ import annotations
 
@@ -50,7 +50,9 @@ def linear_variants(rows: int) -> tuple[dict[str, Callable[[], object]], float]:
     onednn = [[torch.ops.mkldnn._reorder_linear_weight(w) for w in layer] for layer in bf16]
     tiles = [[kernels.to_tiles(w, 32) for w in layer] for layer in bf16]
     panels = [[kernels.to_panels(w) for w in layer] for layer in bf16] if kernels.amx_ready() else []
-    int8 = [[(kernels.to_tiles(q, 16), s) for q, s in map(_quantize_int8, layer)] for layer in weights]
+    quantized = [[_quantize_int8(w) for w in layer] for layer in weights]
+    int8 = [[(kernels.to_tiles(q, 16), s) for q, s in layer] for layer in quantized]
+    int8_panels = [[(kernels.to_panels(q), s) for q, s in layer] for layer in quantized] if panels else []
     x = {k: torch.randn(rows, k) for k in (768, 3072)}
     xb = {k: v.bfloat16() for k, v in x.items()}
     ks = [k for _, k in SHAPES]
@@ -58,11 +60,13 @@ def linear_variants(rows: int) -> tuple[dict[str, Callable[[], object]], float]:
         "onednn bf16": lambda: [torch.ops.mkldnn._linear_pointwise(xb[k], w, None, "none", [], "")
                                 for layer in onednn for w, k in zip(layer, ks)],
         "tiles bf16": lambda: [ops.linear_bf16(xb[k], w, None, None, 0) for layer in tiles for w, k in zip(layer, ks)],
-        "tiles int8": lambda: [ops.linear_int8_tiles(x[k], w, s) for layer in int8 for (w, s), k in zip(layer, ks)],
+        "tiles int8": lambda: [ops.linear_int8(x[k], w, None, s, 0) for layer in int8 for (w, s), k in zip(layer, ks)],
     }
     if panels:  # rows >= 1 always take the panels here
         variants["amx bf16"] = lambda: [ops.linear_bf16(xb[k], t, p, None, 1) for lt, lp in zip(tiles, panels)
                                         for t, p, k in zip(lt, lp, ks)]
+        variants["amx int8"] = lambda: [ops.linear_int8(x[k], t, p, s, 1) for lt, lp in zip(int8, int8_panels)
+                                        for (t, _), (p, s), k in zip(lt, lp, ks)]
     return variants, sum(n * k for n, k in SHAPES) * LAYERS * 2 / 1e9  # GB of bf16 weights
 
 
@@ -89,6 +93,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--repeats", type=int, default=6)
     parser.add_argument("--name", default="kernels")
+    parser.add_argument("--rows", type=lambda v: [int(r) for r in v.split(",")], default=[1, 4, 8, 16, 32, 64],
+                        help="batch sizes of the linears (default 1,4,8,16,32,64)")
     args = parser.parse_args(argv)
     if not kernels.load():
         raise SystemExit("error: the C++ kernels are unavailable here (see the warning above)")
@@ -96,7 +102,7 @@ def main(argv: list[str] | None = None) -> None:
         torch.set_num_threads(args.threads)
     report: dict = {"threads": torch.get_num_threads(), "linears": {}, "attention": {}}
     with torch.inference_mode():
-        for rows in (1, 4, 8, 16, 32, 64):
+        for rows in args.rows:
             variants, gigabytes = linear_variants(rows)
             report["linears"][f"M={rows}"] = _print(f"80 linears, M={rows}", timed(variants, args.repeats), gigabytes)
         for batch, context in ((1, 100), (32, 100), (32, 300)):

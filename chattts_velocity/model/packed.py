@@ -40,8 +40,9 @@ class PackedLinear(nn.Module):
     through our tile kernel (kernels/cpu_linear.cpp, ~1.5x oneDNN's speed at one row); with AMX, batches up to
     64 rows go through kernels/cpu_amx.cpp (W read once for all rows, 1.2-1.8x oneDNN), and larger ones use
     oneDNN's prepacked GEMM. W is kept in each layout it uses. Elsewhere oneDNN, or a plain bf16 GEMM without it. "int8": weight-only int8, W quantised symmetrically per output channel; the
-    tile kernel multiplies it with fp32 activations (half the bytes of bf16: the fastest mode at 1-4 rows),
-    or torch's int8-weight kernel with bf16 activations where ours is unavailable. "float32" and
+    tile kernel multiplies it with fp32 activations (half the bytes of bf16: the fastest mode), from
+    TILES_BELOW_ROWS rows on the AMX kernel (bf16 activations) where present, or torch's int8-weight kernel with
+    bf16 activations where ours are unavailable. "float32" and
     "float16": W through F.linear. Outputs: bf16 in mode "bfloat16", float32 from the int8 tile kernel.
     """
 
@@ -64,6 +65,8 @@ class PackedLinear(nn.Module):
             qweight, self.scales = _quantize_int8(weight.float())
             if on_cpu and kernels.fits_tiles(qweight, 16) and kernels.load():
                 self.tiles = kernels.to_tiles(qweight, 16)
+                if kernels.fits_panels(qweight) and kernels.amx_ready():
+                    self.panels = kernels.to_panels(qweight)
             else:
                 self.qweight, self.scales = qweight, self.scales.to(torch.bfloat16)
                 if self.in_features % 16:  # torch's int8-weight kernel is wrong (or crashes) there
@@ -91,7 +94,8 @@ class PackedLinear(nn.Module):
             return F.linear(x.to(self.weight.dtype), self.weight)
         if self.tiles is not None:
             if self.mode == "int8":
-                return torch.ops.chattts_velocity_cpu.linear_int8_tiles(x.float(), self.tiles, self.scales)
+                return torch.ops.chattts_velocity_cpu.linear_int8(x.float(), self.tiles, self.panels, self.scales,
+                                                                  TILES_BELOW_ROWS)
             x = x.to(torch.bfloat16)  # in a compiled step this cast fuses into the op that produced x
             return torch.ops.chattts_velocity_cpu.linear_bf16(x, self.tiles, self.panels, self.onednn, TILES_BELOW_ROWS)
         x = x.to(torch.bfloat16)

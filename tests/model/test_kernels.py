@@ -66,17 +66,26 @@ WIDE = torch.randn(80, 96, generator=gen) * 0.05  # N % 16 == 0: fits the AMX pa
 
 
 @needs_amx
+@pytest.mark.parametrize("mode", ["bfloat16", "int8"])
 @pytest.mark.parametrize("rows", [5, 16, 17, 40, 64, 65, 150])  # tile groups, padding, several passes, oneDNN
-def test_amx_panels_within_bf16_rounding_and_batch_invariant(rows: int) -> None:
-    lin = PackedLinear(WIDE, "bfloat16")
+def test_amx_panels_within_bf16_rounding_and_batch_invariant(rows: int, mode: str) -> None:
+    lin = PackedLinear(WIDE, mode)
     assert lin.panels is not None and "tiles+amx" in repr(lin)
     x = torch.randn(rows, 96, generator=gen)
     y = lin(x)
-    assert ((y.double() - x.double() @ WIDE.double().T).abs() <= _bf16_bound(x, WIDE)).all()
-    amx = torch.ops.chattts_velocity_cpu.linear_bf16(x.bfloat16(), lin.tiles, lin.panels, None, 5)  # no oneDNN
+    if mode == "bfloat16":
+        assert ((y.double() - x.double() @ WIDE.double().T).abs() <= _bf16_bound(x, WIDE)).all()
+    else:  # x rounded to bf16 (relative 2^-8), the int8 weight exact, fp32 sums and output
+        weight = lin.dequantized().double()
+        assert ((y.double() - x.double() @ weight.T).abs() <= 2**-8 * (x.double().abs() @ weight.abs().T) + 1e-6).all()
+    op = torch.ops.chattts_velocity_cpu
+    def amx(rows: torch.Tensor) -> torch.Tensor:  # oneDNN left out: AMX at any batch from 5 rows
+        if mode == "int8":
+            return op.linear_int8(rows, lin.tiles, lin.panels, lin.scales, 5)
+        return op.linear_bf16(rows.bfloat16(), lin.tiles, lin.panels, None, 5)
+    whole = amx(x)
     for start in (0, rows // 2 - 2, rows - 5):  # a row's sums do not depend on the other rows (5 rows: still AMX)
-        part = torch.ops.chattts_velocity_cpu.linear_bf16(x[start:start + 5].bfloat16(), lin.tiles, lin.panels, None, 5)
-        assert torch.equal(part, amx[start:start + 5])
+        assert torch.equal(amx(x[start:start + 5]), whole[start:start + 5])
 
 
 def test_to_panels_is_a_pure_reordering() -> None:

@@ -1,6 +1,6 @@
 """Model stage: optional C++ CPU kernels (cpu_*.cpp), built with the system's C++ compiler on first use.
 
-cpu_linear.cpp (bf16 / int8 linears for decode), cpu_amx.cpp (bf16 linears for 5-64 rows on AMX CPUs),
+cpu_linear.cpp (bf16 / int8 linears for decode), cpu_amx.cpp (the same for 5-64 rows on AMX CPUs),
 cpu_attention.cpp (paged decode attention), cpu_decode_layer.cpp (a whole decode layer as one op).
 
 `load()` -> True when `torch.ops.chattts_velocity_cpu.*` are ready. It never raises: on a CPU without AVX-512
@@ -102,8 +102,8 @@ def _register_fakes() -> None:
     def _bf16(x, tiles, panels, onednn, tiles_below_rows):
         return x.new_empty(x.shape[0], tiles.shape[0] * tiles.shape[2])
 
-    @torch.library.register_fake("chattts_velocity_cpu::linear_int8_tiles")
-    def _int8(x, tiles, scales):
+    @torch.library.register_fake("chattts_velocity_cpu::linear_int8")
+    def _int8(x, tiles, panels, scales, tiles_below_rows):
         return x.new_empty(x.shape[0], tiles.shape[0] * tiles.shape[2])
 
     @torch.library.register_fake("chattts_velocity_cpu::paged_decode_attention")
@@ -129,7 +129,7 @@ def amx_ready() -> bool:
 
 
 def to_panels(weight: torch.Tensor) -> torch.Tensor:
-    """weight [N, K] -> [N/16, K/2, 16, 2], the layout cpu_amx.cpp streams (N % 16 == K % 32 == 0)."""
+    """weight [N, K] (bf16 or int8) -> [N/16, K/2, 16, 2], the layout cpu_amx.cpp streams (N % 16 == K % 32 == 0)."""
     n, k = weight.shape
     return weight.reshape(n // 16, 16, k // 2, 2).permute(0, 2, 1, 3).contiguous()
 

@@ -1,9 +1,13 @@
-// AMX bf16 linears for decode batches of 5-64 rows (Intel CPUs with AMX-BF16): y = x @ W.T.
+// AMX linears for decode batches of 5-64 rows (Intel CPUs with AMX-BF16): y = x @ W.T.
 //
-//   linear_bf16_amx(x [M, K] bf16, panels) -> y [M, N] bf16, products summed in fp32 (reached through
-//   linear_bf16 in cpu_linear.cpp); amx_ready() -> bool: the CPU has AMX and Linux granted this process its state.
+//   linear_bf16_amx(x [M, K] bf16, panels bf16) -> y [M, N] bf16;
+//   linear_int8_amx(x [M, K] fp32, panels int8, scales [N] fp32) -> y [M, N] fp32, weight-only int8: the int8
+//   values become bf16 exactly (|q| <= 127), x is rounded to bf16, and the fp32 sums are scaled per column;
+//   amx_ready() -> bool: the CPU has AMX and Linux granted this process its state.
+// Reached through linear_bf16 / linear_int8 in cpu_linear.cpp. Products are summed in fp32, each row of x on its
+// own, so a row's result does not depend on the other rows.
 //
-// At these batch sizes the AVX-512 tile kernel re-reads W per 4 rows and oneDNN reaches ~60 % of the memory
+// At these batch sizes the AVX-512 tile kernels re-read W per 4 rows and oneDNN reaches ~60 % of the memory
 // bandwidth; here W streams from memory once per 64 rows, so the whole batch costs about what one row does.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -14,13 +18,14 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <cstring>
+
 namespace chattts_velocity_cpu {
 namespace {
 
-// Panel layout of W [N, K] for AMX: [N / 16, K / 2, 16, 2], i.e. per 16 output columns the (k, k + 1) pairs of those
-// columns follow each other; 16 consecutive pairs of a panel are one 1 KB AMX B tile (16 rows of 64 bytes).
-// A pass over W multiplies up to 64 rows of x (four 16-row A tiles, zero-padded) into four fp32 C tiles, so W
-// streams from memory once per 64 rows and the tile unit's arithmetic is never the limit at decode batch sizes.
+// Panel layout of W [N, K]: [N / 16, K / 2, 16, 2], i.e. per 16 output columns the (k, k + 1) pairs of those
+// columns follow each other; 16 consecutive pairs of a panel are one AMX B tile (16 rows of 16 column pairs).
+// A pass over W multiplies up to 64 rows of x (four 16-row A tiles, zero-padded) into four fp32 C tiles.
 constexpr int64_t kTileRows = 16, kMaxGroups = kAmxMaxRows / kTileRows;
 constexpr int64_t kPanelPrefetch = 4096;  // bytes ahead of the B tile being loaded
 
@@ -39,18 +44,40 @@ void configure_tiles() {  // every tile 16 rows x 64 bytes; per thread, so calle
   _tile_loadconfig(&cfg);
 }
 
+void prefetch_ahead(const void* p, int64_t bytes) {
+  const char* ahead = static_cast<const char*>(p) + kPanelPrefetch;
+  for (int64_t line = 0; line < bytes; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
+}
+
+// The B tile of pairs k/2 .. k/2 + 15 of a panel, as bf16: in place for bf16 weights, converted into `buffer`
+// (1 KB, exact) for int8 ones.
+inline const uint16_t* b_tile(const uint16_t* panel, int64_t k, uint16_t*) {
+  prefetch_ahead(panel + k * 16, 1024);
+  return panel + k * 16;
+}
+
+inline const uint16_t* b_tile(const int8_t* panel, int64_t k, uint16_t* buffer) {
+  const int8_t* q = panel + k * 16;
+  prefetch_ahead(q, 512);
+  for (int i = 0; i < 512; i += 32) {
+    const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + i))));
+    const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + i + 16))));
+    _mm512_store_si512(buffer + i, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo)));
+  }
+  return buffer;
+}
+
 // C tiles 0..G-1 (rows 16g..16g+15 of x), A tile 6, B tile 7. x is [16 G, K] bf16 (padded), out fp32 [16 G, 16].
-template <int G>
-void amx_panel(const uint16_t* x, const uint16_t* panel, float* out, int64_t K) {
+template <int G, typename W>
+void amx_panel(const uint16_t* x, const W* panel, float* out, int64_t K) {
+  alignas(64) uint16_t buffer[512];
   _tile_zero(0);
   if constexpr (G > 1) _tile_zero(1);
   if constexpr (G > 2) _tile_zero(2);
   if constexpr (G > 3) _tile_zero(3);
   const int64_t row_bytes = K * 2;
   for (int64_t k = 0; k < K; k += 32) {
-    const char* ahead = reinterpret_cast<const char*>(panel + k * 16) + kPanelPrefetch;
-    for (int line = 0; line < 16; ++line) _mm_prefetch(ahead + 64 * line, _MM_HINT_T0);
-    _tile_loadd(7, panel + k * 16, 64);
+    _tile_loadd(7, b_tile(panel, k, buffer), 64);
     _tile_loadd(6, x + k, row_bytes);
     _tile_dpbf16ps(0, 6, 7);
     if constexpr (G > 1) { _tile_loadd(6, x + 16 * K + k, row_bytes); _tile_dpbf16ps(1, 6, 7); }
@@ -63,6 +90,56 @@ void amx_panel(const uint16_t* x, const uint16_t* panel, float* out, int64_t K) 
   if constexpr (G > 3) _tile_stored(3, out + 768, 64);
 }
 
+// Rows m0 .. m0 + rows - 1 of x as bf16, zero-padded to whole 16-row tiles: [groups * 16, K].
+template <typename X>
+void pad_rows(const X* x, uint16_t* xpad, int64_t rows, int64_t groups, int64_t K) {
+  for (int64_t m = 0; m < rows; ++m) {
+    if constexpr (std::is_same_v<X, uint16_t>) {
+      std::memcpy(xpad + m * K, x + m * K, K * sizeof(uint16_t));
+    } else {
+      for (int64_t k = 0; k < K; k += 16) store16(xpad + m * K + k, load16(x + m * K + k));
+    }
+  }
+  std::memset(xpad + rows * K, 0, (groups * kTileRows - rows) * K * sizeof(uint16_t));
+}
+
+// Y: bf16 (uint16_t) or fp32 output; scales: per-column factors (int8 weights) or null.
+template <typename X, typename W, typename Y>
+void amx_linear(const X* x, const W* panels, const float* scales, Y* y, int64_t M, int64_t K, int64_t N) {
+  TORCH_CHECK(amx_ready(), "the AMX tile state is unavailable");
+  std::vector<uint16_t> storage(kAmxMaxRows * K + 32);
+  uint16_t* xpad = storage.data() + (-reinterpret_cast<uintptr_t>(storage.data()) / 2 & 31);  // 64-byte aligned
+  for (int64_t m0 = 0; m0 < M; m0 += kAmxMaxRows) {
+    const int64_t rows = std::min(M - m0, kAmxMaxRows), groups = (rows + kTileRows - 1) / kTileRows;
+    pad_rows(x + m0 * K, xpad, rows, groups, K);
+    at::parallel_for(0, N / 16, 4, [&](int64_t p0, int64_t p1) {
+      configure_tiles();
+      alignas(64) float out[kAmxMaxRows * 16];
+      for (int64_t p = p0; p < p1; ++p) {
+        const W* panel = panels + p * 16 * K;
+        switch (groups) {
+          case 1: amx_panel<1>(xpad, panel, out, K); break;
+          case 2: amx_panel<2>(xpad, panel, out, K); break;
+          case 3: amx_panel<3>(xpad, panel, out, K); break;
+          default: amx_panel<4>(xpad, panel, out, K); break;
+        }
+        const __m512 scale = scales ? _mm512_loadu_ps(scales + p * 16) : _mm512_set1_ps(1.0f);
+        for (int64_t m = 0; m < rows; ++m)
+          store16(y + (m0 + m) * N + p * 16, _mm512_mul_ps(_mm512_load_ps(out + m * 16), scale));
+      }
+      _tile_release();
+    });
+  }
+}
+
+void check_panels(const at::Tensor& x, const at::Tensor& panels, at::ScalarType x_type, at::ScalarType w_type) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == x_type && x.is_contiguous(), "x must be contiguous ", x_type, " [M, K]");
+  TORCH_CHECK(panels.dim() == 4 && panels.size(2) == 16 && panels.size(3) == 2 && panels.is_contiguous() &&
+                  panels.scalar_type() == w_type, "panels must be a contiguous ", w_type, " [N/16, K/2, 16, 2] weight");
+  TORCH_CHECK(panels.size(1) * 2 == x.size(1) && x.size(1) % 32 == 0, "x has ", x.size(1), " features, the weight ",
+              panels.size(1) * 2, " (a multiple of 32)");
+}
+
 }  // namespace
 
 bool amx_ready() {  // Linux gives a process the AMX tile state only on request
@@ -71,37 +148,21 @@ bool amx_ready() {  // Linux gives a process the AMX tile state only on request
 }
 
 at::Tensor linear_bf16_amx(const at::Tensor& x, const at::Tensor& panels) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16, "x must be bf16 [M, K]");
-  TORCH_CHECK(panels.dim() == 4 && panels.size(2) == 16 && panels.size(3) == 2 && panels.is_contiguous() &&
-                  panels.scalar_type() == at::kBFloat16, "panels must be a contiguous bf16 [N/16, K/2, 16, 2] weight");
-  TORCH_CHECK(panels.size(1) * 2 == x.size(1) && x.size(1) % 32 == 0, "x has ", x.size(1), " features, the weight ",
-              panels.size(1) * 2, " (a multiple of 32)");
-  TORCH_CHECK(amx_ready(), "the AMX tile state is unavailable");
+  check_panels(x, panels, at::kBFloat16, at::kBFloat16);
   const int64_t M = x.size(0), K = x.size(1), N = panels.size(0) * 16;
   auto y = at::empty({M, N}, x.options());
-  auto wp = reinterpret_cast<const uint16_t*>(panels.data_ptr());
-  auto yp = reinterpret_cast<uint16_t*>(y.data_ptr());
-  for (int64_t m0 = 0; m0 < M; m0 += kAmxMaxRows) {
-    const int64_t rows = std::min(M - m0, kAmxMaxRows), groups = (rows + kTileRows - 1) / kTileRows;
-    auto xpad = at::zeros({groups * kTileRows, K}, x.options());
-    xpad.narrow(0, 0, rows).copy_(x.narrow(0, m0, rows));
-    auto xp = reinterpret_cast<const uint16_t*>(xpad.data_ptr());
-    at::parallel_for(0, panels.size(0), 4, [&](int64_t p0, int64_t p1) {
-      configure_tiles();
-      alignas(64) float out[kTileRows * kMaxGroups * 16];
-      for (int64_t p = p0; p < p1; ++p) {
-        const uint16_t* panel = wp + p * 16 * K;
-        switch (groups) {
-          case 1: amx_panel<1>(xp, panel, out, K); break;
-          case 2: amx_panel<2>(xp, panel, out, K); break;
-          case 3: amx_panel<3>(xp, panel, out, K); break;
-          default: amx_panel<4>(xp, panel, out, K); break;
-        }
-        for (int64_t m = 0; m < rows; ++m) store16(yp + (m0 + m) * N + p * 16, _mm512_load_ps(out + m * 16));
-      }
-      _tile_release();
-    });
-  }
+  amx_linear(reinterpret_cast<const uint16_t*>(x.data_ptr()), reinterpret_cast<const uint16_t*>(panels.data_ptr()),
+             nullptr, reinterpret_cast<uint16_t*>(y.data_ptr()), M, K, N);
+  return y;
+}
+
+at::Tensor linear_int8_amx(const at::Tensor& x, const at::Tensor& panels, const at::Tensor& scales) {
+  check_panels(x, panels, at::kFloat, at::kChar);
+  const int64_t M = x.size(0), K = x.size(1), N = panels.size(0) * 16;
+  TORCH_CHECK(scales.scalar_type() == at::kFloat && scales.numel() == N && scales.is_contiguous(),
+              "scales must be float32 [N]");
+  auto y = at::empty({M, N}, x.options());
+  amx_linear(x.data_ptr<float>(), panels.data_ptr<int8_t>(), scales.data_ptr<float>(), y.data_ptr<float>(), M, K, N);
   return y;
 }
 

@@ -25,12 +25,12 @@ namespace {
 
 struct Projection {
   at::Tensor tiles;
-  std::optional<at::Tensor> panels;  // bf16: the AMX layout (optional)
+  std::optional<at::Tensor> panels;  // the AMX layout (optional)
   std::optional<at::Tensor> extra;   // bf16: oneDNN's prepacked weight (optional); int8: fp32 scales [N]
 };
 
 at::Tensor project(const Projection& p, const at::Tensor& x, int64_t tiles_below_rows) {  // [M, K] -> [M, N]
-  if (p.tiles.scalar_type() == at::kChar) return linear_int8_tiles(x, p.tiles, *p.extra);
+  if (p.tiles.scalar_type() == at::kChar) return linear_int8(x, p.tiles, p.panels, *p.extra, tiles_below_rows);
   return linear_bf16(x, p.tiles, p.panels, p.extra, tiles_below_rows);
 }
 

@@ -13,12 +13,14 @@ namespace chattts_velocity_cpu {
 // cpu_linear.cpp: y = x @ W.T with W in the tile layout (see there).
 at::Tensor linear_bf16(const at::Tensor& x, const at::Tensor& tiles, const std::optional<at::Tensor>& panels,
                        const std::optional<at::Tensor>& onednn, int64_t tiles_below_rows);
-at::Tensor linear_int8_tiles(const at::Tensor& x, const at::Tensor& tiles, const at::Tensor& scales);
+at::Tensor linear_int8(const at::Tensor& x, const at::Tensor& tiles, const std::optional<at::Tensor>& panels,
+                       const at::Tensor& scales, int64_t tiles_below_rows);
 
 // cpu_amx.cpp: y = x @ W.T with W in the AMX panel layout, for up to kAmxMaxRows rows per pass over W.
 constexpr int64_t kAmxMaxRows = 64;
 bool amx_ready();
 at::Tensor linear_bf16_amx(const at::Tensor& x, const at::Tensor& panels);
+at::Tensor linear_int8_amx(const at::Tensor& x, const at::Tensor& panels, const at::Tensor& scales);
 
 // cpu_attention.cpp: one new query per sequence over the paged bf16 KV cache.
 at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,

@@ -11,7 +11,8 @@
 //   linear_bf16(x, tiles, panels, onednn, tiles_below_rows): x and y bf16, products summed in fp32.
 //     Rows are done 4 at a time, unless M >= tiles_below_rows > 0: then the whole batch goes to the AMX panel
 //     kernel (`panels`, up to 64 rows) or else to oneDNN's prepacked kernel (`onednn`).
-//   linear_int8_tiles(x, tiles, scales): weight-only int8 (per-output-row scales), x and y float32.
+//   linear_int8(x, tiles, panels, scales, tiles_below_rows): weight-only int8 (per-output-row scales), x and y
+//     float32; from tiles_below_rows > 0 rows on, the AMX panel kernel when `panels` is given.
 // Each row of x has its own accumulators summed in a fixed order, so the tile and AMX kernels' results do not
 // depend on the other rows in the batch (oneDNN's may).
 #include <ATen/ATen.h>
@@ -133,13 +134,15 @@ at::Tensor linear_bf16(const at::Tensor& x, const at::Tensor& tiles, const std::
   return y;
 }
 
-at::Tensor linear_int8_tiles(const at::Tensor& x, const at::Tensor& tiles, const at::Tensor& scales) {
+at::Tensor linear_int8(const at::Tensor& x, const at::Tensor& tiles, const std::optional<at::Tensor>& panels,
+                       const at::Tensor& scales, int64_t tiles_below_rows) {
   check_inputs(x, tiles, 16, at::kFloat);
   TORCH_CHECK(tiles.scalar_type() == at::kChar, "tiles must be int8");
   const int64_t M = x.size(0), K = x.size(1), N = tiles.size(0) * kRows;
   TORCH_CHECK(scales.scalar_type() == at::kFloat && scales.numel() == N && scales.is_contiguous(),
               "scales must be float32 [N]");
   auto xc = x.contiguous();
+  if (panels.has_value() && tiles_below_rows > 0 && M >= tiles_below_rows) return linear_int8_amx(xc, *panels, scales);
   auto y = at::empty({M, N}, x.options());
   auto xp = xc.data_ptr<float>();
   auto wp = tiles.data_ptr<int8_t>();
@@ -162,12 +165,12 @@ at::Tensor linear_int8_tiles(const at::Tensor& x, const at::Tensor& tiles, const
 
 TORCH_LIBRARY(chattts_velocity_cpu, m) {
   m.def("linear_bf16(Tensor x, Tensor tiles, Tensor? panels, Tensor? onednn, int tiles_below_rows) -> Tensor");
-  m.def("linear_int8_tiles(Tensor x, Tensor tiles, Tensor scales) -> Tensor");
+  m.def("linear_int8(Tensor x, Tensor tiles, Tensor? panels, Tensor scales, int tiles_below_rows) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(chattts_velocity_cpu, CPU, m) {
   m.impl("linear_bf16", &chattts_velocity_cpu::linear_bf16);
-  m.impl("linear_int8_tiles", &chattts_velocity_cpu::linear_int8_tiles);
+  m.impl("linear_int8", &chattts_velocity_cpu::linear_int8);
 }
 
 // oneDNN's prepacked weight is an MkldnnCPU tensor, which puts calls that carry it under that dispatch key.
