@@ -68,7 +68,8 @@ def add_serve_parser(sub) -> None:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/*")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "int8"])
-    p.add_argument("--compile", action="store_true", help="torch.compile the decode step (fastest with bf16/int8)")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile the decode step (float32, or bf16/int8 where the C++ kernels are unavailable)")
     p.add_argument("--max-new-token", type=int, default=None, help="steps per sentence (default 2048; 150 for demo)")
     p.add_argument("--max-input-chars", type=int, metavar="N", help="longest input text (default 4096)")
     p.add_argument("--chunk-steps", type=int, metavar="N", help="steps per streamed chunk (default 24 = 0.5 s)")
