@@ -88,6 +88,22 @@ def test_fused_decode_matches_the_layer_by_layer_path(mode: str, lens: list[int]
             assert (pool.float() - fused_pool.float()).abs().max().item() <= 2**-7 * pool.float().abs().max().item()
 
 
+@pytest.mark.parametrize("mode", ["bfloat16", "int8"])
+def test_fused_decode_without_amx_takes_the_other_kernels_with_close_numbers(mode: str) -> None:
+    # CPUs without AMX: 6 rows go to oneDNN (bf16) or the int8 tiles; the result stays within bf16 rounding
+    model = _model(mode)
+    lens = [3, 11, 6, 1, 8, 4]
+    kv, tables = _prefilled(model, lens)
+    x = torch.randn(len(lens), HIDDEN, generator=torch.Generator().manual_seed(4))
+    pos, meta = _decode_inputs(lens, tables)
+    with torch.inference_mode():
+        with_amx = model.decode(x, pos, [(k.clone(), v.clone()) for k, v in kv], meta)
+        for fused in model.fused_layers:
+            fused.panels = [None] * 4
+        without = model.decode(x, pos, kv, meta)
+    assert (with_amx - without).abs().max().item() <= 1e-2 * with_amx.abs().max().item()
+
+
 def test_fused_decode_rows_do_not_depend_on_the_batch_in_int8() -> None:
     model = _model("int8")
     lens = [5, 9, 2]
