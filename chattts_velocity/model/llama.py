@@ -36,7 +36,7 @@ class FusedLayerWeights:
 
     norms: torch.Tensor  # [2, H] fp32: input_layernorm, post_attention_layernorm
     weights: list[torch.Tensor]  # tiles of the qkv, o, gate_up and down projections (all bf16 or all int8)
-    panels: list[torch.Tensor | None]  # per projection: the AMX layout of bf16 weights, where available
+    panels: list[torch.Tensor | None]  # per projection: the AMX layout, on CPUs with AMX
     extras: list[torch.Tensor | None]  # per projection: oneDNN's packed bf16 copy (or None), or int8 scales
 
     @classmethod

@@ -39,11 +39,12 @@ class PackedLinear(nn.Module):
     mode "bfloat16": W in bf16. On CPUs with AVX-512 BF16 batches of fewer than TILES_BELOW_ROWS rows stream W
     through our tile kernel (kernels/cpu_linear.cpp, ~1.5x oneDNN's speed at one row); with AMX, batches up to
     64 rows go through kernels/cpu_amx.cpp (W read once for all rows, 1.2-1.8x oneDNN), and larger ones use
-    oneDNN's prepacked GEMM. W is kept in each layout it uses. Elsewhere oneDNN, or a plain bf16 GEMM without it. "int8": weight-only int8, W quantised symmetrically per output channel; the
-    tile kernel multiplies it with fp32 activations (half the bytes of bf16: the fastest mode), from
-    TILES_BELOW_ROWS rows on the AMX kernel (bf16 activations) where present, or torch's int8-weight kernel with
-    bf16 activations where ours are unavailable. "float32" and
-    "float16": W through F.linear. Outputs: bf16 in mode "bfloat16", float32 from the int8 tile kernel.
+    oneDNN's prepacked GEMM. W is kept in each layout it uses. Elsewhere oneDNN, or a plain bf16 GEMM without it.
+    "int8": weight-only int8, W quantised symmetrically per output channel; the tile kernel multiplies it with
+    fp32 activations (half the bytes of bf16: the fastest mode), from TILES_BELOW_ROWS rows on the AMX kernel
+    (bf16 activations) where present, or torch's int8-weight kernel with bf16 activations where ours are
+    unavailable. "float32" and "float16": W through F.linear. Outputs: bf16 in mode "bfloat16", float32 from
+    our int8 kernels.
     """
 
     def __init__(self, weight: Tensor, mode: str) -> None:
