@@ -125,6 +125,17 @@ def test_fused_decode_rejects_slots_outside_the_pool() -> None:
         model.decode(torch.randn(1, HIDDEN), pos, kv, meta._replace(slot_mapping=torch.tensor([10_000])))
 
 
+def test_fused_decode_rejects_float32_pools_before_writing() -> None:
+    model = _model("int8")
+    kv, tables = _prefilled(model, [3])
+    pools = [(k.float(), v.float()) for k, v in kv]
+    before = [k.clone() for k, _ in pools]
+    pos, meta = _decode_inputs([3], tables)
+    with torch.inference_mode(), pytest.raises(RuntimeError, match="bf16 pools"):
+        model.decode(torch.randn(1, HIDDEN), pos, pools, meta)
+    assert all(torch.equal(k, b) for (k, _), b in zip(pools, before))
+
+
 def test_decode_without_fused_layers_is_a_clear_error() -> None:
     model = _model("float32")
     assert model.fused_layers is None

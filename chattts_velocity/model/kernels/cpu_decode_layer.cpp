@@ -105,33 +105,47 @@ struct Step {
 };
 
 // T: the projections' activation type (uint16_t = bf16 for bf16 weights, float for int8 weights).
+// x + attention(rms_norm(x)) -> out [B, H] fp32; writes the new K/V rows into the pools.
 template <typename T>
-at::Tensor layer(const at::Tensor& x, const float* norms, const Projection (&w)[4], const Step& s, float eps,
-                 int64_t tiles_below_rows) {
+void attention_block(const at::Tensor& x, const float* norm, const Projection& qkv_proj, const Projection& o_proj,
+                     const Step& s, float eps, int64_t tiles_below_rows, at::Tensor& out) {
   const int64_t B = x.size(0), H = x.size(1), heads = s.k_cache.size(2), D = s.k_cache.size(3);
-  const int64_t I = w[3].tiles.size(1) * w[3].tiles.size(3);
-  const auto act = x.options().dtype(std::is_same_v<T, float> ? at::kFloat : at::kBFloat16);
-  auto h = at::empty({B, H}, act);
-  rms_norm(data<float>(x), norms, data<T>(h), B, H, eps);
-  const auto qkv = project(w[0], h, tiles_below_rows);
+  auto h = at::empty({B, H}, x.options().dtype(std::is_same_v<T, float> ? at::kFloat : at::kBFloat16));
+  rms_norm(data<float>(x), norm, data<T>(h), B, H, eps);
+  const auto qkv = project(qkv_proj, h, tiles_below_rows);
   TORCH_CHECK(qkv.size(1) == 3 * H, "weights[0] must be the fused q/k/v projection [3H, H]");
   auto q = at::empty({B, heads, D}, x.options().dtype(at::kBFloat16));
   rope_and_store(data<T>(qkv), data<int64_t>(s.positions), data<float>(s.cos), data<float>(s.sin),
                  data<int64_t>(s.slot_mapping), data<uint16_t>(q), data<uint16_t>(s.k_cache),
                  data<uint16_t>(s.v_cache), B, heads, D);
-  auto attended = paged_decode_attention(q, s.k_cache, s.v_cache, s.block_tables, s.context_lens,
-                                         1.0 / std::sqrt(static_cast<double>(D)))
-                      .view({B, H});
-  const auto o = project(w[1], std::is_same_v<T, float> ? attended.to(at::kFloat) : attended, tiles_below_rows);
-  auto out = at::empty_like(x);
+  const auto attended = paged_decode_attention(q, s.k_cache, s.v_cache, s.block_tables, s.context_lens,
+                                               1.0 / std::sqrt(static_cast<double>(D))).view({B, H});
+  const auto o = project(o_proj, std::is_same_v<T, float> ? attended.to(at::kFloat) : attended, tiles_below_rows);
   add_rows(data<float>(x), data<T>(o), data<float>(out), B * H);
-  rms_norm(data<float>(out), norms + H, data<T>(h), B, H, eps);
-  const auto gate_up = project(w[2], h, tiles_below_rows);
+}
+
+// out += mlp(rms_norm(out)), in place.
+template <typename T>
+void mlp_block(at::Tensor& out, const float* norm, const Projection& gate_up_proj, const Projection& down_proj,
+               float eps, int64_t tiles_below_rows) {
+  const int64_t B = out.size(0), H = out.size(1), I = down_proj.tiles.size(1) * down_proj.tiles.size(3);
+  const auto act = out.options().dtype(std::is_same_v<T, float> ? at::kFloat : at::kBFloat16);
+  auto h = at::empty({B, H}, act);
+  rms_norm(data<float>(out), norm, data<T>(h), B, H, eps);
+  const auto gate_up = project(gate_up_proj, h, tiles_below_rows);
   TORCH_CHECK(gate_up.size(1) == 2 * I, "weights[2] must be the fused gate/up projection [2I, H]");
   auto gated = at::empty({B, I}, act);
   silu_gate(data<T>(gate_up), data<T>(gated), B, I);
-  const auto down = project(w[3], gated, tiles_below_rows);
+  const auto down = project(down_proj, gated, tiles_below_rows);
   add_rows(data<float>(out), data<T>(down), data<float>(out), B * H);
+}
+
+template <typename T>
+at::Tensor layer(const at::Tensor& x, const float* norms, const Projection (&w)[4], const Step& s, float eps,
+                 int64_t tiles_below_rows) {
+  auto out = at::empty_like(x);
+  attention_block<T>(x, norms, w[0], w[1], s, eps, tiles_below_rows, out);
+  mlp_block<T>(out, norms + x.size(1), w[2], w[3], eps, tiles_below_rows);
   return out;
 }
 
@@ -140,6 +154,9 @@ void check_step(const at::Tensor& x, const Step& s, const at::Tensor& norms) {
   const int64_t B = x.size(0), H = x.size(1);
   TORCH_CHECK(s.k_cache.dim() == 4 && s.k_cache.size(2) * s.k_cache.size(3) == H && s.k_cache.size(3) % 32 == 0,
               "the caches must be [num_blocks, block_size, heads, head_dim] with heads * head_dim = H, head_dim % 32 == 0");
+  TORCH_CHECK(s.k_cache.scalar_type() == at::kBFloat16 && s.k_cache.is_contiguous() &&
+                  s.v_cache.sizes() == s.k_cache.sizes() && s.v_cache.scalar_type() == at::kBFloat16 &&
+                  s.v_cache.is_contiguous(), "k_cache and v_cache must be contiguous bf16 pools of one shape");
   TORCH_CHECK(H % 16 == 0, "H must be a multiple of 16");
   TORCH_CHECK(norms.scalar_type() == at::kFloat && norms.is_contiguous() && norms.numel() == 2 * H,
               "norms must be contiguous fp32 [2, H]");
