@@ -26,7 +26,7 @@ namespace {
 // Panel layout of W [N, K]: [N / 16, K / 2, 16, 2], i.e. per 16 output columns the (k, k + 1) pairs of those
 // columns follow each other; 16 consecutive pairs of a panel are one AMX B tile (16 rows of 16 column pairs).
 // A pass over W multiplies up to 64 rows of x (four 16-row A tiles, zero-padded) into four fp32 C tiles.
-constexpr int64_t kTileRows = 16, kMaxGroups = kAmxMaxRows / kTileRows;
+constexpr int64_t kTileRows = 16;  // kAmxMaxRows / kTileRows = 4 row groups per pass
 constexpr int64_t kPanelPrefetch = 4096;  // bytes ahead of the B tile being loaded
 
 struct alignas(64) TileConfig {
