@@ -1,0 +1,112 @@
+"""A/B of the decode-step paths inside one engine: fused C++ layers or torch.compile'd layer graphs, each with the
+AMX panels or without them, switched every few steps on the same requests (so host noise hits all alike).
+
+Full-size random weights (`.pytest-assets/full` or `--model DIR`), N concurrent requests already past prefill.
+Usage: python benchmarks/bench_decode_ab.py [--dtype bfloat16] [--batches 1,8,32] [--rounds 6] [--name NAME]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from chattts_velocity.gpt import load_pretrained
+from chattts_velocity.model.llama import run_decoder_layer
+from chattts_velocity.params import InferCodeParams
+from chattts_velocity.text import Tokenizer, sample_random_speaker
+
+STEPS_PER_TURN = 8
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=str(REPO / ".pytest-assets" / "full"))
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "int8"])
+    parser.add_argument("--batches", type=lambda v: [int(b) for b in v.split(",")], default=[1, 8, 32])
+    parser.add_argument("--rounds", type=int, default=6, help="turns per variant (default 6)")
+    parser.add_argument("--warm-steps", type=int, default=30, help="steps before timing (context grows)")
+    parser.add_argument("--name", default=None, help="results/<name>.json (default decode_ab_<dtype>)")
+    args = parser.parse_args(argv)
+    llm = load_pretrained(args.model, is_vllm=True, dtype=args.dtype)
+    runner = llm.engine.runner
+    if not runner.fused_decode:
+        raise SystemExit("error: this engine has no fused C++ layers here (CPU kernels unavailable)")
+    runner.compiled_layer = torch.compile(run_decoder_layer, fullgraph=True, dynamic=False)
+    runner.fused_decode = False
+    runner._warm_up()
+    variants = _variants(runner)
+    report = {"dtype": args.dtype, "threads": torch.get_num_threads(), "steps_per_turn": STEPS_PER_TURN,
+              "batches": {}}
+    for batch in args.batches:
+        ms = _run_batch(llm, batch, variants, args)
+        baseline = list(ms)[-1]  # compiled without AMX: session 2's decode step
+        ratios = {name: ms[baseline] / t for name, t in ms.items()}
+        report["batches"][str(batch)] = {"ms_per_step_median": ms, f"speedup_vs_{baseline}": ratios}
+        print(f"N={batch}: " + ", ".join(f"{name} {t:.1f} ms ({ratios[name]:.2f}x)" for name, t in ms.items()))
+    path = REPO / "benchmarks" / "results" / f"{args.name or 'decode_ab_' + args.dtype}.json"
+    path.write_text(json.dumps(report, indent=2), encoding="utf-8")
+    print(f"results written to {path}")
+
+
+def _variants(runner) -> dict[str, callable]:
+    """name -> a function that switches the runner to that decode path ("compiled, no AMX" is session 2's).
+
+    Without the AMX panels bf16 batches of 5+ rows go to oneDNN, int8 ones to the int8 tile kernel.
+    """
+    fused = runner.model.fused_layers
+    packed = [m for m in runner.model.modules() if getattr(m, "panels", None) is not None]
+    own = {id(m): m.panels for m in packed}
+    own_fused = [layer.panels for layer in fused]
+
+    def use(fused_decode: bool, amx: bool):
+        def switch() -> None:
+            runner.fused_decode = fused_decode
+            for m in packed:
+                m.panels = own[id(m)] if amx else None
+            for layer, panels in zip(fused, own_fused):
+                layer.panels = panels if amx else [None] * len(panels)
+        return switch
+
+    if not packed:  # no AMX on this CPU
+        return {"fused": use(True, False), "compiled": use(False, False)}
+    return {"fused + AMX": use(True, True), "fused, no AMX": use(True, False), "compiled + AMX": use(False, True),
+            "compiled, no AMX": use(False, False)}
+
+
+def _run_batch(llm, batch: int, variants: dict, args) -> dict[str, float]:
+    engine = llm.engine
+    tok = Tokenizer(Path(args.model) / "asset" / "tokenizer")
+    torch.manual_seed(0)
+    speaker = sample_random_speaker(llm.config.hidden_size)
+    steps = args.warm_steps + args.rounds * len(variants) * STEPS_PER_TURN + 1
+    params = InferCodeParams(spk_emb=speaker, max_new_token=steps, min_new_token=steps,
+                             show_tqdm=False).to_sampling_params("code", 625, return_hidden=True)
+    for i in range(batch):
+        engine.add_request(None, tok.code_prompt(f"Request number {i} of the decode benchmark.", speaker), params)
+    for _ in range(args.warm_steps):
+        engine.step()
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    for _ in range(args.rounds):
+        for name, switch in variants.items():
+            switch()
+            start = time.perf_counter()
+            for _ in range(STEPS_PER_TURN):
+                engine.step()
+            times[name].append((time.perf_counter() - start) / STEPS_PER_TURN * 1e3)
+    next(iter(variants.values()))()
+    while engine.has_unfinished_requests():
+        engine.step()
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+if __name__ == "__main__":
+    main()
