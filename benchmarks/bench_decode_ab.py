@@ -35,6 +35,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=6, help="turns per variant (default 6)")
     parser.add_argument("--warm-steps", type=int, default=30, help="steps before timing (context grows)")
     parser.add_argument("--name", default=None, help="results/<name>.json (default decode_ab_<dtype>)")
+    parser.add_argument("--out", default=str(REPO / "benchmarks" / "results"))
     args = parser.parse_args(argv)
     llm = load_pretrained(args.model, is_vllm=True, dtype=args.dtype)
     runner = llm.engine.runner
@@ -52,7 +53,7 @@ def main(argv: list[str] | None = None) -> None:
         ratios = {name: ms[baseline] / t for name, t in ms.items()}
         report["batches"][str(batch)] = {"ms_per_step_median": ms, f"speedup_vs_{baseline}": ratios}
         print(f"N={batch}: " + ", ".join(f"{name} {t:.1f} ms ({ratios[name]:.2f}x)" for name, t in ms.items()))
-    path = REPO / "benchmarks" / "results" / f"{args.name or 'decode_ab_' + args.dtype}.json"
+    path = Path(args.out) / f"{args.name or 'decode_ab_' + args.dtype}.json"
     path.write_text(json.dumps(report, indent=2), encoding="utf-8")
     print(f"results written to {path}")
 
@@ -77,7 +78,7 @@ def _variants(runner) -> dict[str, callable]:
         return switch
 
     if not packed:  # no AMX on this CPU
-        return {"fused": use(True, False), "compiled": use(False, False)}
+        return {"fused, no AMX": use(True, False), "compiled, no AMX": use(False, False)}
     return {"fused + AMX": use(True, True), "fused, no AMX": use(True, False), "compiled + AMX": use(False, True),
             "compiled, no AMX": use(False, False)}
 
