@@ -109,11 +109,11 @@ def test_fused_decode_rows_do_not_depend_on_the_batch_in_int8() -> None:
     lens = [5, 9, 2]
     kv, tables = _prefilled(model, lens)
     x = torch.randn(len(lens), HIDDEN)
+    pos, meta = _decode_inputs(lens, tables)
+    pos_alone, meta_alone = _decode_inputs(lens[1:2], tables[1:2])
     with torch.inference_mode():
-        together = model.decode(x, *_decode_inputs(lens, tables)[:1], [(k.clone(), v.clone()) for k, v in kv],
-                                _decode_inputs(lens, tables)[1])
-        alone = model.decode(x[1:2], *_decode_inputs(lens[1:2], tables[1:2])[:1], kv,
-                             _decode_inputs(lens[1:2], tables[1:2])[1])
+        together = model.decode(x, pos, [(k.clone(), v.clone()) for k, v in kv], meta)
+        alone = model.decode(x[1:2], pos_alone, kv, meta_alone)
     assert torch.equal(together[1:2], alone)
 
 

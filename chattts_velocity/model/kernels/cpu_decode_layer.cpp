@@ -35,6 +35,11 @@ at::Tensor project(const Projection& p, const at::Tensor& x, int64_t tiles_below
 }
 
 template <typename T>
+constexpr at::ScalarType act_type() {  // the projections' activations: float for int8 weights, bf16 for bf16
+  return std::is_same_v<T, float> ? at::kFloat : at::kBFloat16;
+}
+
+template <typename T>
 T* data(const at::Tensor& t) {
   return reinterpret_cast<T*>(t.data_ptr());
 }
@@ -110,7 +115,7 @@ template <typename T>
 void attention_block(const at::Tensor& x, const float* norm, const Projection& qkv_proj, const Projection& o_proj,
                      const Step& s, float eps, int64_t tiles_below_rows, at::Tensor& out) {
   const int64_t B = x.size(0), H = x.size(1), heads = s.k_cache.size(2), D = s.k_cache.size(3);
-  auto h = at::empty({B, H}, x.options().dtype(std::is_same_v<T, float> ? at::kFloat : at::kBFloat16));
+  auto h = at::empty({B, H}, x.options().dtype(act_type<T>()));
   rms_norm(data<float>(x), norm, data<T>(h), B, H, eps);
   const auto qkv = project(qkv_proj, h, tiles_below_rows);
   TORCH_CHECK(qkv.size(1) == 3 * H, "weights[0] must be the fused q/k/v projection [3H, H]");
@@ -120,7 +125,7 @@ void attention_block(const at::Tensor& x, const float* norm, const Projection& q
                  data<uint16_t>(s.v_cache), B, heads, D);
   const auto attended = paged_decode_attention(q, s.k_cache, s.v_cache, s.block_tables, s.context_lens,
                                                1.0 / std::sqrt(static_cast<double>(D))).view({B, H});
-  const auto o = project(o_proj, std::is_same_v<T, float> ? attended.to(at::kFloat) : attended, tiles_below_rows);
+  const auto o = project(o_proj, attended.to(act_type<T>()), tiles_below_rows);  // no copy for bf16
   add_rows(data<float>(x), data<T>(o), data<float>(out), B * H);
 }
 
@@ -129,7 +134,7 @@ template <typename T>
 void mlp_block(at::Tensor& out, const float* norm, const Projection& gate_up_proj, const Projection& down_proj,
                float eps, int64_t tiles_below_rows) {
   const int64_t B = out.size(0), H = out.size(1), I = down_proj.tiles.size(1) * down_proj.tiles.size(3);
-  const auto act = out.options().dtype(std::is_same_v<T, float> ? at::kFloat : at::kBFloat16);
+  const auto act = out.options().dtype(act_type<T>());
   auto h = at::empty({B, H}, act);
   rms_norm(data<float>(out), norm, data<T>(h), B, H, eps);
   const auto gate_up = project(gate_up_proj, h, tiles_below_rows);
