@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from chattts_velocity.gpt import load_pretrained
+from chattts_velocity import load_pretrained
 from chattts_velocity.model.llama import run_decoder_layer
 from chattts_velocity.params import InferCodeParams
 from chattts_velocity.text import Tokenizer, sample_random_speaker

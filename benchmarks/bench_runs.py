@@ -19,7 +19,7 @@ import torch
 from benchmarks import bench_probe as probe
 from chattts_velocity import audio, text
 from chattts_velocity.assets import AssetPaths
-from chattts_velocity.gpt import load_pretrained
+from chattts_velocity import load_pretrained
 from chattts_velocity.params import InferCodeParams
 
 STEPS_PER_AUDIO_SECOND = 46.875  # 24000 samples/s over 512 samples per code step
@@ -122,7 +122,7 @@ def texts(n: int) -> list[str]:
 
 
 def load_suite(args: argparse.Namespace) -> Suite:
-    from chattts_velocity.cli import ensure_model
+    from chattts_velocity.demo import ensure_model
 
     root, _ = ensure_model(args.model)
     paths = AssetPaths.from_root(root)

@@ -6,7 +6,7 @@
 """
 from .chat import Chat
 from .config import EngineConfig, ModelConfig
-from .gpt import load_pretrained
+from .engine.gpt import load_pretrained
 from .params import InferCodeParams, RefineTextParams
 from .schema import GenerationOutput, Prompt, SamplingParams
 

@@ -15,7 +15,7 @@ import torch
 
 from . import audio, text
 from .assets import AssetPaths, find_assets, verify_assets
-from .gpt import load_pretrained
+from .engine.gpt import load_pretrained
 from .params import InferCodeParams, RefineTextParams
 from .schema import GenerationOutput, Prompt
 

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 from chattts_velocity import Chat, InferCodeParams
-from chattts_velocity.cli import ensure_model
+from chattts_velocity.demo import ensure_model
 from chattts_velocity.export import plan_export, run_export
 
 

@@ -14,7 +14,7 @@ import numpy as np
 
 from chattts_velocity import Chat, InferCodeParams
 from chattts_velocity.audio import write_wav
-from chattts_velocity.cli import ensure_model
+from chattts_velocity.demo import ensure_model
 
 
 def main() -> None:

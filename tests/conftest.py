@@ -22,7 +22,7 @@ def shared_assets() -> Path:
 
 
 def _demo_assets(name: str, tiny: bool) -> Path:
-    from chattts_velocity.demo_weights import write_demo_assets
+    from chattts_velocity.demo import write_demo_assets
 
     root = CACHE / name
     if not (root / "asset" / "Vocos.safetensors").exists():

@@ -13,6 +13,7 @@ import torch
 
 from chattts_velocity import Chat, InferCodeParams
 from chattts_velocity import export as export_mod
+from chattts_velocity.export import run as export_run
 from chattts_velocity.audio import wav_bytes
 from chattts_velocity.export import export, plan_export, run_export
 from chattts_velocity.text import sample_random_speaker
@@ -269,7 +270,7 @@ def test_interrupted_run_leaves_only_complete_files(tmp_path: Path, monkeypatch)
         Path(path).write_bytes(wav_bytes(wav)[:100])
         raise OSError("disk full")
 
-    monkeypatch.setattr(export_mod, "write_wav", die_mid_write)
+    monkeypatch.setattr(export_run, "write_wav", die_mid_write)
     plan, _ = run(StubChat(), src, out)
     assert plan.count("skipped") == 4 and all("disk full" in line.error for line in plan.lines[4:])
     assert len(list(out.glob("*.wav"))) == 4 and no_temp_files(out)

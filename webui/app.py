@@ -137,7 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def load_chat(args: argparse.Namespace) -> Chat:
-    from chattts_velocity.cli import ensure_model
+    from chattts_velocity.demo import ensure_model
 
     root, verify = ensure_model(args.model, tiny=args.tiny)
     chat = Chat()

@@ -24,10 +24,10 @@ from ..audio.wav import SAMPLE_RATE, float_to_int16, wav_bytes
 from ..chat import Chat
 from ..engine.async_engine import AsyncLLMEngine
 from ..params import InferCodeParams
-from ..speech import StreamOptions
+from ..speech.streams import StreamOptions
 from . import metrics
 from .formats import MEDIA_TYPES, STREAMED, available_formats, sse_events, streaming_wav_header
-from .service import SpeechService, SpeechStream
+from ..speech.service import SpeechService, SpeechStream
 from .voices import VoiceBook, speed_prompt
 
 logger = logging.getLogger("chattts_velocity.serve")

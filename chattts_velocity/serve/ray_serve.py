@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..speech import StreamOptions
+from ..speech.streams import StreamOptions
 from .openai_api import ServerConfig, create_app
 
 if TYPE_CHECKING:

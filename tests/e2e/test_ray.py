@@ -29,7 +29,7 @@ httpx = pytest.importorskip("httpx")
 from chattts_velocity.export import plan_export, wav_seconds  # noqa: E402
 from chattts_velocity.params import InferCodeParams  # noqa: E402
 from chattts_velocity.serve import ServerConfig  # noqa: E402
-from chattts_velocity.serve.ray_export import RayExportOptions, run_export_ray  # noqa: E402
+from chattts_velocity.export.ray import RayExportOptions, run_export_ray  # noqa: E402
 from chattts_velocity.speech import StreamOptions  # noqa: E402
 from chattts_velocity.text import sample_random_speaker  # noqa: E402
 
@@ -272,7 +272,7 @@ def test_data_export_200_lines_two_bad_then_resume(ray_cluster: dict, tiny_asset
 
 def test_synthesizer_reports_rows_and_replaces_a_dead_engine(tiny_assets: Path) -> None:
     """The UDF alone (no cluster): a crashed engine loop fails its rows, not the batch, and is replaced."""
-    from chattts_velocity.serve.ray_export import Synthesizer
+    from chattts_velocity.export.ray import Synthesizer
 
     synth = Synthesizer(str(tiny_assets), InferCodeParams(max_new_token=8, show_tqdm=False), LOAD)
     batch = {"key": np.arange(3), "text": np.array(["One.", "Two.", "Three."], dtype=object),

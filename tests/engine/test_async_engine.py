@@ -9,7 +9,7 @@ import torch
 
 from chattts_velocity.assets import AssetPaths
 from chattts_velocity.engine.async_engine import AsyncLLMEngine
-from chattts_velocity.gpt import load_pretrained
+from chattts_velocity import load_pretrained
 from chattts_velocity.schema import Prompt, SamplingParams
 from chattts_velocity.text import Tokenizer
 

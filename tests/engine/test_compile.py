@@ -7,7 +7,7 @@ from torch._dynamo.utils import counters
 from torch._inductor.utils import run_and_get_code
 
 from chattts_velocity import Chat, InferCodeParams
-from chattts_velocity.gpt import load_pretrained
+from chattts_velocity import load_pretrained
 from chattts_velocity.model import DecodeMetadata
 from chattts_velocity.model.llama import run_decoder_layer
 from chattts_velocity.text import Tokenizer

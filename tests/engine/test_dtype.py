@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from chattts_velocity.gpt import load_pretrained
+from chattts_velocity import load_pretrained
 from chattts_velocity.model import PackedLinear, build_attention_metadata
 from chattts_velocity.params import InferCodeParams
 from chattts_velocity.text import Tokenizer, sample_random_speaker

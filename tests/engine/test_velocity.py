@@ -6,7 +6,7 @@ import torch
 
 from chattts_velocity import Chat, InferCodeParams, RefineTextParams
 from chattts_velocity.engine.llm import LLM
-from chattts_velocity.gpt import load_pretrained
+from chattts_velocity import load_pretrained
 
 TEXTS = ["Hello world.", "你好，今天天气很好，我们出去玩吧。", "Short", "A somewhat longer English sentence here."]
 

@@ -8,6 +8,7 @@ import pytest
 pytest.importorskip("fastapi")
 
 from chattts_velocity import cli
+from chattts_velocity.cli import serve as cli_serve
 from chattts_velocity.serve import openai_api, ray_serve
 from chattts_velocity.speech import StreamOptions
 
@@ -76,7 +77,7 @@ def test_non_integer_is_an_argparse_error(served: list[dict], capsys: pytest.Cap
 def test_dtype_and_compile_reach_the_chat_loader(monkeypatch: pytest.MonkeyPatch) -> None:
     factories, loads = [], []
     monkeypatch.setattr(openai_api, "run_server", lambda chat, config, **kw: factories.append(chat))
-    monkeypatch.setattr(cli, "load_chat", lambda *args, **kwargs: loads.append(kwargs))
+    monkeypatch.setattr(cli_serve, "load_chat", lambda *args, **kwargs: loads.append(kwargs))
     cli.main(["serve", "--dtype", "int8", "--compile"])
     factories[0]()
     assert loads == [{"use_vllm": True, "dtype": "int8", "compile": True}]

@@ -1,8 +1,4 @@
-"""Batch export: a text or JSON Lines file -> one WAV per line via Chat.infer_many, plus manifest.json.
-
-plan_export (export_plan.py) checks the input and finds finished outputs (no model needed); run_export here
-synthesises the rest. This is the public module: it re-exports the planning names.
-"""
+"""Batch export on this machine: an ExportPlan's pending lines -> Chat.infer_many -> WAVs and manifest.json."""
 from __future__ import annotations
 
 import dataclasses
@@ -15,28 +11,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 from tqdm.auto import tqdm
 
-from .audio import write_wav
-from .export_plan import (
-    FIELDS,
-    MANIFEST,
-    SEED_LIMIT,
-    ExportLine,
-    ExportPlan,
-    plan_export,
-    read_input,
-    wav_seconds,
-)
-from .params import InferCodeParams
+from ..audio import write_wav
+from ..audio.wav import SAMPLE_RATE
+from ..params import InferCodeParams
+from .plan import MANIFEST, ExportLine, ExportPlan, plan_export
 
 if TYPE_CHECKING:
-    from .chat import Chat
+    from ..chat import Chat
 
-__all__ = [
-    "CHUNK_SIZE", "FIELDS", "MANIFEST", "SAMPLE_RATE", "SEED_LIMIT", "ExportLine", "ExportPlan", "Log", "export",
-    "plan_export", "read_input", "replace_atomically", "run_export", "wav_seconds", "write_manifest",
-]
-
-SAMPLE_RATE = 24000
 CHUNK_SIZE = 256  # lines per infer_many call: bounds the prompts and finished audio held at once
 Log = Callable[[str], None]
 

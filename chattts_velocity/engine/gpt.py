@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .assets import AssetPaths
+from ..assets import AssetPaths
 
 
 def load_pretrained(
@@ -22,12 +22,12 @@ def load_pretrained(
     """
     paths = assets if isinstance(assets, AssetPaths) else AssetPaths.from_root(assets)
     if is_vllm:
-        from .engine.llm import LLM
+        from .llm import LLM
 
         return LLM.from_assets(paths, device=device, dtype=dtype, compile=compile, **engine_kwargs)
     if dtype != "float32" or engine_kwargs:
         extra = sorted(engine_kwargs) + ([f"dtype={dtype}"] if dtype != "float32" else [])
         raise ValueError(f"load_pretrained: {extra} only apply to the velocity engine (is_vllm=True)")
-    from .engine.plain import PlainGPT
+    from .plain import PlainGPT
 
     return PlainGPT.load(paths.gpt_dir, paths.embed, device=device)

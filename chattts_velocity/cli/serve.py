@@ -7,18 +7,20 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
+from ..demo import DEMO_MAX_NEW_TOKEN, ensure_model
+from .common import load_chat
+
 if TYPE_CHECKING:
-    from .serve.openai_api import ServerConfig
+    from ..serve.openai_api import ServerConfig
 
 
 def server_config(args: argparse.Namespace) -> ServerConfig:
     """ServerConfig from the serve flags (unset ones keep its defaults); a bad value is a ValueError naming its flag."""
-    from .serve.openai_api import ServerConfig
-    from .speech import StreamOptions
+    from ..serve.openai_api import ServerConfig
+    from ..speech.streams import StreamOptions
 
     stream = {k: getattr(args, k) for k in ("chunk_steps", "first_chunk_steps", "first_lookahead_steps")}
-    # Random demo weights rarely emit EOS: cap each sentence (150 steps = 3.2 s) unless told otherwise.
-    max_new_token = args.max_new_token or (150 if args.model == "demo" else 2048)
+    max_new_token = args.max_new_token or (DEMO_MAX_NEW_TOKEN if args.model == "demo" else 2048)
     try:  # None keeps the defaults (for streaming: the exact receptive-field context)
         return ServerConfig(api_key=args.api_key, max_new_token=max_new_token,
                             stream_options=StreamOptions(**{k: v for k, v in stream.items() if v is not None}),
@@ -30,8 +32,7 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
 
 
 def cmd_serve(args: argparse.Namespace) -> None:
-    from .cli import load_chat
-    from .serve.openai_api import run_server
+    from ..serve.openai_api import run_server
 
     config = server_config(args)
     if args.ray:
@@ -42,8 +43,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
 
 
 def _serve_with_ray(args: argparse.Namespace, config) -> None:
-    from .cli import ensure_model
-    from .serve import ray_serve  # imports no ray: init_ray sets the loopback env first
+    from ..serve import ray_serve  # imports no ray: init_ray sets the loopback env first
 
     ray_serve.init_ray(args.ray_address, log_to_driver=True)
     root, verify = ensure_model(args.model, args.tiny)

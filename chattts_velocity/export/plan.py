@@ -12,7 +12,7 @@ import wave
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .text import decode_spk_emb
+from ..text import decode_spk_emb
 
 MANIFEST = "manifest.json"
 FIELDS = ("text", "id", "speaker", "seed", "output")

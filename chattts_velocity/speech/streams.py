@@ -1,7 +1,7 @@
 """Streaming speech: engine deltas -> StreamDecoder -> float32 24 kHz chunks, in order per text.
 
 Shared by `Chat.infer(stream=True)` (here: the caller's thread steps the engine) and the OpenAI server
-(`serve/service.py`: an AsyncLLMEngine plus a decode thread running a StreamSet). With the default StreamOptions
+(`speech/service.py`: an AsyncLLMEngine plus a decode thread running a StreamSet). With the default StreamOptions
 a text's chunks concatenate to its whole-clip waveform within the StreamDecoder tolerance (1e-5 max abs).
 """
 from __future__ import annotations
@@ -14,15 +14,15 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from .audio import DVAE, Decoder, Vocos
-from .audio.streaming import StreamDecoder
-from .schema import GenerationOutput, Prompt, SamplingParams
+from ..audio import DVAE, Decoder, Vocos
+from ..audio.streaming import StreamDecoder
+from ..schema import GenerationOutput, Prompt, SamplingParams
 
 if TYPE_CHECKING:
-    from .chat import Chat
-    from .engine.llm import LLM
-    from .engine.llm_engine import LLMEngine
-    from .engine.plain import PlainGPT
+    from ..chat import Chat
+    from ..engine.llm import LLM
+    from ..engine.llm_engine import LLMEngine
+    from ..engine.plain import PlainGPT
 
 EMPTY = np.zeros(0, dtype=np.float32)
 

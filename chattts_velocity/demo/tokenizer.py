@@ -30,7 +30,7 @@ N_CJK_SINGLE = 11000  # whole-character CJK entries; the rest of the 21128 are "
 
 def shared_tokenizer_dir() -> Path:
     """The real tokenizer next to the repo (../shared/chattts-asset/tokenizer); may not exist."""
-    return Path(__file__).resolve().parents[1] / ".." / "shared" / "chattts-asset" / "tokenizer"
+    return Path(__file__).resolve().parents[2] / ".." / "shared" / "chattts-asset" / "tokenizer"
 
 
 def write_tokenizer(folder: Path, src: str | Path | None, atomic_write: Callable) -> str:

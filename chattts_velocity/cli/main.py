@@ -6,7 +6,10 @@ import sys
 import time
 from pathlib import Path
 
-from .cli_serve import add_serve_parser
+from ..audio.wav import SAMPLE_RATE
+from ..demo import DEMO_MAX_NEW_TOKEN, ensure_model
+from .common import load_chat
+from .serve import add_serve_parser
 
 DEMO_TEXTS = [
     "Hello! This is chattts velocity, reading a short sentence.",
@@ -15,55 +18,26 @@ DEMO_TEXTS = [
 ]
 
 
-def demo_model_dir(tiny: bool = False) -> Path:
-    return Path("models") / ("demo-tiny" if tiny else "demo")
-
-
-def ensure_model(model: str, tiny: bool = False, seed: int = 0) -> tuple[Path, bool]:
-    """Resolve --model: 'demo' writes random demo weights on first use. Returns (dir, verify)."""
-    if model != "demo":
-        path = Path(model)
-        if not path.exists():
-            raise SystemExit(f"--model: {path} does not exist (give an asset folder or 'demo')")
-        return path, True
-    from .demo_weights import write_demo_assets
-
-    root = demo_model_dir(tiny)
-    if not (root / "asset" / "Vocos.safetensors").exists():
-        print(f"writing random demo weights to {root} (noise-like audio; see models/README.md)", file=sys.stderr)
-        write_demo_assets(root, seed=seed, tiny=tiny)
-    return root, False
-
-
-def load_chat(model: str, tiny: bool, use_vllm: bool, **kwargs):
-    from .chat import Chat
-
-    root, verify = ensure_model(model, tiny)
-    chat = Chat()
-    chat.load(source="custom", custom_path=root, verify=verify, use_vllm=use_vllm, **kwargs)
-    return chat
-
-
 def cmd_demo_assets(args: argparse.Namespace) -> None:
-    from .demo_weights import write_demo_assets
+    from ..demo import write_demo_assets
 
     paths = write_demo_assets(args.dir, seed=args.seed, tiny=args.tiny)
     print(f"demo assets written to {paths.root}")
 
 
 def cmd_say(args: argparse.Namespace) -> None:
-    from .audio import write_wav
+    from ..audio import write_wav
 
     chat = load_chat(args.model, args.tiny, use_vllm=not args.plain, dtype=args.dtype)
     params = chat.InferCodeParams(manual_seed=args.seed, spk_emb=args.speaker or None,
                                   max_new_token=args.max_new_token)
     wav = chat.infer(args.text, skip_refine_text=not args.refine, params_infer_code=params)[0]
     write_wav(args.output, wav)
-    print(f"wrote {args.output} ({len(wav) / 24000:.2f} s of audio)")
+    print(f"wrote {args.output} ({len(wav) / SAMPLE_RATE:.2f} s of audio)")
 
 
 def cmd_demo(args: argparse.Namespace) -> None:
-    from .audio import write_wav
+    from ..audio import write_wav
 
     chat = load_chat(args.model, args.tiny, use_vllm=True, dtype=args.dtype)
     out = Path(args.out)
@@ -73,11 +47,11 @@ def cmd_demo(args: argparse.Namespace) -> None:
     start = time.perf_counter()
     wavs = chat.infer(DEMO_TEXTS, skip_refine_text=True, params_infer_code=params)
     wall = time.perf_counter() - start
-    seconds = sum(len(w) for w in wavs) / 24000
+    seconds = sum(len(w) for w in wavs) / SAMPLE_RATE
     for i, wav in enumerate(wavs):
         path = out / f"demo_{i:02d}.wav"
         write_wav(path, wav)
-        print(f"{path}  {len(wav) / 24000:.2f} s")
+        print(f"{path}  {len(wav) / SAMPLE_RATE:.2f} s")
     print(f"{seconds:.2f} s of audio in {wall:.2f} s wall: real-time factor {wall / max(seconds, 1e-9):.3f} "
           f"({seconds / wall:.2f}x real time)")
     if args.model == "demo":
@@ -85,12 +59,11 @@ def cmd_demo(args: argparse.Namespace) -> None:
 
 
 def cmd_export(args: argparse.Namespace) -> None:
-    from .export import plan_export, run_export
-    from .params import InferCodeParams
+    from ..export import plan_export, run_export
+    from ..params import InferCodeParams
 
     plan = plan_export(args.input, args.output_dir, seed=args.seed, speaker=args.speaker or None)
-    # Random demo weights rarely emit EOS, so with --model demo each sentence is capped (150 steps = 3.2 s).
-    max_new_token = args.max_new_token or (150 if args.model == "demo" else 2048)
+    max_new_token = args.max_new_token or (DEMO_MAX_NEW_TOKEN if args.model == "demo" else 2048)
     params = InferCodeParams(max_new_token=max_new_token, show_tqdm=False)
     if args.ray:
         _export_with_ray(args, plan, params)
@@ -102,7 +75,8 @@ def cmd_export(args: argparse.Namespace) -> None:
 
 
 def _export_with_ray(args: argparse.Namespace, plan, params) -> None:
-    from .serve import ray_export, ray_serve  # imports no ray: init_ray sets the loopback env first
+    from ..export import ray as ray_export
+    from ..serve import ray_serve  # imports no ray: init_ray sets the loopback env first
 
     root, verify = ensure_model(args.model, args.tiny)
     if plan.todo:
@@ -126,7 +100,7 @@ def _bench_module():
     """benchmarks/bench_engine.py of a source checkout (the same code as `python benchmarks/bench_engine.py`)."""
     import importlib.util
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_engine.py"
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_engine.py"
     if not path.exists():
         raise SystemExit(f"bench: {path} not found; run from a source checkout of chattts_velocity")
     spec = importlib.util.spec_from_file_location("bench_engine", path)
@@ -175,7 +149,8 @@ def _add_export(sub) -> None:
                    help="line k uses seed + k - 1 (default: a random seed per line, kept in the manifest)")
     p.add_argument("--speaker", default="", help="speaker string for lines without their own")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "int8"])
-    p.add_argument("--max-new-token", type=int, default=None, help="steps per sentence (default 2048; 150 for demo)")
+    p.add_argument("--max-new-token", type=int, default=None,
+                   help=f"steps per sentence (default 2048; {DEMO_MAX_NEW_TOKEN} for demo)")
     _add_export_ray_flags(p)
     p.set_defaults(func=cmd_export)
 
@@ -205,8 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--tiny", action="store_true", help="with --model demo: test-size weights")
         p.add_argument("--seed", type=int, default=0 if name == "demo" else None)
         p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "int8"])
-        # Random demo weights rarely emit EOS, so the demo caps each clip (150 steps = 3.2 s).
-        p.add_argument("--max-new-token", type=int, default=150 if name == "demo" else 2048)
+        p.add_argument("--max-new-token", type=int, default=DEMO_MAX_NEW_TOKEN if name == "demo" else 2048)
         p.set_defaults(func=func)
     _add_export(sub)
     add_serve_parser(sub)

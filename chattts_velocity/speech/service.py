@@ -22,7 +22,7 @@ from .. import text as text_stage
 from ..engine.async_engine import AsyncLLMEngine, RequestStream
 from ..params import InferCodeParams
 from ..schema import Prompt, SamplingParams
-from ..speech import EMPTY, StreamOptions, StreamSet, delta_rows
+from .streams import EMPTY, StreamOptions, StreamSet, delta_rows
 
 if TYPE_CHECKING:
     from ..chat import Chat

@@ -1,7 +1,7 @@
 """Demo checkpoint: random weights written in the exact official `asset/` format (keys, shapes, fp32).
 
 In: a folder, a seed and full/tiny sizes. Out: root/asset/... loadable like the official files; the
-pipeline then makes finite, noise-like audio. `python -m chattts_velocity.demo_weights DIR [--tiny]`.
+pipeline then makes finite, noise-like audio. `python -m chattts_velocity.demo DIR [--tiny]`.
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from tqdm import tqdm
 
 from chattts_velocity.assets import AssetPaths
 from chattts_velocity.audio.mel import htk_mel_filterbank
-from chattts_velocity.demo_tokenizer import write_tokenizer
+from chattts_velocity.demo.tokenizer import write_tokenizer
 
 Shapes = dict[str, tuple[int, ...]]
 TEXT_EOS_ID = 21136  # [Ebreak]: its head row gets a larger gain so random refine-text ends after ~10 tokens

@@ -20,10 +20,11 @@ from tqdm.auto import tqdm
 
 from ..audio.wav import SAMPLE_RATE, wav_bytes
 from ..engine.async_engine import AsyncLLMEngine
-from ..export import ExportLine, ExportPlan, Log, replace_atomically, write_manifest
 from ..params import InferCodeParams
-from .ray_serve import init_ray, load_worker_chat
-from .service import SpeechService
+from ..serve.ray_serve import init_ray, load_worker_chat
+from ..speech.service import SpeechService
+from .plan import ExportLine, ExportPlan
+from .run import Log, replace_atomically, write_manifest
 
 NO_AUDIO = "the model produced no audio (it stopped at the first step); try another seed"
 

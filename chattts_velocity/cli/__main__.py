@@ -1,0 +1,3 @@
+from chattts_velocity.cli.main import main
+
+main()

@@ -1,0 +1,3 @@
+from chattts_velocity.demo.weights import main
+
+main()

@@ -1,0 +1,22 @@
+"""Batch export: a text or JSON Lines file -> one WAV per line, plus manifest.json; resumable.
+
+plan.py checks the input and finds finished outputs (no model needed); run.py synthesises the rest on this
+machine through Chat.infer_many; ray.py does the same on a Ray Data actor pool (needs the [ray] extra, imported
+only from there).
+"""
+from chattts_velocity.export.plan import (
+    FIELDS,
+    MANIFEST,
+    SEED_LIMIT,
+    ExportLine,
+    ExportPlan,
+    plan_export,
+    read_input,
+    wav_seconds,
+)
+from chattts_velocity.export.run import CHUNK_SIZE, Log, export, replace_atomically, run_export, write_manifest
+
+__all__ = [
+    "CHUNK_SIZE", "FIELDS", "MANIFEST", "SEED_LIMIT", "ExportLine", "ExportPlan", "Log", "export",
+    "plan_export", "read_input", "replace_atomically", "run_export", "wav_seconds", "write_manifest",
+]
