@@ -8,18 +8,21 @@ from __future__ import annotations
 import logging
 import threading
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import numpy as np
 import torch
 
 from . import audio, text
 from .assets import AssetPaths, find_assets, verify_assets
-from .engine.gpt import load_pretrained
+from .audio.wav import SAMPLE_RATE
+from .config import ModelConfig
+from .engine.gpt import GPTBackend, load_pretrained
 from .params import InferCodeParams, RefineTextParams
-from .schema import GenerationOutput, Prompt
+from .schema import GenerationOutput, Prompt, SpeechRequests, TextPieces
 
-SAMPLE_RATE = 24000
+if TYPE_CHECKING:
+    from .engine.llm_engine import LLMEngine
 
 
 class Chat:
@@ -35,7 +38,7 @@ class Chat:
     def _reset_modules(self) -> None:
         self.paths: AssetPaths | None = None
         self.tokenizer: text.Tokenizer | None = None
-        self.gpts: dict[bool, object] = {}  # is_vllm -> PlainGPT | LLM
+        self._gpts: dict[bool, GPTBackend] = {}  # use_vllm -> the backend load_pretrained chose
         self.dvae = self.decoder = self.vocos = None
         self.default_use_vllm = False
         self._load_kwargs: dict = {}
@@ -73,25 +76,34 @@ class Chat:
         self.decoder = audio.Decoder.from_state_dict(audio.load_safetensors(paths.decoder)).to(self.device).eval()
         self.vocos = audio.Vocos.from_state_dict(audio.load_safetensors(paths.vocos)).to(self.device).eval()
         self.default_use_vllm = use_vllm
-        self._gpt(use_vllm)
+        self.gpt(use_vllm)
         return self.has_loaded()
 
-    def _gpt(self, use_vllm: bool | None):
-        """The GPT backend for this call, loaded on first use (both may live side by side)."""
+    def gpt(self, use_vllm: bool | None = None) -> GPTBackend:
+        """The GPT stage for use_vllm (None: the one load() chose), loaded on first use; both may live side by side."""
         if self.paths is None:
             raise RuntimeError("Chat: call load() before infer()")
         is_vllm = self.default_use_vllm if use_vllm is None else bool(use_vllm)
-        if is_vllm not in self.gpts:
-            self.gpts[is_vllm] = load_pretrained(self.paths, is_vllm=is_vllm, **self._load_kwargs)
-        return self.gpts[is_vllm]
+        if is_vllm not in self._gpts:
+            self._gpts[is_vllm] = load_pretrained(self.paths, is_vllm=is_vllm, **self._load_kwargs)
+        return self._gpts[is_vllm]
+
+    def engine(self) -> LLMEngine:
+        """The velocity engine (loaded on first use) for callers that step it themselves: the server, Ray export."""
+        return self.gpt(True).engine
+
+    @property
+    def config(self) -> ModelConfig:
+        """The GPT's dimensions (hidden_size is a speaker vector's width)."""
+        return self.gpt().config
 
     def has_loaded(self, use_decoder: bool = False) -> bool:
         stage = self.decoder if use_decoder else self.dvae
-        return all(m is not None for m in (self.tokenizer, self.vocos, stage)) and bool(self.gpts)
+        return all(m is not None for m in (self.tokenizer, self.vocos, stage)) and bool(self._gpts)
 
     def unload(self) -> None:
-        for gpt in self.gpts.values():
-            getattr(gpt, "shutdown", lambda: None)()
+        for gpt in self._gpts.values():
+            gpt.shutdown()
         self._reset_modules()
 
     def interrupt(self) -> None:
@@ -100,8 +112,7 @@ class Chat:
 
     # ---- speakers ------------------------------------------------------------------------
     def sample_random_speaker(self) -> str:
-        hidden = self._gpt(None).config.hidden_size
-        return text.sample_random_speaker(hidden, device=self.device)
+        return text.sample_random_speaker(self.config.hidden_size, device=self.device)
 
     def sample_audio_speaker(self, wav: np.ndarray | torch.Tensor | str | Path, sample_rate: int = SAMPLE_RATE) -> str:
         """Encode a 24 kHz mono clip (array or audio file path) into an spk_smp string."""
@@ -129,22 +140,19 @@ class Chat:
     ):
         """One float32 24 kHz waveform per input text (a str input gives a one-element list)."""
         self._stop.clear()
-        texts = _check_texts(text)
-        refine_params = params_refine_text or RefineTextParams()
-        code_params = params_infer_code or InferCodeParams()
-        gpt = self._gpt(use_vllm)
-        pieces, owner = _split(texts, split_text)
-        pieces = [self.normalizer(p, do_text_normalization, do_homophone_replacement, lang) for p in pieces]
+        gpt, code_params = self.gpt(use_vllm), params_infer_code or InferCodeParams()
+        pieces = self.split(text, lang, do_text_normalization, do_homophone_replacement, split_text)
         if not skip_refine_text:
-            pieces = self._refine(gpt, pieces, refine_params, max_split_batch)
+            pieces = self._refine(gpt, pieces, params_refine_text or RefineTextParams(), max_split_batch)
             if refine_text_only:
-                joined = _join_per_text(pieces, owner, len(texts), "\n")
+                joined = ["\n".join(g) for g in pieces.group(pieces.texts)]
                 return joined[0] if isinstance(text, str) else joined
+        requests = self.speech_requests(pieces, code_params, use_decoder)
         if stream:
-            return self._stream_results(gpt, pieces, owner, len(texts), code_params, use_decoder)
-        outputs = self._infer_code(gpt, pieces, code_params, use_decoder, max_split_batch)
-        wavs = self._decode(outputs, use_decoder)
-        return _join_per_text(wavs, owner, len(texts), None)
+            return self._stream(gpt, requests, use_decoder, code_params.stream_batch)
+        outputs = gpt.generate(requests.prompts, requests.sampling, code_params.show_tqdm, self._stop.is_set,
+                               max_batch=max_split_batch)
+        return _join_audio(pieces.group(self._decode(outputs, use_decoder)))
 
     def infer_many(
         self,
@@ -162,126 +170,72 @@ class Chat:
 
         No refine pass. On the velocity engine every piece of every text shares the running batch.
         """
-        texts = _check_texts(texts)
-        if len(params) != len(texts):
-            raise ValueError(f"params: got {len(params)} InferCodeParams for {len(texts)} texts")
         self._stop.clear()
-        gpt = self._gpt(use_vllm)
-        pieces, owner = _split(texts, split_text)
-        pieces = [self.normalizer(p, do_text_normalization, do_homophone_replacement, lang) for p in pieces]
-        prompts = [self._code_prompt(p, params[i]) for p, i in zip(pieces, owner)]
-        sampling = [params[i].to_sampling_params("code", gpt.config.audio_eos_id, use_decoder) for i in owner]
-        pending = {i: owner.count(i) for i in set(owner)}
-        done: dict[int, list] = {i: [None] * n for i, n in pending.items()}
-        slot = [owner[:k].count(owner[k]) for k in range(len(owner))]
-        for k, output in _generate_each(gpt, prompts, sampling, progress, self._stop.is_set):
-            i = owner[k]
-            done[i][slot[k]] = output
-            pending[i] -= 1
-            if pending[i] == 0:
-                yield i, np.concatenate(self._decode(done.pop(i), use_decoder)).astype(np.float32)
+        gpt = self.gpt(use_vllm)
+        pieces = self.split(texts, lang, do_text_normalization, do_homophone_replacement, split_text)
+        requests = self.speech_requests(pieces, params, use_decoder)
+        pending = {i: pieces.owner.count(i) for i in set(pieces.owner)}
+        done: dict[int, dict[int, GenerationOutput]] = {i: {} for i in pending}
+        for k, output in gpt.generate_iter(requests.prompts, requests.sampling, progress, self._stop.is_set):
+            i = pieces.owner[k]
+            done[i][k] = output
+            if len(done[i]) == pending[i]:
+                outputs = _in_order(done.pop(i))
+                yield i, np.concatenate(self._decode(outputs, use_decoder)).astype(np.float32)
+
+    # ---- text -> requests (public: the server, export and streaming build their requests here) ------------
+    def split(self, texts: str | list[str], lang: str | None = None, do_text_normalization: bool = True,
+              do_homophone_replacement: bool = True, split_text: bool = True) -> TextPieces:
+        """Checked texts -> normalised sentence pieces."""
+        pieces = text.split_pieces(text.check_texts(texts), split_text)
+        return pieces.replace([self.normalizer(p, do_text_normalization, do_homophone_replacement, lang)
+                               for p in pieces.texts])
+
+    def speech_requests(self, pieces: TextPieces, params: InferCodeParams | list[InferCodeParams],
+                        use_decoder: bool = True) -> SpeechRequests:
+        """One audio-code request per piece; params is one InferCodeParams for all texts or one per text."""
+        per_text = params if isinstance(params, list) else [params] * pieces.num_texts
+        if len(per_text) != pieces.num_texts:
+            raise ValueError(f"params: got {len(per_text)} InferCodeParams for {pieces.num_texts} texts")
+        eos = self.config.audio_eos_id
+        prompts = [self._code_prompt(p, per_text[i]) for p, i in zip(pieces.texts, pieces.owner)]
+        sampling = [per_text[i].to_sampling_params("code", eos, use_decoder) for i in pieces.owner]
+        return SpeechRequests(pieces, prompts, sampling)
 
     def _code_prompt(self, piece: str, params: InferCodeParams) -> Prompt:
-        spk_emb = _speaker_tensor(params.spk_emb)
-        hidden = self._gpt(None).config.hidden_size
-        if spk_emb is not None and spk_emb.shape[0] != hidden:
-            raise ValueError(f"spk_emb: this speaker has {spk_emb.shape[0]} values but the model needs "
-                             f"{hidden}; sample it with this model's sample_random_speaker()")
+        spk_emb = text.speaker_tensor(params.spk_emb, self.config.hidden_size)
         spk_smp = text.decode_prompt(params.spk_smp) if params.spk_smp is not None else None
         return self.tokenizer.code_prompt(piece, spk_emb, params.txt_smp, params.prompt, spk_smp)
 
-    def _refine(self, gpt, pieces: list[str], params: RefineTextParams, batch: int) -> list[str]:
-        prompts = [self.tokenizer.refine_prompt(p, params.prompt) for p in pieces]
-        eos = self.tokenizer.eos_id
-        sampling = params.to_sampling_params("text", eos, return_hidden=False)
-        outs = self._generate(gpt, prompts, sampling, batch, params.show_tqdm)
-        return [self.tokenizer.refined_text(o.token_ids[:, 0].tolist()) for o in outs]
+    def _refine(self, gpt: GPTBackend, pieces: TextPieces, params: RefineTextParams, batch: int) -> TextPieces:
+        prompts = [self.tokenizer.refine_prompt(p, params.prompt) for p in pieces.texts]
+        sampling = params.to_sampling_params("text", self.tokenizer.eos_id, return_hidden=False)
+        outs = gpt.generate(prompts, sampling, params.show_tqdm, self._stop.is_set, max_batch=batch)
+        return pieces.replace([self.tokenizer.refined_text(o.token_ids[:, 0].tolist()) for o in outs])
 
-    def _infer_code(self, gpt, pieces: list[str], params: InferCodeParams, use_decoder: bool, batch: int):
-        prompts = [self._code_prompt(p, params) for p in pieces]
-        eos = gpt.config.audio_eos_id
-        sampling = params.to_sampling_params("code", eos, return_hidden=use_decoder)
-        return self._generate(gpt, prompts, sampling, batch, params.show_tqdm)
-
-    def _generate(self, gpt, prompts: list[Prompt], sampling, batch: int, progress: bool) -> list[GenerationOutput]:
-        if not prompts:
-            return []
-        # The plain path keeps upstream's batching (max_split_batch texts per padded batch);
-        # the engine batches everything continuously on its own.
-        size = len(prompts) if getattr(gpt, "is_vllm", False) else max(1, batch)
-        outputs: list[GenerationOutput] = []
-        for start in range(0, len(prompts), size):
-            chunk = prompts[start : start + size]
-            outputs += gpt.generate(chunk, sampling, progress=progress, should_stop=self._stop.is_set)
-        return outputs
-
+    # ---- GPT outputs -> audio ------------------------------------------------------------------------
     def _decode(self, outputs: list[GenerationOutput], use_decoder: bool) -> list[np.ndarray]:
         with torch.inference_mode():
             if use_decoder:
                 return audio.decode_hidden_batch(self.decoder, self.vocos, [o.hidden for o in outputs])
             return audio.decode_codes_batch(self.dvae, self.vocos, [o.token_ids for o in outputs])
 
-    def _stream_results(self, gpt, pieces: list[str], owner: list[int], num_texts: int, params: InferCodeParams,
-                        use_decoder: bool) -> Iterator[list[np.ndarray]]:
-        """Audio as the engine generates it: each yield holds one new (maybe empty) chunk per text.
+    def _stream(self, gpt: GPTBackend, requests: SpeechRequests, use_decoder: bool,
+                chunk_steps: int) -> Iterator[list[np.ndarray]]:
+        """Audio as the GPT generates it: each yield holds one new (maybe empty) chunk per text.
 
         A text's chunks concatenate to its non-stream waveform; its pieces play in order. The decoder
-        sees params.stream_batch new steps per chunk plus exact context on both sides (audio/streaming.py).
+        sees chunk_steps new steps per chunk plus exact context on both sides (audio/streaming.py).
         """
-        from . import speech
+        from .speech import StreamOptions, StreamSet, stream_texts
 
-        prompts = [self._code_prompt(p, params) for p in pieces]
-        sampling = params.to_sampling_params("code", gpt.config.audio_eos_id, use_decoder)
-        options = speech.StreamOptions(chunk_steps=params.stream_batch)
-        return speech.stream_texts(self, gpt, prompts, [sampling] * len(prompts), owner, num_texts, use_decoder,
-                                   options, self._stop.is_set)
+        streams = StreamSet(self.decoder, self.dvae, self.vocos, StreamOptions(chunk_steps=chunk_steps))
+        return stream_texts(streams, gpt, requests, use_decoder, self._stop.is_set)
 
 
-def _generate_each(gpt, prompts, sampling, progress, should_stop) -> Iterator[tuple[int, GenerationOutput]]:
-    """(index, output) as requests finish: all at once on the engine, one by one on the plain path."""
-    if getattr(gpt, "is_vllm", False):
-        yield from gpt.generate_iter(prompts, sampling, progress=progress, should_stop=should_stop)
-        return
-    for k, (prompt, params) in enumerate(zip(prompts, sampling)):
-        yield k, gpt.generate([prompt], params, progress=progress, should_stop=should_stop)[0]
+def _in_order(outputs: dict[int, GenerationOutput]) -> list[GenerationOutput]:
+    return [outputs[k] for k in sorted(outputs)]
 
 
-def _check_texts(value) -> list[str]:
-    texts = [value] if isinstance(value, str) else value
-    if not isinstance(texts, (list, tuple)) or len(texts) == 0:
-        raise ValueError("text: expected a non-empty string or a non-empty list of strings")
-    for i, t in enumerate(texts):
-        if not isinstance(t, str):
-            raise ValueError(f"text[{i}]: expected a string, got {type(t).__name__}")
-        if not t.strip():
-            raise ValueError(f"text[{i}]: is empty; every text needs something to say")
-    return list(texts)
-
-
-def _split(texts: list[str], split_text: bool) -> tuple[list[str], list[int]]:
-    """Sentence pieces and, for each piece, the index of the text it came from."""
-    pieces, owner = [], []
-    for i, t in enumerate(texts):
-        parts = text.split_text(t) if split_text else [t]
-        pieces += parts or [t]
-        owner += [i] * (len(parts) or 1)
-    return pieces, owner
-
-
-def _join_per_text(items: list, owner: list[int], num_texts: int, sep: str | None) -> list:
-    grouped: list[list] = [[] for _ in range(num_texts)]
-    for item, i in zip(items, owner):
-        grouped[i].append(item)
-    if sep is not None:
-        return [sep.join(g) for g in grouped]
-    return [np.concatenate(g).astype(np.float32) if g else np.zeros(0, np.float32) for g in grouped]
-
-
-def _speaker_tensor(spk_emb) -> torch.Tensor | None:
-    if spk_emb is None:
-        return None
-    if isinstance(spk_emb, str):
-        return text.decode_spk_emb(spk_emb)
-    if isinstance(spk_emb, torch.Tensor) and spk_emb.dim() == 1:
-        return spk_emb
-    raise ValueError("spk_emb: expected a speaker string from sample_random_speaker() or a 1-D tensor")
+def _join_audio(groups: list[list[np.ndarray]]) -> list[np.ndarray]:
+    return [np.concatenate(g).astype(np.float32) if g else np.zeros(0, np.float32) for g in groups]

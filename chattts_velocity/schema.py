@@ -91,6 +91,35 @@ class SamplingParams:
         return [float(self.temperature)] * num_rows
 
 
+@dataclass
+class TextPieces:
+    """User texts split into the sentence pieces the GPT sees; owner[k] is the text that piece k came from."""
+
+    texts: list[str]  # [P] the pieces (normalised, or refined)
+    owner: list[int]  # [P] index of each piece's text
+    num_texts: int
+
+    def replace(self, texts: list[str]) -> TextPieces:
+        """The same pieces with new contents (the refine pass rewrites each piece)."""
+        return TextPieces(list(texts), self.owner, self.num_texts)
+
+    def group(self, items: list) -> list[list]:
+        """items [P], one per piece -> one list per text, in piece order."""
+        grouped: list[list] = [[] for _ in range(self.num_texts)]
+        for item, i in zip(items, self.owner):
+            grouped[i].append(item)
+        return grouped
+
+
+@dataclass
+class SpeechRequests:
+    """Texts as GPT requests: one Prompt and one SamplingParams per sentence piece (text -> engine)."""
+
+    pieces: TextPieces
+    prompts: list[Prompt]  # [P]
+    sampling: list[SamplingParams]  # [P]
+
+
 FinishReason = Literal["eos", "length", "abort", "interrupted"]
 
 

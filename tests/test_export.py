@@ -230,7 +230,7 @@ def test_a_line_too_long_for_the_engine_fails_alone(tiny_assets: Path, tmp_path:
 class StubChat:
     """infer_many that makes a tone per text, fails on 'boom' and can raise after some lines."""
 
-    gpts = {True: SimpleNamespace(config=SimpleNamespace(hidden_size=64))}
+    config = SimpleNamespace(hidden_size=64)
 
     def __init__(self, stop_after: int | None = None) -> None:
         self.stop_after, self.calls = stop_after, []

@@ -44,7 +44,7 @@ def test_stream_chunks_concatenate_to_the_non_stream_waveform(chat: Chat, use_vl
 
 
 def test_first_chunk_arrives_while_the_engine_is_still_generating(chat: Chat) -> None:
-    engine = chat._gpt(True).engine
+    engine = chat.engine()
     start = engine.stats.num_tokens_sampled
     stream = chat.infer(["One short text to stream."], stream=True, skip_refine_text=True,
                         params_infer_code=forced(seed=5))
@@ -57,7 +57,7 @@ def test_first_chunk_arrives_while_the_engine_is_still_generating(chat: Chat) ->
 
 
 def test_closing_the_stream_early_aborts_and_frees_blocks(chat: Chat) -> None:
-    engine = chat._gpt(True).engine
+    engine = chat.engine()
     stream = chat.infer(TEXTS, stream=True, skip_refine_text=True, params_infer_code=forced(seed=9))
     next(stream)
     assert engine.has_unfinished_requests()
@@ -67,7 +67,7 @@ def test_closing_the_stream_early_aborts_and_frees_blocks(chat: Chat) -> None:
 
 
 def test_interrupt_ends_the_stream_with_what_was_generated(chat: Chat) -> None:
-    engine = chat._gpt(True).engine
+    engine = chat.engine()
     params = InferCodeParams(manual_seed=1, max_new_token=400, min_new_token=400, show_tqdm=False, stream_batch=8)
     chunks = []
     for y in chat.infer(["Interrupt me please."], stream=True, skip_refine_text=True, params_infer_code=params):

@@ -1,9 +1,42 @@
-"""Choose the GPT stage: the plain transformers path (oracle) or the velocity engine."""
+"""The GPT stage behind one interface: the plain transformers path (oracle) or the velocity engine.
+
+`load_pretrained(is_vllm=...)` is the only place that chooses; everything after it talks to a `GPTBackend`.
+"""
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Protocol
 
 from ..assets import AssetPaths
+from ..config import ModelConfig
+from ..schema import GenerationOutput, Prompt, SamplingParams
+
+StopFlag = Callable[[], bool] | None
+Deltas = list[tuple[int, GenerationOutput]]  # (prompt index, its new rows) for every prompt that moved
+
+
+class GPTBackend(Protocol):
+    """What the pipeline needs from a GPT stage. `params` is one SamplingParams for all prompts or one per prompt."""
+
+    config: ModelConfig
+
+    def generate(self, prompts: list[Prompt], params: SamplingParams | list[SamplingParams], progress: bool = True,
+                 should_stop: StopFlag = None, max_batch: int | None = None) -> list[GenerationOutput]:
+        """Whole outputs in input order. max_batch bounds a padded batch (plain path); the engine batches
+        continuously and needs no bound."""
+
+    def generate_iter(self, prompts: list[Prompt], params: SamplingParams | list[SamplingParams],
+                      progress: bool = True, should_stop: StopFlag = None) -> Iterator[tuple[int, GenerationOutput]]:
+        """(index, whole output) as each prompt finishes."""
+
+    def stream(self, prompts: list[Prompt], params: list[SamplingParams], chunk_steps: int,
+               should_stop: StopFlag = None) -> Iterator[Deltas]:
+        """New rows as they are generated (at most chunk_steps per prompt per yield); the last delta of each prompt
+        has finished=True. Closing the iterator early aborts what is still running."""
+
+    def shutdown(self) -> None:
+        """Release threads and memory; the backend is unusable afterwards."""
 
 
 def load_pretrained(
@@ -13,12 +46,11 @@ def load_pretrained(
     dtype: str = "float32",
     compile: bool = False,
     **engine_kwargs,
-):
+) -> GPTBackend:
     """Load the GPT + Embed from an asset folder.
 
     is_vllm=False -> `PlainGPT`: transformers `LlamaModel` and upstream's batched loop (the baseline).
-    is_vllm=True  -> `LLM`: the velocity engine (paged KV cache, continuous batching, per-request
-    sampling). Both answer `generate(prompts, params, progress=..., should_stop=...)`.
+    is_vllm=True  -> `LLM`: the velocity engine (paged KV cache, continuous batching, per-request sampling).
     """
     paths = assets if isinstance(assets, AssetPaths) else AssetPaths.from_root(assets)
     if is_vllm:

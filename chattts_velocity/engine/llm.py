@@ -1,7 +1,7 @@
 """Engine stage: LLM.generate — offline batch generation on the velocity engine, with a progress bar."""
 from __future__ import annotations
 
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 from tqdm.auto import tqdm
@@ -12,9 +12,7 @@ from chattts_velocity.schema import GenerationOutput, Prompt, SamplingParams
 
 
 class LLM:
-    """The velocity GPT stage behind `load_pretrained(is_vllm=True)`; same `generate` as PlainGPT."""
-
-    is_vllm = True
+    """The velocity GPT stage behind `load_pretrained(is_vllm=True)`: a GPTBackend (engine/gpt.py) over LLMEngine."""
 
     def __init__(self, engine: LLMEngine) -> None:
         self.engine = engine
@@ -38,8 +36,9 @@ class LLM:
         params: SamplingParams | list[SamplingParams],
         progress: bool = True,
         should_stop: Callable[[], bool] | None = None,
+        max_batch: int | None = None,
     ) -> list[GenerationOutput]:
-        """Generate every prompt concurrently; outputs in input order."""
+        """Generate every prompt concurrently; outputs in input order (max_batch: no padded batches to bound)."""
         outputs: list[GenerationOutput | None] = [None] * len(prompts)
         for index, output in self.generate_iter(prompts, params, progress, should_stop):
             outputs[index] = output
@@ -64,6 +63,29 @@ class LLM:
         finally:  # an error, an early close or a failed add leaves no request behind in the engine
             for rid in ids:
                 self.engine.abort_request(rid)
+
+    def stream(self, prompts: list[Prompt], params: list[SamplingParams], chunk_steps: int = 1,
+               should_stop: Callable[[], bool] | None = None) -> Iterator[list[tuple[int, GenerationOutput]]]:
+        """Each engine step's deltas, stepped in the caller's thread. Interrupt ends every prompt."""
+        index = {self.engine.add_request(None, p, s): k for k, (p, s) in enumerate(zip(prompts, params))}
+        live = set(index)
+        try:
+            while live:
+                if should_stop is not None and should_stop():
+                    yield [(index[rid], _interrupted(rid)) for rid in sorted(live, key=index.get)]
+                    return
+                deltas = self.engine.step()
+                live -= {d.request_id for d in deltas if d.finished}
+                yield [(index[d.request_id], d) for d in deltas if d.request_id in index]
+        finally:
+            for rid in live:
+                self.engine.abort_request(rid)
+
+    def shutdown(self) -> None:
+        """Abort whatever is still queued or running; the engine steps in its callers' threads, so nothing else."""
+        scheduler = self.engine.scheduler
+        for seq in [*scheduler.waiting, *scheduler.running]:
+            self.engine.abort_request(seq.request_id)
 
     def _drive(self, ids: list[str], params_list: list[SamplingParams], progress: bool,
                should_stop: Callable[[], bool] | None) -> Iterator[tuple[int, GenerationOutput]]:
@@ -123,3 +145,7 @@ class _Collector:
         if hidden is None and self.hidden_size is not None:
             hidden = torch.zeros(0, self.hidden_size)  # [0, H]: nothing generated
         return GenerationOutput(self.request_id, tokens, hidden, self.finished, self.finish_reason)
+
+
+def _interrupted(request_id: str) -> GenerationOutput:
+    return GenerationOutput(request_id, torch.zeros(0, 1, dtype=torch.int64), None, True, "interrupted")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 from tqdm.auto import tqdm
@@ -25,7 +25,7 @@ MAX_REGENERATE = 3  # upstream retries forever on an immediate EOS (users report
 
 
 class PlainGPT:
-    is_vllm = False
+    """The plain GPT stage behind `load_pretrained(is_vllm=False)`: a GPTBackend (engine/gpt.py)."""
 
     def __init__(self, llama: torch.nn.Module, embed: Embed, config: ModelConfig) -> None:
         self.llama, self.embed, self.config = llama.eval(), embed.eval(), config
@@ -50,14 +50,45 @@ class PlainGPT:
         llama.load_state_dict(gpt_state_dict(gpt_dir), strict=True)
         return cls(llama.to(device).float(), load_embed(embed_path).to(device), config)
 
-    @torch.inference_mode()
     def generate(
         self,
         prompts: list[Prompt],
         params: SamplingParams | list[SamplingParams],
         progress: bool = False,
         should_stop: Callable[[], bool] | None = None,
+        max_batch: int | None = None,
     ) -> list[GenerationOutput]:
+        """Upstream's batches: at most max_batch prompts (default: all) left-padded together, one params set each."""
+        size = max(1, max_batch or len(prompts))
+        outputs: list[GenerationOutput] = []
+        for start in range(0, len(prompts), size):
+            outputs += self._generate_batch(prompts[start:start + size], params, progress, should_stop)
+        return outputs
+
+    def generate_iter(self, prompts: list[Prompt], params: SamplingParams | list[SamplingParams],
+                      progress: bool = False, should_stop: Callable[[], bool] | None = None,
+                      ) -> Iterator[tuple[int, GenerationOutput]]:
+        """One prompt at a time, each with its own params (a padded batch shares one set)."""
+        params_list = params if isinstance(params, list) else [params] * len(prompts)
+        for k, (prompt, sampling) in enumerate(zip(prompts, params_list, strict=True)):
+            yield k, self._generate_batch([prompt], sampling, progress, should_stop)[0]
+
+    def stream(self, prompts: list[Prompt], params: list[SamplingParams], chunk_steps: int,
+               should_stop: Callable[[], bool] | None = None) -> Iterator[list[tuple[int, GenerationOutput]]]:
+        """The plain loop has no step API: generate whole, then hand out chunk_steps rows at a time."""
+        for k, out in enumerate(self.generate(prompts, params, progress=False, should_stop=should_stop)):
+            n = len(out.token_ids)
+            for start in range(0, max(n, 1), chunk_steps):
+                hidden = None if out.hidden is None else out.hidden[start: start + chunk_steps]
+                yield [(k, GenerationOutput(out.request_id, out.token_ids[start: start + chunk_steps], hidden,
+                                            start + chunk_steps >= n, out.finish_reason))]
+
+    def shutdown(self) -> None:
+        """Nothing runs in the background: the loop lives in its callers' threads."""
+
+    @torch.inference_mode()
+    def _generate_batch(self, prompts: list[Prompt], params: SamplingParams | list[SamplingParams],
+                        progress: bool, should_stop: Callable[[], bool] | None) -> list[GenerationOutput]:
         params = _single_params(params)
         for _attempt in range(MAX_REGENERATE + 1):
             outputs, empty_first_step = self._generate_once(prompts, params, progress, should_stop)

@@ -61,7 +61,7 @@ class Synthesizer:
 
     def _start(self) -> None:
         chat = load_worker_chat(self.model_dir, **self.load_kwargs)
-        self.engine = AsyncLLMEngine(chat._gpt(True).engine)
+        self.engine = AsyncLLMEngine(chat.engine())
         self.service = SpeechService(chat, self.engine)
         self.engine.start()
 

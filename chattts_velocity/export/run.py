@@ -57,7 +57,7 @@ def _check_speakers_fit(chat: Chat | None, plan: ExportPlan, log: Log) -> None:
     if chat is None:
         raise ValueError("chat: a loaded Chat is needed, the plan has lines to synthesise")
     # A speaker vector lives in the GPT's hidden space; a wrong width would fail the whole batch.
-    width = next(iter(chat.gpts.values())).config.hidden_size
+    width = chat.config.hidden_size
     for line in plan.todo:
         got = plan.speaker_widths.get(line.speaker, width)
         if got != width:

@@ -89,11 +89,10 @@ class ServerState:
     """Everything a route needs, built once per process (or Ray Serve replica) in the lifespan."""
 
     def __init__(self, chat: Chat, config: ServerConfig) -> None:
-        llm = chat._gpt(True)
         self.chat, self.config = chat, config
-        self.engine = AsyncLLMEngine(llm.engine)
+        self.engine = AsyncLLMEngine(chat.engine())
         self.service = SpeechService(chat, self.engine, config.stream_options)
-        self.voices = VoiceBook(chat.sample_random_speaker, llm.config.hidden_size)
+        self.voices = VoiceBook(chat.sample_random_speaker, chat.config.hidden_size)
         self.metrics = metrics.ServerMetrics()
         self.formats = available_formats()
         self.engine.start()

@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from .. import text as text_stage
 from ..engine.async_engine import AsyncLLMEngine, RequestStream
 from ..params import InferCodeParams
 from ..schema import Prompt, SamplingParams
@@ -157,11 +156,10 @@ class SpeechService:
 
     def prompts(self, text: str, params: InferCodeParams, use_decoder: bool = True, lang: str | None = None,
                 normalize: bool = True, split: bool = True) -> list[tuple[Prompt, SamplingParams]]:
-        """The text's sentence pieces as engine requests (as Chat.infer builds them)."""
-        pieces = (text_stage.split_text(text) if split else []) or [text]
-        sampling = params.to_sampling_params("code", self.engine.engine.config.audio_eos_id, use_decoder)
-        return [(self.chat._code_prompt(self.chat.normalizer(p, normalize, normalize, lang), params), sampling)
-                for p in pieces]
+        """The text's sentence pieces as engine requests (Chat.speech_requests, as Chat.infer builds them)."""
+        pieces = self.chat.split(text, lang, normalize, normalize, split)
+        requests = self.chat.speech_requests(pieces, params, use_decoder)
+        return list(zip(requests.prompts, requests.sampling))
 
     async def open(self, text: str, params: InferCodeParams, use_decoder: bool = True,
                    **text_options: object) -> SpeechStream:

@@ -16,13 +16,10 @@ import torch
 
 from ..audio import DVAE, Decoder, Vocos
 from ..audio.streaming import StreamDecoder
-from ..schema import GenerationOutput, Prompt, SamplingParams
+from ..schema import GenerationOutput, SpeechRequests
 
 if TYPE_CHECKING:
-    from ..chat import Chat
-    from ..engine.llm import LLM
-    from ..engine.llm_engine import LLMEngine
-    from ..engine.plain import PlainGPT
+    from ..engine.gpt import GPTBackend
 
 EMPTY = np.zeros(0, dtype=np.float32)
 
@@ -136,16 +133,13 @@ class InOrder:
         return out
 
 
-def stream_texts(chat: Chat, gpt: LLM | PlainGPT, prompts: list[Prompt], sampling: list[SamplingParams], owner: list[int],
-                 num_texts: int, use_decoder: bool, options: StreamOptions | None = None,
+def stream_texts(streams: StreamSet, gpt: GPTBackend, requests: SpeechRequests, use_decoder: bool,
                  should_stop: Callable[[], bool] = lambda: False) -> Iterator[list[np.ndarray]]:
     """Chat.infer(stream=True): yields one new chunk per text whenever any text has new audio."""
-    streams = StreamSet(chat.decoder, chat.dvae, chat.vocos, options)
-    for k in range(len(prompts)):
+    for k in range(len(requests.prompts)):
         streams.open(k, use_decoder)
-    order = InOrder(owner, num_texts)
-    steps = _engine_steps(gpt.engine, prompts, sampling, should_stop) if getattr(gpt, "is_vllm", False) \
-        else _plain_steps(gpt, prompts, sampling, streams.options.chunk_steps, should_stop)
+    order = InOrder(requests.pieces.owner, requests.pieces.num_texts)
+    steps = gpt.stream(requests.prompts, requests.sampling, streams.options.chunk_steps, should_stop)
     for deltas in steps:
         with torch.inference_mode():
             chunks = streams.push({k: delta_rows(d, use_decoder) for k, d in deltas if len(d.token_ids)})
@@ -159,38 +153,3 @@ def stream_texts(chat: Chat, gpt: LLM | PlainGPT, prompts: list[Prompt], samplin
         out = order.take()
         if any(len(c) for c in out):
             yield out
-
-
-def _engine_steps(engine: LLMEngine, prompts: list[Prompt], sampling: list[SamplingParams],
-                  should_stop: Callable[[], bool]) -> Iterator[list[tuple[int, GenerationOutput]]]:
-    """Step the engine in the caller's thread; yields each step's (piece, delta). Interrupt ends every piece."""
-    index = {engine.add_request(None, p, s): k for k, (p, s) in enumerate(zip(prompts, sampling))}
-    live = set(index)
-    try:
-        while live:
-            if should_stop():
-                yield [(index[rid], _ended(rid)) for rid in sorted(live, key=index.get)]
-                return
-            deltas = engine.step()
-            live -= {d.request_id for d in deltas if d.finished}
-            yield [(index[d.request_id], d) for d in deltas]
-    finally:
-        for rid in live:
-            engine.abort_request(rid)
-
-
-def _plain_steps(gpt: PlainGPT, prompts: list[Prompt], sampling: list[SamplingParams], chunk: int,
-                 should_stop: Callable[[], bool]) -> Iterator[list[tuple[int, GenerationOutput]]]:
-    """The plain path has no step API: generate whole, then feed the decoder chunk by chunk."""
-    outputs = gpt.generate(prompts, sampling, progress=False, should_stop=should_stop)
-    for k, out in enumerate(outputs):
-        n = len(out.token_ids)
-        for start in range(0, max(n, 1), chunk):
-            hidden = None if out.hidden is None else out.hidden[start: start + chunk]
-            yield [(k, GenerationOutput(out.request_id, out.token_ids[start: start + chunk], hidden,
-                                        start + chunk >= n, out.finish_reason))]
-
-
-def _ended(request_id: str) -> GenerationOutput:
-    return GenerationOutput(request_id, torch.zeros(0, 1, dtype=torch.int64), None, True, "interrupted")
-

@@ -3,6 +3,7 @@
 In: user text, speaker strings, voice-sample codes. Out: schema.Prompt for the engine.
 """
 from chattts_velocity.text.normalizer import Normalizer, detect_language, split_text
+from chattts_velocity.text.pieces import check_texts, split_pieces
 from chattts_velocity.text.speaker import (
     decode_prompt,
     decode_spk_emb,
@@ -11,12 +12,14 @@ from chattts_velocity.text.speaker import (
     normalize_spk_emb,
     sample_random_speaker,
     seed_context,
+    speaker_tensor,
 )
 from chattts_velocity.text.tokenizer import Tokenizer, pad_left
 
 __all__ = [
     "Normalizer",
     "Tokenizer",
+    "check_texts",
     "decode_prompt",
     "decode_spk_emb",
     "detect_language",
@@ -26,5 +29,7 @@ __all__ = [
     "pad_left",
     "sample_random_speaker",
     "seed_context",
+    "speaker_tensor",
+    "split_pieces",
     "split_text",
 ]

@@ -63,6 +63,20 @@ def decode_spk_emb(s: str) -> torch.Tensor:
     return torch.from_numpy(np.frombuffer(raw, dtype="<f2").astype(np.float16))  # [D]
 
 
+def speaker_tensor(spk_emb: str | torch.Tensor | None, hidden_size: int) -> torch.Tensor | None:
+    """InferCodeParams.spk_emb (a speaker string or a 1-D tensor) -> [hidden_size], checked against the model."""
+    if spk_emb is None:
+        return None
+    if isinstance(spk_emb, str):
+        spk_emb = decode_spk_emb(spk_emb)
+    elif not (isinstance(spk_emb, torch.Tensor) and spk_emb.dim() == 1):
+        raise ValueError("spk_emb: expected a speaker string from sample_random_speaker() or a 1-D tensor")
+    if spk_emb.shape[0] != hidden_size:
+        raise ValueError(f"spk_emb: this speaker has {spk_emb.shape[0]} values but the model needs "
+                         f"{hidden_size}; sample it with this model's sample_random_speaker()")
+    return spk_emb
+
+
 def speaker_stats(dim: int = 768, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
     """(std, mean), each float16 [dim]: upstream's spk_stat, truncated to the first `dim` entries.
 

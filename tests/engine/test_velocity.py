@@ -6,6 +6,7 @@ import torch
 
 from chattts_velocity import Chat, InferCodeParams, RefineTextParams
 from chattts_velocity.engine.llm import LLM
+from chattts_velocity.text import split_pieces
 from chattts_velocity import load_pretrained
 
 TEXTS = ["Hello world.", "你好，今天天气很好，我们出去玩吧。", "Short", "A somewhat longer English sentence here."]
@@ -23,7 +24,8 @@ def chat(tiny_assets) -> Chat:
 
 
 def _code_outputs(chat: Chat, use_vllm: bool, params: InferCodeParams, texts=TEXTS):
-    return chat._infer_code(chat._gpt(use_vllm), list(texts), params, True, len(texts))
+    requests = chat.speech_requests(split_pieces(list(texts), split=False), params)  # texts as they are
+    return chat.gpt(use_vllm).generate(requests.prompts, requests.sampling, False, max_batch=len(texts))
 
 
 def _assert_same(plain, fast, hidden_tol: float) -> None:
@@ -60,8 +62,8 @@ def test_audio_prompt_speaker_equals_plain_path(chat: Chat) -> None:
 
 def test_refine_ids_equal_plain_path(chat: Chat) -> None:
     params = RefineTextParams(temperature=1e-6, max_new_token=20, show_tqdm=False)
-    plain = chat._refine(chat._gpt(False), TEXTS, params, len(TEXTS))
-    fast = chat._refine(chat._gpt(True), TEXTS, params, len(TEXTS))
+    plain, fast = (chat.infer(TEXTS, refine_text_only=True, split_text=False, params_refine_text=params,
+                              max_split_batch=len(TEXTS), use_vllm=use_vllm) for use_vllm in (False, True))
     assert plain == fast
 
 

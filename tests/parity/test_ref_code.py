@@ -110,7 +110,8 @@ def run_ours(chat: Chat, case: CodeCase) -> Ours:
     if case.torch_seed is not None:
         torch.manual_seed(case.torch_seed)
     # one batch for all texts, as the reference: the same left padding
-    outputs = chat._infer_code(chat._gpt(False), list(case.texts), params, True, len(case.texts))
+    requests = chat.speech_requests(text.split_pieces(list(case.texts), split=False), params)
+    outputs = chat.gpt(False).generate(requests.prompts, requests.sampling, False, max_batch=len(case.texts))
     hiddens = [o.hidden for o in outputs]
     with torch.inference_mode():
         mel = chat.decoder(audio.pad_batch(hiddens, torch.device("cpu"))).numpy()

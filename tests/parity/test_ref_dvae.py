@@ -157,7 +157,8 @@ def decoded(side: Side) -> dict[str, Any]:
     if not side.decoded:
         chat = side.chat
         params = Chat.InferCodeParams(show_tqdm=False, **DECODE_PARAMS[side.size])
-        outputs = chat._infer_code(chat._gpt(False), list(TEXTS), params, False, len(TEXTS))  # one batch
+        requests = chat.speech_requests(text.split_pieces(list(TEXTS), split=False), params, use_decoder=False)
+        outputs = chat.gpt(False).generate(requests.prompts, requests.sampling, False, max_batch=len(TEXTS))
         codes = [o.token_ids for o in outputs]  # [T_b, 4]
         with torch.inference_mode():
             mel = chat.dvae(audio.pad_batch(codes, torch.device("cpu"))).numpy()  # [B, 100, 2*T_max]

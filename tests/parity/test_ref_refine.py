@@ -73,10 +73,10 @@ def run_ours(chat: Chat, case: RefineCase) -> Ours:
     params = Chat.RefineTextParams(show_tqdm=False, **case.params)
     prompts = [chat.tokenizer.refine_prompt(t, params.prompt) for t in case.texts]
     ids, mask, _ = pad_left(prompts)
-    gpt, batch = chat._gpt(False), len(case.texts)
     sampling = params.to_sampling_params("text", chat.tokenizer.eos_id, return_hidden=False)
-    outputs = gpt.generate(prompts, sampling)  # one batch for all texts, as the reference
-    return Ours(ids, mask, outputs, chat._refine(gpt, list(case.texts), params, batch), chat.tokenizer.break_0_id)
+    outputs = chat.gpt(False).generate(prompts, sampling)  # one batch for all texts, as the reference
+    refined = [chat.tokenizer.refined_text(o.token_ids[:, 0].tolist()) for o in outputs]
+    return Ours(ids, mask, outputs, refined, chat.tokenizer.break_0_id)
 
 
 def make_side(ref_client: RefClient, assets: Path, size: str) -> Side:
