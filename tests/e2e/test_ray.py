@@ -92,6 +92,12 @@ class TestServe:
     def url(self, ray_cluster: dict, tiny_assets: Path) -> Iterator[str]:
         from ray import serve
 
+        # Serve gives its HTTP proxy actor 60 s to start; a loaded 2-core host has missed that (the proxy process was
+        # still importing). The test is about our app, not the proxy's start-up speed: give it 5 minutes.
+        from ray.serve._private import api as serve_api
+
+        if hasattr(serve_api, "HTTP_PROXY_TIMEOUT"):
+            serve_api.HTTP_PROXY_TIMEOUT = max(serve_api.HTTP_PROXY_TIMEOUT, 300)
         options = ray_serve.ReplicaOptions(replicas=2, num_cpus=0.25)  # 2 x 0.25 leaves CPUs for Ray Data
         app = ray_serve.build_app(tiny_assets, ServerConfig(max_new_token=2000), options, **LOAD)
         started = time.perf_counter()
