@@ -165,23 +165,27 @@ class Chat:
         split_text: bool = True,
         use_vllm: bool | None = None,
         progress: bool = False,
-    ) -> Iterator[tuple[int, np.ndarray]]:
+    ) -> Iterator[tuple[int, np.ndarray | Exception]]:
         """Each text with its own params (voice, seed, ...), all at once; yields (index, wav) as texts finish.
 
-        No refine pass. On the velocity engine every piece of every text shares the running batch.
+        A text that cannot be made (a bad speaker, too long, a failure in its generation) yields (index, the
+        error) instead, and the others go on. No refine pass. On the velocity engine every piece of every text
+        shares the running batch.
         """
+        if not isinstance(params, (list, tuple)) or len(params) != len(text.check_texts(texts)):
+            raise ValueError(f"params: expected one InferCodeParams per text ({len(texts)})")
         self._stop.clear()
-        gpt = self.gpt(use_vllm)
         pieces = self.split(texts, lang, do_text_normalization, do_homophone_replacement, split_text)
-        requests = self.speech_requests(pieces, params, use_decoder)
-        pending = {i: pieces.owner.count(i) for i in set(pieces.owner)}
-        done: dict[int, dict[int, GenerationOutput]] = {i: {} for i in pending}
-        for k, output in gpt.generate_iter(requests.prompts, requests.sampling, progress, self._stop.is_set):
-            i = pieces.owner[k]
-            done[i][k] = output
-            if len(done[i]) == pending[i]:
-                outputs = _in_order(done.pop(i))
-                yield i, np.concatenate(self._decode(outputs, use_decoder)).astype(np.float32)
+        jobs = _Jobs()
+        for i, item_params in enumerate(params):
+            try:
+                jobs.add(i, self.speech_requests(pieces.of_text(i), item_params, use_decoder))
+            except ValueError as exc:
+                yield i, exc
+        for k, output in self.gpt(use_vllm).generate_iter(jobs.prompts, jobs.sampling, progress, self._stop.is_set):
+            for i, outputs in jobs.done(k, output):
+                yield i, outputs if isinstance(outputs, Exception) else \
+                    np.concatenate(self._decode(outputs, use_decoder)).astype(np.float32)
 
     # ---- text -> requests (public: the server, export and streaming build their requests here) ------------
     def split(self, texts: str | list[str], lang: str | None = None, do_text_normalization: bool = True,
@@ -233,8 +237,35 @@ class Chat:
         return stream_texts(streams, gpt, requests, use_decoder, self._stop.is_set)
 
 
-def _in_order(outputs: dict[int, GenerationOutput]) -> list[GenerationOutput]:
-    return [outputs[k] for k in sorted(outputs)]
+class _Jobs:
+    """infer_many's bookkeeping: every text's pieces in one flat request list, and which text is complete."""
+
+    def __init__(self) -> None:
+        self.prompts: list[Prompt] = []
+        self.sampling: list = []
+        self.owner: list[int] = []  # [P] text index of each flat piece
+        self.outputs: dict[int, dict[int, GenerationOutput]] = {}  # text -> {piece: output}
+        self.size: dict[int, int] = {}
+
+    def add(self, i: int, requests: SpeechRequests) -> None:
+        self.prompts += requests.prompts
+        self.sampling += requests.sampling
+        self.owner += [i] * len(requests.prompts)
+        self.outputs[i], self.size[i] = {}, len(requests.prompts)
+
+    def done(self, k: int, output: GenerationOutput) -> list[tuple[int, list[GenerationOutput] | Exception]]:
+        """Record piece k; returns its text once complete (its outputs in piece order), or at its first error."""
+        i = self.owner[k]
+        if i not in self.outputs:
+            return []  # this text already failed
+        if output.error is not None:
+            del self.outputs[i]
+            return [(i, output.error)]
+        self.outputs[i][k] = output
+        if len(self.outputs[i]) < self.size[i]:
+            return []
+        pieces = self.outputs.pop(i)
+        return [(i, [pieces[key] for key in sorted(pieces)])]
 
 
 def _join_audio(groups: list[list[np.ndarray]]) -> list[np.ndarray]:

@@ -103,6 +103,11 @@ class TextPieces:
         """The same pieces with new contents (the refine pass rewrites each piece)."""
         return TextPieces(list(texts), self.owner, self.num_texts)
 
+    def of_text(self, i: int) -> TextPieces:
+        """Text i's pieces on their own (a one-text TextPieces)."""
+        texts = [t for t, owner in zip(self.texts, self.owner) if owner == i]
+        return TextPieces(texts, [0] * len(texts), 1)
+
     def group(self, items: list) -> list[list]:
         """items [P], one per piece -> one list per text, in piece order."""
         grouped: list[list] = [[] for _ in range(self.num_texts)]
@@ -120,7 +125,7 @@ class SpeechRequests:
     sampling: list[SamplingParams]  # [P]
 
 
-FinishReason = Literal["eos", "length", "abort", "interrupted"]
+FinishReason = Literal["eos", "length", "abort", "interrupted", "error"]
 
 
 @dataclass
@@ -133,6 +138,19 @@ class GenerationOutput:
     finished: bool = False
     finish_reason: FinishReason | None = None
     extra: dict = field(default_factory=dict)  # timings and stats (e.g. time to first token)
+    error: Exception | None = None  # why this request failed (finish_reason "error"); the others go on
+
+    @classmethod
+    def failed(cls, request_id: str, error: Exception) -> GenerationOutput:
+        return cls(request_id, torch.zeros(0, 1, dtype=torch.int64), None, True, "error", error=error)
+
+
+def raise_first_error(outputs: list[GenerationOutput]) -> list[GenerationOutput]:
+    """Whole-batch callers (generate) fail as a whole: the first failed request's error is raised."""
+    for output in outputs:
+        if output.error is not None:
+            raise output.error
+    return outputs
 
 
 def pad_left(prompts: list[Prompt]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

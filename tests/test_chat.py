@@ -105,3 +105,26 @@ def test_bad_speaker_and_clip(chat: Chat) -> None:
 def test_infer_before_load_is_a_clear_error() -> None:
     with pytest.raises(RuntimeError, match="load"):
         Chat().infer(["Hi."])
+
+
+@pytest.mark.parametrize("use_vllm", [False, True])
+def test_infer_many_reports_a_bad_item_and_finishes_the_others(chat: Chat, use_vllm: bool) -> None:
+    texts = ["First good text.", "A bad speaker.", "Second good text."]
+    params = [forced(manual_seed=1), forced(manual_seed=2, spk_emb=torch.zeros(5)), forced(manual_seed=3)]
+    results = dict(chat.infer_many(texts, params, use_vllm=use_vllm))
+    assert sorted(results) == [0, 1, 2]
+    assert isinstance(results[1], ValueError) and "spk_emb" in str(results[1])
+    for i in (0, 2):
+        assert isinstance(results[i], np.ndarray) and len(results[i]) == (2 * STEPS - 1) * 256
+    alone = dict(chat.infer_many(texts[2:], params[2:], use_vllm=use_vllm))[0]
+    # the failed neighbour changed nothing (the batch's GEMM sizes may move the float rounding of the hidden states)
+    np.testing.assert_allclose(results[2], alone, atol=1e-5)
+
+
+def test_infer_many_on_the_engine_reports_a_request_it_refuses(chat: Chat) -> None:
+    too_long = InferCodeParams(max_new_token=10**6, show_tqdm=False)
+    results = dict(chat.infer_many(["Fine.", "Too long a request."], [forced(manual_seed=1), too_long],
+                                   use_vllm=True))
+    assert isinstance(results[1], ValueError) and "max_model_len" in str(results[1])
+    assert isinstance(results[0], np.ndarray) and len(results[0]) == (2 * STEPS - 1) * 256
+    assert not chat.engine().has_unfinished_requests()

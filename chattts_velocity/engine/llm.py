@@ -8,7 +8,7 @@ from tqdm.auto import tqdm
 
 from chattts_velocity.assets import AssetPaths
 from chattts_velocity.engine.llm_engine import LLMEngine
-from chattts_velocity.schema import GenerationOutput, Prompt, SamplingParams
+from chattts_velocity.schema import GenerationOutput, Prompt, SamplingParams, raise_first_error
 
 
 class LLM:
@@ -42,7 +42,7 @@ class LLM:
         outputs: list[GenerationOutput | None] = [None] * len(prompts)
         for index, output in self.generate_iter(prompts, params, progress, should_stop):
             outputs[index] = output
-        return outputs  # type: ignore[return-value]
+        return raise_first_error(outputs)  # type: ignore[arg-type]
 
     def generate_iter(
         self,
@@ -51,16 +51,21 @@ class LLM:
         progress: bool = True,
         should_stop: Callable[[], bool] | None = None,
     ) -> Iterator[tuple[int, GenerationOutput]]:
-        """Like generate, but yields (index, output) as each request finishes."""
+        """Like generate, but yields (index, output) as each request finishes; a request the engine refuses
+        (too long, ...) comes back at once as a failed output (`error` set) and the others go on."""
         params_list = params if isinstance(params, list) else [params] * len(prompts)
         if len(params_list) != len(prompts):
             raise ValueError(f"params: got {len(params_list)} for {len(prompts)} prompts")
-        ids: list[str] = []
+        ids: dict[str, int] = {}
         try:
-            for p, sp in zip(prompts, params_list):
-                ids.append(self.engine.add_request(None, p, sp))
-            yield from self._drive(ids, params_list, progress, should_stop)
-        finally:  # an error, an early close or a failed add leaves no request behind in the engine
+            for k, (p, sp) in enumerate(zip(prompts, params_list)):
+                try:
+                    ids[self.engine.add_request(None, p, sp)] = k
+                except ValueError as exc:
+                    yield k, GenerationOutput.failed(str(k), exc)
+            for rid, output in self._drive(list(ids), [params_list[k] for k in ids.values()], progress, should_stop):
+                yield ids[rid], output
+        finally:  # an error or an early close leaves no request behind in the engine
             for rid in ids:
                 self.engine.abort_request(rid)
 
@@ -88,18 +93,17 @@ class LLM:
             self.engine.abort_request(seq.request_id)
 
     def _drive(self, ids: list[str], params_list: list[SamplingParams], progress: bool,
-               should_stop: Callable[[], bool] | None) -> Iterator[tuple[int, GenerationOutput]]:
+               should_stop: Callable[[], bool] | None) -> Iterator[tuple[str, GenerationOutput]]:
         hidden_size = self.engine.config.hidden_size
         collected = {rid: _Collector(rid, hidden_size if sp.return_hidden else None)
                      for rid, sp in zip(ids, params_list)}
-        index = {rid: i for i, rid in enumerate(ids)}
         total = sum(sp.max_new_token for sp in params_list)
         mode = params_list[0].mode if params_list else "code"
         with tqdm(total=total, desc=mode, disable=not progress, leave=False, unit="step") as bar:
             while any(not c.finished for c in collected.values()):
                 if should_stop is not None and should_stop():
                     for rid in self._abort(collected):
-                        yield index[rid], collected[rid].output()
+                        yield rid, collected[rid].output()
                     return
                 for delta in self.engine.step():
                     collector = collected.get(delta.request_id)
@@ -108,7 +112,7 @@ class LLM:
                     collector.add(delta)
                     bar.update(len(delta.token_ids))
                     if collector.finished:
-                        yield index[delta.request_id], collector.output()
+                        yield delta.request_id, collector.output()
 
     def _abort(self, collected: dict[str, "_Collector"]) -> list[str]:
         """Abort every unfinished request (interrupt); returns their ids."""

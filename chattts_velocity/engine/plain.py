@@ -68,10 +68,14 @@ class PlainGPT:
     def generate_iter(self, prompts: list[Prompt], params: SamplingParams | list[SamplingParams],
                       progress: bool = False, should_stop: Callable[[], bool] | None = None,
                       ) -> Iterator[tuple[int, GenerationOutput]]:
-        """One prompt at a time, each with its own params (a padded batch shares one set)."""
+        """One prompt at a time, each with its own params (a padded batch shares one set); a prompt that fails
+        comes back as a failed output (`error` set) and the others go on."""
         params_list = params if isinstance(params, list) else [params] * len(prompts)
         for k, (prompt, sampling) in enumerate(zip(prompts, params_list, strict=True)):
-            yield k, self._generate_batch([prompt], sampling, progress, should_stop)[0]
+            try:
+                yield k, self._generate_batch([prompt], sampling, progress, should_stop)[0]
+            except (ValueError, RuntimeError) as exc:
+                yield k, GenerationOutput.failed(str(k), exc)
 
     def stream(self, prompts: list[Prompt], params: list[SamplingParams], chunk_steps: int,
                should_stop: Callable[[], bool] | None = None) -> Iterator[list[tuple[int, GenerationOutput]]]:

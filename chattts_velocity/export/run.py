@@ -70,8 +70,11 @@ def _run_chunk(chat: Chat, plan: ExportPlan, chunk: list[ExportLine], params: In
     """One engine batch; if it fails, its unfinished lines retry in halves until the culprit runs alone."""
     try:
         per_line = [dataclasses.replace(params, spk_emb=line.speaker, manual_seed=line.seed) for line in chunk]
-        for i, wav in chat.infer_many([line.text for line in chunk], per_line):
-            _save(plan.out_dir, chunk[i], wav, log)
+        for i, result in chat.infer_many([line.text for line in chunk], per_line):
+            if isinstance(result, Exception):
+                _fail(chunk[i], f"synthesis failed: {type(result).__name__}: {result}", log)
+            else:
+                _save(plan.out_dir, chunk[i], result, log)
             bar.update(1)
     except Exception as exc:  # noqa: BLE001 - one line's failure must not cost the others
         rest = [line for line in chunk if line.status == "pending"]
