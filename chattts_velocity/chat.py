@@ -40,7 +40,7 @@ class Chat:
         self.tokenizer: text.Tokenizer | None = None
         self._gpts: dict[bool, GPTBackend] = {}  # use_vllm -> the backend load_pretrained chose
         self.dvae = self.decoder = self.vocos = None
-        self.default_use_vllm = False
+        self.default_use_vllm, self.dtype = False, "float32"
         self._load_kwargs: dict = {}
 
     # ---- loading -------------------------------------------------------------------------
@@ -75,7 +75,7 @@ class Chat:
         self.dvae = audio.DVAE.from_state_dict(audio.load_safetensors(paths.dvae)).to(self.device).eval()
         self.decoder = audio.Decoder.from_state_dict(audio.load_safetensors(paths.decoder)).to(self.device).eval()
         self.vocos = audio.Vocos.from_state_dict(audio.load_safetensors(paths.vocos)).to(self.device).eval()
-        self.default_use_vllm = use_vllm
+        self.default_use_vllm, self.dtype = use_vllm, dtype
         self.gpt(use_vllm)
         return self.has_loaded()
 

@@ -1,6 +1,7 @@
 """Batch export on tiny weights: naming, bad lines, resume without re-synthesis, seeds, atomic writes."""
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import wave
@@ -88,13 +89,14 @@ def test_fifty_lines_two_bad_then_second_run_skips_the_finished(chat: Chat, tmp_
     assert sorted(first) == list(range(1, 51))
     assert first[7]["status"] == "error" and "invalid JSON" in first[7]["error"]
     assert first[31]["status"] == "error" and first[31]["error"].startswith("speaker:")
-    assert first[1] | {"seed": None} == {"line": 1, "text": say(0), "id": None, "output": "00001.wav", "seed": None,
-                                         "speaker": None, "status": "ok", "error": None, "duration": CLIP / 24000}
+    assert first[1] | {"seed": None, "request": None} == {
+        "line": 1, "text": say(0), "id": None, "output": "00001.wav", "seed": None, "speaker": None, "status": "ok",
+        "error": None, "duration": CLIP / 24000, "request": None, "reason": None}
     assert all(isinstance(first[k]["seed"], int) for k in first if k not in (7, 31))
     stamps = {p.name: p.stat().st_mtime_ns for p in wavs}
 
     # chat=None: the second run cannot synthesise anything, so it must skip every finished line
-    plan2 = plan_export(src, out)
+    plan2 = plan_export(src, out, params=PARAMS)
     log2: list[str] = []
     run_export(None, plan2, PARAMS, progress=False, log=log2.append)
     assert (plan2.count("skipped"), plan2.count("ok"), plan2.count("error")) == (48, 0, 2)
@@ -128,7 +130,7 @@ def test_only_failed_lines_are_synthesised_again(chat: Chat, tmp_path: Path, mon
     monkeypatch.setattr(chat, "infer_many", counting)
     plan, log = run(chat, src, out, seed=11)
     assert seen == [say(1), say(20)]  # file lines 3 and 41
-    assert (plan.count("ok"), plan.count("skipped"), log[-1]) == (2, 23, "25/25 succeeded")
+    assert (plan.count("ok"), plan.count("skipped") - 24, log[-1]) == (2, 23, "25/25 succeeded")  # 24 empty lines
     assert all(out.joinpath(name).stat().st_mtime_ns == t for name, t in stamps.items())
     assert frames(out / "00003.wav") == CLIP and no_temp_files(out)
 
@@ -231,6 +233,7 @@ class StubChat:
     """infer_many that makes a tone per text, fails on 'boom' and can raise after some lines."""
 
     config = SimpleNamespace(hidden_size=64)
+    paths, dtype = SimpleNamespace(root=Path("stub-model")), "float32"
 
     def __init__(self, stop_after: int | None = None) -> None:
         self.stop_after, self.calls = stop_after, []
@@ -316,3 +319,42 @@ def test_wav_seconds_accepts_only_complete_wavs(tmp_path: Path) -> None:
     (tmp_path / "text.wav").write_text("not audio")
     for name in ("cut", "empty", "stereo", "text", "missing"):
         assert export_mod.wav_seconds(tmp_path / f"{name}.wav") is None, name
+
+
+def test_a_killed_run_is_resumed_from_the_journal_and_changed_lines_are_made_again(tmp_path: Path,
+                                                                                      monkeypatch) -> None:
+    src, out = tmp_path / "in.txt", tmp_path / "out"
+    src.write_text("".join(f"line {w}\n" for w in WORDS), encoding="utf-8")
+    monkeypatch.setattr(export_run, "write_manifest", lambda plan: None)  # killed before any manifest write
+    with pytest.raises(KeyboardInterrupt):
+        run(StubChat(stop_after=4), src, out)
+    monkeypatch.undo()
+    assert not (out / "manifest.json").exists() and len((out / "manifest.journal").read_text().splitlines()) == 4
+    src.write_text("".join(f"line {w}\n" for w in ["CHANGED", *WORDS[1:]]), encoding="utf-8")
+    plan, log = run(stub := StubChat(), src, out)
+    assert [line.status for line in plan.lines] == ["ok", "skipped", "skipped", "skipped"] + ["ok"] * 6
+    assert stub.calls == [["line CHANGED", *[f"line {w}" for w in WORDS[4:]]]]  # the old 00001.wav is not trusted
+    assert log[-1] == "10/10 succeeded" and not (out / "manifest.journal").exists()
+
+
+def test_a_wav_the_record_does_not_know_is_made_again(tmp_path: Path) -> None:
+    src, out = tmp_path / "in.txt", tmp_path / "out"
+    src.write_text("one\ntwo\n", encoding="utf-8")
+    out.mkdir()
+    (out / "00001.wav").write_bytes(wav_bytes(np.full(2400, 0.1, np.float32)))  # complete, but from who knows what
+    plan, _ = run(StubChat(), src, out)
+    assert [line.status for line in plan.lines] == ["ok", "ok"]
+    plan, _ = run(StubChat(), src, out, params=dataclasses.replace(PARAMS, temperature=0.5))
+    assert [line.status for line in plan.lines] == ["ok", "ok"]  # other sampling parameters: a new request
+
+
+def test_the_manifest_records_every_line_and_the_run(tmp_path: Path) -> None:
+    src, out = tmp_path / "in.txt", tmp_path / "out"
+    src.write_text("one\n\n   \ntwo\n", encoding="utf-8")
+    plan, log = run(StubChat(), src, out)
+    doc = json.loads((out / "manifest.json").read_text(encoding="utf-8"))
+    assert [(e["line"], e["status"], e["reason"]) for e in doc["lines"]] == [
+        (1, "ok", None), (2, "skipped", "empty line"), (3, "skipped", "empty line"), (4, "ok", None)]
+    assert (doc["total"], doc["succeeded"], log[-1]) == (2, 2, "2/2 succeeded")
+    assert doc["model"] == "stub-model" and doc["precision"] == "float32"
+    assert doc["params"]["max_new_token"] == STEPS and doc["started"] <= doc["updated"]

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import time
 from pathlib import Path
@@ -62,9 +63,10 @@ def cmd_export(args: argparse.Namespace) -> None:
     from ..export import plan_export, run_export
     from ..params import InferCodeParams
 
-    plan = plan_export(args.input, args.output_dir, seed=args.seed, speaker=args.speaker or None)
     max_new_token = args.max_new_token or (DEMO_MAX_NEW_TOKEN if args.model == "demo" else 2048)
     params = InferCodeParams(max_new_token=max_new_token, show_tqdm=False)
+    plan = plan_export(args.input, args.output_dir, seed=args.seed, speaker=args.speaker or None, params=params)
+    signal.signal(signal.SIGTERM, _interrupt)  # a kill ends like Ctrl-C: finished lines stay on record
     if args.ray:
         _export_with_ray(args, plan, params)
     else:
@@ -199,6 +201,13 @@ def main(argv: list[str] | None = None) -> None:
         args.func(args)
     except (ValueError, FileNotFoundError) as exc:
         raise SystemExit(f"error: {exc}") from None
+    except KeyboardInterrupt:
+        print(f"chattts-velocity {args.command}: interrupted", file=sys.stderr)
+        raise SystemExit(130) from None
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 if __name__ == "__main__":

@@ -4,9 +4,9 @@ plan.py checks the input and finds finished outputs (no model needed); run.py sy
 machine through Chat.infer_many; ray.py does the same on a Ray Data actor pool (needs the [ray] extra, imported
 only from there).
 """
+from chattts_velocity.export.manifest import MANIFEST, replace_atomically, write_manifest
 from chattts_velocity.export.plan import (
     FIELDS,
-    MANIFEST,
     SEED_LIMIT,
     ExportLine,
     ExportPlan,
@@ -14,7 +14,7 @@ from chattts_velocity.export.plan import (
     read_input,
     wav_seconds,
 )
-from chattts_velocity.export.run import CHUNK_SIZE, Log, export, replace_atomically, run_export, write_manifest
+from chattts_velocity.export.run import CHUNK_SIZE, Log, export, run_export
 
 __all__ = [
     "CHUNK_SIZE", "FIELDS", "MANIFEST", "SEED_LIMIT", "ExportLine", "ExportPlan", "Log", "export",

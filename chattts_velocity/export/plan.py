@@ -1,6 +1,7 @@
-"""Batch export, planning: a text or JSON Lines file (+ an earlier manifest.json) -> an ExportPlan.
+"""Batch export, planning: a text or JSON Lines file (+ the record of earlier runs) -> an ExportPlan.
 
-Checks and names every line, skips outputs already on disk, fixes seeds; needs no model (export.run_export runs it).
+Checks and names every line, skips outputs an earlier run made from the same request, fixes seeds; needs no model
+(export.run_export runs it).
 """
 from __future__ import annotations
 
@@ -12,16 +13,18 @@ import wave
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..params import InferCodeParams
 from ..text import decode_spk_emb
+from .manifest import MANIFEST, params_record, read_record, request_hash
 
-MANIFEST = "manifest.json"
 FIELDS = ("text", "id", "speaker", "seed", "output")
 SEED_LIMIT = 2**63  # the engine's counter-based sampler and torch.manual_seed both take [0, 2**63)
+EMPTY = "empty line"
 
 
 @dataclass
 class ExportLine:
-    """One non-blank input line and what became of it (one manifest entry)."""
+    """One input line and what became of it (one manifest entry)."""
 
     line: int  # 1-based line number in the input file
     text: str
@@ -29,17 +32,20 @@ class ExportLine:
     output: str | None = None  # relative to the output folder, "/"-separated
     seed: int | None = None
     speaker: str | None = None
-    status: str = "pending"  # pending -> ok (written by this run) | skipped (by an earlier one) | error
+    status: str = "pending"  # pending -> ok (written by this run) | skipped (see reason) | error
     error: str | None = None
     duration: float | None = None  # seconds of audio
+    request: str | None = None  # hash of what the line asks for (manifest.request_hash)
+    reason: str | None = None  # why a line was skipped: an empty line, or already exported
 
 
 @dataclass
 class ExportPlan:
     input: str
     out_dir: Path
-    lines: list[ExportLine] = field(repr=False)
+    lines: list[ExportLine] = field(repr=False)  # every input line, empty ones included
     speaker_widths: dict[str, int] = field(default_factory=dict, repr=False)  # speaker string -> its width
+    meta: dict = field(default_factory=dict)  # the run's model, precision, sampling parameters and times
 
     @property
     def todo(self) -> list[ExportLine]:
@@ -49,8 +55,13 @@ class ExportPlan:
         return sum(line.status == status for line in self.lines)
 
     @property
+    def texts(self) -> list[ExportLine]:
+        """The lines that have something to say (all but the empty ones)."""
+        return [line for line in self.lines if line.reason != EMPTY]
+
+    @property
     def succeeded(self) -> int:
-        return self.count("ok") + self.count("skipped")
+        return sum(line.status in ("ok", "skipped") for line in self.texts)
 
     @property
     def manifest(self) -> Path:
@@ -58,24 +69,26 @@ class ExportPlan:
 
 
 def read_input(path: str | Path) -> tuple[list[tuple[int, str]], bool]:
-    """(line number, line) for every non-blank line, and whether the input is JSON Lines. "-" is stdin."""
+    """(line number, line) for every line, and whether the input is JSON Lines. "-" is stdin."""
     try:
         raw = sys.stdin.read() if str(path) == "-" else Path(path).read_bytes().decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         where = f"{exc.reason} at byte {exc.start}"
         raise ValueError(f"input: {path} is not UTF-8 ({where}); save it as UTF-8") from None
-    rows = [(n, s.rstrip("\r")) for n, s in enumerate(raw.split("\n"), start=1) if s.strip()]
-    if not rows:
+    rows = list(enumerate((s.rstrip("\r") for s in raw.removesuffix("\n").split("\n")), start=1))
+    filled = [s for _, s in rows if s.strip()]
+    if not filled:
         raise ValueError(f"input: {path} has no non-blank lines; give one utterance (or JSON object) per line")
-    return rows, Path(str(path)).suffix.lower() == ".jsonl" or rows[0][1].lstrip().startswith("{")
+    return rows, Path(str(path)).suffix.lower() == ".jsonl" or filled[0].lstrip().startswith("{")
 
 
 def plan_export(input_path: str | Path, out_dir: str | Path, seed: int | None = None,
-                speaker: str | None = None) -> ExportPlan:
-    """Parse and name every line, skip finished outputs, fix each remaining line's seed.
+                speaker: str | None = None, params: InferCodeParams | None = None) -> ExportPlan:
+    """Parse and name every line, skip the outputs an earlier run made for the same request, fix seeds.
 
     With `seed` S, line k uses S + k - 1 unless it gives its own; without, each line to run draws a
-    random seed (recorded in the manifest). Bad lines get status "error"; a bad argument raises ValueError.
+    random seed (recorded in the manifest). `params` is the sampling template the run will use (part of each
+    line's request hash). Bad lines get status "error"; a bad argument raises ValueError.
     """
     widths: dict[str, int] = {}
     if seed is not None:
@@ -83,15 +96,21 @@ def plan_export(input_path: str | Path, out_dir: str | Path, seed: int | None = 
     if speaker is not None:
         _speaker_width(speaker, widths)
     rows, jsonl = read_input(input_path)
-    plan = ExportPlan(str(input_path), Path(out_dir), [], widths)
+    plan = ExportPlan(str(input_path), Path(out_dir), [], widths, {"params": params_record(params or
+                                                                                           InferCodeParams())})
     plan.lines = [_parse(n, raw, jsonl, speaker, plan) for n, raw in rows]
     _reject_duplicates(plan.lines)
+    _base_seeds(plan, seed)
+    for line in plan.todo:
+        line.request = request_hash(line.text, line.speaker, line.seed, plan.meta["params"])
     _mark_finished(plan)
-    _assign_seeds(plan, seed)
+    _draw_seeds(plan)
     return plan
 
 
 def _parse(number: int, raw: str, jsonl: bool, speaker: str | None, plan: ExportPlan) -> ExportLine:
+    if not raw.strip():
+        return ExportLine(number, "", status="skipped", reason=EMPTY)
     line = ExportLine(number, raw.strip(), speaker=speaker)
     try:
         if jsonl:
@@ -178,30 +197,27 @@ def _reject_duplicates(lines: list[ExportLine]) -> None:
 
 
 def _mark_finished(plan: ExportPlan) -> None:
-    """Skip lines whose WAV is complete, unless the last manifest says it was made from other text."""
-    try:
-        entries = json.loads(plan.manifest.read_text(encoding="utf-8"))["lines"]
-        previous = {e["output"]: e for e in entries if e["status"] in ("ok", "skipped")}
-    except (OSError, ValueError, KeyError, TypeError):
-        previous = {}
+    """Skip lines whose WAV is complete and recorded for the same request; any other WAV is made again."""
+    record = read_record(plan.out_dir)
     for line in plan.todo:
+        before = record.get(line.output, {})
         seconds = wav_seconds(plan.out_dir / line.output)
-        before = previous.get(line.output)
-        if seconds is None or (before is not None and before.get("text") != line.text):
+        if seconds is None or before.get("status") not in ("ok", "skipped") or before.get("request") != line.request:
             continue
-        line.status, line.duration = "skipped", round(seconds, 3)
-        if before is not None:  # the seed and voice that made the file on disk
-            line.seed, line.speaker = before.get("seed"), before.get("speaker")
+        line.status, line.reason, line.duration = "skipped", "already exported", round(seconds, 3)
+        line.seed = before.get("seed")  # the seed that made the file on disk
 
 
-def _assign_seeds(plan: ExportPlan, base: int | None) -> None:
-    draw = random.SystemRandom()
-    for line in plan.lines:
-        if line.status == "error" or line.seed is not None:
-            continue
-        if base is not None:
+def _base_seeds(plan: ExportPlan, base: int | None) -> None:
+    for line in plan.todo:
+        if base is not None and line.seed is None:
             line.seed = _check_seed(base + line.line - 1, "seed + line number")
-        elif line.status == "pending":
+
+
+def _draw_seeds(plan: ExportPlan) -> None:
+    draw = random.SystemRandom()
+    for line in plan.todo:
+        if line.seed is None:
             line.seed = draw.randrange(2**31)
 
 

@@ -24,7 +24,8 @@ from ..params import InferCodeParams
 from ..serve.ray_serve import init_ray, load_worker_chat
 from ..speech.service import SpeechService
 from .plan import ExportLine, ExportPlan
-from .run import Log, replace_atomically, write_manifest
+from .manifest import append_journal, now, replace_atomically, write_manifest
+from .run import Log, report_done, report_plan
 
 NO_AUDIO = "the model produced no audio (it stopped at the first step); try another seed"
 
@@ -100,11 +101,8 @@ def run_export_ray(model_dir: str | Path, plan: ExportPlan, params: InferCodePar
     """
     params = params or InferCodeParams(show_tqdm=False)
     options = options or RayExportOptions()
-    for line in plan.lines:
-        if line.status == "error":
-            log(f"line {line.line}: {line.error}")
-    if plan.count("skipped"):
-        log(f"skipped {plan.count('skipped')} existing outputs in {plan.out_dir}")
+    report_plan(plan, log)
+    plan.meta.update(model=str(Path(model_dir).resolve()), precision=load_kwargs.get("dtype", "float32"), started=now())
     keys = [k for k, line in enumerate(plan.lines) if line.status == "pending"]
     try:
         if keys:
@@ -114,9 +112,7 @@ def run_export_ray(model_dir: str | Path, plan: ExportPlan, params: InferCodePar
         for line in plan.todo:  # never silently lost: Ray returned no row for it (job stopped early)
             line.status, line.error = "error", "no result: the Ray job stopped before this line ran; run again"
         write_manifest(plan)
-    log(f"wrote {plan.count('ok')}, skipped {plan.count('skipped')} existing, {plan.count('error')} failed; "
-        f"manifest {plan.manifest}")
-    log(f"{plan.succeeded}/{len(plan.lines)} succeeded")
+    report_done(plan, log)
     return plan
 
 
@@ -169,3 +165,4 @@ def store_row(plan: ExportPlan, line: ExportLine, row: dict[str, Any], log: Log)
         return
     line.status, line.error = "ok", None
     line.duration = round(int(row["samples"]) / SAMPLE_RATE, 3)
+    append_journal(plan, line)

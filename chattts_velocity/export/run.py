@@ -2,8 +2,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -14,7 +12,8 @@ from tqdm.auto import tqdm
 from ..audio import write_wav
 from ..audio.wav import SAMPLE_RATE
 from ..params import InferCodeParams
-from .plan import MANIFEST, ExportLine, ExportPlan, plan_export
+from .manifest import append_journal, now, replace_atomically, write_manifest
+from .plan import ExportLine, ExportPlan, plan_export
 
 if TYPE_CHECKING:
     from ..chat import Chat
@@ -31,11 +30,9 @@ def run_export(chat: Chat | None, plan: ExportPlan, params: InferCodeParams | No
     when nothing is pending.
     """
     params = params or InferCodeParams(show_tqdm=False)
-    for line in plan.lines:
-        if line.status == "error":
-            log(f"line {line.line}: {line.error}")
-    if plan.count("skipped"):
-        log(f"skipped {plan.count('skipped')} existing outputs in {plan.out_dir}")
+    report_plan(plan, log)
+    if chat is not None:
+        plan.meta.update(model=str(chat.paths.root), precision=chat.dtype, started=now())
     _check_speakers_fit(chat, plan, log)
     todo = plan.todo
     with tqdm(total=len(todo), unit="line", desc="export", disable=not (progress and todo)) as bar:
@@ -45,10 +42,23 @@ def run_export(chat: Chat | None, plan: ExportPlan, params: InferCodeParams | No
                 write_manifest(plan)
         finally:
             write_manifest(plan)  # also on Ctrl-C, so the finished lines are on record
-    log(f"wrote {plan.count('ok')}, skipped {plan.count('skipped')} existing, {plan.count('error')} failed; "
-        f"manifest {plan.manifest}")
-    log(f"{plan.succeeded}/{len(plan.lines)} succeeded")
+    report_done(plan, log)
     return plan
+
+
+def report_plan(plan: ExportPlan, log: Log) -> None:
+    for line in plan.lines:
+        if line.status == "error":
+            log(f"line {line.line}: {line.error}")
+    if existing := sum(line.reason == "already exported" for line in plan.lines):
+        log(f"skipped {existing} existing outputs in {plan.out_dir}")
+
+
+def report_done(plan: ExportPlan, log: Log) -> None:
+    existing = sum(line.reason == "already exported" for line in plan.lines)
+    log(f"wrote {plan.count('ok')}, skipped {existing} existing, {plan.count('error')} failed; "
+        f"manifest {plan.manifest}")
+    log(f"{plan.succeeded}/{len(plan.texts)} succeeded")
 
 
 def _check_speakers_fit(chat: Chat | None, plan: ExportPlan, log: Log) -> None:
@@ -74,7 +84,7 @@ def _run_chunk(chat: Chat, plan: ExportPlan, chunk: list[ExportLine], params: In
             if isinstance(result, Exception):
                 _fail(chunk[i], f"synthesis failed: {type(result).__name__}: {result}", log)
             else:
-                _save(plan.out_dir, chunk[i], result, log)
+                _save(plan, chunk[i], result, log)
             bar.update(1)
     except Exception as exc:  # noqa: BLE001 - one line's failure must not cost the others
         rest = [line for line in chunk if line.status == "pending"]
@@ -90,15 +100,16 @@ def _run_chunk(chat: Chat, plan: ExportPlan, chunk: list[ExportLine], params: In
                 _run_chunk(chat, plan, part, params, bar, log)
 
 
-def _save(out_dir: Path, line: ExportLine, wav: np.ndarray, log: Log) -> None:
+def _save(plan: ExportPlan, line: ExportLine, wav: np.ndarray, log: Log) -> None:
     if len(wav) == 0:
         return _fail(line, "the model produced no audio (it stopped at the first step); try another seed", log)
     try:
-        replace_atomically(out_dir / line.output, lambda tmp: write_wav(tmp, wav))
+        replace_atomically(plan.out_dir / line.output, lambda tmp: write_wav(tmp, wav))
     except Exception as exc:  # noqa: BLE001 - a full disk or a blocked path fails this line only
         return _fail(line, f"could not write {line.output}: {exc}", log)
     line.status, line.duration = "ok", round(len(wav) / SAMPLE_RATE, 3)
-    log(f"{out_dir / line.output}  {line.duration:.2f} s")
+    append_journal(plan, line)
+    log(f"{plan.out_dir / line.output}  {line.duration:.2f} s")
 
 
 def _fail(line: ExportLine, message: str, log: Log) -> None:
@@ -106,30 +117,9 @@ def _fail(line: ExportLine, message: str, log: Log) -> None:
     log(f"line {line.line}: {message}")
 
 
-def replace_atomically(path: Path, write: Callable[[Path], None]) -> None:
-    """write() a hidden temp file, fsync, rename: a crash never leaves a partial file under `path`."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        write(tmp)
-        with open(tmp, "r+b") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def write_manifest(plan: ExportPlan) -> Path:
-    doc = {"input": plan.input, "output_dir": str(plan.out_dir), "total": len(plan.lines),
-           "succeeded": plan.succeeded, "failed": plan.count("error"),
-           "lines": [dataclasses.asdict(line) for line in plan.lines]}
-    body = json.dumps(doc, ensure_ascii=False, indent=1)
-    replace_atomically(plan.manifest, lambda tmp: tmp.write_text(body, encoding="utf-8"))
-    return plan.manifest
-
-
 def export(chat: Chat, input_path: str | Path, out_dir: str | Path, seed: int | None = None,
            speaker: str | None = None, params: InferCodeParams | None = None, progress: bool = True,
            log: Log = tqdm.write) -> ExportPlan:
     """plan_export + run_export: every line of `input_path` to a WAV in `out_dir`, resuming earlier runs."""
-    return run_export(chat, plan_export(input_path, out_dir, seed, speaker), params, progress=progress, log=log)
+    plan = plan_export(input_path, out_dir, seed, speaker, params)
+    return run_export(chat, plan, params, progress=progress, log=log)

@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -58,3 +60,23 @@ def test_export_bad_speaker_argument_is_a_clear_error(workdir: Path) -> None:
     (workdir / "lines.txt").write_text("Hello.\n", encoding="utf-8")
     result = cli(workdir, "lines.txt", "-o", "out", "--model", "demo", "--tiny", "--speaker", "nope")
     assert result.returncode != 0 and "error: speaker" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_stopped_export_ends_in_one_line_and_keeps_its_finished_lines(workdir: Path, signum: int) -> None:
+    (workdir / "lines.txt").write_text("".join(f"Sentence number {k}.\n" for k in range(400)), encoding="utf-8")
+    args = ["lines.txt", "-o", "out", "--model", "demo", "--tiny", "--seed", "1", "--max-new-token", "40"]
+    path = os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), str(REPO)]))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path}
+    proc = subprocess.Popen([sys.executable, "-m", "chattts_velocity.cli", "export", *args], cwd=workdir, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 240
+    while not list((workdir / "out").glob("*.wav")) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    proc.send_signal(signum)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-2000:]
+    assert err.strip().splitlines()[-1] == "chattts-velocity export: interrupted" and "Traceback" not in err
+    entries = json.loads((workdir / "out" / "manifest.json").read_text(encoding="utf-8"))["lines"]
+    done = {e["output"] for e in entries if e["status"] == "ok"}
+    assert done and done == {p.name for p in (workdir / "out").glob("*.wav")}  # every WAV on disk is on record

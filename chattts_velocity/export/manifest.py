@@ -1,0 +1,90 @@
+"""Batch export, the record kept in the output folder, so that a crash at any moment loses only lines in flight.
+
+manifest.json: the whole plan (every input line, its status, seed, hash) plus the run's model, precision and
+sampling parameters; rewritten atomically after each batch. manifest.journal: one JSON line per finished WAV,
+appended and fsync'd as the WAV lands; the next manifest write folds it in and empties it. A re-run trusts a WAV
+only when the record holds it with the same request hash (text, speaker, seed asked for, sampling parameters).
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from collections.abc import Callable
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .plan import ExportLine, ExportPlan
+
+MANIFEST = "manifest.json"
+JOURNAL = "manifest.journal"
+# InferCodeParams fields that are per line (speaker, seed) or do not change the audio
+NOT_HASHED = {"spk_emb", "manual_seed", "show_tqdm", "logits_processors", "stream_batch", "stream_speed",
+              "pass_first_n_batches"}
+
+
+def params_record(params: object) -> dict:
+    """The sampling parameters that shape every line's audio, as JSON-able values."""
+    return {f.name: getattr(params, f.name) for f in dataclasses.fields(params) if f.name not in NOT_HASHED}
+
+
+def request_hash(text: str, speaker: str | None, seed: int | None, params: dict) -> str:
+    """What a line asked for; seed is None when the line did not choose one (then any recorded seed will do)."""
+    doc = json.dumps({"text": text, "speaker": speaker, "seed": seed, "params": params}, sort_keys=True)
+    return hashlib.sha256(doc.encode("utf-8")).hexdigest()[:32]
+
+
+def read_record(out_dir: Path) -> dict[str, dict]:
+    """output -> its latest recorded entry: manifest.json, then the journal's lines (a torn last line is ignored)."""
+    entries: list[dict] = []
+    try:
+        entries += json.loads((out_dir / MANIFEST).read_text(encoding="utf-8"))["lines"]
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    try:
+        for raw in (out_dir / JOURNAL).read_text(encoding="utf-8").splitlines():
+            try:
+                entries.append(json.loads(raw))
+            except ValueError:
+                continue
+    except OSError:
+        pass
+    return {e["output"]: e for e in entries if isinstance(e, dict) and e.get("output")}
+
+
+def append_journal(plan: ExportPlan, line: ExportLine) -> None:
+    with open(plan.out_dir / JOURNAL, "a", encoding="utf-8") as f:
+        f.write(json.dumps(dataclasses.asdict(line), ensure_ascii=False) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def write_manifest(plan: ExportPlan) -> Path:
+    plan.meta["updated"] = now()
+    doc = {"input": plan.input, "output_dir": str(plan.out_dir), **plan.meta, "total": len(plan.texts),
+           "succeeded": plan.succeeded, "failed": plan.count("error"),
+           "lines": [dataclasses.asdict(line) for line in plan.lines]}
+    body = json.dumps(doc, ensure_ascii=False, indent=1)
+    replace_atomically(plan.manifest, lambda tmp: tmp.write_text(body, encoding="utf-8"))
+    (plan.out_dir / JOURNAL).unlink(missing_ok=True)  # the manifest now holds everything the journal did
+    return plan.manifest
+
+
+def replace_atomically(path: Path, write: Callable[[Path], None]) -> None:
+    """write() a hidden temp file, fsync, rename: a crash never leaves a partial file under `path`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        write(tmp)
+        with open(tmp, "r+b") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
