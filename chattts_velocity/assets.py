@@ -105,6 +105,9 @@ def find_assets(
     source: str = "local", custom_path: str | Path | None = None, force_redownload: bool = False
 ) -> AssetPaths:
     """Locate the assets of `source` ("local", "huggingface" or "custom"); does not verify them."""
+    if custom_path is not None and Path(custom_path).expanduser().is_file():
+        raise ValueError(f"custom_path: {custom_path} is a file; give the folder that contains asset/ "
+                         "(or the asset/ folder itself)")
     if source == "local":
         return _find_local(custom_path, force_redownload)
     if source == "huggingface":

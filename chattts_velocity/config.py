@@ -37,15 +37,31 @@ class ModelConfig:
             path = path / "config.json"
         if not path.is_file():
             raise FileNotFoundError(f"gpt config: {path} does not exist (expected asset/gpt/config.json)")
-        raw = json.loads(path.read_text(encoding="utf-8"))
-        names = {f.name for f in fields(cls)}
-        cfg = cls(**{k: v for k, v in raw.items() if k in names})
+        try:
+            raw = json.loads(path.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ValueError(f"gpt config: {path} is not valid JSON ({exc})") from None
+        if not isinstance(raw, dict):
+            raise ValueError(f"gpt config: {path} must hold a JSON object, got a {type(raw).__name__}")
+        cfg = cls(**{f.name: _checked(path, f.name, raw[f.name], f.type) for f in fields(cls) if f.name in raw})
+        if cfg.hidden_size % cfg.num_attention_heads:
+            raise ValueError(f"gpt config: {path}: hidden_size ({cfg.hidden_size}) is not a multiple of "
+                             f"num_attention_heads ({cfg.num_attention_heads})")
         if cfg.num_key_value_heads != cfg.num_attention_heads:
             raise ValueError(
-                f"gpt config: num_key_value_heads ({cfg.num_key_value_heads}) != num_attention_heads "
+                f"gpt config: {path}: num_key_value_heads ({cfg.num_key_value_heads}) != num_attention_heads "
                 f"({cfg.num_attention_heads}); ChatTTS checkpoints have no grouped-query attention"
             )
         return cfg
+
+
+def _checked(path: Path, name: str, value: object, kind: str) -> int | float:
+    """A config.json number of the field's kind (ints > 0, floats finite and > 0), else a ValueError naming both."""
+    number = (int,) if kind == "int" else (int, float)
+    if isinstance(value, bool) or not isinstance(value, number) or not 0 < value < float("inf"):
+        want = "an integer" if kind == "int" else "a number"
+        raise ValueError(f"gpt config: {path}: {name} must be {want} > 0, got {value!r}")
+    return value
 
 
 @dataclass
