@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 HF_REPO_ID = "2Noise/ChatTTS"
 HF_ALLOW_PATTERNS = ["*.json", "*.safetensors", "*.yaml"]
 SOURCES = ("local", "huggingface", "custom")
@@ -92,6 +94,20 @@ class AssetPaths:
 
     def missing(self) -> list[str]:
         return [rel for rel, path in self.files().items() if not path.is_file()]
+
+
+def read_safetensors(path: str | Path, what: str) -> dict[str, torch.Tensor]:
+    """Every tensor of a .safetensors checkpoint on CPU; a missing or damaged file is an error naming it."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{what}: {path} does not exist")
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError) as exc:
+        raise ValueError(f"{what}: {path} is not a readable safetensors file ({exc})") from None
 
 
 def _looks_like_asset_dir(folder: Path) -> bool:

@@ -40,3 +40,15 @@ def test_a_custom_path_that_is_a_file_says_so(tmp_path: Path) -> None:
     weights.write_bytes(b"x")
     with pytest.raises(ValueError, match="custom_path: .* is a file; give the folder"):
         Chat().load(source="custom", custom_path=weights, verify=False)
+
+
+@pytest.mark.parametrize("name", ["gpt/model.safetensors", "Embed.safetensors", "Vocos.safetensors"])
+def test_a_damaged_checkpoint_names_its_file(tiny_assets: Path, tmp_path: Path, name: str) -> None:
+    import shutil
+
+    root = tmp_path / "copy"
+    shutil.copytree(tiny_assets, root)
+    (root / "asset" / name).write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json")
+    with pytest.raises(ValueError) as err:
+        Chat().load(source="custom", custom_path=root, verify=False, use_vllm=name != "gpt/model.safetensors")
+    assert "is not a readable safetensors file" in str(err.value) and name.split("/")[-1] in str(err.value)

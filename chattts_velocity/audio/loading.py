@@ -7,21 +7,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 from torch import nn
+
+from chattts_velocity.assets import read_safetensors
 
 
 def load_safetensors(path: str | Path) -> dict[str, torch.Tensor]:
     """Every tensor of a .safetensors file on CPU; floating tensors upcast to float32."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"checkpoint: {path} does not exist")
-    out: dict[str, torch.Tensor] = {}
-    with safe_open(str(path), framework="pt", device="cpu") as f:
-        for key in f.keys():
-            t = f.get_tensor(key)
-            out[key] = t.float() if t.is_floating_point() else t
-    return out
+    return {k: t.float() if t.is_floating_point() else t for k, t in read_safetensors(path, "checkpoint").items()}
 
 
 def shape_of(sd: dict[str, torch.Tensor], key: str, what: str) -> torch.Size:

@@ -8,8 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
 
+from chattts_velocity.assets import read_safetensors
 from chattts_velocity.config import ModelConfig
 from chattts_velocity.model.embed import Embed
 from chattts_velocity.model.llama import ChatTTSLlama
@@ -43,7 +43,7 @@ def load_gpt(
         raise FileNotFoundError(f"gpt weights: {file} does not exist (expected asset/gpt/model.safetensors)")
     if config is None:
         config = ModelConfig.from_json(file.parent / "config.json")
-    state_dict = {k: v for k, v in load_file(str(file)).items() if not _ignored(k)}
+    state_dict = {k: v for k, v in read_safetensors(file, "gpt weights").items() if not _ignored(k)}
     with torch.device("meta"):
         model = ChatTTSLlama(config)
     _check_keys(f"gpt weights {file}", state_dict, model.state_dict())
@@ -61,7 +61,7 @@ def load_embed(
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"Embed weights: {path} does not exist (expected asset/Embed.safetensors)")
-    return Embed.from_state_dict(load_file(str(path))).to(dtype=dtype, device=device).eval()
+    return Embed.from_state_dict(read_safetensors(path, "Embed weights")).to(dtype=dtype, device=device).eval()
 
 
 def gpt_state_dict(gpt_dir: str | Path) -> dict[str, torch.Tensor]:
@@ -70,4 +70,4 @@ def gpt_state_dict(gpt_dir: str | Path) -> dict[str, torch.Tensor]:
     file = path / "model.safetensors" if path.is_dir() else path
     if not file.is_file():
         raise FileNotFoundError(f"gpt weights: {file} does not exist (expected asset/gpt/model.safetensors)")
-    return {k: v.float() for k, v in load_file(str(file)).items() if not _ignored(k)}
+    return {k: v.float() for k, v in read_safetensors(file, "gpt weights").items() if not _ignored(k)}
