@@ -13,6 +13,8 @@ import triton.language as tl
 
 from chattts_velocity.model.kernels.triton.rounding import to_dtype
 
+EAGER = {"enable_fp_fusion": False}  # no fused multiply-adds: each product is rounded, as in torch's eager ops
+
 
 @triton.jit
 def _round(x, DTYPE: tl.constexpr):
@@ -114,7 +116,7 @@ def _rope(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torc
     heads, half = x.shape[1], x.shape[2] // 2
     _rope_kernel[(x.shape[0],)](x, out, positions, cos, sin, x.stride(0), x.stride(1), cos.stride(0),
                                 HEADS=heads, HALF=half, BLOCK_H=triton.next_power_of_2(heads),
-                                BLOCK_HALF=triton.next_power_of_2(half))
+                                BLOCK_HALF=triton.next_power_of_2(half), **EAGER)
     return out
 
 
@@ -122,7 +124,7 @@ def _launch_norm(x, residual, weight, out, residual_out, eps: float, add_residua
     hidden = x.shape[1]
     _rms_norm_kernel[(x.shape[0],)](x, residual, weight.contiguous(), out, residual_out, x.stride(0),
                                     residual.stride(0), eps, HIDDEN=hidden, BLOCK=triton.next_power_of_2(hidden),
-                                    ADD_RESIDUAL=add_residual)
+                                    ADD_RESIDUAL=add_residual, **EAGER)
 
 
 def _check_rows(name: str, x: torch.Tensor, weight: torch.Tensor) -> None:

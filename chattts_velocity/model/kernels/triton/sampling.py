@@ -18,6 +18,7 @@ import triton.language as tl
 
 MIN_KEEP = 3  # tokens top-p and top-k always keep, as logits_processors
 NOISE_BLOCK = 1024  # vocabulary entries per noise program
+EAGER = {"enable_fp_fusion": False}  # no fused multiply-adds, as torch's eager ops
 
 
 @triton.jit
@@ -76,7 +77,7 @@ def apply_temperature_and_penalty(
     _temperature_penalty_kernel[(rows,)](
         logits, temperatures.float().contiguous(), history, penalties.float().contiguous(), logits.stride(0),
         history.stride(0), vocab, width, BLOCK_V=min(4096, triton.next_power_of_2(vocab)),
-        BLOCK_W=triton.next_power_of_2(max(width, 1)), num_warps=4)
+        BLOCK_W=triton.next_power_of_2(max(width, 1)), num_warps=4, **EAGER)
     return logits
 
 
@@ -127,7 +128,8 @@ def exponential_noise(seeds: torch.Tensor, num_rows: int, vocab: int) -> torch.T
         raise ValueError(f"exponential_noise: need seeds [S] int64 (noise_seeds), num_rows and vocab >= 1, got "
                          f"{tuple(seeds.shape)} {seeds.dtype}, {num_rows}, {vocab}")
     out = torch.empty(seeds.shape[0] * num_rows, vocab, dtype=torch.float32, device=seeds.device)
-    _noise_kernel[(out.shape[0], triton.cdiv(vocab, NOISE_BLOCK))](seeds, out, num_rows, vocab, BLOCK=NOISE_BLOCK)
+    grid = (out.shape[0], triton.cdiv(vocab, NOISE_BLOCK))
+    _noise_kernel[grid](seeds, out, num_rows, vocab, BLOCK=NOISE_BLOCK, **EAGER)
     return out
 
 
