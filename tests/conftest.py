@@ -12,6 +12,10 @@ SHARED_ASSETS = REPO.parent / "shared" / "chattts-asset"
 CACHE = Path(os.environ.get("CHATTTS_VELOCITY_TEST_CACHE", REPO / ".pytest-assets"))
 
 torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
+# Triton's CPU interpreter (tests/model/test_triton_kernels.py) must be chosen before anything imports triton;
+# tests/model/conftest.py imports transformers, which does.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 @pytest.fixture(scope="session")
