@@ -7,7 +7,6 @@ only from there).
 from chattts_velocity.export.plan import (
     FIELDS,
     MANIFEST,
-    SEED_LIMIT,
     ExportLine,
     ExportPlan,
     plan_export,
@@ -17,6 +16,6 @@ from chattts_velocity.export.plan import (
 from chattts_velocity.export.run import CHUNK_SIZE, Log, export, replace_atomically, run_export, write_manifest
 
 __all__ = [
-    "CHUNK_SIZE", "FIELDS", "MANIFEST", "SEED_LIMIT", "ExportLine", "ExportPlan", "Log", "export",
+    "CHUNK_SIZE", "FIELDS", "MANIFEST", "ExportLine", "ExportPlan", "Log", "export",
     "plan_export", "read_input", "replace_atomically", "run_export", "wav_seconds", "write_manifest",
 ]

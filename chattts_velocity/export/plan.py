@@ -12,11 +12,12 @@ import wave
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..audio.formats import WAV
+from ..schema import check_sampling
 from ..text import decode_spk_emb
 
 MANIFEST = "manifest.json"
 FIELDS = ("text", "id", "speaker", "seed", "output")
-SEED_LIMIT = 2**63  # the engine's counter-based sampler and torch.manual_seed both take [0, 2**63)
 
 
 @dataclass
@@ -127,8 +128,7 @@ def _fill_from_json(line: ExportLine, raw: str, widths: dict[str, int]) -> None:
 
 
 def _check_seed(value: object, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < SEED_LIMIT:
-        raise ValueError(f"{name}: must be an integer in [0, 2**63), got {value!r}")
+    check_sampling({"seed": value}, {"seed": name})
     return value
 
 
@@ -145,12 +145,12 @@ def _output_name(line: ExportLine, root: Path) -> str:
     if line.output is not None:
         return _checked_output(line.output, root)
     if line.id is None:
-        return f"{line.line:05d}.wav"
+        return f"{line.line:05d}{WAV.extension}"
     # Word characters (any script), dot and dash; no leading dot, so no hidden file and no "..".
     name = re.sub(r"[^\w.\-]+", "_", line.id).lstrip("._")[:120]
     if not name:
         raise ValueError(f'id: {line.id!r} has no characters usable in a file name; add an "output"')
-    return name + ".wav"
+    return name + WAV.extension
 
 
 def _checked_output(value: object, root: Path) -> str:
@@ -158,8 +158,8 @@ def _checked_output(value: object, root: Path) -> str:
         raise ValueError(f"output: must be a non-empty path relative to the output folder, got {value!r}")
     if Path(value).is_absolute():
         raise ValueError(f"output: {value!r} is absolute; give a path relative to the output folder")
-    if Path(value).suffix.lower() != ".wav":
-        raise ValueError(f"output: {value!r} must end in .wav (the export writes WAV files)")
+    if Path(value).suffix.lower() != WAV.extension:
+        raise ValueError(f"output: {value!r} must end in {WAV.extension} (the export writes {WAV.name.upper()} files)")
     base = root.resolve()
     target = (base / value).resolve()
     if not target.is_relative_to(base) or target == base:
