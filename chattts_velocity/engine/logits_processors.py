@@ -76,7 +76,11 @@ def apply_repetition_penalty(
     same = (ids.unsqueeze(2) == history.unsqueeze(1)) & valid.unsqueeze(1)  # [R, W, W]
     alpha = torch.pow(penalty.unsqueeze(1), same.sum(2).to(logits.dtype))  # [R, W]
     scores = logits.gather(1, ids)  # [R, W]
-    return logits.scatter_(1, ids, torch.where(scores < 0, scores * alpha, scores / alpha))
+    penalised = torch.where(scores < 0, scores * alpha, scores / alpha)
+    # A tiny penalty's alpha underflows to 0 (0.001**16): s/0 is inf, 0/0 NaN, and softmax would give NaN.
+    # Clamp to the finite range (the boosted token then wins); normal values pass through unchanged.
+    big = torch.finfo(logits.dtype).max
+    return logits.scatter_(1, ids, penalised.nan_to_num_(nan=0.0, posinf=big, neginf=-big))
 
 
 def apply_top_p(logits: torch.Tensor, top_p: torch.Tensor, min_keep: int = 3) -> torch.Tensor:

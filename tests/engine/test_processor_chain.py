@@ -122,3 +122,21 @@ def test_top_k_above_the_vocabulary_keeps_every_token() -> None:
     sampler = Sampler()
     tokens = [sampler.sample(logits, sampler.prepare([seq], 4)) for seq in (huge, off)]
     assert torch.equal(*tokens)
+
+
+@pytest.mark.parametrize("penalty", [1e-3, 1e30])
+def test_extreme_penalties_give_finite_probabilities(penalty: float) -> None:
+    seq = Sequence("p", make_prompt(4), SamplingParams(repetition_penalty=penalty, top_p=None, top_k=None, seed=12))
+    for _ in range(16):  # penalty ** 16 under- or overflows float32
+        seq.append_token((3, 3, 3, 3), None)
+    logits = torch.randn(4, CODE_V, generator=torch.Generator().manual_seed(13))
+    logits[:, 3] = torch.tensor([0.0, -2.0, 2.0, 5.0])  # 0 / 0 would be NaN
+    sampler = Sampler()
+    batch = sampler.prepare([seq], 4)
+    probs = lp.process(logits.clone(), batch.params).softmax(-1)
+    assert not bool(probs.isnan().any())
+    tokens = sampler.sample(logits, batch)[0].tolist()
+    if penalty < 1:  # a repeated positive logit is boosted past every other token
+        assert tokens[2:] == [3, 3]
+    else:  # and pushed below every other one
+        assert 3 not in tokens[1:]
