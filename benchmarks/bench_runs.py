@@ -22,7 +22,7 @@ from chattts_velocity.assets import AssetPaths
 from chattts_velocity import load_pretrained
 from chattts_velocity.params import InferCodeParams
 
-STEPS_PER_AUDIO_SECOND = 46.875  # 24000 samples/s over 512 samples per code step
+STEPS_PER_AUDIO_SECOND = audio.SAMPLE_RATE / (2 * audio.HOP_LENGTH)  # 46.875: 2 mel frames per code step
 HERE = Path(__file__).resolve().parent
 SENTENCES = [
     "The quick brown fox jumps over the lazy dog near the river bank",

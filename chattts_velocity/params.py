@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .schema import LogitsProcessor, SamplingParams
+from .schema import SAMPLING_RULES, LogitsProcessor, SamplingParams, check_sampling
 
+# SamplingParams' name -> the upstream name these params use (for values and error messages)
+UPSTREAM_NAMES = {"top_p": "top_P", "top_k": "top_K", "seed": "manual_seed"}
 
 
 @dataclass(repr=False, eq=False)
@@ -27,25 +29,21 @@ class RefineTextParams:
     logits_processors: tuple[LogitsProcessor, ...] = field(default=(), kw_only=True)  # ours, keyword-only
 
     def __post_init__(self) -> None:
-        _check_common(self)
+        check_sampling(self.sampling_values(), UPSTREAM_NAMES)
+
+    def sampling_values(self) -> dict[str, object]:
+        """Our sampling fields under SamplingParams' names (every SAMPLING_RULES entry we have)."""
+        ours = {name: UPSTREAM_NAMES.get(name, name) for name in SAMPLING_RULES}
+        return {name: getattr(self, mine) for name, mine in ours.items() if hasattr(self, mine)}
 
     def to_sampling_params(self, mode: str, eos_token_id: int, return_hidden: bool) -> SamplingParams:
-        temperature = self.temperature
-        if isinstance(temperature, (list, tuple)):
-            temperature = tuple(float(t) for t in temperature)
+        values = self.sampling_values()
+        if isinstance(self.temperature, (list, tuple)):
+            values["temperature"] = tuple(float(t) for t in self.temperature)
+        values["repetition_penalty"] = float(self.repetition_penalty)
         return SamplingParams(
-            mode=mode,
-            temperature=temperature,
-            top_p=self.top_P,
-            top_k=self.top_K,
-            repetition_penalty=float(self.repetition_penalty),
-            max_new_token=self.max_new_token,
-            min_new_token=self.min_new_token,
-            seed=self.manual_seed,
-            eos_token_id=eos_token_id,
-            logits_processors=tuple(self.logits_processors),
-            return_hidden=return_hidden,
-            ensure_non_empty=self.ensure_non_empty,
+            mode=mode, eos_token_id=eos_token_id, logits_processors=tuple(self.logits_processors),
+            return_hidden=return_hidden, ensure_non_empty=self.ensure_non_empty, **values,
         )
 
 
@@ -64,32 +62,10 @@ class InferCodeParams(RefineTextParams):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        for name in ("stream_batch", "stream_speed"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)!r}")
-        if self.pass_first_n_batches < 0:
-            raise ValueError(f"pass_first_n_batches: must be >= 0, got {self.pass_first_n_batches!r}")
+        for name, low in (("stream_batch", 1), ("stream_speed", 1), ("pass_first_n_batches", 0)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"{name}: must be an integer >= {low}, got {value!r}")
         if self.txt_smp is not None and self.spk_smp is None:
             raise ValueError("txt_smp: given without spk_smp; pass the audio prompt (sample_audio_speaker) too")
 
-
-def _check_common(p: RefineTextParams) -> None:
-    temps = p.temperature if isinstance(p.temperature, (list, tuple)) else [p.temperature]
-    if not temps or any(not isinstance(t, (int, float)) or t <= 0 for t in temps):
-        raise ValueError(f"temperature: every value must be a number > 0, got {p.temperature!r}")
-    if p.top_P is not None and not (isinstance(p.top_P, (int, float)) and 0 < p.top_P <= 1):
-        raise ValueError(f"top_P: must be in (0, 1] or None, got {p.top_P!r}")
-    if p.top_K is not None and not (isinstance(p.top_K, int) and p.top_K >= 1):
-        raise ValueError(f"top_K: must be an integer >= 1 or None, got {p.top_K!r}")
-    if not isinstance(p.repetition_penalty, (int, float)) or p.repetition_penalty <= 0:
-        raise ValueError(f"repetition_penalty: must be > 0, got {p.repetition_penalty!r}")
-    if not isinstance(p.max_new_token, int) or p.max_new_token < 1:
-        raise ValueError(f"max_new_token: must be an integer >= 1, got {p.max_new_token!r}")
-    if not isinstance(p.min_new_token, int) or p.min_new_token < 0:
-        raise ValueError(f"min_new_token: must be an integer >= 0, got {p.min_new_token!r}")
-    if p.min_new_token > p.max_new_token:
-        raise ValueError(
-            f"min_new_token ({p.min_new_token}) is larger than max_new_token ({p.max_new_token})"
-        )
-    if p.manual_seed is not None and not isinstance(p.manual_seed, int):
-        raise ValueError(f"manual_seed: must be an integer or None, got {p.manual_seed!r}")

@@ -5,6 +5,9 @@ import this module; it imports nothing from the package.
 """
 from __future__ import annotations
 
+import math
+import numbers
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Callable, Literal
 
@@ -57,24 +60,11 @@ class SamplingParams:
     eos_token_id: int = 625  # code mode: 625 in any of the 4 rows; text mode: [Ebreak] = 21136
     logits_processors: tuple[LogitsProcessor, ...] = ()
     return_hidden: bool = True
-    ensure_non_empty: bool = True  # unseeded: an EOS at the very first step is retried (bounded)
+    ensure_non_empty: bool = True  # unseeded: an EOS at the very first step is retried, MAX_REGENERATE times
     priority: int = 0  # lower runs first when the scheduler uses priority order
 
     def __post_init__(self) -> None:
-        temps = self.temperature if isinstance(self.temperature, (tuple, list)) else (self.temperature,)
-        if any(not isinstance(t, (int, float)) or t <= 0 for t in temps):
-            raise ValueError(f"temperature: every value must be > 0, got {self.temperature!r}")
-        if self.top_p is not None and not 0 < self.top_p <= 1:
-            raise ValueError(f"top_P: must be in (0, 1], got {self.top_p!r}")
-        if self.top_k is not None and self.top_k < 1:
-            raise ValueError(f"top_K: must be >= 1, got {self.top_k!r}")
-        if self.repetition_penalty <= 0:
-            raise ValueError(f"repetition_penalty: must be > 0, got {self.repetition_penalty!r}")
-        if self.max_new_token < 1 or self.min_new_token < 0:
-            raise ValueError(
-                f"max_new_token must be >= 1 and min_new_token >= 0, got "
-                f"{self.max_new_token} and {self.min_new_token}"
-            )
+        check_sampling({name: getattr(self, name) for name in SAMPLING_RULES})
         if self.mode not in ("code", "text"):
             raise ValueError(f"mode: must be 'code' or 'text', got {self.mode!r}")
 
@@ -89,6 +79,68 @@ class SamplingParams:
                 )
             return [float(t) for t in self.temperature]
         return [float(self.temperature)] * num_rows
+
+
+MAX_REGENERATE = 3  # retries of an unseeded request whose first token is EOS (upstream retries forever)
+SEED_MAX = 2**63 - 1  # torch.manual_seed and the counter-based sampler both take seeds in [0, 2**63)
+TOP_K_MAX = 2**31 - 1  # larger k are clamped to the vocabulary at use anyway; this bound keeps int64 safe
+# logits / temperature must stay finite in float32 (max 3.4e38): logits are far below 1e8, so 1e-30
+# leaves room; 1e-6 is the usual near-greedy value.
+MIN_TEMPERATURE = 1e-30
+
+
+def _real(x: object) -> bool:
+    if isinstance(x, bool) or not isinstance(x, numbers.Real):
+        return False
+    try:
+        return math.isfinite(x)
+    except OverflowError:  # an int too large for a float
+        return False
+
+
+def _integer(x: object) -> bool:
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
+def _temperature_ok(value: object) -> bool:
+    values = value if isinstance(value, (list, tuple)) else [value]
+    return len(values) > 0 and all(_real(t) and t >= MIN_TEMPERATURE for t in values)
+
+
+# SamplingParams' name -> (accepts the value?, the rule, said in the error message)
+SAMPLING_RULES: dict[str, tuple[Callable[[object], bool], str]] = {
+    "temperature": (_temperature_ok, f"every value must be a finite number >= {MIN_TEMPERATURE:g} "
+                                     "(1e-6 is near-greedy)"),
+    "top_p": (lambda v: v is None or (_real(v) and 0 < v <= 1), "must be a number in (0, 1] or None"),
+    "top_k": (lambda v: v is None or (_integer(v) and 1 <= v <= TOP_K_MAX),
+              "must be an integer in [1, 2**31) or None"),
+    "repetition_penalty": (lambda v: _real(v) and v > 0, "must be a finite number > 0"),
+    "penalty_window": (lambda v: _integer(v) and v >= 0, "must be an integer >= 0"),
+    "max_new_token": (lambda v: _integer(v) and v >= 1, "must be an integer >= 1"),
+    "min_new_token": (lambda v: _integer(v) and v >= 0, "must be an integer >= 0"),
+    "seed": (lambda v: v is None or (_integer(v) and 0 <= v <= SEED_MAX),
+             "must be an integer in [0, 2**63 - 1] or None"),
+}
+
+
+def check_sampling(values: Mapping[str, object], spelled: Mapping[str, str] | None = None) -> None:
+    """The one check of sampling parameters, for every entry point (params, SamplingParams, server, export).
+
+    values: keyed by SamplingParams' names (SAMPLING_RULES); absent keys are not checked.
+    spelled: SamplingParams' name -> the caller's (e.g. "top_p" -> "top_P"), so a bad value raises
+    ValueError("<the caller's name>: <the rule>, got <value>").
+    """
+    spelled = spelled or {}
+    for name, value in values.items():
+        accepts, rule = SAMPLING_RULES[name]
+        if not accepts(value):
+            raise ValueError(f"{spelled.get(name, name)}: {rule}, got {value!r}")
+    low, high = values.get("min_new_token"), values.get("max_new_token")
+    if low is not None and high is not None and low > high:
+        raise ValueError(f"{spelled.get('min_new_token', 'min_new_token')}: must be <= "
+                         f"{spelled.get('max_new_token', 'max_new_token')} ({high}), got {low}")
+
+
 
 
 @dataclass

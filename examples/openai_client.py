@@ -13,6 +13,8 @@ import time
 
 import openai
 
+PCM_RATE = 24000  # the server's response_format "pcm": s16le mono at 24 kHz (this client needs only openai)
+
 
 async def one(client: openai.AsyncOpenAI, args: argparse.Namespace, index: int) -> tuple[float, float, int]:
     """Stream one request as raw PCM; returns (time to first audio, total time, bytes of audio)."""
@@ -37,7 +39,7 @@ async def concurrent(args: argparse.Namespace) -> None:
     results = await asyncio.gather(*(one(client, args, i) for i in range(args.concurrency)))
     wall = time.perf_counter() - start
     ttfa = sorted(r[0] for r in results)
-    audio = sum(r[2] for r in results) / 2 / 24000
+    audio = sum(r[2] for r in results) / 2 / PCM_RATE
     print(f"{args.concurrency} concurrent streams: time to first audio p50 {statistics.median(ttfa):.2f} s, "
           f"max {ttfa[-1]:.2f} s; {audio:.1f} s of audio in {wall:.1f} s wall ({audio / wall:.2f}x real time)")
 

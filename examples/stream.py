@@ -13,7 +13,7 @@ import time
 import numpy as np
 
 from chattts_velocity import Chat, InferCodeParams
-from chattts_velocity.audio import write_wav
+from chattts_velocity.audio import SAMPLE_RATE, write_wav
 from chattts_velocity.demo import ensure_model
 
 
@@ -41,10 +41,10 @@ def main() -> None:
         for i, chunk in enumerate(chunks):
             if len(chunk):
                 clips[i].append(chunk)
-                print(f"{now:6.2f} s  text {i}: +{len(chunk) / 24000:.2f} s of audio")
+                print(f"{now:6.2f} s  text {i}: +{len(chunk) / SAMPLE_RATE:.2f} s of audio")
     for i, parts in enumerate(clips):
         write_wav(f"stream_{i}.wav", np.concatenate(parts))
-        print(f"stream_{i}.wav  {sum(map(len, parts)) / 24000:.2f} s")
+        print(f"stream_{i}.wav  {sum(map(len, parts)) / SAMPLE_RATE:.2f} s")
 
 
 if __name__ == "__main__":

@@ -325,7 +325,7 @@ def test_a_killed_run_is_resumed_from_the_journal_and_changed_lines_are_made_aga
                                                                                       monkeypatch) -> None:
     src, out = tmp_path / "in.txt", tmp_path / "out"
     src.write_text("".join(f"line {w}\n" for w in WORDS), encoding="utf-8")
-    monkeypatch.setattr(export_run, "write_manifest", lambda plan: None)  # killed before any manifest write
+    monkeypatch.setattr(export_mod.ExportPlan, "save", lambda plan: None)  # killed before any manifest write
     with pytest.raises(KeyboardInterrupt):
         run(StubChat(stop_after=4), src, out)
     monkeypatch.undo()

@@ -14,6 +14,9 @@ if __package__ in (None, ""):  # run as `python webui/app.py` from a source chec
 import gradio as gr
 
 from chattts_velocity import Chat
+from chattts_velocity.audio import SAMPLE_RATE
+from chattts_velocity.audio.formats import WAV
+from chattts_velocity.cli.common import add_webui_flags
 from webui.handlers import VOICE_PRESETS, Handlers, ffmpeg_available, random_seed
 
 EXAMPLES = [
@@ -69,7 +72,8 @@ def _output_controls() -> dict[str, gr.components.Component]:
     c: dict[str, gr.components.Component] = {}
     c["live"] = gr.Audio(label="Live stream", streaming=True, autoplay=True, interactive=False,
                          elem_id="live-audio", elem_classes=[HIDDEN])
-    c["audio"] = gr.Audio(label="Audio (24 kHz WAV)", type="numpy", format="wav", interactive=False,
+    c["audio"] = gr.Audio(label=f"Audio ({SAMPLE_RATE // 1000} kHz {WAV.name.upper()})", type="numpy",
+                          format=WAV.name, interactive=False,
                           show_download_button=True, elem_id="output-audio")
     c["refined"] = gr.Textbox(label="Spoken text (after refine)", lines=2, interactive=False, elem_id="refined")
     c["stats"] = gr.Textbox(label="Run stats", lines=5, interactive=False, elem_id="stats")
@@ -124,15 +128,7 @@ def build_ui(chat: Chat, use_vllm: bool = True, max_new_token: int = 2048) -> gr
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="webui", description="chattts_velocity Gradio web UI")
-    p.add_argument("--model", default="demo", help="asset folder, or 'demo' for random demo weights")
-    p.add_argument("--tiny", action="store_true", help="with --model demo: test-size weights")
-    p.add_argument("--no-verify", action="store_true", help="skip the sha256 check of a custom folder")
-    p.add_argument("--host", default="127.0.0.1", help="bind address (0.0.0.0 exposes the UI on the network)")
-    p.add_argument("--port", type=int, default=7860)
-    p.add_argument("--plain", action="store_true", help="use the plain transformers path, not the engine")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "int8"])
-    p.add_argument("--max-new-token", type=int, default=2048, help="cap on audio tokens per sentence")
-    p.add_argument("--share", action="store_true", help="create a public gradio.live link")
+    add_webui_flags(p)  # the same flags as `chattts-velocity webui`
     return p
 
 
@@ -147,8 +143,7 @@ def load_chat(args: argparse.Namespace) -> Chat:
 
 
 def serve(args: argparse.Namespace) -> None:
-    """Load the model and serve the UI until Ctrl-C. `chattts-velocity webui` calls this with its own
-    parser's Namespace, which has the same attributes as build_parser()'s."""
+    """Load the model and serve the UI until Ctrl-C; args from add_webui_flags (here or `chattts-velocity webui`)."""
     try:
         chat = load_chat(args)
     except (ValueError, FileNotFoundError) as exc:

@@ -1,6 +1,6 @@
-"""Web UI audio helpers (numpy only): uploaded clip -> 24 kHz mono float32, float32 -> int16, run stats.
+"""Web UI audio helpers: uploaded clip -> 24 kHz mono float32 (numpy resampling), run stats.
 
-Kept free of gradio and torch so they can be tested and reused without a browser.
+Kept free of gradio so they can be tested and reused without a browser.
 """
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
-SAMPLE_RATE = 24000
+from chattts_velocity.audio import SAMPLE_RATE
+
 _ZERO_CROSSINGS = 16  # half-width of the windowed-sinc kernel, in input samples at the cutoff
 _BLOCK = 8192  # output samples per block, bounds the [block, taps] matrix
 
@@ -67,12 +68,6 @@ def read_clip(path: str | Path) -> np.ndarray:
     if data.shape[0] == 0:
         raise ValueError("clip: the uploaded file has no samples")
     return resample(to_mono(data), rate, SAMPLE_RATE)
-
-
-def to_int16(wav: np.ndarray) -> np.ndarray:
-    """float32 [-1, 1] -> int16 PCM (clipped, no peak normalisation)."""
-    x = np.nan_to_num(np.asarray(wav, dtype=np.float32), nan=0.0)
-    return np.rint(np.clip(x, -1.0, 1.0) * 32767.0).astype(np.int16)
 
 
 @dataclass

@@ -18,11 +18,13 @@ import gradio as gr
 import numpy as np
 
 from chattts_velocity import Chat, InferCodeParams, RefineTextParams
+from chattts_velocity.audio import SAMPLE_RATE, float_to_int16
+from chattts_velocity.schema import check_sampling
 from chattts_velocity.text import decode_prompt, decode_spk_emb, seed_context
 
-from .clips import SAMPLE_RATE, RunStats, read_clip, to_int16
+from .clips import RunStats, read_clip
 
-MAX_SEED = 2**32 - 1
+MAX_SEED = 2**32 - 1  # the dice range
 # name -> audio seed. The names carry no promise about the voice; they are bookmarks.
 VOICE_PRESETS = {"Default": 2, "Timbre 1": 1111, "Timbre 2": 2222, "Timbre 3": 3333,
                  "Timbre 4": 4444, "Timbre 5": 5555}
@@ -55,9 +57,10 @@ def random_seed() -> int:
 
 
 def check_seed(value: float | None, field: str) -> int:
-    ok = isinstance(value, (int, float)) and math.isfinite(value) and value == int(value)
-    if not ok or not 0 <= value <= MAX_SEED:
-        raise ValueError(f"{field}: must be a whole number in 0..{MAX_SEED}, got {value!r}")
+    """A seed box's value (gradio gives floats) as an int, under the library's one seed rule."""
+    if not (isinstance(value, (int, float)) and math.isfinite(value) and value == int(value)):
+        raise ValueError(f"{field}: must be a whole number, got {value!r}")
+    check_sampling({"seed": int(value)}, {"seed": field})
     return int(value)
 
 
@@ -143,7 +146,7 @@ class Handlers:
                                       use_vllm=self.use_vllm)[0]
             stats.add(len(wav), time.perf_counter())
             stats.end = time.perf_counter()
-            yield skip, (SAMPLE_RATE, to_int16(wav)), skip, stats.summary()
+            yield skip, (SAMPLE_RATE, float_to_int16(wav)), skip, stats.summary()
         except ValueError as exc:
             gr.Warning(str(exc))
             yield skip, skip, skip, f"error: {exc}"
@@ -158,14 +161,14 @@ class Handlers:
         try:
             for batch in _batches(ready):
                 pieces += batch
-                live = (SAMPLE_RATE, to_int16(np.concatenate(batch)))
+                live = (SAMPLE_RATE, float_to_int16(np.concatenate(batch)))
                 yield live, gr.skip(), gr.skip(), stats.summary(live=True)
         finally:
             producer.join(timeout=0.5)
             if producer.is_alive():  # the browser went away: stop the engine (one TTS run at a time)
                 self.chat.interrupt()
         full = np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
-        yield gr.skip(), (SAMPLE_RATE, to_int16(full)), gr.skip(), stats.summary()
+        yield gr.skip(), (SAMPLE_RATE, float_to_int16(full)), gr.skip(), stats.summary()
 
     def _produce(self, spoken: str, params: InferCodeParams, stats: RunStats, ready: queue.Queue) -> None:
         """Engine thread: puts float32 chunks, then None (done) or the exception that stopped it."""

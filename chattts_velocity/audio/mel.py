@@ -11,9 +11,10 @@ import torch
 from torch import nn
 
 from chattts_velocity.audio.loading import shape_of
+from chattts_velocity.audio.wav import HOP_LENGTH, SAMPLE_RATE
 
 
-def htk_mel_filterbank(n_freqs: int = 513, n_mels: int = 100, sample_rate: int = 24000,
+def htk_mel_filterbank(n_freqs: int = 513, n_mels: int = 100, sample_rate: int = SAMPLE_RATE,
                        f_min: float = 0.0, f_max: float | None = None) -> torch.Tensor:
     """Triangular HTK-mel filterbank [n_freqs, n_mels] (torchaudio melscale_fbanks, norm None)."""
     f_max = float(sample_rate // 2) if f_max is None else f_max
@@ -32,7 +33,7 @@ def htk_mel_filterbank(n_freqs: int = 513, n_mels: int = 100, sample_rate: int =
 class Spectrogram(nn.Module):
     """|STFT| with a periodic window buffer, center=True, reflect padding, onesided."""
 
-    def __init__(self, n_fft: int = 1024, hop_length: int = 256) -> None:
+    def __init__(self, n_fft: int = 1024, hop_length: int = HOP_LENGTH) -> None:
         super().__init__()
         self.hop_length = hop_length
         self.register_buffer("window", torch.hann_window(n_fft))
@@ -50,7 +51,7 @@ class Spectrogram(nn.Module):
 class MelScale(nn.Module):
     """Linear-frequency magnitudes -> mel bands through the filterbank buffer `fb` [n_freqs, n_mels]."""
 
-    def __init__(self, n_freqs: int = 513, n_mels: int = 100, sample_rate: int = 24000) -> None:
+    def __init__(self, n_freqs: int = 513, n_mels: int = 100, sample_rate: int = SAMPLE_RATE) -> None:
         super().__init__()
         self.register_buffer("fb", htk_mel_filterbank(n_freqs, n_mels, sample_rate))
 
@@ -61,8 +62,8 @@ class MelScale(nn.Module):
 class MelSpectrogram(nn.Module):
     """Magnitude mel spectrogram; buffers `spectrogram.window` and `mel_scale.fb`."""
 
-    def __init__(self, n_fft: int = 1024, hop_length: int = 256, n_mels: int = 100,
-                 sample_rate: int = 24000) -> None:
+    def __init__(self, n_fft: int = 1024, hop_length: int = HOP_LENGTH, n_mels: int = 100,
+                 sample_rate: int = SAMPLE_RATE) -> None:
         super().__init__()
         self.spectrogram = Spectrogram(n_fft, hop_length)
         self.mel_scale = MelScale(n_fft // 2 + 1, n_mels, sample_rate)
@@ -74,14 +75,14 @@ class MelSpectrogram(nn.Module):
 class MelSpectrogramFeatures(nn.Module):
     """log(clamp(mel, 1e-5)); the `preprocessor_mel` of the DVAE and `feature_extractor` of Vocos."""
 
-    def __init__(self, n_fft: int = 1024, hop_length: int = 256, n_mels: int = 100,
-                 sample_rate: int = 24000) -> None:
+    def __init__(self, n_fft: int = 1024, hop_length: int = HOP_LENGTH, n_mels: int = 100,
+                 sample_rate: int = SAMPLE_RATE) -> None:
         super().__init__()
         self.mel_spec = MelSpectrogram(n_fft, hop_length, n_mels, sample_rate)
 
     @classmethod
     def sized_like(cls, sd: dict[str, torch.Tensor], prefix: str, what: str,
-                   hop_length: int = 256, sample_rate: int = 24000) -> "MelSpectrogramFeatures":
+                   hop_length: int = HOP_LENGTH, sample_rate: int = SAMPLE_RATE) -> "MelSpectrogramFeatures":
         n_fft = shape_of(sd, f"{prefix}mel_spec.spectrogram.window", what)[0]
         n_freqs, n_mels = shape_of(sd, f"{prefix}mel_spec.mel_scale.fb", what)
         if n_freqs != n_fft // 2 + 1:

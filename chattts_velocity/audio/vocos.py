@@ -10,6 +10,7 @@ from torch import nn
 from chattts_velocity.audio.convnext import ConvNeXtBlock
 from chattts_velocity.audio.loading import count_indexed, load_strict, shape_of
 from chattts_velocity.audio.mel import MelSpectrogramFeatures
+from chattts_velocity.audio.wav import HOP_LENGTH
 
 
 class VocosBackbone(nn.Module):
@@ -35,7 +36,7 @@ class VocosBackbone(nn.Module):
 class ISTFT(nn.Module):
     """torch.istft with center=True and the checkpoint's window buffer."""
 
-    def __init__(self, n_fft: int = 1024, hop_length: int = 256) -> None:
+    def __init__(self, n_fft: int = 1024, hop_length: int = HOP_LENGTH) -> None:
         super().__init__()
         self.hop_length = hop_length
         self.register_buffer("window", torch.hann_window(n_fft))
@@ -48,7 +49,7 @@ class ISTFT(nn.Module):
 class ISTFTHead(nn.Module):
     """Linear(dim -> n_fft+2) -> log-magnitude (exp, clip 100) and phase -> ISTFT."""
 
-    def __init__(self, dim: int, n_fft: int = 1024, hop_length: int = 256) -> None:
+    def __init__(self, dim: int, n_fft: int = 1024, hop_length: int = HOP_LENGTH) -> None:
         super().__init__()
         self.out = nn.Linear(dim, n_fft + 2)
         self.istft = ISTFT(n_fft, hop_length)
@@ -71,11 +72,11 @@ class Vocos(nn.Module):
         self.head = head
 
     @classmethod
-    def from_state_dict(cls, sd: dict[str, torch.Tensor], hop_length: int = 256) -> "Vocos":
+    def from_state_dict(cls, sd: dict[str, torch.Tensor], hop_length: int = HOP_LENGTH) -> "Vocos":
         return load_strict(cls.sized_like(sd, hop_length), sd, "Vocos").eval()
 
     @classmethod
-    def sized_like(cls, sd: dict[str, torch.Tensor], hop_length: int = 256) -> "Vocos":
+    def sized_like(cls, sd: dict[str, torch.Tensor], hop_length: int = HOP_LENGTH) -> "Vocos":
         """An unloaded Vocos with the sizes of sd (use from_state_dict to also load it)."""
         dim, n_mels, kernel = shape_of(sd, "backbone.embed.weight", "Vocos")
         inter = shape_of(sd, "backbone.convnext.0.pwconv1.weight", "Vocos")[0]

@@ -1,6 +1,6 @@
 """Audio stage: waveform helpers (float32 [-1, 1] numpy -> int16 PCM, WAV files, encoded bytes, clip loading).
 
-WAV and raw PCM use the stdlib; flac/ogg/opus/mp3 use soundfile (libsndfile).
+WAV and raw PCM use the stdlib; the other formats of audio/formats.py use soundfile (libsndfile).
 """
 from __future__ import annotations
 
@@ -11,17 +11,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-SAMPLE_RATE = 24000
-HOP_LENGTH = 256  # samples per mel frame; one GPT step gives 2 mel frames
+from chattts_velocity.audio.formats import audio_format
 
-# response format -> (libsndfile container, subtype)
-_SOUNDFILE_FORMATS = {
-    "flac": ("FLAC", "PCM_16"),
-    "ogg": ("OGG", "VORBIS"),
-    "opus": ("OGG", "OPUS"),
-    "mp3": ("MP3", "MPEG_LAYER_III"),
-}
-FORMATS = ("wav", "pcm", *_SOUNDFILE_FORMATS)
+SAMPLE_RATE = 24000  # Hz, of every waveform the package makes or takes (Vocos' rate)
+HOP_LENGTH = 256  # samples per mel frame; one GPT step gives 2 mel frames
 
 
 def samples_for_steps(num_steps: int, hop_length: int = HOP_LENGTH) -> int:
@@ -58,9 +51,8 @@ def write_wav(path: str | Path, wav: np.ndarray, sample_rate: int = SAMPLE_RATE)
 
 
 def wav_bytes(wav: np.ndarray, sample_rate: int = SAMPLE_RATE, fmt: str = "wav") -> bytes:
-    """Encode mono float audio as fmt: wav (16-bit), pcm (raw s16le), flac, ogg, opus or mp3."""
-    if fmt not in FORMATS:
-        raise ValueError(f"fmt: unsupported audio format {fmt!r}; choose one of {FORMATS}")
+    """Encode mono float audio as fmt, a name in audio.formats.FORMATS (wav is 16-bit, pcm raw s16le)."""
+    spec = audio_format(fmt)
     if fmt == "pcm":
         return float_to_int16(_mono(wav)).astype("<i2").tobytes()
     buf = io.BytesIO()
@@ -69,9 +61,8 @@ def wav_bytes(wav: np.ndarray, sample_rate: int = SAMPLE_RATE, fmt: str = "wav")
         return buf.getvalue()
     import soundfile as sf
 
-    container, subtype = _SOUNDFILE_FORMATS[fmt]
     # int16 in, so every format shares float_to_int16's scaling (flac round-trips exactly)
-    sf.write(buf, float_to_int16(_mono(wav)), sample_rate, format=container, subtype=subtype)
+    sf.write(buf, float_to_int16(_mono(wav)), sample_rate, format=spec.container, subtype=spec.subtype)
     return buf.getvalue()
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..audio.wav import SAMPLE_RATE
 from ..demo import DEMO_MAX_NEW_TOKEN, ensure_model
-from .common import load_chat
+from .common import add_webui_flags, load_chat
 from .serve import add_serve_parser
 
 DEMO_TEXTS = [
@@ -128,15 +128,7 @@ def cmd_webui(args: argparse.Namespace) -> None:
 
 def _add_webui(sub) -> None:
     p = sub.add_parser("webui", help="Gradio web UI (pip install 'gradio>=5,<6'; ffmpeg for streaming)")
-    p.add_argument("--model", default="demo", help="asset folder, or 'demo' for random demo weights")
-    p.add_argument("--tiny", action="store_true", help="with --model demo: test-size weights")
-    p.add_argument("--no-verify", action="store_true", help="skip the sha256 check of a custom folder")
-    p.add_argument("--host", default="127.0.0.1", help="bind address (0.0.0.0 exposes the UI on the network)")
-    p.add_argument("--port", type=int, default=7860)
-    p.add_argument("--share", action="store_true", help="create a public gradio.live link")
-    p.add_argument("--plain", action="store_true", help="use the plain transformers path, not the engine")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "int8"])
-    p.add_argument("--max-new-token", type=int, default=2048, help="cap on audio tokens per sentence")
+    add_webui_flags(p)
     p.set_defaults(func=cmd_webui)
 
 

@@ -21,6 +21,7 @@ from tqdm import tqdm
 
 from chattts_velocity.assets import AssetPaths
 from chattts_velocity.audio.mel import htk_mel_filterbank
+from chattts_velocity.audio.wav import SAMPLE_RATE
 from chattts_velocity.demo.tokenizer import write_tokenizer
 
 Shapes = dict[str, tuple[int, ...]]
@@ -53,7 +54,7 @@ class DemoDims:
     num_vq: int = 4
     n_mels: int = 100
     n_fft: int = 1024
-    sample_rate: int = 24000
+    sample_rate: int = SAMPLE_RATE
     vq_groups: int = 2
     vq_codebook_dim: int = 4  # len(levels (5, 5, 5, 5))
 

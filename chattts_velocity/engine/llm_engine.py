@@ -20,11 +20,10 @@ from chattts_velocity.engine.model_runner import ModelRunner
 from chattts_velocity.engine.scheduler import ScheduledBatch, Scheduler, StepOutput
 from chattts_velocity.engine.sequence import Sequence
 from chattts_velocity.model import kv_cache_bytes_per_block, load_embed, load_gpt
-from chattts_velocity.schema import GenerationOutput, Prompt, SamplingParams
+from chattts_velocity.schema import MAX_REGENERATE, GenerationOutput, Prompt, SamplingParams
 
 logger = logging.getLogger("chattts_velocity")
 DEFAULT_KV_BYTES = 1 << 30  # 1 GiB when the user gives no budget
-MAX_REGENERATE = 3  # retries of an unseeded request whose very first token is EOS
 # EngineConfig.dtype -> (dtype of the checkpoint's weights and of the KV cache, PackedLinear mode).
 # Activations stay float32 on CPU in every mode; the heads and the sampler always run in float32.
 PRECISIONS: dict[str, tuple[torch.dtype, str | None]] = {

@@ -2,15 +2,53 @@
 
 Every function takes logits [R, V] (one row per (sequence, codebook)) and per-row tensors [R],
 and returns logits [R, V] (possibly the same tensor, modified in place).
-The sampler applies them in this fixed order (the reference's order, spec section 7):
+`process` applies them in this fixed order (the reference's order, spec section 7), for both GPT
+paths (the engine's Sampler and the plain path's loop):
     temperature -> repetition penalty -> top-p -> top-k -> custom processors -> min_new_token EOS mask
 Custom processors run after the built-ins so they see the warped distribution, and before the
 EOS mask so that min_new_token holds whatever they do.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import numpy as np
 import torch
+
+from chattts_velocity.schema import LogitsProcessor
+
+
+@dataclass
+class RowParams:
+    """One step's per-row parameters of the chain; row s * rows_per_seq + q is row q of sequence s.
+
+    A step whose tensor is None is skipped. Tensors may live on any device (process moves them).
+    """
+
+    rows_per_seq: int  # num_vq in code mode, 1 in text mode
+    temperatures: torch.Tensor  # [R] float32
+    eos_ids: torch.Tensor  # [R] int64
+    mask_eos: torch.Tensor  # [R] bool; True while the sequence is below its min_new_token
+    penalties: torch.Tensor | None = None  # [R] float32, 1.0 = off; needs history
+    history: torch.Tensor | None = None  # [R, W] int64 recent generated ids, -1 = padding
+    top_p: torch.Tensor | None = None  # [R] float32, 1.0 = off
+    top_k: torch.Tensor | None = None  # [R] int64, 0 = off
+    # (sequence index, its processors, its generated history [G, rows_per_seq]) for sequences that have any
+    custom: list[tuple[int, tuple[LogitsProcessor, ...], torch.Tensor]] = field(default_factory=list)
+
+
+def process(logits: torch.Tensor, params: RowParams) -> torch.Tensor:
+    """The processor chain, in the one order above: logits [R, V] float32 (modified in place) -> [R, V]."""
+    device = logits.device
+    logits = apply_temperature(logits, params.temperatures.to(device))
+    if params.penalties is not None:
+        logits = apply_repetition_penalty(logits, params.history.to(device), params.penalties.to(device))
+    if params.top_p is not None:
+        logits = apply_top_p(logits, params.top_p.to(device))
+    if params.top_k is not None:
+        logits = apply_top_k(logits, params.top_k.to(device))
+    logits = apply_custom(logits, params.custom, params.rows_per_seq)
+    return mask_eos(logits, params.mask_eos.to(device), params.eos_ids.to(device))
 
 
 def apply_temperature(logits: torch.Tensor, temperatures: torch.Tensor) -> torch.Tensor:
@@ -38,7 +76,11 @@ def apply_repetition_penalty(
     same = (ids.unsqueeze(2) == history.unsqueeze(1)) & valid.unsqueeze(1)  # [R, W, W]
     alpha = torch.pow(penalty.unsqueeze(1), same.sum(2).to(logits.dtype))  # [R, W]
     scores = logits.gather(1, ids)  # [R, W]
-    return logits.scatter_(1, ids, torch.where(scores < 0, scores * alpha, scores / alpha))
+    penalised = torch.where(scores < 0, scores * alpha, scores / alpha)
+    # A tiny penalty's alpha underflows to 0 (0.001**16): s/0 is inf, 0/0 NaN, and softmax would give NaN.
+    # Clamp to the finite range (the boosted token then wins); normal values pass through unchanged.
+    big = torch.finfo(logits.dtype).max
+    return logits.scatter_(1, ids, penalised.nan_to_num_(nan=0.0, posinf=big, neginf=-big))
 
 
 def apply_top_p(logits: torch.Tensor, top_p: torch.Tensor, min_keep: int = 3) -> torch.Tensor:
@@ -85,6 +127,18 @@ def apply_top_k(logits: torch.Tensor, top_k: torch.Tensor, min_keep: int = 3) ->
     kth = largest.gather(1, (k - 1).unsqueeze(1))  # [R, 1]
     drop = (logits < kth) & active.unsqueeze(1)
     return logits.masked_fill_(drop, float("-inf"))
+
+
+def apply_custom(logits: torch.Tensor, custom: list[tuple[int, tuple[LogitsProcessor, ...], torch.Tensor]],
+                 rows_per_seq: int) -> torch.Tensor:
+    """Each sequence's own processors on its own rows [rows_per_seq, V], given its history [G, rows_per_seq]."""
+    for s, processors, history in custom:
+        rows = slice(s * rows_per_seq, (s + 1) * rows_per_seq)
+        own = logits[rows]
+        for fn in processors:
+            own = fn(history.to(logits.device), own)
+        logits[rows] = own
+    return logits
 
 
 def mask_eos(logits: torch.Tensor, rows: torch.Tensor, eos_ids: torch.Tensor) -> torch.Tensor:

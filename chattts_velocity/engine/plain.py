@@ -17,11 +17,10 @@ from tqdm.auto import tqdm
 from ..config import ModelConfig
 from ..model.embed import Embed
 from ..model.loader import gpt_state_dict, load_embed
-from ..schema import GenerationOutput, Prompt, SamplingParams, pad_left
+from ..schema import MAX_REGENERATE, GenerationOutput, Prompt, SamplingParams, pad_left
 from . import logits_processors as lp
 
 logger = logging.getLogger("chattts_velocity")
-MAX_REGENERATE = 3  # upstream retries forever on an immediate EOS (users report endless loops)
 
 
 class PlainGPT:
@@ -146,7 +145,7 @@ class _Loop:
         self.finish = torch.zeros(batch, dtype=torch.bool)
         self.hiddens: list[torch.Tensor] = []
         temps = torch.tensor(params.temperatures(self.rows), dtype=torch.float32, device=ids.device)
-        self.temperature = temps.repeat(batch).unsqueeze(1)  # [B * rows, 1], row b*rows+q
+        self.temperatures = temps.repeat(batch)  # [B * rows], row b*rows+q
         self.cache = None
         self.generator = None
         if params.seed is not None:
@@ -195,27 +194,30 @@ class _Loop:
         return generated.permute(0, 2, 1).reshape(generated.shape[0] * self.rows, generated.shape[1])  # [B * rows, G]
 
     def _process(self, logits: torch.Tensor, step: int) -> torch.Tensor:
-        p = self.params
-        logits = logits / self.temperature
-        num_rows = logits.shape[0]
-        history = self._history()
+        return lp.process(logits, self._row_params(logits, step))
+
+    def _row_params(self, logits: torch.Tensor, step: int) -> lp.RowParams:
+        """The batch's one set of params as per-row tensors [B * rows], with upstream's penalty quirk."""
+        p, (num_rows, vocab), device = self.params, logits.shape, logits.device
+        history = self._history()  # [B * rows, G]
+        window = history[:, history.shape[1] - min(p.penalty_window, history.shape[1]):]
+
+        def full(value: float | int | bool, dtype: torch.dtype) -> torch.Tensor:
+            return torch.full((num_rows,), value, dtype=dtype, device=device)
+
+        penalties = None
         if p.repetition_penalty != 1.0:
-            penalty = torch.full((num_rows,), p.repetition_penalty, device=logits.device)
-            # Upstream quirk kept: rows whose index reaches the processor's num_code (625 for
-            # codes, the vocabulary for text) are not penalised; only matters for B * 4 > 625.
-            penalty[logits.shape[1] - (0 if self.text_mode else 1):] = 1.0
-            logits = lp.apply_repetition_penalty(logits, history[:, -p.penalty_window :], penalty)
-        if p.top_p is not None:
-            logits = lp.apply_top_p(logits, torch.full((num_rows,), p.top_p, device=logits.device))
-        if p.top_k is not None:
-            logits = lp.apply_top_k(logits, torch.full((num_rows,), p.top_k, device=logits.device))
-        for processor in p.logits_processors:
-            for b in range(num_rows // self.rows):
-                rows = slice(b * self.rows, (b + 1) * self.rows)
-                logits[rows] = processor(history[rows].T, logits[rows])
-        if step < p.min_new_token:
-            logits[:, p.eos_token_id] = -torch.inf
-        return logits
+            penalties = full(p.repetition_penalty, torch.float32)
+            penalties[upstream_penalty_row_limit(vocab, self.text_mode):] = 1.0
+        return lp.RowParams(
+            rows_per_seq=self.rows, temperatures=self.temperatures,
+            eos_ids=full(p.eos_token_id, torch.int64), mask_eos=full(step < p.min_new_token, torch.bool),
+            penalties=penalties, history=window,
+            top_p=None if p.top_p is None else full(p.top_p, torch.float32),
+            top_k=None if p.top_k is None else full(p.top_k, torch.int64),
+            custom=[(b, p.logits_processors, history[b * self.rows:(b + 1) * self.rows].T)
+                    for b in range(num_rows // self.rows) if p.logits_processors],
+        )
 
     def _sample(self, logits: torch.Tensor) -> torch.Tensor:
         probs = torch.softmax(logits, dim=-1)
@@ -240,6 +242,13 @@ class _Loop:
                 finished=True, finish_reason=reason,
             ))
         return results
+
+
+def upstream_penalty_row_limit(vocab: int, text_mode: bool) -> int:
+    """Upstream quirk, kept only by this path (the oracle): the reference's penalty processor leaves every
+    row whose index in the batch reaches its num_code (625 codes; the whole vocabulary in text mode)
+    unpenalised. Only batches with B * 4 > 625 rows see it; the engine penalises every row."""
+    return vocab - (0 if text_mode else 1)
 
 
 def _single_params(params: SamplingParams | list[SamplingParams]) -> SamplingParams:

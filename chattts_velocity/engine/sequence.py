@@ -48,6 +48,7 @@ class Sequence:
         self.num_vq = self.prompt_ids.shape[1]
         self.is_text = params.mode == "text"
         self.num_rows = 1 if self.is_text else self.num_vq  # sampled rows per step
+        params.temperatures(self.num_rows)  # a ValueError at add time, not in a step, if the count does not fit
         self.generated: list[tuple[int, ...]] = []  # [G][num_rows]
         self._hidden: torch.Tensor | None = None  # [capacity, H] growing buffer, first G rows valid
         self.status = SequenceStatus.WAITING

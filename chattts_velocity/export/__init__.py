@@ -4,10 +4,9 @@ plan.py checks the input and finds finished outputs (no model needed); run.py sy
 machine through Chat.infer_many; ray.py does the same on a Ray Data actor pool (needs the [ray] extra, imported
 only from there).
 """
-from chattts_velocity.export.manifest import MANIFEST, replace_atomically, write_manifest
+from chattts_velocity.export.manifest import MANIFEST, replace_atomically
 from chattts_velocity.export.plan import (
     FIELDS,
-    SEED_LIMIT,
     ExportLine,
     ExportPlan,
     plan_export,
@@ -17,6 +16,6 @@ from chattts_velocity.export.plan import (
 from chattts_velocity.export.run import CHUNK_SIZE, Log, export, run_export
 
 __all__ = [
-    "CHUNK_SIZE", "FIELDS", "MANIFEST", "SEED_LIMIT", "ExportLine", "ExportPlan", "Log", "export",
-    "plan_export", "read_input", "replace_atomically", "run_export", "wav_seconds", "write_manifest",
+    "CHUNK_SIZE", "FIELDS", "MANIFEST", "ExportLine", "ExportPlan", "Log", "export",
+    "plan_export", "read_input", "replace_atomically", "run_export", "wav_seconds",
 ]

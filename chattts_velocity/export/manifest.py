@@ -14,11 +14,6 @@ import os
 from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from .plan import ExportLine, ExportPlan
-
 MANIFEST = "manifest.json"
 JOURNAL = "manifest.journal"
 # InferCodeParams fields that are per line (speaker, seed) or do not change the audio
@@ -55,22 +50,20 @@ def read_record(out_dir: Path) -> dict[str, dict]:
     return {e["output"]: e for e in entries if isinstance(e, dict) and e.get("output")}
 
 
-def append_journal(plan: ExportPlan, line: ExportLine) -> None:
-    with open(plan.out_dir / JOURNAL, "a", encoding="utf-8") as f:
-        f.write(json.dumps(dataclasses.asdict(line), ensure_ascii=False) + "\n")
+def append_journal(out_dir: Path, entry: dict) -> None:
+    """One finished line, on disk before this returns."""
+    with open(out_dir / JOURNAL, "a", encoding="utf-8") as f:
+        f.write(json.dumps(entry, ensure_ascii=False) + "\n")
         f.flush()
         os.fsync(f.fileno())
 
 
-def write_manifest(plan: ExportPlan) -> Path:
-    plan.meta["updated"] = now()
-    doc = {"input": plan.input, "output_dir": str(plan.out_dir), **plan.meta, "total": len(plan.texts),
-           "succeeded": plan.succeeded, "failed": plan.count("error"),
-           "lines": [dataclasses.asdict(line) for line in plan.lines]}
+def write_record(out_dir: Path, doc: dict) -> Path:
+    """manifest.json, atomically; it now holds everything the journal did, so the journal goes."""
     body = json.dumps(doc, ensure_ascii=False, indent=1)
-    replace_atomically(plan.manifest, lambda tmp: tmp.write_text(body, encoding="utf-8"))
-    (plan.out_dir / JOURNAL).unlink(missing_ok=True)  # the manifest now holds everything the journal did
-    return plan.manifest
+    replace_atomically(out_dir / MANIFEST, lambda tmp: tmp.write_text(body, encoding="utf-8"))
+    (out_dir / JOURNAL).unlink(missing_ok=True)
+    return out_dir / MANIFEST
 
 
 def replace_atomically(path: Path, write: Callable[[Path], None]) -> None:

@@ -10,15 +10,17 @@ import random
 import re
 import sys
 import wave
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..audio.formats import WAV
 from ..params import InferCodeParams
+from ..schema import check_sampling
 from ..text import decode_spk_emb
-from .manifest import MANIFEST, params_record, read_record, request_hash
+from .manifest import MANIFEST, append_journal, now, params_record, read_record, request_hash, write_record
 
 FIELDS = ("text", "id", "speaker", "seed", "output")
-SEED_LIMIT = 2**63  # the engine's counter-based sampler and torch.manual_seed both take [0, 2**63)
 EMPTY = "empty line"
 
 
@@ -66,6 +68,18 @@ class ExportPlan:
     @property
     def manifest(self) -> Path:
         return self.out_dir / MANIFEST
+
+    def save(self) -> Path:
+        """Write manifest.json: every line and the run's description."""
+        self.meta["updated"] = now()
+        return write_record(self.out_dir, {
+            "input": self.input, "output_dir": str(self.out_dir), **self.meta, "total": len(self.texts),
+            "succeeded": self.succeeded, "failed": self.count("error"),
+            "lines": [dataclasses.asdict(line) for line in self.lines]})
+
+    def journal(self, line: ExportLine) -> None:
+        """Record one finished line at once (a crash before the next save() keeps it)."""
+        append_journal(self.out_dir, dataclasses.asdict(line))
 
 
 def read_input(path: str | Path) -> tuple[list[tuple[int, str]], bool]:
@@ -146,8 +160,7 @@ def _fill_from_json(line: ExportLine, raw: str, widths: dict[str, int]) -> None:
 
 
 def _check_seed(value: object, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < SEED_LIMIT:
-        raise ValueError(f"{name}: must be an integer in [0, 2**63), got {value!r}")
+    check_sampling({"seed": value}, {"seed": name})
     return value
 
 
@@ -164,12 +177,12 @@ def _output_name(line: ExportLine, root: Path) -> str:
     if line.output is not None:
         return _checked_output(line.output, root)
     if line.id is None:
-        return f"{line.line:05d}.wav"
+        return f"{line.line:05d}{WAV.extension}"
     # Word characters (any script), dot and dash; no leading dot, so no hidden file and no "..".
     name = re.sub(r"[^\w.\-]+", "_", line.id).lstrip("._")[:120]
     if not name:
         raise ValueError(f'id: {line.id!r} has no characters usable in a file name; add an "output"')
-    return name + ".wav"
+    return name + WAV.extension
 
 
 def _checked_output(value: object, root: Path) -> str:
@@ -177,8 +190,8 @@ def _checked_output(value: object, root: Path) -> str:
         raise ValueError(f"output: must be a non-empty path relative to the output folder, got {value!r}")
     if Path(value).is_absolute():
         raise ValueError(f"output: {value!r} is absolute; give a path relative to the output folder")
-    if Path(value).suffix.lower() != ".wav":
-        raise ValueError(f"output: {value!r} must end in .wav (the export writes WAV files)")
+    if Path(value).suffix.lower() != WAV.extension:
+        raise ValueError(f"output: {value!r} must end in {WAV.extension} (the export writes {WAV.name.upper()} files)")
     base = root.resolve()
     target = (base / value).resolve()
     if not target.is_relative_to(base) or target == base:

@@ -24,7 +24,7 @@ from ..params import InferCodeParams
 from ..serve.ray_serve import init_ray, load_worker_chat
 from ..speech.service import SpeechService
 from .plan import ExportLine, ExportPlan
-from .manifest import append_journal, now, replace_atomically, write_manifest
+from .manifest import now, replace_atomically
 from .run import Log, report_done, report_plan
 
 NO_AUDIO = "the model produced no audio (it stopped at the first step); try another seed"
@@ -111,7 +111,7 @@ def run_export_ray(model_dir: str | Path, plan: ExportPlan, params: InferCodePar
     finally:
         for line in plan.todo:  # never silently lost: Ray returned no row for it (job stopped early)
             line.status, line.error = "error", "no result: the Ray job stopped before this line ran; run again"
-        write_manifest(plan)
+        plan.save()
     report_done(plan, log)
     return plan
 
@@ -146,7 +146,7 @@ def _collect(plan: ExportPlan, dataset, total: int, manifest_every: int, progres
             peak = max(peak, int(row["engine_peak"]))
             bar.update(1)
             if n % manifest_every == 0:
-                write_manifest(plan)
+                plan.save()
     log(f"ray: {len(workers)} actor(s) ran {sorted(workers.values())} lines; engine batches reached {peak} sequences")
 
 
@@ -165,4 +165,4 @@ def store_row(plan: ExportPlan, line: ExportLine, row: dict[str, Any], log: Log)
         return
     line.status, line.error = "ok", None
     line.duration = round(int(row["samples"]) / SAMPLE_RATE, 3)
-    append_journal(plan, line)
+    plan.journal(line)

@@ -12,7 +12,7 @@ from tqdm.auto import tqdm
 from ..audio import write_wav
 from ..audio.wav import SAMPLE_RATE
 from ..params import InferCodeParams
-from .manifest import append_journal, now, replace_atomically, write_manifest
+from .manifest import now, replace_atomically
 from .plan import ExportLine, ExportPlan, plan_export
 
 if TYPE_CHECKING:
@@ -39,9 +39,9 @@ def run_export(chat: Chat | None, plan: ExportPlan, params: InferCodeParams | No
         try:
             for start in range(0, len(todo), chunk_size):
                 _run_chunk(chat, plan, todo[start : start + chunk_size], params, bar, log)
-                write_manifest(plan)
+                plan.save()
         finally:
-            write_manifest(plan)  # also on Ctrl-C, so the finished lines are on record
+            plan.save()  # also on Ctrl-C, so the finished lines are on record
     report_done(plan, log)
     return plan
 
@@ -108,7 +108,7 @@ def _save(plan: ExportPlan, line: ExportLine, wav: np.ndarray, log: Log) -> None
     except Exception as exc:  # noqa: BLE001 - a full disk or a blocked path fails this line only
         return _fail(line, f"could not write {line.output}: {exc}", log)
     line.status, line.duration = "ok", round(len(wav) / SAMPLE_RATE, 3)
-    append_journal(plan, line)
+    plan.journal(line)
     log(f"{plan.out_dir / line.output}  {line.duration:.2f} s")
 
 

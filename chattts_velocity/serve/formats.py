@@ -1,4 +1,4 @@
-"""Serving stage: response bytes — which formats this install can encode, the streamed WAV header, SSE events."""
+"""Serving stage: HTTP streaming helpers — the streamed WAV header and SSE events (the formats: audio/formats.py)."""
 from __future__ import annotations
 
 import base64
@@ -7,19 +7,6 @@ import struct
 from collections.abc import AsyncIterator
 
 from ..audio.wav import SAMPLE_RATE
-
-MEDIA_TYPES = {"wav": "audio/wav", "pcm": "audio/pcm", "flac": "audio/flac", "mp3": "audio/mpeg",
-               "opus": "audio/ogg; codecs=opus"}
-STREAMED = ("wav", "pcm")  # formats sent chunk by chunk; the others are encoded once the clip is complete
-
-
-def available_formats() -> tuple[str, ...]:
-    """wav and pcm always; flac / mp3 / opus when the installed libsndfile can encode them."""
-    import soundfile as sf
-
-    have = sf.available_formats()
-    extra = [("flac", "FLAC", "PCM_16"), ("mp3", "MP3", "MPEG_LAYER_III"), ("opus", "OGG", "OPUS")]
-    return ("wav", "pcm", *(fmt for fmt, c, sub in extra if c in have and sub in sf.available_subtypes(c)))
 
 
 def streaming_wav_header(sample_rate: int = SAMPLE_RATE) -> bytes:

@@ -17,16 +17,18 @@ import numpy as np
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, SkipValidation
 from starlette.exceptions import HTTPException
 
+from ..audio.formats import FORMATS, available_formats
 from ..audio.wav import SAMPLE_RATE, float_to_int16, wav_bytes
 from ..chat import Chat
 from ..engine.async_engine import AsyncLLMEngine
-from ..params import InferCodeParams
+from ..params import UPSTREAM_NAMES, InferCodeParams
+from ..schema import check_sampling
 from ..speech.streams import StreamOptions
 from . import metrics
-from .formats import MEDIA_TYPES, STREAMED, available_formats, sse_events, streaming_wav_header
+from .formats import sse_events, streaming_wav_header
 from ..speech.service import SpeechService, SpeechStream
 from .voices import VoiceBook, speed_prompt
 
@@ -63,12 +65,28 @@ class SpeechBody(BaseModel):
     stream: bool = False
     stream_format: str = "audio"
     instructions: str | None = None  # accepted, not used (ChatTTS takes no style prompt)
-    seed: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    max_new_tokens: int | None = None
-    min_new_tokens: int | None = None  # forbids EOS before this many steps (benchmarks, tests)
+    # typed for the API docs; checked by the one sampling validator only (sampling_kwargs), not coerced
+    seed: SkipValidation[int | None] = None
+    temperature: SkipValidation[float | None] = None
+    top_p: SkipValidation[float | None] = None
+    top_k: SkipValidation[int | None] = None
+    max_new_tokens: SkipValidation[int | None] = None
+    min_new_tokens: SkipValidation[int | None] = None  # forbids EOS before this many steps (benchmarks, tests)
+
+
+BODY_NAMES = {"max_new_token": "max_new_tokens", "min_new_token": "min_new_tokens"}  # SamplingParams' -> ours
+
+
+def sampling_kwargs(body: SpeechBody, cap: int) -> dict[str, object]:
+    """The body's sampling fields as InferCodeParams keywords; a ValueError names the body's field."""
+    names = ("temperature", "top_p", "top_k", "seed", "max_new_token", "min_new_token")
+    values = {name: getattr(body, BODY_NAMES.get(name, name)) for name in names}
+    values = {name: value for name, value in values.items() if value is not None}
+    values.setdefault("max_new_token", cap)
+    check_sampling(values, BODY_NAMES)
+    if values["max_new_token"] > cap:
+        raise ValueError(f"max_new_tokens: must be <= {cap} on this server, got {values['max_new_token']}")
+    return {UPSTREAM_NAMES.get(name, name): value for name, value in values.items()}
 
 
 def api_error(status: int, message: str, param: str | None = None, code: str | None = None,
@@ -80,8 +98,7 @@ def bad_request(exc: ValueError) -> HTTPException:
     """Our ValueErrors start with the field name ("temperature: ..."): that is OpenAI's `param`."""
     message = str(exc)
     head = message.split(":", 1)[0]
-    param = {"top_P": "top_p", "top_K": "top_k", "max_new_token": "max_new_tokens", "text[0]": "input",
-             "speaker": "voice"}.get(head, head)
+    param = {"text[0]": "input", "speaker": "voice"}.get(head, head)
     return api_error(400, message, param=param if head != message and " " not in head else None)
 
 
@@ -126,17 +143,9 @@ class ServerState:
         return fmt
 
     def params(self, body: SpeechBody) -> InferCodeParams:
-        cap = self.config.max_new_token
-        if body.max_new_tokens is not None and not 1 <= body.max_new_tokens <= cap:
-            raise ValueError(f"max_new_tokens: must be in 1..{cap} on this server, got {body.max_new_tokens}")
-        if body.min_new_tokens is not None and not 0 <= body.min_new_tokens <= (body.max_new_tokens or cap):
-            raise ValueError(f"min_new_tokens: must be in 0..max_new_tokens, got {body.min_new_tokens}")
-        sampling = {"temperature": body.temperature, "top_P": body.top_p, "top_K": body.top_k}
-        return InferCodeParams(
-            prompt=speed_prompt(body.speed), spk_emb=self.voices.resolve(body.voice), manual_seed=body.seed,
-            max_new_token=body.max_new_tokens or cap, min_new_token=body.min_new_tokens or 0, show_tqdm=False,
-            **{name: value for name, value in sampling.items() if value is not None},
-        )
+        sampling = sampling_kwargs(body, self.config.max_new_token)  # checked before any voice is drawn
+        return InferCodeParams(prompt=speed_prompt(body.speed), spk_emb=self.voices.resolve(body.voice),
+                               show_tqdm=False, **sampling)
 
     async def observed(self, stream: SpeechStream) -> AsyncIterator[np.ndarray]:
         """The stream's chunks, counted into the metrics; an early exit (client gone) aborts the rest."""
@@ -159,7 +168,7 @@ class ServerState:
             self.metrics.disconnects += not ended
 
     async def audio_bytes(self, stream: SpeechStream, fmt: str) -> AsyncIterator[bytes]:
-        if fmt not in STREAMED:
+        if not FORMATS[fmt].streamable:
             chunks = [c async for c in self.observed(stream)]
             clip = np.concatenate(chunks) if chunks else np.zeros(0, np.float32)
             yield await asyncio.to_thread(wav_bytes, clip, fmt=fmt)  # mp3/opus encoding is not instant
@@ -226,10 +235,10 @@ def _add_speech_route(app: FastAPI, config: ServerConfig, auth: list) -> None:
             data = state.audio_bytes(stream, fmt)
             if body.stream_format == "sse":
                 return StreamingResponse(sse_events(data), media_type="text/event-stream")
-            return StreamingResponse(data, media_type=MEDIA_TYPES[fmt])
+            return StreamingResponse(data, media_type=FORMATS[fmt].media_type)
         wav = await state.collect(stream, request)
         data = b"" if wav is None else await asyncio.to_thread(wav_bytes, wav, fmt=fmt)
-        return Response(data, media_type=MEDIA_TYPES[fmt])
+        return Response(data, media_type=FORMATS[fmt].media_type)
 
 
 def _add_info_routes(app: FastAPI, config: ServerConfig, auth: list) -> None:

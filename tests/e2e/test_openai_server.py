@@ -170,7 +170,7 @@ def test_other_formats_decode(server: Server, client) -> None:
     sf = pytest.importorskip("soundfile")
     assert {"wav", "pcm"} <= set(server.state.formats)
     wav = parse_wav(client.audio.speech.create(**speech_kwargs(steps=40, seed=4)).content)
-    for fmt in ("flac", "mp3", "opus"):
+    for fmt in ("flac", "mp3", "opus", "ogg"):
         if fmt not in server.state.formats:
             continue
         kw = speech_kwargs(steps=40, seed=4, response_format=fmt)
@@ -211,6 +211,19 @@ def test_bad_requests_get_openai_errors(server: Server, client, kw: dict, param:
     error = err.value.body if "message" in err.value.body else err.value.body["error"]
     assert set(error) == {"message", "type", "param", "code"} and error["param"] == param
     assert error["type"] == "invalid_request_error" and param.split("_")[0] in error["message"]
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("fields, param", [
+    ('"temperature": NaN', "temperature"), ('"top_p": NaN', "top_p"), ('"top_k": 9223372036854775808', "top_k"),
+    ('"seed": true', "seed"), ('"seed": -1', "seed"), ('"seed": 9223372036854775808', "seed"),
+])
+def test_hostile_sampling_values_get_400_and_the_engine_lives_on(server: Server, client, fields: str,
+                                                                  param: str) -> None:
+    body = '{"input": "Hello.", "voice": "alloy", "response_format": "wav", %s}' % fields
+    reply = httpx.post(server.url + "/v1/audio/speech", content=body, headers={"content-type": "application/json"})
+    assert reply.status_code == 400 and reply.json()["error"]["param"] == param
+    assert_clip_length(len(parse_wav(client.audio.speech.create(**speech_kwargs(steps=6)).content)), 6)
 
 
 @pytest.mark.e2e

@@ -28,7 +28,7 @@ FSQ_SCALE = 2.002  # (levels - 1) * (1 + 1e-3) / 2 for levels 5 (spec 9.3)
 STAGE_SCALES = (1.0, 0.25)  # vqp <= 1.25.2: residual stage r works at 4**-r
 NEAR_GREEDY = 1e-6
 TEXTS = ("你好。", "hello world, this is a parity test.", "今天天气很好[uv_break]我们去公园散步吧，好不好？")
-SAMPLE_RATE = 24000
+SAMPLE_RATE = audio.SAMPLE_RATE
 
 
 def tones(seconds: float, seed: int, extra: int = 0, noise: float = 0.05) -> np.ndarray:

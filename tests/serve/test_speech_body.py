@@ -1,0 +1,62 @@
+"""The speech request's sampling fields go through the one validator (no pydantic coercion first): hostile JSON
+values are a 400 naming the body's field before any work; good ones become InferCodeParams keywords."""
+from __future__ import annotations
+
+import io
+import json
+
+import numpy as np
+import pytest
+
+pytest.importorskip("fastapi")
+
+from chattts_velocity.audio import float_to_int16
+from chattts_velocity.params import InferCodeParams
+from chattts_velocity.schema import SEED_MAX
+from chattts_velocity.serve.formats import streaming_wav_header
+from chattts_velocity.serve.openai_api import SpeechBody, bad_request, sampling_kwargs
+
+CAP = 100
+HOSTILE = [  # raw JSON, as a client may send it
+    ('"temperature": NaN', "temperature"), ('"temperature": Infinity', "temperature"),
+    ('"temperature": 1e-45', "temperature"), ('"temperature": true', "temperature"), ('"temperature": 0', "temperature"),
+    ('"top_p": NaN', "top_p"), ('"top_p": 1.5', "top_p"), ('"top_p": "0.5"', "top_p"),
+    ('"top_k": 9223372036854775808', "top_k"), ('"top_k": true', "top_k"), ('"top_k": 2.5', "top_k"),
+    ('"seed": -1', "seed"), ('"seed": 9223372036854775808', "seed"), ('"seed": true', "seed"), ('"seed": "5"', "seed"),
+    ('"seed": 1180591620717411303424', "seed"),
+    ('"max_new_tokens": 0', "max_new_tokens"), ('"max_new_tokens": 101', "max_new_tokens"),
+    ('"max_new_tokens": true', "max_new_tokens"), ('"min_new_tokens": -1', "min_new_tokens"),
+    ('"min_new_tokens": 101', "min_new_tokens"), ('"max_new_tokens": 10, "min_new_tokens": 11', "min_new_tokens"),
+]
+
+
+def _body(fields: str) -> SpeechBody:
+    return SpeechBody.model_validate(json.loads('{"input": "Hi.", %s}' % fields))
+
+
+@pytest.mark.parametrize("fields, param", HOSTILE)
+def test_hostile_sampling_values_are_a_400_naming_the_body_field(fields: str, param: str) -> None:
+    with pytest.raises(ValueError) as err:
+        sampling_kwargs(_body(fields), CAP)
+    assert str(err.value).startswith(f"{param}: ")
+    error = bad_request(err.value)
+    assert error.status_code == 400 and error.detail["param"] == param
+
+
+def test_good_values_become_infer_code_params_keywords() -> None:
+    body = _body('"temperature": 1e-6, "top_p": 1, "top_k": 2147483647, "seed": %d, "max_new_tokens": 100, '
+                 '"min_new_tokens": 100' % SEED_MAX)
+    kwargs = sampling_kwargs(body, CAP)
+    assert kwargs == {"temperature": 1e-6, "top_P": 1, "top_K": 2147483647, "manual_seed": SEED_MAX,
+                      "max_new_token": 100, "min_new_token": 100}
+    assert InferCodeParams(**kwargs).manual_seed == SEED_MAX
+    assert sampling_kwargs(_body('"seed": null'), CAP) == {"max_new_token": CAP}  # unset: defaults, server cap
+
+
+def test_streamed_wav_is_the_header_then_int16_chunks() -> None:
+    import soundfile as sf
+
+    chunks = [(0.3 * np.sin(np.arange(n) / 5.0)).astype(np.float32) for n in (1000, 0, 2345)]
+    data = streaming_wav_header() + b"".join(float_to_int16(c).astype("<i2").tobytes() for c in chunks)
+    audio, rate = sf.read(io.BytesIO(data), dtype="int16")
+    assert rate == 24000 and np.array_equal(audio, float_to_int16(np.concatenate(chunks)))
