@@ -22,7 +22,8 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
     stream = {k: getattr(args, k) for k in ("chunk_steps", "first_chunk_steps", "first_lookahead_steps")}
     max_new_token = args.max_new_token or (DEMO_MAX_NEW_TOKEN if args.model == "demo" else 2048)
     try:  # None keeps the defaults (for streaming: the exact receptive-field context)
-        return ServerConfig(api_key=args.api_key, max_new_token=max_new_token,
+        key = {"api_key": args.api_key} if args.api_key else {}  # else $CHATTTS_VELOCITY_API_KEY
+        return ServerConfig(**key, max_new_token=max_new_token,
                             stream_options=StreamOptions(**{k: v for k, v in stream.items() if v is not None}),
                             max_input_chars=ServerConfig.max_input_chars if args.max_input_chars is None
                             else args.max_input_chars)
@@ -66,7 +67,8 @@ def add_serve_parser(sub) -> None:
     p.add_argument("--tiny", action="store_true", help="with --model demo: test-size weights")
     p.add_argument("--host", default="127.0.0.1", help="bind address (0.0.0.0 exposes the API on the network)")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/*")
+    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/* (better: set "
+                                                   "CHATTTS_VELOCITY_API_KEY, which `ps` does not show)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "int8"])
     p.add_argument("--compile", action="store_true",
                    help="torch.compile the decode step (float32, or bf16/int8 where the C++ kernels are unavailable)")

@@ -6,100 +6,55 @@ built in the app's lifespan, so the same app object runs under uvicorn and under
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
+import os
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, field
 
 import numpy as np
-from fastapi import Depends, FastAPI, Request
+from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
-from pydantic import BaseModel, ConfigDict, SkipValidation
 from starlette.exceptions import HTTPException
 
 from ..audio.formats import FORMATS, available_formats
 from ..audio.wav import SAMPLE_RATE, float_to_int16, wav_bytes
 from ..chat import Chat
 from ..engine.async_engine import AsyncLLMEngine
-from ..params import UPSTREAM_NAMES, InferCodeParams
-from ..schema import check_sampling
+from ..params import InferCodeParams
+from ..speech.service import SpeechService, SpeechStream
 from ..speech.streams import StreamOptions
 from . import metrics
+from .edge import Edge
 from .formats import sse_events, streaming_wav_header
-from ..speech.service import SpeechService, SpeechStream
+from .request import SpeechBody, api_error, bad_request, check_body, sampling_kwargs, validation_detail
 from .voices import VoiceBook, speed_prompt
 
 logger = logging.getLogger("chattts_velocity.serve")
 MODEL_ALIASES = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")
 DISCONNECT_POLL = 0.5  # seconds between client-disconnect checks of a non-streamed request
+API_KEY_ENV = "CHATTTS_VELOCITY_API_KEY"  # the key need not appear on the command line (or in `ps`)
 
 
 @dataclass
 class ServerConfig:
     model_name: str = "chattts"
-    api_key: str | None = None  # when set, /v1/* needs "Authorization: Bearer <api_key>"
+    api_key: str | None = field(default_factory=lambda: os.environ.get(API_KEY_ENV) or None)  # Bearer key on /v1/*
     max_input_chars: int = 4096
+    max_body_bytes: int = 1 << 20  # larger bodies get 413 before they are read
+    max_pieces: int = 128  # sentence pieces one input may split into
     max_new_token: int = 2048  # per sentence piece; a request's max_new_tokens may only lower it
     split_text: bool = True  # sentence pieces generate concurrently and play in order
     warmup_steps: int = 16  # one short request at startup, so the first user does not pay first-call costs
     stream_options: StreamOptions = field(default_factory=StreamOptions)
 
     def __post_init__(self) -> None:
-        for name in ("max_input_chars", "max_new_token"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
-                raise ValueError(f"{name}: must be an integer >= 1, got {getattr(self, name)!r}")
-
-
-class SpeechBody(BaseModel):
-    """OpenAI's fields plus the usual extensions; unknown fields are ignored with a warning."""
-
-    model_config = ConfigDict(extra="allow", protected_namespaces=())
-    model: str = "tts-1"
-    input: str
-    voice: str | int | None = None
-    response_format: str = "mp3"
-    speed: float = 1.0
-    stream: bool = False
-    stream_format: str = "audio"
-    instructions: str | None = None  # accepted, not used (ChatTTS takes no style prompt)
-    # typed for the API docs; checked by the one sampling validator only (sampling_kwargs), not coerced
-    seed: SkipValidation[int | None] = None
-    temperature: SkipValidation[float | None] = None
-    top_p: SkipValidation[float | None] = None
-    top_k: SkipValidation[int | None] = None
-    max_new_tokens: SkipValidation[int | None] = None
-    min_new_tokens: SkipValidation[int | None] = None  # forbids EOS before this many steps (benchmarks, tests)
-
-
-BODY_NAMES = {"max_new_token": "max_new_tokens", "min_new_token": "min_new_tokens"}  # SamplingParams' -> ours
-
-
-def sampling_kwargs(body: SpeechBody, cap: int) -> dict[str, object]:
-    """The body's sampling fields as InferCodeParams keywords; a ValueError names the body's field."""
-    names = ("temperature", "top_p", "top_k", "seed", "max_new_token", "min_new_token")
-    values = {name: getattr(body, BODY_NAMES.get(name, name)) for name in names}
-    values = {name: value for name, value in values.items() if value is not None}
-    values.setdefault("max_new_token", cap)
-    check_sampling(values, BODY_NAMES)
-    if values["max_new_token"] > cap:
-        raise ValueError(f"max_new_tokens: must be <= {cap} on this server, got {values['max_new_token']}")
-    return {UPSTREAM_NAMES.get(name, name): value for name, value in values.items()}
-
-
-def api_error(status: int, message: str, param: str | None = None, code: str | None = None,
-              kind: str = "invalid_request_error") -> HTTPException:
-    return HTTPException(status, detail={"message": message, "type": kind, "param": param, "code": code})
-
-
-def bad_request(exc: ValueError) -> HTTPException:
-    """Our ValueErrors start with the field name ("temperature: ..."): that is OpenAI's `param`."""
-    message = str(exc)
-    head = message.split(":", 1)[0]
-    param = {"text[0]": "input", "speaker": "voice"}.get(head, head)
-    return api_error(400, message, param=param if head != message and " " not in head else None)
+        for name in ("max_input_chars", "max_body_bytes", "max_pieces", "max_new_token"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}: must be an integer >= 1, got {value!r}")
 
 
 class ServerState:
@@ -124,23 +79,8 @@ class ServerState:
             params = InferCodeParams(manual_seed=0, max_new_token=steps, min_new_token=steps, show_tqdm=False)
             await self.service.synthesize("Warm up.", params)
 
-    def check(self, body: SpeechBody) -> str:
-        """Validate the body; returns the response format."""
-        if body.model_extra:
-            logger.warning("speech request: ignoring unknown field(s) %s", sorted(body.model_extra))
-        if not body.input.strip():
-            raise api_error(400, "input: is empty; give the text to speak", "input", "empty_input")
-        if len(body.input) > self.config.max_input_chars:
-            raise api_error(400, f"input: {len(body.input)} characters is over the limit of "
-                                 f"{self.config.max_input_chars}; split the text", "input", "input_too_long")
-        fmt = body.response_format.lower()
-        if fmt not in self.formats:
-            raise api_error(400, f"response_format: {body.response_format!r} is not available here; choose one "
-                                 f"of {list(self.formats)}", "response_format", "unsupported_response_format")
-        if body.stream_format not in ("audio", "sse"):
-            raise api_error(400, f"stream_format: must be 'audio' or 'sse', got {body.stream_format!r}",
-                            "stream_format")
-        return fmt
+    def count_error(self) -> None:
+        self.metrics.errors += 1
 
     def params(self, body: SpeechBody) -> InferCodeParams:
         sampling = sampling_kwargs(body, self.config.max_new_token)  # checked before any voice is drawn
@@ -213,20 +153,22 @@ def create_app(chat: Chat | Callable[[], Chat], config: ServerConfig | None = No
 
     app = FastAPI(title="chattts_velocity speech API", lifespan=lifespan)
     _add_error_handlers(app)
-    auth = [Depends(_key_checker(config.api_key))]
-    _add_speech_route(app, config, auth)
-    _add_info_routes(app, config, auth)
+    _add_speech_route(app, config)
+    _add_info_routes(app, config)
+    app.add_middleware(Edge, api_key=config.api_key, max_body_bytes=config.max_body_bytes,
+                       on_refuse=lambda: _count_error(app))
     return app
 
 
-def _add_speech_route(app: FastAPI, config: ServerConfig, auth: list) -> None:
-    @app.post("/v1/audio/speech", dependencies=auth)
+def _add_speech_route(app: FastAPI, config: ServerConfig) -> None:
+    @app.post("/v1/audio/speech")
     async def create_speech(body: SpeechBody, request: Request) -> Response:
         state: ServerState = request.app.state.server
         state.metrics.requests += 1
-        fmt = state.check(body)
+        fmt = check_body(body, config.max_input_chars, state.formats)
         try:
-            stream = await state.service.open(body.input, state.params(body), split=config.split_text)
+            stream = await state.service.open(body.input, state.params(body), split=config.split_text,
+                                              max_pieces=config.max_pieces)
         except ValueError as exc:
             raise bad_request(exc) from None
         except RuntimeError as exc:
@@ -241,13 +183,13 @@ def _add_speech_route(app: FastAPI, config: ServerConfig, auth: list) -> None:
         return Response(data, media_type=FORMATS[fmt].media_type)
 
 
-def _add_info_routes(app: FastAPI, config: ServerConfig, auth: list) -> None:
-    @app.get("/v1/audio/voices", dependencies=auth)
+def _add_info_routes(app: FastAPI, config: ServerConfig) -> None:
+    @app.get("/v1/audio/voices")
     async def list_voices(request: Request) -> dict:
         voices = request.app.state.server.voices.names()
         return {"object": "list", "voices": [v["id"] for v in voices], "data": voices}
 
-    @app.get("/v1/models", dependencies=auth)
+    @app.get("/v1/models")
     async def list_models() -> dict:
         return {"object": "list", "data": [{"id": name, "object": "model", "created": 0, "owned_by": "chattts_velocity"}
                                            for name in (config.model_name, *MODEL_ALIASES)]}
@@ -264,40 +206,25 @@ def _add_info_routes(app: FastAPI, config: ServerConfig, auth: list) -> None:
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
 
-def _key_checker(api_key: str | None) -> Callable:
-    async def check(request: Request) -> None:
-        if api_key is None:
-            return
-        scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), api_key.encode()):
-            raise api_error(401, "Incorrect API key provided; send 'Authorization: Bearer <key>'",
-                            code="invalid_api_key")
-    return check
+def _count_error(app: FastAPI) -> None:
+    state = getattr(app.state, "server", None)
+    if state is not None:
+        state.count_error()
 
 
 def _add_error_handlers(app: FastAPI) -> None:
     """Every error in OpenAI's shape: {"error": {"message", "type", "param", "code"}}."""
-    def count(request: Request) -> None:
-        state = getattr(request.app.state, "server", None)
-        if state is not None:
-            state.metrics.errors += 1
-
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
-        count(request)
+        _count_error(request.app)
         detail = exc.detail if isinstance(exc.detail, dict) else {
             "message": str(exc.detail), "type": "invalid_request_error", "param": None, "code": None}
         return JSONResponse({"error": detail}, status_code=exc.status_code, headers=getattr(exc, "headers", None))
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        count(request)
-        first = exc.errors()[0] if exc.errors() else {}
-        loc = [str(p) for p in first.get("loc", ()) if p != "body"]
-        message = f"{'.'.join(loc) or 'body'}: {first.get('msg', 'invalid request')}"
-        error = {"message": message, "type": "invalid_request_error", "param": loc[-1] if loc else None,
-                 "code": None}
-        return JSONResponse({"error": error}, status_code=400)
+        _count_error(request.app)
+        return JSONResponse({"error": validation_detail(list(exc.errors()))}, status_code=400)
 
 
 def run_server(chat: Chat | Callable[[], Chat], config: ServerConfig | None = None, host: str = "127.0.0.1",

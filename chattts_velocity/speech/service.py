@@ -155,9 +155,13 @@ class SpeechService:
         self._keys = itertools.count()
 
     def prompts(self, text: str, params: InferCodeParams, use_decoder: bool = True, lang: str | None = None,
-                normalize: bool = True, split: bool = True) -> list[tuple[Prompt, SamplingParams]]:
+                normalize: bool = True, split: bool = True, max_pieces: int | None = None,
+                ) -> list[tuple[Prompt, SamplingParams]]:
         """The text's sentence pieces as engine requests (Chat.speech_requests, as Chat.infer builds them)."""
         pieces = self.chat.split(text, lang, normalize, normalize, split)
+        if max_pieces is not None and len(pieces.texts) > max_pieces:
+            raise ValueError(f"input: splits into {len(pieces.texts)} sentence pieces, over the limit of "
+                             f"{max_pieces}; send fewer sentences per request")
         requests = self.chat.speech_requests(pieces, params, use_decoder)
         return list(zip(requests.prompts, requests.sampling))
 

@@ -302,3 +302,68 @@ def test_api_key(tiny_assets) -> None:
     finally:
         uv.should_exit = True
         thread.join(60)
+
+
+# ---- the edge: refusals before the body is read, malformed bodies, bounded work --------------------------
+@pytest.fixture(scope="module")
+def guarded(tiny_assets) -> Iterator[str]:
+    config = ServerConfig(api_key=KEY, max_new_token=20, max_body_bytes=4096, max_pieces=8)
+    app = create_app(lambda: _tiny_chat(tiny_assets), config)
+    uv, thread, url = _serve(app)
+    try:
+        yield url
+    finally:
+        uv.should_exit = True
+        thread.join(60)
+
+
+def raw_request(url: str, head: str, body: bytes = b"", timeout: float = 10.0) -> tuple[int, dict]:
+    """A hand-made HTTP/1.1 request (to declare a body larger than what is sent); returns (status, JSON)."""
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=timeout) as s:
+        s.sendall(head.encode() + b"\r\n" + body)
+        data = b""
+        while b"\r\n\r\n" not in data or len(data.split(b"\r\n\r\n", 1)[1]) < int(
+                [h for h in data.split(b"\r\n") if h.lower().startswith(b"content-length:")][0].split(b":")[1]):
+            data += s.recv(65536)
+    status = int(data.split(b" ", 2)[1])
+    return status, json.loads(data.split(b"\r\n\r\n", 1)[1])
+
+
+@pytest.mark.e2e
+def test_the_key_is_checked_before_a_huge_body_is_read(guarded: str) -> None:
+    head = ("POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            "Authorization: Bearer wrong\r\nContent-Length: 1000000000\r\n")
+    status, body = raw_request(guarded, head, b'{"input": "')  # 1 GB declared, 11 bytes sent: no waiting
+    assert status == 401 and body["error"]["code"] == "invalid_api_key"
+
+
+@pytest.mark.e2e
+def test_an_oversized_body_is_413_before_parsing(guarded: str) -> None:
+    auth = {"Authorization": f"Bearer {KEY}"}
+    big = {"input": "x" * 10000, "voice": "alloy"}
+    declared = httpx.post(guarded + "/v1/audio/speech", json=big, headers=auth)
+    assert declared.status_code == 413 and declared.json()["error"]["code"] == "request_too_large"
+    chunked = httpx.post(guarded + "/v1/audio/speech", content=(b"x" * 1000 for _ in range(10)),
+                         headers={**auth, "Content-Type": "application/json"})
+    assert chunked.status_code == 413
+    ok = httpx.post(guarded + "/v1/audio/speech", headers=auth,
+                    json={"input": "Still fine.", "voice": "alloy", "response_format": "wav", "max_new_tokens": 5})
+    assert ok.status_code == 200 and assert_clip_length(len(parse_wav(ok.content)), 5) is None
+
+
+@pytest.mark.e2e
+def test_malformed_json_and_too_many_pieces_are_clean_400s(guarded: str) -> None:
+    auth = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
+    broken = httpx.post(guarded + "/v1/audio/speech", content=b'{"input": "unterminated', headers=auth)
+    assert broken.status_code == 400 and broken.json()["error"]["message"].startswith("body: is not valid JSON")
+    many = httpx.post(guarded + "/v1/audio/speech", headers=auth, json={"input": "Go. " * 40, "voice": "alloy"})
+    error = many.json()["error"]
+    assert many.status_code == 400 and error["param"] == "input" and "over the limit of 8" in error["message"]
+
+
+def test_the_key_can_come_from_the_environment(tiny_assets, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CHATTTS_VELOCITY_API_KEY", KEY)
+    assert ServerConfig().api_key == KEY
+    monkeypatch.delenv("CHATTTS_VELOCITY_API_KEY")
+    assert ServerConfig().api_key is None

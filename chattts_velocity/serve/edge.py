@@ -1,0 +1,84 @@
+"""Serving stage, the edge: ASGI middleware that refuses a request before the app reads a byte of its body.
+
+The API key (on /v1/*) is checked first, then the body size (Content-Length, or the bytes of a chunked body, read
+up to the limit and no further). A refusal is OpenAI's error shape: 401 invalid_api_key, 413 request_too_large.
+"""
+from __future__ import annotations
+
+import hmac
+import json
+from collections.abc import Awaitable, Callable
+
+from .request import error_detail
+
+Scope = dict
+Message = dict
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+BODY_METHODS = {"POST", "PUT", "PATCH"}
+
+
+class Edge:
+    """Wraps the app: auth and size checks on every HTTP request; `on_refuse` counts each refusal."""
+
+    def __init__(self, app: ASGIApp, api_key: str | None, max_body_bytes: int,
+                 on_refuse: Callable[[], None] = lambda: None) -> None:
+        self.app, self.api_key, self.max_body_bytes, self.on_refuse = app, api_key, max_body_bytes, on_refuse
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        if self.api_key is not None and scope["path"].startswith("/v1/") and not self._authorized(headers):
+            return await self._refuse(send, 401, "Incorrect API key provided; send 'Authorization: Bearer <key>'",
+                                      "invalid_api_key")
+        if scope["method"] not in BODY_METHODS:
+            return await self.app(scope, receive, send)
+        body = await self._read_body(headers, receive)
+        if body is None:
+            return await self._refuse(send, 413, f"body: larger than this server's limit of {self.max_body_bytes} "
+                                                 "bytes", "request_too_large")
+        await self.app(scope, _replay(body, receive), send)
+
+    def _authorized(self, headers: dict[str, str]) -> bool:
+        scheme, _, token = headers.get("authorization", "").partition(" ")
+        return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), self.api_key.encode())
+
+    async def _read_body(self, headers: dict[str, str], receive: Receive) -> bytes | None:
+        """The whole body, or None as soon as it is known to be over the limit."""
+        declared = headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > self.max_body_bytes:
+            return None
+        chunks, size, more = [], 0, True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":
+                break  # the client left; the app will see an empty body and the disconnect
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > self.max_body_bytes:
+                return None
+            more = message.get("more_body", False)
+        return b"".join(chunks)
+
+    async def _refuse(self, send: Send, status: int, message: str, code: str) -> None:
+        self.on_refuse()
+        body = json.dumps({"error": error_detail(message, code=code)}).encode()
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                                (b"connection", b"close")]})
+        await send({"type": "http.response.body", "body": body})
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """The buffered body as one message, then the client's own messages (a disconnect, say)."""
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+    return replay

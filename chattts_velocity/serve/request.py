@@ -1,0 +1,97 @@
+"""Serving stage, the request: OpenAI's speech body, its checks and its errors in OpenAI's shape.
+
+Every failure a client can cause is an HTTPException whose detail is {"message", "type", "param", "code"}
+(openai_api.py renders it as {"error": detail}); nothing a body holds reaches the engine unchecked.
+"""
+from __future__ import annotations
+
+import logging
+
+from pydantic import BaseModel, ConfigDict, SkipValidation
+from starlette.exceptions import HTTPException
+
+from ..params import UPSTREAM_NAMES
+from ..schema import check_sampling
+
+logger = logging.getLogger("chattts_velocity.serve")
+BODY_NAMES = {"max_new_token": "max_new_tokens", "min_new_token": "min_new_tokens"}  # SamplingParams' -> ours
+
+
+class SpeechBody(BaseModel):
+    """OpenAI's fields plus the usual extensions; unknown fields are ignored with a warning."""
+
+    model_config = ConfigDict(extra="allow", protected_namespaces=())
+    model: str = "tts-1"
+    input: str
+    voice: str | int | None = None
+    response_format: str = "mp3"
+    speed: float = 1.0
+    stream: bool = False
+    stream_format: str = "audio"
+    instructions: str | None = None  # accepted, not used (ChatTTS takes no style prompt)
+    # typed for the API docs; checked by the one sampling validator only (sampling_kwargs), not coerced
+    seed: SkipValidation[int | None] = None
+    temperature: SkipValidation[float | None] = None
+    top_p: SkipValidation[float | None] = None
+    top_k: SkipValidation[int | None] = None
+    max_new_tokens: SkipValidation[int | None] = None
+    min_new_tokens: SkipValidation[int | None] = None  # forbids EOS before this many steps (benchmarks, tests)
+
+
+def sampling_kwargs(body: SpeechBody, cap: int) -> dict[str, object]:
+    """The body's sampling fields as InferCodeParams keywords; a ValueError names the body's field."""
+    names = ("temperature", "top_p", "top_k", "seed", "max_new_token", "min_new_token")
+    values = {name: getattr(body, BODY_NAMES.get(name, name)) for name in names}
+    values = {name: value for name, value in values.items() if value is not None}
+    values.setdefault("max_new_token", cap)
+    check_sampling(values, BODY_NAMES)
+    if values["max_new_token"] > cap:
+        raise ValueError(f"max_new_tokens: must be <= {cap} on this server, got {values['max_new_token']}")
+    return {UPSTREAM_NAMES.get(name, name): value for name, value in values.items()}
+
+
+def check_body(body: SpeechBody, max_input_chars: int, formats: dict) -> str:
+    """Validate what needs no model; returns the response format."""
+    if body.model_extra:
+        logger.warning("speech request: ignoring unknown field(s) %s", sorted(body.model_extra))
+    if not body.input.strip():
+        raise api_error(400, "input: is empty; give the text to speak", "input", "empty_input")
+    if len(body.input) > max_input_chars:
+        raise api_error(400, f"input: {len(body.input)} characters is over the limit of {max_input_chars}; "
+                             "split the text", "input", "input_too_long")
+    fmt = body.response_format.lower()
+    if fmt not in formats:
+        raise api_error(400, f"response_format: {body.response_format!r} is not available here; choose one "
+                             f"of {list(formats)}", "response_format", "unsupported_response_format")
+    if body.stream_format not in ("audio", "sse"):
+        raise api_error(400, f"stream_format: must be 'audio' or 'sse', got {body.stream_format!r}", "stream_format")
+    return fmt
+
+
+def api_error(status: int, message: str, param: str | None = None, code: str | None = None,
+              kind: str = "invalid_request_error") -> HTTPException:
+    return HTTPException(status, detail=error_detail(message, param, code, kind))
+
+
+def error_detail(message: str, param: str | None = None, code: str | None = None,
+                 kind: str = "invalid_request_error") -> dict:
+    return {"message": message, "type": kind, "param": param, "code": code}
+
+
+def bad_request(exc: ValueError) -> HTTPException:
+    """Our ValueErrors start with the field name ("temperature: ..."): that is OpenAI's `param`."""
+    message = str(exc)
+    head = message.split(":", 1)[0]
+    param = {"text[0]": "input", "speaker": "voice"}.get(head, head)
+    return api_error(400, message, param=param if head != message and " " not in head else None)
+
+
+def validation_detail(errors: list[dict]) -> dict:
+    """pydantic's first complaint about a body, as OpenAI's error detail."""
+    first = errors[0] if errors else {}
+    if first.get("type") == "json_invalid":
+        return error_detail(f"body: is not valid JSON ({first.get('ctx', {}).get('error', 'cannot parse')})",
+                            code="invalid_json")
+    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    return error_detail(f"{'.'.join(loc) or 'body'}: {first.get('msg', 'invalid request')}",
+                        param=loc[-1] if loc else None)
