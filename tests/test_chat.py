@@ -128,3 +128,14 @@ def test_infer_many_on_the_engine_reports_a_request_it_refuses(chat: Chat) -> No
     assert isinstance(results[1], ValueError) and "max_model_len" in str(results[1])
     assert isinstance(results[0], np.ndarray) and len(results[0]) == (2 * STEPS - 1) * 256
     assert not chat.engine().has_unfinished_requests()
+
+
+@pytest.mark.parametrize("use_vllm", [False, True])
+def test_lengths_beyond_the_model_are_clear_errors_on_both_paths(chat: Chat, use_vllm: bool) -> None:
+    huge = InferCodeParams(max_new_token=10**9, show_tqdm=False)
+    with pytest.raises(ValueError, match="max_new_token"):
+        chat.infer(["Hello."], skip_refine_text=True, params_infer_code=huge, use_vllm=use_vllm)
+    long_text = "word " * 5000  # one piece of ~5000 prompt positions
+    with pytest.raises(ValueError, match="max_new_token|max_model_len|max_position_embeddings"):
+        chat.infer([long_text], skip_refine_text=True, split_text=False, use_vllm=use_vllm,
+                   params_infer_code=InferCodeParams(max_new_token=8, show_tqdm=False))

@@ -93,12 +93,22 @@ class PlainGPT:
     def _generate_batch(self, prompts: list[Prompt], params: SamplingParams | list[SamplingParams],
                         progress: bool, should_stop: Callable[[], bool] | None) -> list[GenerationOutput]:
         params = _single_params(params)
+        self._check_length(prompts, params)
         for _attempt in range(MAX_REGENERATE + 1):
             outputs, empty_first_step = self._generate_once(prompts, params, progress, should_stop)
             if not (empty_first_step and params.ensure_non_empty and params.seed is None):
                 return outputs
             logger.warning("unexpected end at the first step; regenerating to ensure non-empty output")
         return outputs
+
+    def _check_length(self, prompts: list[Prompt], params: SamplingParams) -> None:
+        """The padded batch plus every step must fit the model's positions (as the engine's max_model_len)."""
+        limit = self.config.max_position_embeddings
+        width = max(len(p) for p in prompts)
+        if width + params.max_new_token > limit:
+            raise ValueError(f"max_new_token: the prompt ({width} positions) + max_new_token "
+                             f"({params.max_new_token}) = {width + params.max_new_token} exceeds "
+                             f"max_position_embeddings ({limit}); lower max_new_token or shorten the text")
 
     def _generate_once(self, prompts, params, progress, should_stop):
         ids, mask, text_mask = pad_left(prompts)  # [B, L, 4], [B, L], [B, L]
