@@ -12,7 +12,7 @@ grammars (zh and en TN) with kaldifst: a 5 MB wheel, about 50 MB installed with 
 - NeMo text processing (pynini too, plus a heavy NeMo stack);
 - cn2an (MIT) + num2words (LGPL): light, but they only spell numbers; dates, times, money, units,
   phone numbers and symbols would be our own grammar, and cn2an's sentence mode misreads times,
-  phone numbers, units and "1,234" (measured on the table in tests/text/test_numbers.py).
+  phone numbers, units and "1,234" (measured on the Chinese sentences of tests/text/test_numbers.py).
 wetext's slips we measured ("¥350万", "第2名", "$1,200", "1000", "+1 800…", "1990s") are corrected
 around it in spoken_rules.py. Mixed sentences are read run by run: a whitespace-separated chunk that
 holds a Chinese character is read as Chinese ("3点30分", "25元"), one with Latin letters as English,

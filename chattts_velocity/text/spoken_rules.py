@@ -36,6 +36,8 @@ _EN_NUMBER_WORDS = set(DIGITS["en"] + "ten eleven twelve thirteen fourteen fifte
 _WIDE = re.compile(r"[０-９Ａ-Ｚａ-ｚ％＋＝＠＆＃＄\u2460-\u2473\u3380-\u33df]")  # full-width, ①-⑳, ㎡ ㎞ ...
 _SQUARED = {"㎡": "m²", "㎥": "m³", "㎢": "km²", "㎠": "cm²"}  # NFKC would give "m2"
 _EMAIL = re.compile(r"[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+")
+_CODE = re.compile(r"(?<=[A-Za-z])\d{5,}")  # "SF1234567890": a code, read digit by digit
+_MAH = re.compile(r"(?<=\d) ?mAh(?![A-Za-z])")
 _PHONE = re.compile(r"(?<![A-Za-z0-9+])\+(\d{1,3}(?:[ -]\d{1,5}){2,5})(?![\d-])")
 _AMOUNT_THEN_SIGN = re.compile(r"(?<![\d.])(\d+(?:\.\d+)?) ?([$€£])(?!\w)")
 _WORD_HYPHEN = re.compile(r"(?<=[A-Za-z])-(?=[A-Za-z0-9])|(?<=\d)-(?=[A-Za-z])")
@@ -59,6 +61,8 @@ def before_wetext(text: str, lang: str, say: Say) -> str:
     text = _WIDE.sub(lambda m: _SQUARED.get(m.group(0)) or unicodedata.normalize("NFKC", m.group(0)), text)
     text = _EMAIL.sub(lambda m: _spoken_email(m.group(0), lang), text)
     text = _PHONE.sub(lambda m: _spoken_phone(m.group(1), lang), text)
+    text = _CODE.sub(lambda m: ("" if lang == "zh" else " ") + _digit_by_digit(m.group(0), lang), text)
+    text = _MAH.sub("毫安时" if lang == "zh" else " milliamp hours", text)
     text = _AMOUNT_THEN_SIGN.sub(r"\2\1", text)
     text = _WORD_HYPHEN.sub(" ", text)
     text = _PER_MILLE.sub(r"千分之\1" if lang == "zh" else r"\1 per mille", text)

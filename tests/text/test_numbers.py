@@ -36,6 +36,7 @@ ZH = [
     ("现在是2024-03-05 10:30。", "现在是二零二四年三月五日 十点三十分。"),
     ("他说：“我今年18岁了！”", "他说，我今年十八岁了。"),
     ("①首先，面积50㎡，１２３元", "一首先，面积五十平方米，一百二十三元"),
+    ("快递单号：SF1234567890，电池5000mAh。", "快递单号，SF幺二三四五六七八九零，电池五千毫安时。"),
 ]
 
 EN = [
@@ -96,7 +97,7 @@ BROAD = [s for s, _ in ZH + EN + MIXED] + [
     "24/7 support", "rock & roll", "50 ¢", "Q3 2024 results", "call 911", "1-800-FLOWERS", "https://example.com",
     "user_name@mail.example.org", "1:2:3", "12:45:30", "37.5°C", "100°F", "45°", "1 1/2 cups", "$0.99",
     "€1.01", "$3.5 million", "1e10", "2^10", "√2 ≈ 1.414", "a ≥ b ≠ c", "+5", "-12.5", "100€ please",
-    "No. 5 is mine", "the '80s", "1st-class tickets cost $1,200.", "© 2024 Company™", "50% off — today only!",
+    "No. 5 is mine", "the '80s", "Tracking SF1234567890", "a 5000 mAh battery", "RTX4090显卡", "1st-class tickets cost $1,200.", "© 2024 Company™", "50% off — today only!",
 ]
 
 
