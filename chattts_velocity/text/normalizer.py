@@ -1,7 +1,9 @@
 """Text stage: normalisation. Raw user text -> sentences, and sentence -> text the tokenizer reads well.
 
 Implements ChatTTS's Normalizer (spec 11) and sentence splitting (spec 8 step 2); deviations are noted
-where they occur.
+where they occur. Deviations by design: numbers and symbols are read aloud by default (numbers.py), and
+punctuation outside the accepted class is mapped, not deleted (punctuation.py); whatever is still
+dropped is named in a warning.
 """
 from __future__ import annotations
 
@@ -12,10 +14,12 @@ from itertools import zip_longest
 from pathlib import Path
 from typing import Callable, Literal
 
+from chattts_velocity.text.numbers import SpokenText
+from chattts_velocity.text.punctuation import fold_punctuation, rejected_characters, strip_rejected
+
 HOMOPHONES_PATH = Path(__file__).parent / "res" / "homophones.tsv"
 logger = logging.getLogger(__name__)
 
-_REJECT = re.compile(r"[^\u4e00-\u9fffA-Za-z，。、,. ]")  # what the GPT pronounces reliably
 _TAG = re.compile(r"\[[\w_]+\]")
 _CJK_CHAR = re.compile(r"[\u4e00-\u9fff]")
 _EN_WORD = re.compile(r"\b[A-Za-z]+\b")
@@ -25,20 +29,17 @@ _HALF_TO_FULL = str.maketrans(
     "!\"'#$%&(),-*+./:;<=>?@\\^`{|}~",
     "！“‘＃＄％＆（），－＊＋。／：；＜＝＞？＠＼＾｀｛｜｝～",
 )
-# Applied to the whole text when it holds characters outside _REJECT's class.
-_SIMPLIFY = str.maketrans(
-    "：；（）【】『』「」《》－！:;()><-!",
-    "，，，，，，，，，，，，，。,,,,,,,.",
-)
 _PROBE = "test string 测试字符串"
+Builder = Callable[[], Callable[[str], str]]  # makes a language normaliser; ImportError when not installed
+_warned_missing: set[str] = set()  # languages whose "install wetext" warning was given (once a process)
 
 
 class Normalizer:
     """Upstream's text normaliser: per-language normalisers, punctuation and homophone maps.
 
     `normalizers` maps a language ("zh", "en", ...) to a str -> str function applied to the text
-    between [tags]. The zh (WeTextProcessing) and en (NeMo) ones are registered at construction
-    when their packages are installed (`load_defaults`); upstream registers none by default.
+    between [tags]. With `load_defaults`, zh and en get numbers.SpokenText (wetext), or upstream's
+    WeTextProcessing (zh) / NeMo (en) when only those are installed; upstream registers none by default.
     """
 
     def __init__(self, homophones: str | Path = HOMOPHONES_PATH, *, load_defaults: bool = True) -> None:
@@ -59,14 +60,14 @@ class Normalizer:
             raise ValueError(f"text: expected a str, got {type(text).__name__}")
         if do_text_normalization:
             text = self._normalize(text, detect_language(text) if lang is None else lang)
-        invalid = invalid_characters(text)
-        if invalid:
-            logger.warning("found invalid characters: %s", sorted(invalid))
-            text = text.translate(_SIMPLIFY)
+        if invalid_characters(text):
+            text = map_plain_segments(text, fold_punctuation)
         if do_homophone_replacement:
             text = self.replace_homophones(text)
-        if invalid:
-            text = map_plain_segments(text, lambda t: _REJECT.sub("", t))
+        dropped = invalid_characters(text)
+        if dropped:
+            logger.warning("dropped characters the model cannot read: %s", " ".join(sorted(dropped)))
+            text = map_plain_segments(text, strip_rejected)
         return text
 
     def _normalize(self, text: str, lang: str) -> str:
@@ -104,25 +105,48 @@ class Normalizer:
         self.normalizers.pop(name, None)
 
     def register_default_normalizers(self) -> list[str]:
-        """Register zh (WeTextProcessing) and en (NeMo) when installed; returns the names added now."""
-        added = []
-        for name, build in (("zh", _wetext_zh), ("en", _nemo_en)):
+        """Register zh and en (the first of their builders that loads); returns the names added now."""
+        added, missing = [], []
+        for name, builders in _DEFAULT_BUILDERS.items():
             if name in self.normalizers:
                 continue
-            try:
-                fn = build()
-            except ImportError as e:
-                logger.debug("no %s normalizer: %s", name, e)
-                continue
-            except Exception as e:  # a broken optional install must not break text processing
-                logger.warning("the %s normalizer failed to load: %s", name, e)
-                continue
-            if self.register(name, fn):
+            fn = _first_loadable(name, builders)
+            if fn is None:
+                missing.append(name)
+            elif self.register(name, fn):
                 added.append(name)
+        _warn_missing_once(missing)
         return added
 
 
-def _wetext_zh() -> Callable[[str], str]:
+def _first_loadable(name: str, builders: tuple[Builder, ...]) -> Callable[[str], str] | None:
+    for build in builders:
+        try:
+            return build()
+        except ImportError as e:
+            logger.debug("no %s normalizer from %s: %s", name, build.__name__, e)
+        except Exception as e:  # a broken optional install must not break text processing
+            logger.warning("the %s normalizer %s failed to load: %s", name, build.__name__, e)
+    return None
+
+
+def _warn_missing_once(names: list[str]) -> None:
+    new = [name for name in names if name not in _warned_missing]
+    if new:
+        _warned_missing.update(new)
+        logger.warning("numbers and symbols in %s text are not read aloud (their digits are dropped): "
+                       "install the `wetext` package (pip install wetext)", " and ".join(new))
+
+
+def _spoken_zh() -> Callable[[str], str]:
+    return SpokenText("zh")
+
+
+def _spoken_en() -> Callable[[str], str]:
+    return SpokenText("en")
+
+
+def _wetextprocessing_zh() -> Callable[[str], str]:
     from tn.chinese.normalizer import Normalizer as ZhNormalizer
 
     return ZhNormalizer(remove_interjections=False).normalize
@@ -133,6 +157,9 @@ def _nemo_en() -> Callable[[str], str]:
 
     normalizer = EnNormalizer(input_case="cased", lang="en")
     return functools.partial(normalizer.normalize, verbose=False, punct_post_process=True)
+
+
+_DEFAULT_BUILDERS = {"zh": (_spoken_zh, _wetextprocessing_zh), "en": (_spoken_en, _nemo_en)}
 
 
 def load_homophones(path: str | Path) -> dict[int, int]:
@@ -154,8 +181,8 @@ def detect_language(text: str) -> Literal["zh", "en"]:
 
 
 def invalid_characters(text: str) -> set[str]:
-    """Characters outside Chinese, ASCII letters, ，。、,. and space, ignoring [tags]."""
-    return set(_REJECT.findall(_TAG.sub("", text)))
+    """Characters outside Chinese, ASCII letters, ，。、,. , space and in-word "'", ignoring [tags]."""
+    return rejected_characters(_TAG.sub("", text))
 
 
 def split_tags(text: str) -> tuple[list[str], list[str]]:
