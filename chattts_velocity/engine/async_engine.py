@@ -13,6 +13,8 @@ import threading
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
+import torch
+
 from chattts_velocity.engine.llm_engine import LLMEngine
 from chattts_velocity.schema import GenerationOutput, Prompt, SamplingParams
 
@@ -93,7 +95,8 @@ class AsyncLLMEngine:
         self._thread: threading.Thread | None = None
         self._stop = False
         self._steps_seen = engine.stats.num_steps
-        self.error: BaseException | None = None
+        self.error: BaseException | None = None  # set when the loop itself died
+        self.failing = False  # the latest step failed some of its requests (health: degraded)
 
     # ---- lifecycle ---------------------------------------------------------------------------
     @property
@@ -135,6 +138,8 @@ class AsyncLLMEngine:
                     stream.finished = True
                     raise item
                 stream.finished = item.finished
+                if item.error is not None:  # this request failed in a step; the others go on
+                    raise item.error
                 yield item
         finally:
             if not stream.finished:
@@ -156,7 +161,8 @@ class AsyncLLMEngine:
         return stream
 
     def abort(self, request_id: str) -> None:
-        """Abort a request from any thread: it leaves before the next step and its blocks are freed."""
+        """Abort a request from any thread: it leaves before the next step, its blocks are freed and its consumer's
+        iteration ends with a finish_reason "abort" delta. Unknown or finished ids are ignored."""
         if self.is_running:
             self._commands.put(_Abort(request_id))
             self._wake.set()
@@ -186,8 +192,8 @@ class AsyncLLMEngine:
                     self._wake.wait(IDLE_WAIT)
                     self._wake.clear()
                     continue
-                self._deliver(self.engine.step())
-        except BaseException as exc:
+                self._step()
+        except BaseException as exc:  # only what _step does not survive (a bug in the loop itself, an interrupt)
             logger.exception("engine loop failed")
             self.error = exc
         self._stop = True
@@ -221,9 +227,23 @@ class AsyncLLMEngine:
         stream.resolve(None)
 
     def _abort(self, request_id: str) -> None:
-        if self._streams.pop(request_id, None) is not None:
+        stream = self._streams.pop(request_id, None)
+        if stream is not None:
             self.engine.abort_request(request_id)
             self.stats.num_aborted += 1
+            stream.put(GenerationOutput(request_id, torch.zeros(0, 1, dtype=torch.int64), None, True, "abort"))
+
+    def _step(self) -> None:
+        """One engine step. A step that raises fails the requests it held, and the loop serves everyone else."""
+        try:
+            deltas = self.engine.step()
+        except Exception as exc:  # noqa: BLE001 -- the engine could not say whose fault it was
+            logger.exception("engine step failed; failing the requests it held")
+            self.failing = True
+            self._fail_all(RuntimeError(f"engine: a step failed ({exc!r}); this request was in it"), refuse=False)
+            return
+        self.failing = any(d.error is not None for d in deltas)
+        self._deliver(deltas)
 
     def _deliver(self, deltas: list[GenerationOutput]) -> None:
         if self.engine.stats.num_steps > self._steps_seen:  # step() ran the model (not an empty schedule)
@@ -240,8 +260,9 @@ class AsyncLLMEngine:
                 self.stats.num_finished += 1
             stream.put(delta)
 
-    def _fail_all(self, error: BaseException) -> None:
-        self._run_commands(refuse=error)
+    def _fail_all(self, error: BaseException, refuse: bool = True) -> None:
+        if refuse:
+            self._run_commands(refuse=error)
         for request_id, stream in self._streams.items():
             self.engine.abort_request(request_id)
             stream.put(error)

@@ -29,7 +29,15 @@ from ..speech.streams import StreamOptions
 from . import metrics
 from .edge import Edge
 from .formats import sse_events, streaming_wav_header
-from .request import SpeechBody, api_error, bad_request, check_body, sampling_kwargs, validation_detail
+from .request import (
+    SpeechBody,
+    api_error,
+    bad_request,
+    check_body,
+    error_detail,
+    sampling_kwargs,
+    validation_detail,
+)
 from .voices import VoiceBook, speed_prompt
 
 logger = logging.getLogger("chattts_velocity.serve")
@@ -196,8 +204,11 @@ def _add_info_routes(app: FastAPI, config: ServerConfig) -> None:
 
     @app.get("/health")
     async def health(request: Request) -> JSONResponse:
-        ok = request.app.state.server.engine.is_running
-        return JSONResponse({"status": "ok" if ok else "engine stopped"}, status_code=200 if ok else 503)
+        engine = request.app.state.server.engine
+        if not engine.is_running:
+            return JSONResponse({"status": "engine stopped"}, status_code=503)
+        # degraded: the latest step failed some requests; everyone else is still being served
+        return JSONResponse({"status": "degraded" if engine.failing else "ok"})
 
     @app.get("/metrics")
     async def prometheus(request: Request) -> PlainTextResponse:
@@ -220,6 +231,13 @@ def _add_error_handlers(app: FastAPI) -> None:
         detail = exc.detail if isinstance(exc.detail, dict) else {
             "message": str(exc.detail), "type": "invalid_request_error", "param": None, "code": None}
         return JSONResponse({"error": detail}, status_code=exc.status_code, headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def server_error(request: Request, exc: Exception) -> JSONResponse:
+        _count_error(request.app)
+        logger.error("speech request failed: %r", exc)
+        return JSONResponse({"error": error_detail(f"the server failed on this request: {exc}", kind="server_error",
+                                                   code="internal_error")}, status_code=500)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
