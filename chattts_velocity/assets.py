@@ -35,10 +35,10 @@ OFFICIAL_SHA256: dict[str, str] = {
 _FIX_HINT = (
     "To fix: download the official weights with\n"
     f"    huggingface-cli download {HF_REPO_ID} --local-dir DIR\n"
-    "and load with source='local', custom_path=DIR (or copy an existing `asset/` folder to DIR/asset; "
+    "and load with source='custom', custom_path=DIR (or copy an existing `asset/` folder to DIR/asset; "
     "see models/README.md).\n"
-    "For custom or random weights (e.g. written by `chattts-velocity demo-assets models/demo`), "
-    "pass verify=False (with source='custom', custom_path=DIR): their hashes never match the official ones."
+    "For custom or fine-tuned weights pass verify=False (command line: --no-verify): their hashes never match "
+    "the official ones. Folders written by `chattts-velocity demo-assets` load unverified by themselves."
 )
 
 

@@ -26,10 +26,10 @@ def shared_assets() -> Path:
 
 
 def _demo_assets(name: str, tiny: bool) -> Path:
-    from chattts_velocity.demo import write_demo_assets
+    from chattts_velocity.demo import is_demo_folder, write_demo_assets
 
     root = CACHE / name
-    if not (root / "asset" / "Vocos.safetensors").exists():
+    if not is_demo_folder(root):
         write_demo_assets(root, seed=0, tiny=tiny, progress=False)
     return root
 

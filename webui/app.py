@@ -16,7 +16,7 @@ import gradio as gr
 from chattts_velocity import Chat
 from chattts_velocity.audio import SAMPLE_RATE
 from chattts_velocity.audio.formats import WAV
-from chattts_velocity.cli.common import add_webui_flags
+from chattts_velocity.cli.common import add_webui_flags, check_port_free, load_chat
 from webui.handlers import VOICE_PRESETS, Handlers, ffmpeg_available, random_seed
 
 EXAMPLES = [
@@ -132,20 +132,11 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def load_chat(args: argparse.Namespace) -> Chat:
-    from chattts_velocity.demo import ensure_model
-
-    root, verify = ensure_model(args.model, tiny=args.tiny)
-    chat = Chat()
-    chat.load(source="custom", custom_path=root, verify=verify and not args.no_verify,
-              use_vllm=not args.plain, dtype=args.dtype)
-    return chat
-
-
 def serve(args: argparse.Namespace) -> None:
     """Load the model and serve the UI until Ctrl-C; args from add_webui_flags (here or `chattts-velocity webui`)."""
     try:
-        chat = load_chat(args)
+        check_port_free(args.host, args.port)
+        chat = load_chat(args, use_vllm=not args.plain)
     except (ValueError, FileNotFoundError) as exc:
         raise SystemExit(f"error: {exc}") from None
     demo = build_ui(chat, use_vllm=not args.plain, max_new_token=args.max_new_token)

@@ -1,27 +1,62 @@
-"""What every command shares: a loaded Chat from a `--model` value; the web UI's flags (also read by webui/app.py)."""
+"""What every command shares: the model flags, a loaded Chat from them, and the web UI's flags."""
 from __future__ import annotations
 
 import argparse
+import socket
+from pathlib import Path
 
+from ..assets import AssetError
 from ..chat import Chat
 from ..demo import ensure_model
 
+DTYPES = ["float32", "bfloat16", "int8"]
 
-def load_chat(model: str, tiny: bool, use_vllm: bool, **kwargs) -> Chat:
-    root, verify = ensure_model(model, tiny)
+
+def add_model_flags(p: argparse.ArgumentParser, default_dtype: str = "float32") -> None:
+    """--model, --tiny, --no-verify and --dtype: the same on every command that loads a model."""
+    p.add_argument("--model", default="demo", help="asset folder (the one that contains asset/), or 'demo' for "
+                                                    "random demo weights")
+    p.add_argument("--tiny", action="store_true", help="with --model demo: test-size weights")
+    p.add_argument("--no-verify", action="store_true",
+                   help="load custom or fine-tuned weights without the official sha256 check")
+    p.add_argument("--dtype", default=default_dtype, choices=DTYPES)
+
+
+def model_folder(args: argparse.Namespace) -> tuple[Path, bool]:
+    """(folder, verify) from the model flags, for loaders in other processes (Ray)."""
+    return ensure_model(args.model, args.tiny, args.no_verify)
+
+
+def load_chat(args: argparse.Namespace, use_vllm: bool = True, **kwargs) -> Chat:
+    """A loaded Chat from the model flags; a folder that is not the official files is refused in one line."""
+    root, verify = model_folder(args)
     chat = Chat()
-    chat.load(source="custom", custom_path=root, verify=verify, use_vllm=use_vllm, **kwargs)
+    try:
+        chat.load(source="custom", custom_path=root, verify=verify, use_vllm=use_vllm, dtype=args.dtype, **kwargs)
+    except AssetError as exc:
+        what = (f"missing {', '.join(exc.missing)}" if exc.missing else
+                f"sha256 differs for {', '.join(exc.mismatched)}")
+        hint = "; for custom or fine-tuned weights add --no-verify" if not exc.missing else ""
+        raise ValueError(f"--model {root}: not the official ChatTTS files ({what}){hint}") from None
     return chat
+
+
+def check_port_free(host: str, port: int) -> None:
+    """A one-line error now rather than a server traceback after the model has loaded."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            raise ValueError(f"--port: cannot listen on {host}:{port} ({exc.strerror}); is another server "
+                             "running there? pick another --port") from None
 
 
 def add_webui_flags(p: argparse.ArgumentParser) -> None:
     """The flags of `chattts-velocity webui` and `python webui/app.py` (webui.app.serve reads them)."""
-    p.add_argument("--model", default="demo", help="asset folder, or 'demo' for random demo weights")
-    p.add_argument("--tiny", action="store_true", help="with --model demo: test-size weights")
-    p.add_argument("--no-verify", action="store_true", help="skip the sha256 check of a custom folder")
+    add_model_flags(p)
     p.add_argument("--host", default="127.0.0.1", help="bind address (0.0.0.0 exposes the UI on the network)")
     p.add_argument("--port", type=int, default=7860)
     p.add_argument("--share", action="store_true", help="create a public gradio.live link")
     p.add_argument("--plain", action="store_true", help="use the plain transformers path, not the engine")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "int8"])
     p.add_argument("--max-new-token", type=int, default=2048, help="cap on audio tokens per sentence")

@@ -8,8 +8,8 @@ import time
 from pathlib import Path
 
 from ..audio.wav import SAMPLE_RATE
-from ..demo import DEMO_MAX_NEW_TOKEN, ensure_model
-from .common import add_webui_flags, load_chat
+from ..demo import DEMO_MAX_NEW_TOKEN
+from .common import add_model_flags, add_webui_flags, load_chat, model_folder
 from .serve import add_serve_parser
 
 DEMO_TEXTS = [
@@ -29,7 +29,11 @@ def cmd_demo_assets(args: argparse.Namespace) -> None:
 def cmd_say(args: argparse.Namespace) -> None:
     from ..audio import write_wav
 
-    chat = load_chat(args.model, args.tiny, use_vllm=not args.plain, dtype=args.dtype)
+    out = Path(args.output)
+    if not out.parent.is_dir() or out.is_dir():
+        raise ValueError(f"--output: {out} cannot be written (is {out.parent} an existing folder?); nothing was "
+                         "synthesised")
+    chat = load_chat(args, use_vllm=not args.plain)
     params = chat.InferCodeParams(manual_seed=args.seed, spk_emb=args.speaker or None,
                                   max_new_token=args.max_new_token)
     wav = chat.infer(args.text, skip_refine_text=not args.refine, params_infer_code=params)[0]
@@ -40,7 +44,7 @@ def cmd_say(args: argparse.Namespace) -> None:
 def cmd_demo(args: argparse.Namespace) -> None:
     from ..audio import write_wav
 
-    chat = load_chat(args.model, args.tiny, use_vllm=True, dtype=args.dtype)
+    chat = load_chat(args)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     speaker = chat.sample_random_speaker()
@@ -70,7 +74,7 @@ def cmd_export(args: argparse.Namespace) -> None:
     if args.ray:
         _export_with_ray(args, plan, params)
     else:
-        run_export(load_chat(args.model, args.tiny, use_vllm=True, dtype=args.dtype) if plan.todo else None,
+        run_export(load_chat(args) if plan.todo else None,
                    plan, params)
     if plan.count("error"):
         raise SystemExit(1)
@@ -80,7 +84,7 @@ def _export_with_ray(args: argparse.Namespace, plan, params) -> None:
     from ..export import ray as ray_export
     from ..serve import ray_serve  # imports no ray: init_ray sets the loopback env first
 
-    root, verify = ensure_model(args.model, args.tiny)
+    root, verify = model_folder(args)
     if plan.todo:
         ray_serve.init_ray(args.ray_address, log_to_driver=True)
     options = ray_export.RayExportOptions(actors=args.actors, cpus_per_actor=args.cpus_per_actor,
@@ -137,12 +141,10 @@ def _add_export(sub) -> None:
     p.add_argument("input", help="text file (one utterance per line) or JSONL (text, id, speaker, seed, output); "
                                  "'-' reads stdin")
     p.add_argument("-o", "--output-dir", required=True, help="folder for the WAVs and manifest.json")
-    p.add_argument("--model", default="demo", help="asset folder, or 'demo' for random demo weights")
-    p.add_argument("--tiny", action="store_true", help="with --model demo: test-size weights")
+    add_model_flags(p)
     p.add_argument("--seed", type=int, default=None,
                    help="line k uses seed + k - 1 (default: a random seed per line, kept in the manifest)")
     p.add_argument("--speaker", default="", help="speaker string for lines without their own")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "int8"])
     p.add_argument("--max-new-token", type=int, default=None,
                    help=f"steps per sentence (default 2048; {DEMO_MAX_NEW_TOKEN} for demo)")
     _add_export_ray_flags(p)
@@ -154,9 +156,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("demo-assets", help="write random demo weights in the official file format")
-    p.add_argument("dir")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--tiny", action="store_true", help="test-size dimensions")
+    p.add_argument("dir", help="folder to write; the files go to DIR/asset/... (load it with --model DIR)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random weights (default 0)")
+    p.add_argument("--tiny", action="store_true", help="test-size dimensions (fast; for tests and trials)")
     p.set_defaults(func=cmd_demo_assets)
 
     for name, func, help_ in (("say", cmd_say, "synthesise one text to a WAV file"),
@@ -170,11 +172,10 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--plain", action="store_true", help="use the plain transformers path")
         else:
             p.add_argument("--out", default="out/demo")
-        p.add_argument("--model", default="demo", help="asset folder, or 'demo' for random demo weights")
-        p.add_argument("--tiny", action="store_true", help="with --model demo: test-size weights")
-        p.add_argument("--seed", type=int, default=0 if name == "demo" else None)
-        p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "int8"])
-        p.add_argument("--max-new-token", type=int, default=DEMO_MAX_NEW_TOKEN if name == "demo" else 2048)
+        add_model_flags(p)
+        p.add_argument("--seed", type=int, default=0 if name == "demo" else None, help="sampling seed")
+        p.add_argument("--max-new-token", type=int, default=DEMO_MAX_NEW_TOKEN if name == "demo" else 2048,
+                       help="cap on audio steps per sentence")
         p.set_defaults(func=func)
     _add_export(sub)
     add_serve_parser(sub)

@@ -7,8 +7,8 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from ..demo import DEMO_MAX_NEW_TOKEN, ensure_model
-from .common import load_chat
+from ..demo import DEMO_MAX_NEW_TOKEN
+from .common import add_model_flags, check_port_free, load_chat, model_folder
 
 if TYPE_CHECKING:
     from ..serve.openai_api import ServerConfig
@@ -33,21 +33,25 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
 
 
 def cmd_serve(args: argparse.Namespace) -> None:
-    from ..serve.openai_api import run_server
-
+    try:
+        from ..serve.openai_api import run_server
+    except ImportError as exc:
+        raise ValueError(f"serve: needs the [server] extra (cannot import {exc.name}); "
+                         "pip install 'chattts_velocity[server]'") from None
     config = server_config(args)
     if args.ray:
         _serve_with_ray(args, config)
         return
-    run_server(lambda: load_chat(args.model, args.tiny, use_vllm=True, dtype=args.dtype, compile=args.compile), config,
-               host=args.host, port=args.port)
+    check_port_free(args.host, args.port)
+    chat = load_chat(args, compile=args.compile)  # a bad model fails here, in one line, before the server starts
+    run_server(chat, config, host=args.host, port=args.port)
 
 
 def _serve_with_ray(args: argparse.Namespace, config) -> None:
     from ..serve import ray_serve  # imports no ray: init_ray sets the loopback env first
 
     ray_serve.init_ray(args.ray_address, log_to_driver=True)
-    root, verify = ensure_model(args.model, args.tiny)
+    root, verify = model_folder(args)
     options = ray_serve.ReplicaOptions(replicas=args.replicas, autoscale=args.autoscale, num_cpus=args.replica_cpus,
                                        num_gpus=args.replica_gpus, max_ongoing_requests=args.max_ongoing_requests)
     app = ray_serve.build_app(root, config, options, verify=verify, dtype=args.dtype, compile=args.compile)
@@ -63,13 +67,11 @@ def _min_max(value: str) -> tuple[int, int]:
 
 def add_serve_parser(sub) -> None:
     p = sub.add_parser("serve", help="OpenAI-compatible speech API (pip install -e '.[server]')")
-    p.add_argument("--model", default="demo", help="asset folder, or 'demo' for random demo weights")
-    p.add_argument("--tiny", action="store_true", help="with --model demo: test-size weights")
+    add_model_flags(p)
     p.add_argument("--host", default="127.0.0.1", help="bind address (0.0.0.0 exposes the API on the network)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/* (better: set "
                                                    "CHATTTS_VELOCITY_API_KEY, which `ps` does not show)")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "int8"])
     p.add_argument("--compile", action="store_true",
                    help="torch.compile the decode step (float32, or bf16/int8 where the C++ kernels are unavailable)")
     p.add_argument("--max-new-token", type=int, default=None, help="steps per sentence (default 2048; 150 for demo)")

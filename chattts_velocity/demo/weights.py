@@ -25,6 +25,8 @@ from chattts_velocity.audio.wav import SAMPLE_RATE
 from chattts_velocity.demo.tokenizer import write_tokenizer
 
 Shapes = dict[str, tuple[int, ...]]
+DEMO_MARKER = "demo-weights.json"  # in asset/, written last: a complete demo folder carries it
+DEMO_KIND = "chattts_velocity random demo weights"
 TEXT_EOS_ID = 21136  # [Ebreak]: its head row gets a larger gain so random refine-text ends after ~10 tokens
 MAG_BIAS = 0.5  # Vocos head log-magnitude bias: exp(0.5 +- 4 * 0.5) <= ~12, far below the 100 clip
 MAG_STD = 0.5  # std of the log-magnitude logits around MAG_BIAS
@@ -266,6 +268,9 @@ def write_demo_assets(
             tensors = build_file(rel, shapes, seed, dims, bar.update)
             atomic_write(asset.parent / rel, functools.partial(save_file, tensors, metadata={"format": "pt"}))
             del tensors
+    marker = {"kind": DEMO_KIND, "seed": seed, "tiny": tiny, "note": "random weights in the official format: "
+              "noise-like audio; loads by path without a checksum"}
+    atomic_write(asset / DEMO_MARKER, lambda p: p.write_text(json.dumps(marker, indent=1), encoding="utf-8"))
     return AssetPaths.from_root(asset.parent)
 
 

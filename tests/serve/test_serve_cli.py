@@ -20,7 +20,10 @@ LOW_LATENCY = ["--chunk-steps", "12", "--first-chunk-steps", "8", "--first-looka
 def served(monkeypatch: pytest.MonkeyPatch) -> list[dict]:
     """Every run_server call's arguments; the chat loader is never called."""
     calls: list[dict] = []
-    monkeypatch.setattr(openai_api, "run_server", lambda chat, config, **kw: calls.append({"config": config, **kw}))
+    monkeypatch.setattr(openai_api, "run_server",
+                        lambda chat, config, **kw: calls.append({"chat": chat, "config": config, **kw}))
+    monkeypatch.setattr(cli_serve, "load_chat", lambda args, **kw: ("loaded", args.model, args.dtype, kw))
+    monkeypatch.setattr(cli_serve, "check_port_free", lambda host, port: None)
     return calls
 
 
@@ -74,10 +77,22 @@ def test_non_integer_is_an_argparse_error(served: list[dict], capsys: pytest.Cap
     assert served == []
 
 
-def test_dtype_and_compile_reach_the_chat_loader(monkeypatch: pytest.MonkeyPatch) -> None:
-    factories, loads = [], []
-    monkeypatch.setattr(openai_api, "run_server", lambda chat, config, **kw: factories.append(chat))
-    monkeypatch.setattr(cli_serve, "load_chat", lambda *args, **kwargs: loads.append(kwargs))
+def test_dtype_and_compile_reach_the_chat_loader(served: list[dict]) -> None:
     cli.main(["serve", "--dtype", "int8", "--compile"])
-    factories[0]()
-    assert loads == [{"use_vllm": True, "dtype": "int8", "compile": True}]
+    assert served[0]["chat"] == ("loaded", "demo", "int8", {"compile": True})
+
+
+def test_a_port_in_use_bad_model_or_missing_folder_is_one_line(capsys: pytest.CaptureFixture, tmp_path) -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        with pytest.raises(SystemExit) as err:
+            cli.main(["serve", "--port", str(port)])
+    assert str(err.value).startswith("error: --port: cannot listen on 127.0.0.1:") and "\n" not in str(err.value)
+    with pytest.raises(SystemExit) as err:
+        cli.main(["serve", "--port", "0", "--model", str(tmp_path / "nowhere")])
+    assert str(err.value) == f"error: --model: {tmp_path / 'nowhere'} is not a folder; give the folder that " \
+                              "contains asset/, or 'demo'"

@@ -1,0 +1,61 @@
+"""`--model DIR` on the command line: demo folders load by path, other custom folders need --no-verify."""
+from __future__ import annotations
+
+import shutil
+import wave
+from pathlib import Path
+
+import pytest
+
+from chattts_velocity import cli
+from chattts_velocity.demo import is_demo_folder
+
+SAY = ["--max-new-token", "6", "--seed", "1"]
+
+
+@pytest.fixture(scope="module")
+def demo_dir(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("models") / "mine"
+    cli.main(["demo-assets", str(root), "--tiny"])
+    return root
+
+
+def frames(path: Path) -> int:
+    with wave.open(str(path)) as w:
+        return w.getnframes()
+
+
+def test_demo_assets_then_say_by_path(demo_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    assert is_demo_folder(demo_dir)
+    out = tmp_path / "hi.wav"
+    cli.main(["say", "Hello there.", "-o", str(out), "--model", str(demo_dir), *SAY])
+    assert frames(out) > 0
+    assert "holds random demo weights" in capsys.readouterr().err
+
+
+def test_other_custom_weights_are_refused_in_one_line_naming_no_verify(demo_dir: Path, tmp_path: Path) -> None:
+    custom = tmp_path / "finetuned"
+    shutil.copytree(demo_dir, custom)
+    (custom / "asset" / "demo-weights.json").unlink()  # weights of unknown origin
+    out = tmp_path / "x.wav"
+    with pytest.raises(SystemExit) as err:
+        cli.main(["say", "Hello.", "-o", str(out), "--model", str(custom), *SAY])
+    message = str(err.value)
+    assert message.startswith(f"error: --model {custom}: not the official ChatTTS files") and "\n" not in message
+    assert "--no-verify" in message and not out.exists()
+    cli.main(["say", "Hello.", "-o", str(out), "--model", str(custom), "--no-verify", *SAY])
+    assert frames(out) > 0
+
+
+def test_say_checks_the_output_folder_before_synthesising(demo_dir: Path, tmp_path: Path) -> None:
+    with pytest.raises(SystemExit) as err:
+        cli.main(["say", "Hello.", "-o", str(tmp_path / "missing" / "x.wav"), "--model", str(demo_dir), *SAY])
+    assert str(err.value).startswith("error: --output:") and "nothing was synthesised" in str(err.value)
+
+
+def test_every_model_command_has_the_same_model_flags() -> None:
+    parser = cli.build_parser()
+    commands = parser._subparsers._group_actions[0].choices  # argparse keeps subparsers here
+    for name in ("say", "demo", "export", "serve", "webui"):
+        flags = {opt for action in commands[name]._actions for opt in action.option_strings}
+        assert {"--model", "--tiny", "--no-verify", "--dtype"} <= flags, name
