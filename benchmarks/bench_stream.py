@@ -67,7 +67,7 @@ class StreamRun:
 def run_stream_ttfa(suite: Suite, n: int, options: StreamOptions, label: str = "") -> StreamRun:
     """n requests at once; returns each one's time to first streamed audio and the streamed clip's error."""
     engine, prompts, params = suite.llm.engine, suite.prompts(n), suite.params()
-    streams = StreamSet(suite.decoder, None, suite.vocos, options)
+    streams = StreamSet(suite.decoder, None, suite.vocos, options, suite.decode_dtype)
     for k in range(n):
         streams.open(k, use_decoder=True)
     chunks: list[list[np.ndarray]] = [[] for _ in range(n)]

@@ -40,7 +40,7 @@ class Chat:
         self.tokenizer: text.Tokenizer | None = None
         self._gpts: dict[bool, GPTBackend] = {}  # use_vllm -> the backend load_pretrained chose
         self.dvae = self.decoder = self.vocos = None
-        self.default_use_vllm, self.dtype = False, "float32"
+        self.default_use_vllm, self.dtype, self.decode_dtype = False, "float32", None
         self._load_kwargs: dict = {}
 
     # ---- loading -------------------------------------------------------------------------
@@ -76,6 +76,8 @@ class Chat:
         self.decoder = audio.Decoder.from_state_dict(audio.load_safetensors(paths.decoder)).to(self.device).eval()
         self.vocos = audio.Vocos.from_state_dict(audio.load_safetensors(paths.vocos)).to(self.device).eval()
         self.default_use_vllm, self.dtype = use_vllm, dtype
+        # the Decoder and Vocos follow the engine's precision: bf16 autocast for the fast dtypes, exact fp32 else
+        self.decode_dtype = torch.bfloat16 if dtype in ("bfloat16", "int8") else None
         self.gpt(use_vllm)
         return self.has_loaded()
 
@@ -221,8 +223,9 @@ class Chat:
     def _decode(self, outputs: list[GenerationOutput], use_decoder: bool) -> list[np.ndarray]:
         with torch.inference_mode():
             if use_decoder:
-                return audio.decode_hidden_batch(self.decoder, self.vocos, [o.hidden for o in outputs])
-            return audio.decode_codes_batch(self.dvae, self.vocos, [o.token_ids for o in outputs])
+                return audio.decode_hidden_batch(self.decoder, self.vocos, [o.hidden for o in outputs],
+                                                 self.decode_dtype)
+            return audio.decode_codes_batch(self.dvae, self.vocos, [o.token_ids for o in outputs], self.decode_dtype)
 
     def _stream(self, gpt: GPTBackend, requests: SpeechRequests, use_decoder: bool,
                 chunk_steps: int) -> Iterator[list[np.ndarray]]:
@@ -233,7 +236,8 @@ class Chat:
         """
         from .speech import StreamOptions, StreamSet, stream_texts
 
-        streams = StreamSet(self.decoder, self.dvae, self.vocos, StreamOptions(chunk_steps=chunk_steps))
+        streams = StreamSet(self.decoder, self.dvae, self.vocos, StreamOptions(chunk_steps=chunk_steps),
+                            self.decode_dtype)
         return stream_texts(streams, gpt, requests, use_decoder, self._stop.is_set)
 
 

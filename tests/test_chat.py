@@ -139,3 +139,20 @@ def test_lengths_beyond_the_model_are_clear_errors_on_both_paths(chat: Chat, use
     with pytest.raises(ValueError, match="max_new_token|max_model_len|max_position_embeddings"):
         chat.infer([long_text], skip_refine_text=True, split_text=False, use_vllm=use_vllm,
                    params_infer_code=InferCodeParams(max_new_token=8, show_tqdm=False))
+
+
+def test_a_fast_engine_decodes_audio_in_bf16_too(tiny_assets) -> None:
+    from chattts_velocity import audio
+    from chattts_velocity.text import split_pieces
+
+    fast = Chat()
+    fast.load(source="custom", custom_path=tiny_assets, verify=False, use_vllm=True, dtype="bfloat16")
+    assert fast.decode_dtype == torch.bfloat16
+    params = forced(manual_seed=4)
+    wav = fast.infer(["Hello there."], skip_refine_text=True, params_infer_code=params)[0]
+    req = fast.speech_requests(split_pieces(["Hello there."]), params)
+    hidden = [o.hidden for o in fast.gpt().generate(req.prompts, req.sampling, False)]
+    in_bf16 = audio.decode_hidden_batch(fast.decoder, fast.vocos, hidden, torch.bfloat16)[0]
+    in_fp32 = audio.decode_hidden_batch(fast.decoder, fast.vocos, hidden)[0]
+    np.testing.assert_array_equal(wav, in_bf16)
+    assert not np.array_equal(wav, in_fp32) and np.abs(wav - in_fp32).max() < 0.05

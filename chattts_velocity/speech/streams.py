@@ -55,8 +55,9 @@ class StreamSet:
     """StreamDecoders by key on one set of modules; each push/finish decodes every due window in one batch."""
 
     def __init__(self, decoder: Decoder | None, dvae: DVAE | None, vocos: Vocos,
-                 options: StreamOptions | None = None) -> None:
+                 options: StreamOptions | None = None, dtype: torch.dtype | None = None) -> None:
         self.modules, self.options = (decoder, dvae, vocos), options or StreamOptions()
+        self.dtype = dtype  # bf16: the Decoder and Vocos run under autocast (the pipeline's decode_dtype); None: fp32
         self.streams: dict[Hashable, StreamDecoder] = {}
         self._steady: dict[Hashable, tuple[int, int]] = {}  # key -> (chunk, lookahead) after the first audio
 
@@ -94,10 +95,12 @@ class StreamSet:
 
     def _batched(self, keys: list[Hashable], run: Callable[[list], list[np.ndarray]]) -> dict[Hashable, np.ndarray]:
         out: dict[Hashable, np.ndarray] = {}
-        for use_decoder in (True, False):  # push_many needs streams on the same mel model
-            group = [k for k in keys if self.streams[k].use_decoder == use_decoder]
-            if group:
-                out.update(zip(group, run(group)))
+        device = self.modules[2].head.istft.window.device.type
+        with torch.autocast(device, dtype=self.dtype or torch.float32, enabled=self.dtype not in (None, torch.float32)):
+            for use_decoder in (True, False):  # push_many needs streams on the same mel model
+                group = [k for k in keys if self.streams[k].use_decoder == use_decoder]
+                if group:
+                    out.update(zip(group, run(group)))
         return out
 
 
