@@ -1,5 +1,6 @@
-"""A/B of the decode-step paths inside one engine: fused C++ layers or torch.compile'd layer graphs, each with the
-AMX panels or without them, switched every few steps on the same requests (so host noise hits all alike).
+"""A/B of the decode backends inside one engine: `cpu` (fused C++ layers) or `torch` compiled (torch.compile'd layer
+graphs), each with the AMX panels or without them, switched every few steps on the same requests (so host noise hits
+all alike).
 
 Full-size random weights (`.pytest-assets/full` or `--model DIR`), N concurrent requests already past prefill.
 Usage: python benchmarks/bench_decode_ab.py [--dtype bfloat16] [--batches 1,8,32] [--rounds 6] [--name NAME]
@@ -20,7 +21,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from chattts_velocity import load_pretrained
-from chattts_velocity.model.llama import run_decoder_layer
+from chattts_velocity.engine.backends import CompiledTorchBackend
 from chattts_velocity.params import InferCodeParams
 from chattts_velocity.text import Tokenizer, sample_random_speaker
 
@@ -37,14 +38,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--name", default=None, help="results/<name>.json (default decode_ab_<dtype>)")
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "results"))
     args = parser.parse_args(argv)
-    llm = load_pretrained(args.model, is_vllm=True, dtype=args.dtype)
+    try:
+        llm = load_pretrained(args.model, is_vllm=True, dtype=args.dtype, backend="cpu")
+    except ValueError as exc:  # e.g. the CPU kernels do not run here
+        raise SystemExit(f"error: {exc}") from None
     runner = llm.engine.runner
-    if not runner.fused_decode:
-        raise SystemExit("error: this engine has no fused C++ layers here (CPU kernels unavailable)")
-    runner.compiled_layer = torch.compile(run_decoder_layer, fullgraph=True, dynamic=False)
-    runner.fused_decode = False
-    runner._warm_up()
-    variants = _variants(runner)
+    compiled = CompiledTorchBackend(runner.model, runner.backend.kv, runner.act_dtype)  # over the same KV pool
+    variants = _variants(runner, runner.backend, compiled)
     report = {"dtype": args.dtype, "threads": torch.get_num_threads(), "steps_per_turn": STEPS_PER_TURN,
               "batches": {}}
     for batch in args.batches:
@@ -58,19 +58,19 @@ def main(argv: list[str] | None = None) -> None:
     print(f"results written to {path}")
 
 
-def _variants(runner) -> dict[str, callable]:
-    """name -> a function that switches the runner to that decode path ("compiled, no AMX" is session 2's).
+def _variants(runner, cpu, compiled) -> dict[str, callable]:
+    """name -> a function that switches the runner to that decode backend ("compiled, no AMX" is session 2's).
 
     Without the AMX panels bf16 batches of 5+ rows go to oneDNN, int8 ones to the int8 tile kernel.
     """
-    fused = runner.model.fused_layers
+    fused = cpu.fused.layers
     packed = [m for m in runner.model.modules() if getattr(m, "panels", None) is not None]
     own = {id(m): m.panels for m in packed}
     own_fused = [layer.panels for layer in fused]
 
-    def use(fused_decode: bool, amx: bool):
+    def use(backend, amx: bool):
         def switch() -> None:
-            runner.fused_decode = fused_decode
+            runner.backend = backend
             for m in packed:
                 m.panels = own[id(m)] if amx else None
             for layer, panels in zip(fused, own_fused):
@@ -78,9 +78,9 @@ def _variants(runner) -> dict[str, callable]:
         return switch
 
     if not packed:  # no AMX on this CPU
-        return {"fused, no AMX": use(True, False), "compiled, no AMX": use(False, False)}
-    return {"fused + AMX": use(True, True), "fused, no AMX": use(True, False), "compiled + AMX": use(False, True),
-            "compiled, no AMX": use(False, False)}
+        return {"fused, no AMX": use(cpu, False), "compiled, no AMX": use(compiled, False)}
+    return {"fused + AMX": use(cpu, True), "fused, no AMX": use(cpu, False), "compiled + AMX": use(compiled, True),
+            "compiled, no AMX": use(compiled, False)}
 
 
 def _run_batch(llm, batch: int, variants: dict, args) -> dict[str, float]:

@@ -129,9 +129,7 @@ def load_suite(args: argparse.Namespace) -> Suite:
     loads: dict[str, float] = {}
     start = time.perf_counter()
     llm = load_pretrained(paths, is_vllm=True, dtype=args.dtype, compile=args.compile_on)
-    runner = llm.engine.runner
-    decode = ", fused C++ layers" if runner.fused_decode else ", compiled" if runner.compiled_layer else ""
-    loads[f"velocity ({args.dtype}{decode})"] = time.perf_counter() - start
+    loads[f"velocity ({args.dtype}, {llm.engine.runner.backend.name} backend)"] = time.perf_counter() - start
     start = time.perf_counter()
     plain = load_pretrained(paths, is_vllm=False) if args.plain_list else None
     loads["plain"] = time.perf_counter() - start

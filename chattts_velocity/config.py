@@ -64,6 +64,9 @@ def _checked(path: Path, name: str, value: object, kind: str) -> int | float:
     return value
 
 
+BACKENDS = ("auto", "torch", "cpu", "triton")  # triton: reserved, not available yet
+
+
 @dataclass
 class EngineConfig:
     """Knobs of the velocity engine. Build with EngineConfig.from_kwargs(**user_kwargs)."""
@@ -77,7 +80,8 @@ class EngineConfig:
     scheduling: str = "fcfs"  # or "priority"
     device: str = "cpu"
     dtype: str = "float32"  # "float32" (exact), "bfloat16" (fast), "int8" (dynamic quantised linears)
-    compile: bool = False  # torch.compile the decode step
+    backend: str = "auto"  # decode backend: "auto", "torch" or "cpu" (engine/backends.py); "triton" is reserved
+    compile: bool = False  # torch.compile the decode step (torch backend)
     num_threads: int | None = None
     seed: int = 0  # seeds the generator that picks seeds for unseeded requests
 
@@ -88,6 +92,8 @@ class EngineConfig:
             raise ValueError(f"scheduling: must be 'fcfs' or 'priority', got {self.scheduling!r}")
         if self.dtype not in ("float32", "bfloat16", "float16", "int8"):
             raise ValueError(f"dtype: must be float32, bfloat16, float16 or int8, got {self.dtype!r}")
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend: must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
 
     @classmethod
     def from_kwargs(cls, **kwargs) -> "EngineConfig":

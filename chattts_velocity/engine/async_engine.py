@@ -167,7 +167,7 @@ class AsyncLLMEngine:
             self._commands.put(_Abort(request_id))
             self._wake.set()
 
-    def metrics(self) -> dict[str, float]:
+    def metrics(self) -> dict[str, float | str]:
         """Engine gauges plus the request counters (read without locking: values may be one step stale)."""
         s, blocks = self.stats, self.engine.block_manager
         return {**self.engine.metrics(), "num_requests": s.num_requests, "num_finished": s.num_finished,

@@ -17,8 +17,9 @@ from chattts_velocity.assets import AssetPaths
 from chattts_velocity.config import EngineConfig, ModelConfig
 from chattts_velocity.engine.block_manager import BlockManager
 from chattts_velocity.engine.model_runner import ModelRunner
-from chattts_velocity.engine.scheduler import ScheduledBatch, Scheduler, StepOutput
+from chattts_velocity.engine.scheduler import Scheduler
 from chattts_velocity.engine.sequence import Sequence
+from chattts_velocity.engine.step import ScheduledBatch, StepOutput
 from chattts_velocity.model import kv_cache_bytes_per_block, load_embed, load_gpt
 from chattts_velocity.schema import MAX_REGENERATE, GenerationOutput, Prompt, SamplingParams
 
@@ -143,8 +144,9 @@ class LLMEngine:
         s.last_batch_size, s.last_step_seconds = batch.num_seqs, seconds
         s.batch_sizes = (s.batch_sizes + [batch.num_seqs])[-256:]
 
-    def metrics(self) -> dict[str, float]:
+    def metrics(self) -> dict[str, float | str]:
         return {
+            "backend": self.runner.backend.name,
             "num_waiting": len(self.scheduler.waiting),
             "num_running": len(self.scheduler.running),
             "kv_cache_usage": self.block_manager.usage,

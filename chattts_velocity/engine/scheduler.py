@@ -6,47 +6,13 @@ from __future__ import annotations
 
 import bisect
 import random
-from dataclasses import dataclass
 
 import torch
 
 from chattts_velocity.config import EngineConfig
 from chattts_velocity.engine.block_manager import BlockManager
 from chattts_velocity.engine.sequence import Sequence, SequenceStatus
-
-
-@dataclass
-class ScheduledBatch:
-    """One step's work. Sequence b computes positions [num_computed_tokens[b], +num_new_tokens[b])."""
-
-    seqs: list[Sequence]  # [B]; blocks for every computed position are already in seq.block_table
-    num_new_tokens: list[int]  # [B] positions to compute: a prefill chunk, or 1 for decode
-    num_computed_tokens: list[int]  # [B] positions already in the KV cache (the chunk's start)
-    # [B] False only for a plain decode: one generated position, whose ids are seq.last_row.
-    # True for prompt chunks and for recomputing generated positions after a preemption.
-    is_prefill: list[bool]
-    sample: list[bool]  # [B] the chunk reaches len(seq): the last position's logits are sampled
-
-    @property
-    def num_seqs(self) -> int:
-        return len(self.seqs)
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(self.num_new_tokens)
-
-    @property
-    def is_decode_only(self) -> bool:
-        return not any(self.is_prefill)
-
-
-@dataclass
-class StepOutput:
-    """What the model runner returns for a ScheduledBatch."""
-
-    tokens: torch.Tensor  # [B, rows] int64; rows >= seqs[b].num_rows; row b is ignored unless sampled[b]
-    hidden: torch.Tensor | None  # [B, H] last computed position's state (predicted tokens[b]); None: not kept
-    sampled: list[bool]  # [B] equals ScheduledBatch.sample (False for a partial prefill chunk)
+from chattts_velocity.engine.step import ScheduledBatch, StepOutput
 
 
 class Scheduler:

@@ -4,17 +4,16 @@ from __future__ import annotations
 from chattts_velocity.model.attention import (
     AttentionMetadata,
     DecodeMetadata,
-    allocate_kv_cache,
     allocate_kv_pairs,
     build_attention_metadata,
-    forward_context,
-    get_forward_context,
+    kernel_decode_attention,
     kv_cache_bytes_per_block,
     paged_attention,
     paged_decode_attention,
     store_kvcache,
 )
 from chattts_velocity.model.embed import Embed
+from chattts_velocity.model.fused import FusedDecoder, fused_unavailable
 from chattts_velocity.model.llama import ChatTTSLlama
 from chattts_velocity.model.loader import load_embed, load_gpt
 from chattts_velocity.model.packed import PackedLinear
@@ -24,15 +23,15 @@ __all__ = [
     "ChatTTSLlama",
     "DecodeMetadata",
     "Embed",
-    "allocate_kv_cache",
+    "FusedDecoder",
+    "PackedLinear",
     "allocate_kv_pairs",
     "build_attention_metadata",
-    "forward_context",
-    "get_forward_context",
+    "fused_unavailable",
+    "kernel_decode_attention",
     "kv_cache_bytes_per_block",
     "load_embed",
     "load_gpt",
-    "PackedLinear",
     "paged_attention",
     "paged_decode_attention",
     "store_kvcache",

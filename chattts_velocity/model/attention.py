@@ -1,15 +1,11 @@
-"""Paged attention over a block KV pool: step metadata, the scoped forward context, KV store and attention.
+"""Paged attention over a block KV pool: step metadata, KV store and attention (torch's, or the C++ kernel's).
 
 In: packed q/k/v rows of the new positions of one step `[N_new, heads, head_dim]`. Out: `[N_new, heads, head_dim]`.
-KV pool layout: one tensor `[num_layers, 2, num_blocks, block_size, num_heads, head_dim]` (index 0 = K, 1 = V),
-`kv_caches[i]` being layer i's `[2, num_blocks, block_size, num_heads, head_dim]` view, or (the engine's
-choice) a list of per-layer (K, V) tensors `[num_blocks, block_size, num_heads, head_dim]`;
-pool slot s = block * block_size + offset.
+KV pool layout: per layer a (K, V) pair of tensors `[num_blocks, block_size, num_heads, head_dim]`
+(allocate_kv_pairs); pool slot s = block * block_size + offset.
 """
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -117,41 +113,6 @@ def _attention_mask(q_t: torch.Tensor, k_t: torch.Tensor, max_q: int, max_k: int
     return mask.unsqueeze(1)
 
 
-_FORWARD_CONTEXT: AttentionMetadata | None = None  # the package's only global; set only by forward_context()
-
-
-@contextmanager
-def forward_context(meta: AttentionMetadata) -> Iterator[AttentionMetadata]:
-    """Make `meta` visible to every attention layer for the duration of one forward pass."""
-    global _FORWARD_CONTEXT
-    if _FORWARD_CONTEXT is not None:
-        raise RuntimeError("forward_context: already inside a forward context (nested use is not allowed)")
-    _FORWARD_CONTEXT = meta
-    try:
-        yield meta
-    finally:
-        _FORWARD_CONTEXT = None
-
-
-def get_forward_context() -> AttentionMetadata:
-    if _FORWARD_CONTEXT is None:
-        raise RuntimeError("get_forward_context: no AttentionMetadata set; run the model inside forward_context(meta)")
-    return _FORWARD_CONTEXT
-
-
-def allocate_kv_cache(
-    num_layers: int,
-    num_blocks: int,
-    block_size: int,
-    num_heads: int,
-    head_dim: int,
-    dtype: torch.dtype = torch.float32,
-    device: torch.device | str = "cpu",
-) -> torch.Tensor:
-    """The whole pool, zero-filled: [num_layers, 2, num_blocks, block_size, num_heads, head_dim]."""
-    return torch.zeros(num_layers, 2, num_blocks, block_size, num_heads, head_dim, dtype=dtype, device=device)
-
-
 def allocate_kv_pairs(
     num_layers: int,
     num_blocks: int,
@@ -161,10 +122,10 @@ def allocate_kv_pairs(
     dtype: torch.dtype = torch.float32,
     device: torch.device | str = "cpu",
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """The pool as separate tensors: per layer (K, V), each [num_blocks, block_size, num_heads, head_dim].
+    """The pool, zero-filled: per layer (K, V), each [num_blocks, block_size, num_heads, head_dim].
 
-    Same slots as allocate_kv_cache, but no two pools share storage: torch.compile can then write
-    a layer's K and V in place (views of one tensor, both mutated, make it copy the whole pool).
+    No two pools share storage: torch.compile can then write a layer's K and V in place (views of one
+    tensor, both mutated, make it copy the whole pool).
     """
     shape = (num_blocks, block_size, num_heads, head_dim)
     return [(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
@@ -258,3 +219,11 @@ def paged_decode_attention(
     outside = (t[None, :] >= meta.context_lens[:, None]).unsqueeze(-1)  # [B, T, 1]
     probs = scores.masked_fill(outside, float("-inf")).softmax(dim=1)
     return (probs.unsqueeze(-1) * values.float()).sum(1).to(q.dtype)  # [B, heads, head_dim]
+
+
+def kernel_decode_attention(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: DecodeMetadata
+) -> torch.Tensor:
+    """paged_decode_attention through kernels/cpu_attention.cpp: bf16 pools, head_dim % 32 == 0, kernels loaded."""
+    return torch.ops.chattts_velocity_cpu.paged_decode_attention(
+        q, k_cache, v_cache, meta.block_tables, meta.context_lens, q.shape[-1] ** -0.5)

@@ -8,8 +8,9 @@ import torch
 from chattts_velocity.config import EngineConfig
 from chattts_velocity.engine.block_manager import BlockManager
 from chattts_velocity.engine.sampler import Sampler
-from chattts_velocity.engine.scheduler import ScheduledBatch, Scheduler, StepOutput
+from chattts_velocity.engine.scheduler import Scheduler
 from chattts_velocity.engine.sequence import Sequence
+from chattts_velocity.engine.step import ScheduledBatch, StepOutput
 from chattts_velocity.schema import Prompt, SamplingParams
 
 CODE_VOCAB = 626  # codes 0..624 + EOS 625

@@ -31,6 +31,7 @@ def _params(steps: int, seed: int | None = None):
 
 
 def test_compiled_fp32_equals_the_plain_path(tiny_assets, compiled_fp32) -> None:
+    assert compiled_fp32.engine.metrics()["backend"] == "torch.compile"
     prompts = _prompts(tiny_assets, TEXTS)
     plain = load_pretrained(tiny_assets).generate(prompts, _params(24), progress=False)
     fast = compiled_fp32.generate(prompts, _params(24), progress=False)

@@ -107,11 +107,9 @@ def _decoded_logits(llm, prompts, codes: list[torch.Tensor]) -> list[torch.Tenso
     for t in range(steps - 1):
         ids = torch.stack([c[t] for c in codes])  # [B, 4]
         embeds = runner.embed.embed(ids, torch.zeros(len(ids), dtype=torch.bool)).to(runner.act_dtype)
-        pos, meta = runner._decode_metadata([len(p) + t for p in prompts], tables)
-        if runner.fused_decode:
-            hidden.append(runner.model.decode(embeds, pos, runner.kv_cache, meta))
-        else:
-            hidden.append(runner.model(embeds, pos, runner.kv_cache, meta))
+        positions = [len(p) + t for p in prompts]
+        trimmed = [table[: q // runner.block_size + 1] for table, q in zip(tables, positions)]
+        hidden.append(runner.backend.decode(embeds, positions, trimmed))
     logits = runner.embed.code_logits(torch.stack(hidden, 1).float().flatten(0, 1))  # [B * T, 4, V]
     return list(logits.view(len(prompts), steps, *logits.shape[1:]))
 
@@ -123,7 +121,7 @@ def _prefill(runner, prompt, codes: torch.Tensor, blocks: list[int]) -> torch.Te
     embeds = runner.embed.embed(ids, mask)
     embeds[list(prompt.spk_positions)] = prompt.spk_emb
     meta = build_attention_metadata([len(ids)], [len(ids)], [blocks], runner.block_size)
-    return runner.model(embeds.to(runner.act_dtype), meta.positions, runner.kv_cache, meta).float()
+    return runner.backend.forward(embeds.to(runner.act_dtype), meta).float()
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "int8"])

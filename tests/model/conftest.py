@@ -9,7 +9,7 @@ import torch
 from transformers import LlamaConfig, LlamaModel
 
 from chattts_velocity.config import ModelConfig
-from chattts_velocity.model import ChatTTSLlama, allocate_kv_cache, build_attention_metadata, forward_context
+from chattts_velocity.model import ChatTTSLlama, allocate_kv_pairs, build_attention_metadata
 
 TINY = ModelConfig(
     hidden_size=64,
@@ -58,7 +58,7 @@ class PagedRunner:
         cfg = model.config
         self.model = model
         self.block_size = block_size
-        self.kv = allocate_kv_cache(
+        self.kv = allocate_kv_pairs(
             cfg.num_hidden_layers, num_blocks, block_size, cfg.num_attention_heads, cfg.head_dim
         )
         self.free = torch.randperm(num_blocks, generator=torch.Generator().manual_seed(seed)).tolist()
@@ -84,8 +84,8 @@ class PagedRunner:
         meta = build_attention_metadata(q_lens, k_lens, tables, self.block_size)
         if force_general:
             meta = replace(meta, decode_only=False)
-        with torch.no_grad(), forward_context(meta):
-            hidden = self.model(torch.cat([emb for _, emb in chunks]), meta.positions, self.kv)
+        with torch.no_grad():
+            hidden = self.model(torch.cat([emb for _, emb in chunks]), meta.positions, self.kv, meta)
         return list(hidden.split(q_lens))
 
 

@@ -1,5 +1,5 @@
-"""The fused C++ decode layer (model/kernels/cpu_decode_layer.cpp) against the layer-by-layer Python path, and the
-engine's use of it. The model is small but has head_dim 32, which the C++ attention needs."""
+"""The fused C++ decode layer (model/fused.py, kernels/cpu_decode_layer.cpp) against the layer-by-layer Python path,
+and the engine's cpu backend. The model is small but has head_dim 32, which the C++ attention needs."""
 from __future__ import annotations
 
 import pytest
@@ -12,8 +12,10 @@ from chattts_velocity.model import (
     ChatTTSLlama,
     DecodeMetadata,
     Embed,
+    FusedDecoder,
     allocate_kv_pairs,
     build_attention_metadata,
+    fused_unavailable,
     kernels,
 )
 from chattts_velocity.schema import Prompt, SamplingParams
@@ -68,14 +70,13 @@ def _decode_inputs(lens: list[int], tables: list[list[int]]):
 @pytest.mark.parametrize("lens", [[7], [5, 9, 2], [3, 11, 6, 1, 8, 4]])  # 6 rows: bf16 projections go to oneDNN
 def test_fused_decode_matches_the_layer_by_layer_path(mode: str, lens: list[int]) -> None:
     model = _model(mode)
-    assert model.fused_layers is not None
     kv, tables = _prefilled(model, lens)
     kv_fused = [(k.clone(), v.clone()) for k, v in kv]
     x = torch.randn(len(lens), HIDDEN, generator=torch.Generator().manual_seed(3))
     pos, meta = _decode_inputs(lens, tables)
     with torch.inference_mode():
         expected = model(x, pos, kv, meta)
-        fused = model.decode(x, pos, kv_fused, meta)
+        fused = FusedDecoder(model)(x, pos, kv_fused, meta)
     scale = expected.abs().max().item()
     error = (fused - expected).abs() / scale
     # Both paths round q/K/V to bf16; fp32 sums in another order flip a rounding now and then (one ulp, 2^-8),
@@ -100,10 +101,11 @@ def test_fused_decode_without_amx_takes_the_other_kernels_with_close_numbers(mod
     x = torch.randn(len(lens), HIDDEN, generator=torch.Generator().manual_seed(4))
     pos, meta = _decode_inputs(lens, tables)
     with torch.inference_mode():
-        with_amx = model.decode(x, pos, [(k.clone(), v.clone()) for k, v in kv], meta)
-        for fused in model.fused_layers:
+        decoder = FusedDecoder(model)
+        with_amx = decoder(x, pos, [(k.clone(), v.clone()) for k, v in kv], meta)
+        for fused in decoder.layers:
             fused.panels = [None] * 4
-        without = model.decode(x, pos, kv, meta)
+        without = decoder(x, pos, kv, meta)
     assert (with_amx - without).abs().max().item() <= 1e-2 * with_amx.abs().max().item()
 
 
@@ -115,8 +117,9 @@ def test_fused_decode_rows_do_not_depend_on_the_batch_in_int8() -> None:
     pos, meta = _decode_inputs(lens, tables)
     pos_alone, meta_alone = _decode_inputs(lens[1:2], tables[1:2])
     with torch.inference_mode():
-        together = model.decode(x, pos, [(k.clone(), v.clone()) for k, v in kv], meta)
-        alone = model.decode(x[1:2], pos_alone, kv, meta_alone)
+        decoder = FusedDecoder(model)
+        together = decoder(x, pos, [(k.clone(), v.clone()) for k, v in kv], meta)
+        alone = decoder(x[1:2], pos_alone, kv, meta_alone)
     assert torch.equal(together[1:2], alone)
 
 
@@ -125,7 +128,7 @@ def test_fused_decode_rejects_slots_outside_the_pool() -> None:
     kv, tables = _prefilled(model, [3])
     pos, meta = _decode_inputs([3], tables)
     with torch.inference_mode(), pytest.raises(RuntimeError, match="slot_mapping"):
-        model.decode(torch.randn(1, HIDDEN), pos, kv, meta._replace(slot_mapping=torch.tensor([10_000])))
+        FusedDecoder(model)(torch.randn(1, HIDDEN), pos, kv, meta._replace(slot_mapping=torch.tensor([10_000])))
 
 
 def test_fused_decode_rejects_float32_pools_before_writing() -> None:
@@ -135,15 +138,15 @@ def test_fused_decode_rejects_float32_pools_before_writing() -> None:
     before = [k.clone() for k, _ in pools]
     pos, meta = _decode_inputs([3], tables)
     with torch.inference_mode(), pytest.raises(RuntimeError, match="bf16 pools"):
-        model.decode(torch.randn(1, HIDDEN), pos, pools, meta)
+        FusedDecoder(model)(torch.randn(1, HIDDEN), pos, pools, meta)
     assert all(torch.equal(k, b) for (k, _), b in zip(pools, before))
 
 
-def test_decode_without_fused_layers_is_a_clear_error() -> None:
+def test_fused_decoder_without_kernel_tiles_is_a_clear_error() -> None:
     model = _model("float32")
-    assert model.fused_layers is None
-    with pytest.raises(ValueError, match="fused layer"):
-        model.decode(torch.randn(1, HIDDEN), torch.tensor([0]), [], DecodeMetadata(*[torch.tensor([0])] * 3))
+    assert "kernel tiles" in fused_unavailable(model)
+    with pytest.raises(ValueError, match="FusedDecoder: not every projection has kernel tiles"):
+        FusedDecoder(model)
 
 
 def _engine(mode: str, **options) -> LLMEngine:
@@ -177,12 +180,11 @@ def _generate(engine: LLMEngine, n: int, steps: int = 12) -> list[torch.Tensor]:
 @pytest.mark.parametrize("mode", ["bfloat16", "int8"])
 def test_engine_decodes_with_fused_layers_and_compiles_nothing(mode: str) -> None:
     before = dict(counters["stats"])
-    fused = _engine(mode, compile=True)
-    assert fused.runner.fused_decode and fused.runner.compiled_layer is None
+    fused = _engine(mode, compile=True)  # auto: the cpu backend wherever these tests run
+    assert fused.runner.backend.name == "cpu" and fused.metrics()["backend"] == "cpu"
     tokens = _generate(fused, 6)
     assert dict(counters["stats"]) == before  # no graph was compiled
-    eager = _engine(mode)
-    eager.runner.fused_decode = False  # the layer-by-layer path over the same packed weights
+    eager = _engine(mode, backend="torch")  # the layer-by-layer path over the same packed weights
     reference = _generate(eager, 6)
     same = sum(torch.equal(a, b) for a, b in zip(tokens, reference))
     assert same >= 5  # a near-tie may flip once: both round q/K/V to bf16 after differently ordered sums

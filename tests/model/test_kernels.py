@@ -166,9 +166,9 @@ def test_paged_decode_attention_kernel_rejects_bad_lengths() -> None:
 
 @needs_kernels
 @torch.inference_mode()
-def test_packed_model_decode_steps_use_the_attention_kernel_with_the_same_numbers() -> None:
+def test_packed_model_decode_steps_with_the_attention_kernel_give_the_same_numbers() -> None:
     from chattts_velocity.config import ModelConfig
-    from chattts_velocity.model import ChatTTSLlama, allocate_kv_pairs
+    from chattts_velocity.model import ChatTTSLlama, allocate_kv_pairs, kernel_decode_attention, paged_decode_attention
 
     config = ModelConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
                          num_key_value_heads=2, max_position_embeddings=256)  # head_dim 32
@@ -177,15 +177,14 @@ def test_packed_model_decode_steps_use_the_attention_kernel_with_the_same_number
     for param in model.parameters():
         param.normal_(0, 0.1)
     model.pack_linears("bfloat16")
-    assert all(layer.self_attn.decode_kernel for layer in model.layers)
+    model.use_decode_attention(kernel_decode_attention)
     pools = allocate_kv_pairs(2, 8, 16, 2, 32, torch.bfloat16)
     for pool in (t for pair in pools for t in pair):
         pool.normal_()
     tables, lens = torch.tensor([[3, 5, 0], [1, 2, 7]]), torch.tensor([20, 40])
     meta = DecodeMetadata(torch.tensor([5 * 16 + 3, 7 * 16 + 7]), tables, lens)
     x = torch.randn(2, 64)
-    fused = model(x, lens - 1, pools, meta)
-    for layer in model.layers:
-        layer.self_attn.decode_kernel = False
+    with_kernel = model(x, lens - 1, pools, meta)
+    model.use_decode_attention(paged_decode_attention)
     reference = model(x, lens - 1, pools, meta)
-    assert (fused - reference).abs().max().item() < 0.05 * reference.abs().max().item()
+    assert (with_kernel - reference).abs().max().item() < 0.05 * reference.abs().max().item()

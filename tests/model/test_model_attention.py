@@ -7,8 +7,6 @@ import torch
 from chattts_velocity.model import (
     attention,
     build_attention_metadata,
-    forward_context,
-    get_forward_context,
     paged_attention,
     store_kvcache,
 )
@@ -86,15 +84,3 @@ def test_paged_attention_equals_dense_per_sequence(q_lens, k_lens, group_bytes, 
         assert torch.allclose(out[start : start + ql], expected, rtol=0, atol=1e-5)
         start += ql
 
-
-def test_forward_context_is_scoped_and_not_nestable():
-    meta = build_attention_metadata([1], [1], [[0]], 4)
-    with pytest.raises(RuntimeError, match="forward_context"):
-        get_forward_context()
-    with forward_context(meta):
-        assert get_forward_context() is meta
-        with pytest.raises(RuntimeError, match="nested"), forward_context(meta):
-            pass
-        assert get_forward_context() is meta
-    with pytest.raises(RuntimeError):
-        get_forward_context()

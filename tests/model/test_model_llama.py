@@ -87,9 +87,9 @@ def test_decode_fast_path_equals_general_path(make_runner):
 
 
 def test_forward_rejects_wrong_number_of_kv_pools(paged_llama, make_runner):
-    from chattts_velocity.model import build_attention_metadata, forward_context
+    from chattts_velocity.model import build_attention_metadata
 
     runner = make_runner()
     meta = build_attention_metadata([2], [2], [[0]], runner.block_size)
-    with pytest.raises(ValueError, match="kv_caches"), forward_context(meta):
-        paged_llama(torch.zeros(2, H), meta.positions, runner.kv[:1])
+    with pytest.raises(ValueError, match="kv_caches"):
+        paged_llama(torch.zeros(2, H), meta.positions, runner.kv[:1], meta)

@@ -10,8 +10,14 @@ import torch
 from safetensors.torch import save_file
 
 from chattts_velocity.config import ModelConfig
-from chattts_velocity.model import ChatTTSLlama, Embed, build_attention_metadata, forward_context, load_embed, load_gpt
-from chattts_velocity.model.attention import allocate_kv_cache
+from chattts_velocity.model import (
+    ChatTTSLlama,
+    Embed,
+    allocate_kv_pairs,
+    build_attention_metadata,
+    load_embed,
+    load_gpt,
+)
 
 
 def write_gpt_dir(tmp_path, state: dict[str, torch.Tensor], cfg: ModelConfig):
@@ -24,10 +30,10 @@ def write_gpt_dir(tmp_path, state: dict[str, torch.Tensor], cfg: ModelConfig):
 
 def hidden_of(model, x: torch.Tensor) -> torch.Tensor:
     cfg = model.config
-    kv = allocate_kv_cache(cfg.num_hidden_layers, 2, 16, cfg.num_attention_heads, cfg.head_dim)
+    kv = allocate_kv_pairs(cfg.num_hidden_layers, 2, 16, cfg.num_attention_heads, cfg.head_dim)
     meta = build_attention_metadata([x.shape[0]], [x.shape[0]], [[1]], 16)
-    with torch.no_grad(), forward_context(meta):
-        return model(x, meta.positions, kv)
+    with torch.no_grad():
+        return model(x, meta.positions, kv, meta)
 
 
 @pytest.mark.parametrize("keep_embed_tokens", [True, False])

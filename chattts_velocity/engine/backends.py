@@ -1,0 +1,182 @@
+"""Engine stage: the decode backends — what runs the paged Llama for a step, chosen once per engine.
+
+In: embeddings of the new positions (and, for decode steps, each sequence's position and block table).
+Out: hidden states [N, H] after the final norm. The scheduler, block manager and sequences never see which
+backend runs; the model runner calls `forward` for general steps and `decode` for decode-only steps.
+
+| backend | a decode step | general steps |
+|---|---|---|
+| TorchBackend ("torch") | eager layers, SDPA over gathered blocks | eager layers |
+| CompiledTorchBackend ("torch.compile") | one torch.compile'd layer graph (C++ attention on bf16 pools) | eager |
+| CpuBackend ("cpu") | one fused C++ op per layer (model/fused.py) | eager |
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from chattts_velocity.config import EngineConfig
+from chattts_velocity.model import (
+    AttentionMetadata,
+    ChatTTSLlama,
+    DecodeMetadata,
+    FusedDecoder,
+    build_attention_metadata,
+    fused_unavailable,
+    kernel_decode_attention,
+    kernels,
+)
+from chattts_velocity.model.llama import KVPair, run_decoder_layer
+
+logger = logging.getLogger("chattts_velocity")
+MIN_DYNAMIC = 2  # compiled steps pad batch and table width to >= 2: torch.compile specialises sizes 0 and 1
+
+
+class DecodeBackend(Protocol):
+    name: str  # "torch", "torch.compile" or "cpu": reported in LLMEngine.metrics()
+
+    def forward(self, embeds: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """A general step (prefill chunks, recompute, mixed): embeds [N_new, H] -> hidden [N_new, H]."""
+
+    def decode(self, embeds: torch.Tensor, positions: list[int], tables: list[list[int]]) -> torch.Tensor:
+        """A decode step: embeds [B, H] of each sequence's new position `positions[b]` -> hidden [B, H].
+
+        tables[b] is sequence b's block table, trimmed to the blocks that hold positions 0..positions[b].
+        """
+
+
+@dataclass(frozen=True)
+class PagedKV:
+    """The engine's KV pool as the backends see it."""
+
+    pairs: list[KVPair]  # per layer (K, V), each [num_blocks + 1, block_size, heads, head_dim]
+    block_size: int
+    pad_block: int  # the extra last block, never handed out: write target of padding rows in compiled steps
+    device: torch.device
+
+    def decode_metadata(self, positions: list[int], tables: list[list[int]], min_size: int = 1,
+                        ) -> tuple[torch.Tensor, DecodeMetadata]:
+        """positions [B] and DecodeMetadata; batch and table width padded to min_size with padding-block rows."""
+        bs, num_pad = self.block_size, max(0, min_size - len(positions))
+        width = max(min_size, max(len(t) for t in tables))
+        tables = [t + [0] * (width - len(t)) for t in tables] + [[self.pad_block] * width] * num_pad
+        slots = [t[p // bs] * bs + p % bs for t, p in zip(tables, positions)] + [self.pad_block * bs] * num_pad
+        as_tensor = lambda values: torch.tensor(values, dtype=torch.int64, device=self.device)
+        pos = as_tensor(positions + [0] * num_pad)
+        return pos, DecodeMetadata(as_tensor(slots), as_tensor(tables), pos + 1)
+
+
+class TorchBackend:
+    """Eager torch everywhere: a decode step is a general step of one position per sequence (paged_attention)."""
+
+    name = "torch"
+
+    def __init__(self, model: ChatTTSLlama, kv: PagedKV) -> None:
+        self.model, self.kv = model, kv
+
+    def forward(self, embeds: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        return self.model(embeds, meta.positions, self.kv.pairs, meta)
+
+    def decode(self, embeds: torch.Tensor, positions: list[int], tables: list[list[int]]) -> torch.Tensor:
+        q_lens, k_lens = [1] * len(positions), [p + 1 for p in positions]
+        meta = build_attention_metadata(q_lens, k_lens, tables, self.kv.block_size, self.kv.device)
+        return self.forward(embeds, meta)
+
+
+class CompiledTorchBackend:
+    """Decode steps run one torch.compile'd layer graph for all layers (their weights are graph inputs, not
+    constants) whose only dynamic sizes are the batch and the block-table width: no recompiles once warmed up.
+    Attention inside the graph is the C++ kernel on bf16 pools where the kernels build, else the gather form."""
+
+    name = "torch.compile"
+
+    def __init__(self, model: ChatTTSLlama, kv: PagedKV, act_dtype: torch.dtype) -> None:
+        self.model, self.kv, self.act_dtype = model, kv, act_dtype
+        kv_dtype, head_dim = kv.pairs[0][0].dtype, model.config.head_dim
+        if kv.device.type == "cpu" and kv_dtype == torch.bfloat16 and head_dim % 32 == 0 and kernels.load():
+            model.use_decode_attention(kernel_decode_attention)
+        self.layer = torch.compile(run_decoder_layer, fullgraph=True, dynamic=False)
+        self._warm_up()
+
+    def forward(self, embeds: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        return self.model(embeds, meta.positions, self.kv.pairs, meta)
+
+    def decode(self, embeds: torch.Tensor, positions: list[int], tables: list[list[int]]) -> torch.Tensor:
+        return self._run(embeds, positions, tables)[: len(positions)]
+
+    def _run(self, embeds: torch.Tensor, positions: list[int], tables: list[list[int]]) -> torch.Tensor:
+        pos, meta = self.kv.decode_metadata(positions, tables, MIN_DYNAMIC)
+        num_pad = pos.shape[0] - embeds.shape[0]
+        if num_pad:
+            embeds = torch.cat([embeds, embeds.new_zeros(num_pad, embeds.shape[1])])
+        for t in (embeds, pos, *meta):
+            torch._dynamo.mark_dynamic(t, 0)
+        torch._dynamo.mark_dynamic(meta.block_tables, 1)
+        return self.model(embeds, pos, self.kv.pairs, meta, run_layer=self.layer)  # [B_pad, H]
+
+    @torch.inference_mode()
+    def _warm_up(self) -> None:
+        """Compile now, on the padding block only: batch 2, table width 3 (distinct sizes, so the
+        two dynamic dimensions get separate symbols)."""
+        start = time.perf_counter()
+        embeds = torch.zeros(MIN_DYNAMIC, self.model.config.hidden_size, dtype=self.act_dtype, device=self.kv.device)
+        self._run(embeds, [0] * MIN_DYNAMIC, [[self.kv.pad_block] * 3] * MIN_DYNAMIC)
+        for pool in (t for pair in self.kv.pairs for t in pair):
+            pool[self.kv.pad_block].zero_()
+        logger.info("compiled the decode step in %.1f s", time.perf_counter() - start)
+
+
+class CpuBackend:
+    """Decode steps run one fused C++ op per layer (bf16 and int8 engines on CPUs where the kernels build);
+    nothing is compiled."""
+
+    name = "cpu"
+
+    def __init__(self, model: ChatTTSLlama, kv: PagedKV) -> None:
+        self.model, self.kv = model, kv
+        self.fused = FusedDecoder(model)
+
+    def forward(self, embeds: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        return self.model(embeds, meta.positions, self.kv.pairs, meta)
+
+    def decode(self, embeds: torch.Tensor, positions: list[int], tables: list[list[int]]) -> torch.Tensor:
+        pos, meta = self.kv.decode_metadata(positions, tables)
+        return self.fused(embeds, pos, self.kv.pairs, meta)
+
+
+def cpu_unavailable(model: ChatTTSLlama, kv: PagedKV) -> str | None:
+    """Why the cpu backend cannot run this engine, or None when it can."""
+    kv_dtype = kv.pairs[0][0].dtype
+    if kv_dtype != torch.bfloat16:
+        return f"its fused C++ layers need a bfloat16 KV cache (dtype 'bfloat16' or 'int8'), this one is {kv_dtype}"
+    return fused_unavailable(model)
+
+
+def select_backend(config: EngineConfig, model: ChatTTSLlama, kv: PagedKV, act_dtype: torch.dtype) -> DecodeBackend:
+    """The backend config.backend asks for; "auto" = cpu where it can run, else torch (compiled if config.compile).
+
+    NOTE: one branch per backend, no registry. A `triton` backend (CUDA, or CPU under TRITON_INTERPRET=1) will be
+    one more class with the same forward/decode (its attention given to the layers once, through
+    ChatTTSLlama.use_decode_attention and a general-step counterpart), a `triton_unavailable()` reason, and a
+    branch here that "auto" tries first on CUDA devices. Asking for a backend that cannot run is a ValueError,
+    never a silent fallback.
+    """
+    choice = config.backend
+    if choice == "triton":
+        raise ValueError("backend: 'triton' is not available yet (it will need a CUDA device, or TRITON_INTERPRET=1 "
+                         "on CPU); use 'auto', 'torch' or 'cpu'")
+    if choice in ("auto", "cpu"):
+        reason = cpu_unavailable(model, kv)
+        if reason is None:
+            if config.compile:
+                logger.info("decode steps run fused C++ layers: nothing to compile")
+            return CpuBackend(model, kv)
+        if choice == "cpu":
+            raise ValueError(f"backend: 'cpu' cannot run here: {reason}; use backend='torch' or 'auto'")
+    if config.compile:
+        return CompiledTorchBackend(model, kv, act_dtype)
+    return TorchBackend(model, kv)

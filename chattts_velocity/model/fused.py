@@ -1,0 +1,78 @@
+"""Model stage: a decode step with every layer one C++ op (kernels/cpu_decode_layer.cpp: norms, RoPE, KV store,
+attention, MLP) over the packed bf16 or int8 weights.
+
+In: inputs_embeds [B, H] (one new position per sequence), positions [B], DecodeMetadata, bf16 (K, V) pools.
+Out: hidden [B, H] after the final norm, as ChatTTSLlama.forward would give.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from chattts_velocity.model import kernels
+from chattts_velocity.model.attention import DecodeMetadata
+from chattts_velocity.model.llama import ChatTTSLlama, KVPair, LlamaDecoderLayer
+from chattts_velocity.model.packed import TILES_BELOW_ROWS
+
+
+@dataclass
+class FusedLayerWeights:
+    """One layer's weights as kernels/cpu_decode_layer.cpp takes them."""
+
+    norms: torch.Tensor  # [2, H] fp32: input_layernorm, post_attention_layernorm
+    weights: list[torch.Tensor]  # tiles of the qkv, o, gate_up and down projections (all bf16 or all int8)
+    panels: list[torch.Tensor | None]  # per projection: the AMX layout, on CPUs with AMX
+    extras: list[torch.Tensor | None]  # per projection: oneDNN's packed bf16 copy (or None), or int8 scales
+
+    @classmethod
+    def of(cls, layer: LlamaDecoderLayer) -> FusedLayerWeights | None:
+        """None unless every projection of the layer has tiles (see PackedLinear)."""
+        attn, mlp = layer.self_attn, layer.mlp
+        packed = [attn.qkv_packed, attn.o_packed, mlp.gate_up_packed, mlp.down_packed]
+        if any(p is None or p.tiles is None for p in packed):
+            return None
+        norms = torch.stack([layer.input_layernorm.weight.detach(), layer.post_attention_layernorm.weight.detach()])
+        extras = [p.scales if p.mode == "int8" else p.onednn for p in packed]
+        return cls(norms.float().contiguous(), [p.tiles for p in packed], [p.panels for p in packed], extras)
+
+
+def fused_unavailable(model: ChatTTSLlama) -> str | None:
+    """Why FusedDecoder cannot run `model` here, or None when it can."""
+    device = next(model.parameters()).device
+    if device.type != "cpu":
+        return f"the model is on {device}; the fused layers run on CPU"
+    reason = kernels._unsupported()
+    if reason is not None:
+        return f"the C++ kernels do not run here: {reason}"
+    if not kernels.load():
+        return "the C++ kernels failed to build (see the warning above)"
+    if model.config.head_dim % 32:
+        return f"head_dim {model.config.head_dim} is not a multiple of 32"
+    if any(FusedLayerWeights.of(layer) is None for layer in model.layers):
+        return "not every projection has kernel tiles (pack_linears('bfloat16' or 'int8') first)"
+    return None
+
+
+class FusedDecoder:
+    """ChatTTSLlama's decode step, one op per layer. Check fused_unavailable(model) before building one."""
+
+    def __init__(self, model: ChatTTSLlama) -> None:
+        reason = fused_unavailable(model)
+        if reason is not None:
+            raise ValueError(f"FusedDecoder: {reason}")
+        self.model = model
+        self.layers = [FusedLayerWeights.of(layer) for layer in model.layers]
+
+    def __call__(self, inputs_embeds: torch.Tensor, positions: torch.Tensor, kv_caches: Sequence[KVPair],
+                 meta: DecodeMetadata) -> torch.Tensor:
+        """inputs_embeds [B, H], positions [B] -> hidden [B, H]; kv_caches are (K, V) pairs of bf16 pools."""
+        op = torch.ops.chattts_velocity_cpu.decode_layer
+        rotary, eps = self.model.rotary_emb, self.model.config.rms_norm_eps
+        cos, sin = rotary.cos_cache, rotary.sin_cache
+        x = inputs_embeds.float().contiguous()
+        for fused, (k_cache, v_cache) in zip(self.layers, kv_caches):
+            x = op(x, positions, cos, sin, fused.norms, fused.weights, fused.panels, fused.extras, k_cache, v_cache,
+                   meta.slot_mapping, meta.block_tables, meta.context_lens, eps, TILES_BELOW_ROWS)
+        return self.model.norm(x)
