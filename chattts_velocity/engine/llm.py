@@ -132,6 +132,7 @@ class _Collector:
         self.hidden: list[torch.Tensor] = []
         self.finished = False
         self.finish_reason = None
+        self.error: Exception | None = None
         self.rows = None
 
     def add(self, delta: GenerationOutput) -> None:
@@ -140,7 +141,7 @@ class _Collector:
             self.tokens.append(delta.token_ids)
             if delta.hidden is not None:
                 self.hidden.append(delta.hidden)
-        self.finished, self.finish_reason = delta.finished, delta.finish_reason
+        self.finished, self.finish_reason, self.error = delta.finished, delta.finish_reason, delta.error
 
     def output(self) -> GenerationOutput:
         rows = self.rows or 1
@@ -148,7 +149,7 @@ class _Collector:
         hidden = torch.cat(self.hidden) if self.hidden else None
         if hidden is None and self.hidden_size is not None:
             hidden = torch.zeros(0, self.hidden_size)  # [0, H]: nothing generated
-        return GenerationOutput(self.request_id, tokens, hidden, self.finished, self.finish_reason)
+        return GenerationOutput(self.request_id, tokens, hidden, self.finished, self.finish_reason, error=self.error)
 
 
 def _interrupted(request_id: str) -> GenerationOutput:

@@ -96,10 +96,22 @@ class LLMEngine:
         if not batch.seqs:
             return []
         start = time.perf_counter()
-        out = self.runner.run(batch)
+        try:
+            out = self.runner.run(batch)
+        except Exception as exc:  # noqa: BLE001 -- not attributable to one request: this step's requests fail
+            logger.exception("engine step failed; failing its %d request(s), serving the others", batch.num_seqs)
+            return self._fail([(seq, RuntimeError(f"engine: a step failed ({exc!r}); this request was in it"))
+                               for seq in batch.seqs])
+        failed = self._fail([(batch.seqs[b], error) for b, error in out.failed.items()])
         finished = self.scheduler.postprocess(batch, out)
         self._record(batch, time.perf_counter() - start)
-        return self._deltas(batch, out, finished)
+        return failed + self._deltas(batch, out, finished)
+
+    def _fail(self, failures: list[tuple[Sequence, Exception]]) -> list[GenerationOutput]:
+        """Abort each sequence (its blocks are freed) and hand its error on as its last delta."""
+        for seq, _ in failures:
+            self.scheduler.abort(seq.request_id)
+        return [GenerationOutput.failed(seq.request_id, error) for seq, error in failures]
 
     def _deltas(self, batch: ScheduledBatch, out: StepOutput, finished: list[Sequence]) -> list[GenerationOutput]:
         done = {seq.request_id for seq in finished if not self._retry_if_empty(seq)}

@@ -35,6 +35,8 @@ class RowParams:
     top_k: torch.Tensor | None = None  # [R] int64, 0 = off
     # (sequence index, its processors, its generated history [G, rows_per_seq]) for sequences that have any
     custom: list[tuple[int, tuple[LogitsProcessor, ...], torch.Tensor]] = field(default_factory=list)
+    # sequence index -> the error its own processors raised (filled by apply_custom; that sequence fails alone)
+    failures: dict[int, Exception] = field(default_factory=dict)
 
 
 def process(logits: torch.Tensor, params: RowParams) -> torch.Tensor:
@@ -47,7 +49,7 @@ def process(logits: torch.Tensor, params: RowParams) -> torch.Tensor:
         logits = apply_top_p(logits, params.top_p.to(device))
     if params.top_k is not None:
         logits = apply_top_k(logits, params.top_k.to(device))
-    logits = apply_custom(logits, params.custom, params.rows_per_seq)
+    logits = apply_custom(logits, params.custom, params.rows_per_seq, params.failures)
     return mask_eos(logits, params.mask_eos.to(device), params.eos_ids.to(device))
 
 
@@ -130,14 +132,23 @@ def apply_top_k(logits: torch.Tensor, top_k: torch.Tensor, min_keep: int = 3) ->
 
 
 def apply_custom(logits: torch.Tensor, custom: list[tuple[int, tuple[LogitsProcessor, ...], torch.Tensor]],
-                 rows_per_seq: int) -> torch.Tensor:
-    """Each sequence's own processors on its own rows [rows_per_seq, V], given its history [G, rows_per_seq]."""
+                 rows_per_seq: int, failures: dict[int, Exception] | None = None) -> torch.Tensor:
+    """Each sequence's own processors on its own rows [rows_per_seq, V], given its history [G, rows_per_seq].
+
+    A processor that raises (or returns something that is not [rows_per_seq, V]) fails its own sequence only: the
+    error goes to failures[s] (raised at once when failures is None) and the other rows are untouched.
+    """
     for s, processors, history in custom:
         rows = slice(s * rows_per_seq, (s + 1) * rows_per_seq)
-        own = logits[rows]
-        for fn in processors:
-            own = fn(history.to(logits.device), own)
-        logits[rows] = own
+        try:
+            own = logits[rows].clone()
+            for fn in processors:
+                own = fn(history.to(logits.device), own)
+            logits[rows] = own
+        except Exception as exc:  # noqa: BLE001 -- user code; its request fails, the batch goes on
+            if failures is None:
+                raise
+            failures[s] = ValueError(f"logits_processors: {type(exc).__name__}: {exc}")
     return logits
 
 

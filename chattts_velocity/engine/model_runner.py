@@ -55,8 +55,9 @@ class ModelRunner:
             hidden = self.backend.forward(embeds, meta)  # [N_new, H]
             last = hidden[meta.last_indices]  # [B, H], the states that predict this step's tokens
         last = last.float()
-        tokens = self.sample(batch, last)  # [B, num_vq]
-        return StepOutput(tokens=tokens, hidden=last, sampled=list(batch.sample))
+        failed: dict[int, Exception] = {}
+        tokens = self.sample(batch, last, failed)  # [B, num_vq]
+        return StepOutput(tokens=tokens, hidden=last, sampled=list(batch.sample), failed=failed)
 
     # ---- decode-only steps --------------------------------------------------------------------
 
@@ -99,8 +100,11 @@ class ModelRunner:
 
     # ---- sampling -------------------------------------------------------------------------------
 
-    def sample(self, batch: ScheduledBatch, last: torch.Tensor) -> torch.Tensor:
-        """tokens [B, num_vq]; code and text sequences are sampled with their own heads (in fp32)."""
+    def sample(self, batch: ScheduledBatch, last: torch.Tensor, failed: dict[int, Exception]) -> torch.Tensor:
+        """tokens [B, num_vq]; code and text sequences are sampled with their own heads (in fp32).
+
+        A sequence whose own logits processors raised is put in failed[b]; its row of tokens is meaningless.
+        """
         tokens = torch.zeros(batch.num_seqs, self.config.num_vq, dtype=torch.int64)
         for is_text in (False, True):
             index = [b for b, seq in enumerate(batch.seqs) if batch.sample[b] and seq.is_text == is_text]
@@ -114,8 +118,10 @@ class ModelRunner:
                 logits = self.embed.code_logits(hidden)  # [S, 4, V_audio]
                 rows = logits.shape[1]
                 logits = logits.reshape(-1, logits.shape[-1])  # [S * 4, V], row s*4 + q
-            sampled = self.sampler.sample(logits, self.sampler.prepare(seqs, rows))  # [S, rows]
+            sampling = self.sampler.prepare(seqs, rows)
+            sampled = self.sampler.sample(logits, sampling)  # [S, rows]
             tokens[index, :rows] = sampled.cpu()
+            failed.update((index[s], error) for s, error in sampling.params.failures.items())
         return tokens
 
 

@@ -204,7 +204,11 @@ class _Loop:
         return generated.permute(0, 2, 1).reshape(generated.shape[0] * self.rows, generated.shape[1])  # [B * rows, G]
 
     def _process(self, logits: torch.Tensor, step: int) -> torch.Tensor:
-        return lp.process(logits, self._row_params(logits, step))
+        params = self._row_params(logits, step)
+        logits = lp.process(logits, params)
+        if params.failures:  # a padded batch shares one set of processors: it fails as a whole
+            raise next(iter(params.failures.values()))
+        return logits
 
     def _row_params(self, logits: torch.Tensor, step: int) -> lp.RowParams:
         """The batch's one set of params as per-row tensors [B * rows], with upstream's penalty quirk."""

@@ -5,7 +5,7 @@ StepOutput (the sampled tokens and the hidden states that predicted them).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -44,3 +44,4 @@ class StepOutput:
     tokens: torch.Tensor  # [B, rows] int64; rows >= seqs[b].num_rows; row b is ignored unless sampled[b]
     hidden: torch.Tensor | None  # [B, H] last computed position's state (predicted tokens[b]); None: not kept
     sampled: list[bool]  # [B] equals ScheduledBatch.sample (False for a partial prefill chunk)
+    failed: dict[int, Exception] = field(default_factory=dict)  # b -> why sequence b failed this step (only it)

@@ -144,6 +144,9 @@ def stream_texts(streams: StreamSet, gpt: GPTBackend, requests: SpeechRequests, 
     order = InOrder(requests.pieces.owner, requests.pieces.num_texts)
     steps = gpt.stream(requests.prompts, requests.sampling, streams.options.chunk_steps, should_stop)
     for deltas in steps:
+        for _, delta in deltas:
+            if delta.error is not None:
+                raise delta.error
         with torch.inference_mode():
             chunks = streams.push({k: delta_rows(d, use_decoder) for k, d in deltas if len(d.token_ids)})
             ended = [k for k, d in deltas if d.finished]
