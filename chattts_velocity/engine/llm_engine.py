@@ -5,6 +5,7 @@ that sampled or finished: the new token rows [n, rows] (n = 0 or 1) and their hi
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import os
@@ -51,6 +52,10 @@ class EngineStats:
 class LLMEngine:
     def __init__(self, model, embed, config: ModelConfig, engine_config: EngineConfig) -> None:
         """model: a ChatTTSLlama already in engine_config.dtype's weight dtype (see from_assets)."""
+        if engine_config.max_model_len > config.max_position_embeddings:  # RoPE has no positions beyond it
+            logger.info("max_model_len %d -> %d (the model's max_position_embeddings)", engine_config.max_model_len,
+                        config.max_position_embeddings)
+            engine_config = dataclasses.replace(engine_config, max_model_len=config.max_position_embeddings)
         self.config, self.engine_config = config, engine_config
         kv_dtype, pack_mode = PRECISIONS[engine_config.dtype]
         if pack_mode is not None:

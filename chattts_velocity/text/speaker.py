@@ -63,6 +63,10 @@ def decode_spk_emb(s: str) -> torch.Tensor:
     return torch.from_numpy(np.frombuffer(raw, dtype="<f2").astype(np.float16))  # [D]
 
 
+# a speaker is normalised in float16: a (nearly) zero vector has no direction (NaN audio), and fp16 ends at 65504
+SPEAKER_NORM_RANGE = (1e-2, 6e4)
+
+
 def speaker_tensor(spk_emb: str | torch.Tensor | None, hidden_size: int) -> torch.Tensor | None:
     """InferCodeParams.spk_emb (a speaker string or a 1-D tensor) -> [hidden_size], checked against the model."""
     if spk_emb is None:
@@ -74,7 +78,19 @@ def speaker_tensor(spk_emb: str | torch.Tensor | None, hidden_size: int) -> torc
     if spk_emb.shape[0] != hidden_size:
         raise ValueError(f"spk_emb: this speaker has {spk_emb.shape[0]} values but the model needs "
                          f"{hidden_size}; sample it with this model's sample_random_speaker()")
-    return spk_emb
+    return check_speaker_values(spk_emb)
+
+
+def check_speaker_values(x: torch.Tensor) -> torch.Tensor:
+    """A speaker vector the model can use: finite, and not (nearly) all zeros (its direction is what counts)."""
+    values = x.detach().float()
+    if not bool(torch.isfinite(values).all()):
+        raise ValueError("spk_emb: holds NaN or infinite values; use a speaker from sample_random_speaker()")
+    norm = float(values.norm())
+    if not SPEAKER_NORM_RANGE[0] <= norm <= SPEAKER_NORM_RANGE[1]:
+        raise ValueError(f"spk_emb: its norm {norm:.3g} is outside the sane range {SPEAKER_NORM_RANGE} (random "
+                         "speakers of the official model have norms around 130); use a speaker from sample_random_speaker()")
+    return x
 
 
 def speaker_stats(dim: int = 768, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:

@@ -91,3 +91,10 @@ def test_a_step_that_raises_fails_the_requests_it_held_and_the_engine_goes_on(ch
     assert all(isinstance(r, RuntimeError) and "injected device fault" in str(r) for r in results.values())
     assert chat.engine().block_manager.num_used_blocks == 0
     assert len(chat.infer(TEXTS[:1], skip_refine_text=True, params_infer_code=forced(1))[0]) > 0
+
+
+def test_max_position_embeddings_bounds_max_model_len(tiny_assets) -> None:
+    from chattts_velocity import load_pretrained
+
+    engine = load_pretrained(tiny_assets, is_vllm=True, max_model_len=10**6).engine
+    assert engine.engine_config.max_model_len == engine.config.max_position_embeddings

@@ -182,3 +182,16 @@ def test_encode_and_normalize_reject_non_vectors(bad: object) -> None:
         encode_spk_emb(bad)
     with pytest.raises(ValueError, match="spk_emb"):
         normalize_spk_emb(bad)
+
+
+@pytest.mark.parametrize("bad,words", [(torch.zeros(8), "norm"), (torch.full((8,), float("nan")), "NaN"),
+                                       (torch.tensor([1.0, float("inf")] + [0.0] * 6), "infinite"),
+                                       (torch.full((8,), 1e-6), "norm")])
+def test_speakers_the_model_cannot_use_are_refused(bad: torch.Tensor, words: str) -> None:
+    from chattts_velocity.text import speaker_tensor
+
+    with pytest.raises(ValueError, match=f"spk_emb: .*{words}"):
+        speaker_tensor(bad, 8)
+    with pytest.raises(ValueError, match="spk_emb"):
+        speaker_tensor(encode_spk_emb(bad), 8)
+    assert speaker_tensor(torch.randn(8), 8) is not None
