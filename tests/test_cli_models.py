@@ -59,3 +59,19 @@ def test_every_model_command_has_the_same_model_flags() -> None:
     for name in ("say", "demo", "export", "serve", "webui"):
         flags = {opt for action in commands[name]._actions for opt in action.option_strings}
         assert {"--model", "--tiny", "--no-verify", "--dtype"} <= flags, name
+
+
+@pytest.mark.parametrize("reason,want", [(None, "bfloat16"), ("this CPU lacks avx512_bf16", "float32")])
+def test_auto_precision_is_the_fastest_measured_and_said(monkeypatch, capsys, reason, want) -> None:
+    import argparse
+
+    from chattts_velocity.cli import common
+    from chattts_velocity.model import kernels
+
+    monkeypatch.setattr(kernels, "unsupported", lambda: reason)
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    args = argparse.Namespace(dtype="auto")
+    assert common.resolve_dtype(args) == want == args.dtype
+    assert f"precision: {want}" in capsys.readouterr().err
+    explicit = argparse.Namespace(dtype="float32")
+    assert common.resolve_dtype(explicit) == "float32" and capsys.readouterr().err == ""

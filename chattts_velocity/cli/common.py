@@ -3,23 +3,43 @@ from __future__ import annotations
 
 import argparse
 import socket
+import sys
 from pathlib import Path
 
 from ..assets import AssetError
 from ..chat import Chat
 from ..demo import ensure_model
 
-DTYPES = ["float32", "bfloat16", "int8"]
+DTYPES = ["auto", "float32", "bfloat16", "int8"]
 
 
-def add_model_flags(p: argparse.ArgumentParser, default_dtype: str = "float32") -> None:
+def fastest_dtype() -> str:
+    """The fastest precision whose quality is measured (docs/fidelity.md: bf16 keeps >= 98 % code agreement):
+    bfloat16 where the fused C++ layers run (x86 with AVX-512 BF16) or on CUDA, else float32."""
+    import torch
+
+    from ..model import kernels
+
+    return "bfloat16" if torch.cuda.is_available() or kernels.unsupported() is None else "float32"
+
+
+def resolve_dtype(args: argparse.Namespace) -> str:
+    """--dtype auto -> the fastest precision here, said once on stderr."""
+    if args.dtype == "auto":
+        args.dtype = fastest_dtype()
+        print(f"precision: {args.dtype} (the fastest measured here; --dtype float32 for exact runs)", file=sys.stderr)
+    return args.dtype
+
+
+def add_model_flags(p: argparse.ArgumentParser, default_dtype: str = "auto") -> None:
     """--model, --tiny, --no-verify and --dtype: the same on every command that loads a model."""
     p.add_argument("--model", default="demo", help="asset folder (the one that contains asset/), or 'demo' for "
                                                     "random demo weights")
     p.add_argument("--tiny", action="store_true", help="with --model demo: test-size weights")
     p.add_argument("--no-verify", action="store_true",
                    help="load custom or fine-tuned weights without the official sha256 check")
-    p.add_argument("--dtype", default=default_dtype, choices=DTYPES)
+    p.add_argument("--dtype", default=default_dtype, choices=DTYPES,
+                   help="auto (default): bfloat16 where the fast kernels run, else float32; float32 is exact")
 
 
 def model_folder(args: argparse.Namespace) -> tuple[Path, bool]:
@@ -30,6 +50,7 @@ def model_folder(args: argparse.Namespace) -> tuple[Path, bool]:
 def load_chat(args: argparse.Namespace, use_vllm: bool = True, **kwargs) -> Chat:
     """A loaded Chat from the model flags; a folder that is not the official files is refused in one line."""
     root, verify = model_folder(args)
+    resolve_dtype(args)
     chat = Chat()
     try:
         chat.load(source="custom", custom_path=root, verify=verify, use_vllm=use_vllm, dtype=args.dtype, **kwargs)

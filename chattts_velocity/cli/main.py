@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..audio.wav import SAMPLE_RATE
 from ..demo import DEMO_MAX_NEW_TOKEN
-from .common import add_model_flags, add_webui_flags, load_chat, model_folder
+from .common import add_model_flags, add_webui_flags, load_chat, model_folder, resolve_dtype
 from .serve import add_serve_parser
 
 DEMO_TEXTS = [
@@ -89,7 +89,7 @@ def _export_with_ray(args: argparse.Namespace, plan, params) -> None:
         ray_serve.init_ray(args.ray_address, log_to_driver=True)
     options = ray_export.RayExportOptions(actors=args.actors, cpus_per_actor=args.cpus_per_actor,
                                           gpus_per_actor=args.gpus_per_actor, batch_size=args.batch_size)
-    ray_export.run_export_ray(root, plan, params, options, verify=verify, dtype=args.dtype)
+    ray_export.run_export_ray(root, plan, params, options, verify=verify, dtype=resolve_dtype(args))
 
 
 def _add_export_ray_flags(p: argparse.ArgumentParser) -> None:

@@ -8,7 +8,7 @@ import argparse
 from typing import TYPE_CHECKING
 
 from ..demo import DEMO_MAX_NEW_TOKEN
-from .common import add_model_flags, check_port_free, load_chat, model_folder
+from .common import add_model_flags, check_port_free, load_chat, model_folder, resolve_dtype
 
 if TYPE_CHECKING:
     from ..serve.openai_api import ServerConfig
@@ -54,7 +54,7 @@ def _serve_with_ray(args: argparse.Namespace, config) -> None:
     root, verify = model_folder(args)
     options = ray_serve.ReplicaOptions(replicas=args.replicas, autoscale=args.autoscale, num_cpus=args.replica_cpus,
                                        num_gpus=args.replica_gpus, max_ongoing_requests=args.max_ongoing_requests)
-    app = ray_serve.build_app(root, config, options, verify=verify, dtype=args.dtype, compile=args.compile)
+    app = ray_serve.build_app(root, config, options, verify=verify, dtype=resolve_dtype(args), compile=args.compile)
     ray_serve.serve_on_ray(app, host=args.host, port=args.port)
 
 

@@ -47,6 +47,11 @@ def load() -> bool:
     return False
 
 
+def unsupported() -> str | None:
+    """Why the C++ CPU kernels cannot run on this machine (from its OS, architecture and CPU flags), or None."""
+    return _unsupported()
+
+
 def _unsupported() -> str | None:
     if os.environ.get(ENV_SWITCH, "1") == "0":
         return f"{ENV_SWITCH}=0"
