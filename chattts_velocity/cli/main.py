@@ -61,6 +61,8 @@ def cmd_demo(args: argparse.Namespace) -> None:
           f"({seconds / wall:.2f}x real time)")
     if args.model == "demo":
         print("note: demo weights are random, so the audio is noise-like; see models/README.md for real voices")
+    print(f"next: chattts-velocity say \"Your text.\" -o hello.wav --model {args.model}  |  chattts-velocity serve "
+          f"--model {args.model}  |  chattts-velocity webui --model {args.model}  (each takes --help)")
 
 
 def cmd_export(args: argparse.Namespace) -> None:
