@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -94,6 +95,19 @@ class AssetPaths:
 
     def missing(self) -> list[str]:
         return [rel for rel, path in self.files().items() if not path.is_file()]
+
+
+DEMO_MARKER = "demo-weights.json"  # in asset/, written last by demo-assets: a complete demo folder carries it
+DEMO_KIND = "chattts_velocity random demo weights"
+
+
+def is_demo_folder(root: str | Path) -> bool:
+    """True for a folder written by `chattts-velocity demo-assets` (random weights; nothing official to verify)."""
+    try:
+        marker = json.loads((Path(root) / "asset" / DEMO_MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(marker, dict) and marker.get("kind") == DEMO_KIND
 
 
 def read_safetensors(path: str | Path, what: str) -> dict[str, torch.Tensor]:

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from . import audio, text
-from .assets import AssetPaths, find_assets, verify_assets
+from .assets import AssetPaths, find_assets, is_demo_folder, verify_assets
 from .audio.wav import SAMPLE_RATE
 from .config import ModelConfig
 from .engine.gpt import GPTBackend, load_pretrained
@@ -65,7 +65,9 @@ class Chat:
         no-op upstream too (each file's stored coef wins). Extra keyword arguments go to EngineConfig.
         """
         paths = find_assets(source, custom_path, force_redownload)
-        if verify:
+        if verify and is_demo_folder(paths.root):
+            self.logger.warning("%s holds random demo weights (demo-assets): loading it unverified", paths.root)
+        elif verify:
             verify_assets(paths)
         device = str(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.paths = paths

@@ -75,3 +75,15 @@ def test_auto_precision_is_the_fastest_measured_and_said(monkeypatch, capsys, re
     assert f"precision: {want}" in capsys.readouterr().err
     explicit = argparse.Namespace(dtype="float32")
     assert common.resolve_dtype(explicit) == "float32" and capsys.readouterr().err == ""
+
+
+def test_python_loads_a_demo_folder_by_path_too(demo_dir: Path, tmp_path: Path) -> None:
+    from chattts_velocity import Chat
+    from chattts_velocity.assets import AssetError
+
+    assert Chat().load(source="custom", custom_path=demo_dir)  # verify=True: the marker says there is nothing to check
+    custom = tmp_path / "custom"
+    shutil.copytree(demo_dir, custom)
+    (custom / "asset" / "demo-weights.json").unlink()
+    with pytest.raises(AssetError, match="verify=False"):
+        Chat().load(source="custom", custom_path=custom)

@@ -4,11 +4,11 @@
 """
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
-from chattts_velocity.demo.weights import DEMO_KIND, DEMO_MARKER, DemoDims, write_demo_assets
+from chattts_velocity.assets import is_demo_folder
+from chattts_velocity.demo.weights import DemoDims, write_demo_assets
 
 __all__ = ["DEMO_MAX_NEW_TOKEN", "DemoDims", "demo_model_dir", "ensure_model", "is_demo_folder",
            "write_demo_assets"]
@@ -19,15 +19,6 @@ DEMO_MAX_NEW_TOKEN = 150
 
 def demo_model_dir(tiny: bool = False) -> Path:
     return Path("models") / ("demo-tiny" if tiny else "demo")
-
-
-def is_demo_folder(root: str | Path) -> bool:
-    """True for a folder written by `chattts-velocity demo-assets` (its marker file says so)."""
-    try:
-        marker = json.loads((Path(root) / "asset" / DEMO_MARKER).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    return isinstance(marker, dict) and marker.get("kind") == DEMO_KIND
 
 
 def ensure_model(model: str, tiny: bool = False, no_verify: bool = False, seed: int = 0) -> tuple[Path, bool]:

@@ -19,14 +19,12 @@ import torch
 from safetensors.torch import save_file
 from tqdm import tqdm
 
-from chattts_velocity.assets import AssetPaths
+from chattts_velocity.assets import DEMO_KIND, DEMO_MARKER, AssetPaths
 from chattts_velocity.audio.mel import htk_mel_filterbank
 from chattts_velocity.audio.wav import SAMPLE_RATE
 from chattts_velocity.demo.tokenizer import write_tokenizer
 
 Shapes = dict[str, tuple[int, ...]]
-DEMO_MARKER = "demo-weights.json"  # in asset/, written last: a complete demo folder carries it
-DEMO_KIND = "chattts_velocity random demo weights"
 TEXT_EOS_ID = 21136  # [Ebreak]: its head row gets a larger gain so random refine-text ends after ~10 tokens
 MAG_BIAS = 0.5  # Vocos head log-magnitude bias: exp(0.5 +- 4 * 0.5) <= ~12, far below the 100 clip
 MAG_STD = 0.5  # std of the log-magnitude logits around MAG_BIAS
