@@ -9,6 +9,7 @@ backend runs; the model runner calls `forward` for general steps and `decode` fo
 | TorchBackend ("torch") | eager layers, SDPA over gathered blocks | eager layers |
 | CompiledTorchBackend ("torch.compile") | one torch.compile'd layer graph (C++ attention on bf16 pools) | eager |
 | CpuBackend ("cpu") | one fused C++ op per layer (model/fused.py) | eager |
+| TritonBackend ("triton", engine/triton_backend.py) | Triton kernels per layer, CUDA graphs on CUDA | Triton kernels |
 """
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ MIN_DYNAMIC = 2  # compiled steps pad batch and table width to >= 2: torch.compi
 
 
 class DecodeBackend(Protocol):
-    name: str  # "torch", "torch.compile" or "cpu": reported in LLMEngine.metrics()
+    name: str  # "torch", "torch.compile", "cpu" or "triton": reported in LLMEngine.metrics()
 
     def forward(self, embeds: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """A general step (prefill chunks, recompute, mixed): embeds [N_new, H] -> hidden [N_new, H]."""
@@ -61,13 +62,23 @@ class PagedKV:
     def decode_metadata(self, positions: list[int], tables: list[list[int]], min_size: int = 1,
                         ) -> tuple[torch.Tensor, DecodeMetadata]:
         """positions [B] and DecodeMetadata; batch and table width padded to min_size with padding-block rows."""
-        bs, num_pad = self.block_size, max(0, min_size - len(positions))
         width = max(min_size, max(len(t) for t in tables))
+        positions, slots, tables = self.decode_rows(positions, tables, max(min_size, len(positions)), width)
+        as_tensor = lambda values: torch.tensor(values, dtype=torch.int64, device=self.device)
+        pos = as_tensor(positions)
+        return pos, DecodeMetadata(as_tensor(slots), as_tensor(tables), pos + 1)
+
+    def decode_rows(self, positions: list[int], tables: list[list[int]], batch: int, width: int,
+                    ) -> tuple[list[int], list[int], list[list[int]]]:
+        """positions [batch], slots [batch] and tables [batch][width] of a decode step, as host lists.
+
+        Real rows come first, their tables padded with block 0 (never read: past the context); the padding rows
+        sit at position 0 of the pad block, so they write their K/V there and attend only to it.
+        """
+        bs, num_pad = self.block_size, batch - len(positions)
         tables = [t + [0] * (width - len(t)) for t in tables] + [[self.pad_block] * width] * num_pad
         slots = [t[p // bs] * bs + p % bs for t, p in zip(tables, positions)] + [self.pad_block * bs] * num_pad
-        as_tensor = lambda values: torch.tensor(values, dtype=torch.int64, device=self.device)
-        pos = as_tensor(positions + [0] * num_pad)
-        return pos, DecodeMetadata(as_tensor(slots), as_tensor(tables), pos + 1)
+        return positions + [0] * num_pad, slots, tables
 
 
 class TorchBackend:
@@ -157,18 +168,21 @@ def cpu_unavailable(model: ChatTTSLlama, kv: PagedKV) -> str | None:
 
 
 def select_backend(config: EngineConfig, model: ChatTTSLlama, kv: PagedKV, act_dtype: torch.dtype) -> DecodeBackend:
-    """The backend config.backend asks for; "auto" = cpu where it can run, else torch (compiled if config.compile).
+    """The backend config.backend asks for. "auto": triton on CUDA devices where it can run, else cpu where it can
+    run, else torch (compiled if config.compile).
 
-    NOTE: one branch per backend, no registry. A `triton` backend (CUDA, or CPU under TRITON_INTERPRET=1) will be
-    one more class with the same forward/decode (its attention given to the layers once, through
-    ChatTTSLlama.use_decode_attention and a general-step counterpart), a `triton_unavailable()` reason, and a
-    branch here that "auto" tries first on CUDA devices. Asking for a backend that cannot run is a ValueError,
-    never a silent fallback.
+    NOTE: one branch per backend, no registry. Asking for a backend that cannot run is a ValueError saying why,
+    never a silent fallback. The triton module is imported only when it is chosen (importing it imports triton).
     """
     choice = config.backend
-    if choice == "triton":
-        raise ValueError("backend: 'triton' is not available yet (it will need a CUDA device, or TRITON_INTERPRET=1 "
-                         "on CPU); use 'auto', 'torch' or 'cpu'")
+    if choice == "triton" or (choice == "auto" and kv.device.type == "cuda"):
+        from chattts_velocity.engine.triton_backend import TritonBackend, triton_unavailable
+
+        reason = triton_unavailable(kv)
+        if reason is None:
+            return TritonBackend(model, kv, act_dtype, config.max_num_seqs, config.max_model_len)
+        if choice == "triton":
+            raise ValueError(f"backend: 'triton' cannot run here: {reason}; use backend='torch' or 'auto'")
     if choice in ("auto", "cpu"):
         reason = cpu_unavailable(model, kv)
         if reason is None:
