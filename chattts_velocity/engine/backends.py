@@ -15,23 +15,22 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 
 from chattts_velocity.config import EngineConfig
+from chattts_velocity.engine.paged_kv import PagedKV
 from chattts_velocity.model import (
     AttentionMetadata,
     ChatTTSLlama,
-    DecodeMetadata,
     FusedDecoder,
     build_attention_metadata,
     fused_unavailable,
     kernel_decode_attention,
     kernels,
 )
-from chattts_velocity.model.llama import KVPair, run_decoder_layer
+from chattts_velocity.model.llama import run_decoder_layer
 
 logger = logging.getLogger("chattts_velocity")
 MIN_DYNAMIC = 2  # compiled steps pad batch and table width to >= 2: torch.compile specialises sizes 0 and 1
@@ -48,37 +47,6 @@ class DecodeBackend(Protocol):
 
         tables[b] is sequence b's block table, trimmed to the blocks that hold positions 0..positions[b].
         """
-
-
-@dataclass(frozen=True)
-class PagedKV:
-    """The engine's KV pool as the backends see it."""
-
-    pairs: list[KVPair]  # per layer (K, V), each [num_blocks + 1, block_size, heads, head_dim]
-    block_size: int
-    pad_block: int  # the extra last block, never handed out: write target of padding rows in compiled steps
-    device: torch.device
-
-    def decode_metadata(self, positions: list[int], tables: list[list[int]], min_size: int = 1,
-                        ) -> tuple[torch.Tensor, DecodeMetadata]:
-        """positions [B] and DecodeMetadata; batch and table width padded to min_size with padding-block rows."""
-        width = max(min_size, max(len(t) for t in tables))
-        positions, slots, tables = self.decode_rows(positions, tables, max(min_size, len(positions)), width)
-        as_tensor = lambda values: torch.tensor(values, dtype=torch.int64, device=self.device)
-        pos = as_tensor(positions)
-        return pos, DecodeMetadata(as_tensor(slots), as_tensor(tables), pos + 1)
-
-    def decode_rows(self, positions: list[int], tables: list[list[int]], batch: int, width: int,
-                    ) -> tuple[list[int], list[int], list[list[int]]]:
-        """positions [batch], slots [batch] and tables [batch][width] of a decode step, as host lists.
-
-        Real rows come first, their tables padded with block 0 (never read: past the context); the padding rows
-        sit at position 0 of the pad block, so they write their K/V there and attend only to it.
-        """
-        bs, num_pad = self.block_size, batch - len(positions)
-        tables = [t + [0] * (width - len(t)) for t in tables] + [[self.pad_block] * width] * num_pad
-        slots = [t[p // bs] * bs + p % bs for t, p in zip(tables, positions)] + [self.pad_block * bs] * num_pad
-        return positions + [0] * num_pad, slots, tables
 
 
 class TorchBackend:
@@ -176,7 +144,10 @@ def select_backend(config: EngineConfig, model: ChatTTSLlama, kv: PagedKV, act_d
     """
     choice = config.backend
     if choice == "triton" or (choice == "auto" and kv.device.type == "cuda"):
-        from chattts_velocity.engine.triton_backend import TritonBackend, triton_unavailable
+        from chattts_velocity.engine.triton_backend import (
+            TritonBackend,
+            triton_unavailable,
+        )
 
         reason = triton_unavailable(kv)
         if reason is None:

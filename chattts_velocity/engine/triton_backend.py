@@ -19,8 +19,8 @@ import os
 
 import torch
 
-from chattts_velocity.engine.backends import PagedKV
 from chattts_velocity.engine.cuda_graphs import DecodeGraphs, graph_batch_sizes
+from chattts_velocity.engine.paged_kv import PagedKV
 from chattts_velocity.model import AttentionMetadata, ChatTTSLlama, DecodeMetadata
 from chattts_velocity.model.kernels.triton import available
 
@@ -42,7 +42,10 @@ class TritonBackend:
 
     def __init__(self, model: ChatTTSLlama, kv: PagedKV, act_dtype: torch.dtype, max_num_seqs: int,
                  max_model_len: int) -> None:
-        from chattts_velocity.model.kernels.triton import attention, norm_rope  # imports triton: only when chosen
+        from chattts_velocity.model.kernels.triton import (  # imports triton: only when chosen
+            attention,
+            norm_rope,
+        )
 
         self.model, self.kv = model, kv
         self.attention, self.norm_rope = attention, norm_rope
@@ -88,11 +91,17 @@ class TritonBackend:
         hidden = norm.rms_norm(x, self.model.layers[0].input_layernorm.weight, self.eps)
         for i, (layer, kv_cache) in enumerate(zip(self.model.layers, self.kv.pairs)):
             x = self._attention(layer.self_attn, hidden, positions, slots, kv_cache, attend)
-            hidden, residual = norm.fused_add_rms_norm(x, residual, layer.post_attention_layernorm.weight, self.eps)
+            hidden, residual = self._add_norm(x, residual, layer.post_attention_layernorm)
             x = layer.mlp(hidden)
             next_norm = self.model.layers[i + 1].input_layernorm if i + 1 < len(self.model.layers) else self.model.norm
-            hidden, residual = norm.fused_add_rms_norm(x, residual, next_norm.weight, self.eps)
+            hidden, residual = self._add_norm(x, residual, next_norm)
         return hidden
+
+    def _add_norm(self, x: torch.Tensor, residual: torch.Tensor, norm) -> tuple[torch.Tensor, torch.Tensor]:
+        # (norm(residual + x), residual + x) in the wider dtype, as torch's `residual + x` promotes (bf16 linears
+        # on fp32 activations, on CPU)
+        dtype = torch.promote_types(x.dtype, residual.dtype)
+        return self.norm_rope.fused_add_rms_norm(x.to(dtype), residual.to(dtype), norm.weight, self.eps)
 
     def _attention(self, attn, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
                    kv_cache: tuple[torch.Tensor, torch.Tensor], attend) -> torch.Tensor:

@@ -8,10 +8,10 @@ import logging
 import pytest
 import torch
 
+from chattts_velocity import load_pretrained
 from chattts_velocity.config import EngineConfig, ModelConfig
 from chattts_velocity.engine.backends import PagedKV, TorchBackend, select_backend
 from chattts_velocity.engine.llm_engine import PRECISIONS
-from chattts_velocity import load_pretrained
 from chattts_velocity.model import (
     ChatTTSLlama,
     allocate_kv_pairs,

@@ -16,7 +16,12 @@ from chattts_velocity.config import EngineConfig, ModelConfig
 from chattts_velocity.engine import triton_backend
 from chattts_velocity.engine.backends import PagedKV, TorchBackend, select_backend
 from chattts_velocity.engine.cuda_graphs import DecodeGraphs, bucket, graph_batch_sizes
-from chattts_velocity.model import ChatTTSLlama, allocate_kv_pairs, build_attention_metadata, kv_cache_bytes_per_block
+from chattts_velocity.model import (
+    ChatTTSLlama,
+    allocate_kv_pairs,
+    build_attention_metadata,
+    kv_cache_bytes_per_block,
+)
 from chattts_velocity.model.kernels.triton import available
 from chattts_velocity.text import split_pieces
 
@@ -155,7 +160,7 @@ def test_decode_rows_pad_with_rows_that_write_only_the_pad_block() -> None:
 @needs_triton
 @torch.inference_mode()
 def test_padded_graph_step_equals_the_eager_step_and_leaves_other_blocks_alone() -> None:
-    backend, kv = _select(backend="triton"), None
+    backend = _select(backend="triton")
     kv = backend.kv
     lens, tables = [5, 9, 2], [[0, 1, 2], [3, 4, 5], [6, 7]]
     gen = torch.Generator().manual_seed(1)
