@@ -88,6 +88,7 @@ class DecodeGraphs:
             out = self.step(inputs.embeds, inputs.positions, inputs.meta)
         return out[: len(positions)].clone()
 
+    @torch.inference_mode()
     def capture(self) -> None:
         """Warm up (Triton compiles on first launch) and capture every size, largest first, on padding rows only."""
         pool = torch.cuda.graph_pool_handle()
