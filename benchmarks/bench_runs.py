@@ -17,9 +17,8 @@ from pathlib import Path
 import torch
 
 from benchmarks import bench_probe as probe
-from chattts_velocity import audio, text
+from chattts_velocity import audio, load_pretrained, text
 from chattts_velocity.assets import AssetPaths
-from chattts_velocity import load_pretrained
 from chattts_velocity.params import InferCodeParams
 
 STEPS_PER_AUDIO_SECOND = audio.SAMPLE_RATE / (2 * audio.HOP_LENGTH)  # 46.875: 2 mel frames per code step
@@ -98,6 +97,7 @@ class Suite:
     speaker: str
     steps: int
     threads: int
+    device: str = "cpu"
     load_seconds: dict = field(default_factory=dict)
 
     def prompts(self, n: int) -> list:
@@ -109,12 +109,14 @@ class Suite:
 
     def config(self, args: argparse.Namespace) -> dict:
         options = {k: v for k, v in vars(args).items() if isinstance(v, (str, int, float, bool, list, type(None)))}
+        gpu = torch.cuda.get_device_name() if self.device == "cuda" else None
         return {"options": options, "threads": probe.thread_settings(), "load_seconds": self.load_seconds,
-                "torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability()}
+                "torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability(), "gpu": gpu}
 
     def describe(self) -> str:
         loads = ", ".join(f"{k} {v:.1f} s" for k, v in self.load_seconds.items())
-        return f"assets {self.paths.root}; {self.threads} torch threads; loaded: {loads}"
+        where = f"{self.threads} torch threads" if self.device == "cpu" else torch.cuda.get_device_name()
+        return f"assets {self.paths.root}; {where}; loaded: {loads}"
 
 
 def texts(n: int) -> list[str]:
@@ -128,20 +130,22 @@ def load_suite(args: argparse.Namespace) -> Suite:
     paths = AssetPaths.from_root(root)
     loads: dict[str, float] = {}
     start = time.perf_counter()
-    llm = load_pretrained(paths, is_vllm=True, dtype=args.dtype, compile=args.compile_on)
+    device = getattr(args, "device", "cpu")
+    llm = load_pretrained(paths, is_vllm=True, device=device, dtype=args.dtype, compile=args.compile_on,
+                          backend=getattr(args, "backend", "auto"))
     loads[f"velocity ({args.dtype}, {llm.engine.runner.backend.name} backend)"] = time.perf_counter() - start
     start = time.perf_counter()
-    plain = load_pretrained(paths, is_vllm=False) if args.plain_list else None
+    plain = load_pretrained(paths, is_vllm=False, device=device) if args.plain_list else None
     loads["plain"] = time.perf_counter() - start
     decoder = vocos = None
     if not args.no_e2e:
-        decoder = audio.Decoder.from_state_dict(audio.load_safetensors(paths.decoder)).eval()
-        vocos = audio.Vocos.from_state_dict(audio.load_safetensors(paths.vocos)).eval()
+        decoder = audio.Decoder.from_state_dict(audio.load_safetensors(paths.decoder)).to(device).eval()
+        vocos = audio.Vocos.from_state_dict(audio.load_safetensors(paths.vocos)).to(device).eval()
     torch.manual_seed(0)
     speaker = text.sample_random_speaker(llm.config.hidden_size)
     decode_dtype = torch.bfloat16 if args.decode_dtype == "bfloat16" else None
     return Suite(paths, llm, plain, decoder, vocos, decode_dtype, text.Tokenizer(paths.tokenizer_dir), speaker,
-                 args.steps, torch.get_num_threads(), loads)
+                 args.steps, torch.get_num_threads(), device, loads)
 
 
 def _decode(suite: Suite, hiddens: list[torch.Tensor]) -> float | None:

@@ -64,7 +64,7 @@ def _checked(path: Path, name: str, value: object, kind: str) -> int | float:
     return value
 
 
-BACKENDS = ("auto", "torch", "cpu", "triton")  # triton: reserved, not available yet
+BACKENDS = ("auto", "torch", "cpu", "triton")
 
 
 @dataclass
@@ -80,7 +80,7 @@ class EngineConfig:
     scheduling: str = "fcfs"  # or "priority"
     device: str = "cpu"
     dtype: str = "float32"  # "float32" (exact), "bfloat16" (fast), "int8" (dynamic quantised linears)
-    backend: str = "auto"  # decode backend: "auto", "torch" or "cpu" (engine/backends.py); "triton" is reserved
+    backend: str = "auto"  # decode backend: "auto", "torch", "cpu" or "triton" (engine/backends.py)
     compile: bool = False  # torch.compile the decode step (torch backend)
     num_threads: int | None = None
     seed: int = 0  # seeds the generator that picks seeds for unseeded requests

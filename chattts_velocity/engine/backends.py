@@ -9,35 +9,35 @@ backend runs; the model runner calls `forward` for general steps and `decode` fo
 | TorchBackend ("torch") | eager layers, SDPA over gathered blocks | eager layers |
 | CompiledTorchBackend ("torch.compile") | one torch.compile'd layer graph (C++ attention on bf16 pools) | eager |
 | CpuBackend ("cpu") | one fused C++ op per layer (model/fused.py) | eager |
+| TritonBackend ("triton", engine/triton_backend.py) | Triton kernels per layer, CUDA graphs on CUDA | Triton kernels |
 """
 from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 
 from chattts_velocity.config import EngineConfig
+from chattts_velocity.engine.paged_kv import PagedKV
 from chattts_velocity.model import (
     AttentionMetadata,
     ChatTTSLlama,
-    DecodeMetadata,
     FusedDecoder,
     build_attention_metadata,
     fused_unavailable,
     kernel_decode_attention,
     kernels,
 )
-from chattts_velocity.model.llama import KVPair, run_decoder_layer
+from chattts_velocity.model.llama import run_decoder_layer
 
 logger = logging.getLogger("chattts_velocity")
 MIN_DYNAMIC = 2  # compiled steps pad batch and table width to >= 2: torch.compile specialises sizes 0 and 1
 
 
 class DecodeBackend(Protocol):
-    name: str  # "torch", "torch.compile" or "cpu": reported in LLMEngine.metrics()
+    name: str  # "torch", "torch.compile", "cpu" or "triton": reported in LLMEngine.metrics()
 
     def forward(self, embeds: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """A general step (prefill chunks, recompute, mixed): embeds [N_new, H] -> hidden [N_new, H]."""
@@ -47,27 +47,6 @@ class DecodeBackend(Protocol):
 
         tables[b] is sequence b's block table, trimmed to the blocks that hold positions 0..positions[b].
         """
-
-
-@dataclass(frozen=True)
-class PagedKV:
-    """The engine's KV pool as the backends see it."""
-
-    pairs: list[KVPair]  # per layer (K, V), each [num_blocks + 1, block_size, heads, head_dim]
-    block_size: int
-    pad_block: int  # the extra last block, never handed out: write target of padding rows in compiled steps
-    device: torch.device
-
-    def decode_metadata(self, positions: list[int], tables: list[list[int]], min_size: int = 1,
-                        ) -> tuple[torch.Tensor, DecodeMetadata]:
-        """positions [B] and DecodeMetadata; batch and table width padded to min_size with padding-block rows."""
-        bs, num_pad = self.block_size, max(0, min_size - len(positions))
-        width = max(min_size, max(len(t) for t in tables))
-        tables = [t + [0] * (width - len(t)) for t in tables] + [[self.pad_block] * width] * num_pad
-        slots = [t[p // bs] * bs + p % bs for t, p in zip(tables, positions)] + [self.pad_block * bs] * num_pad
-        as_tensor = lambda values: torch.tensor(values, dtype=torch.int64, device=self.device)
-        pos = as_tensor(positions + [0] * num_pad)
-        return pos, DecodeMetadata(as_tensor(slots), as_tensor(tables), pos + 1)
 
 
 class TorchBackend:
@@ -157,18 +136,24 @@ def cpu_unavailable(model: ChatTTSLlama, kv: PagedKV) -> str | None:
 
 
 def select_backend(config: EngineConfig, model: ChatTTSLlama, kv: PagedKV, act_dtype: torch.dtype) -> DecodeBackend:
-    """The backend config.backend asks for; "auto" = cpu where it can run, else torch (compiled if config.compile).
+    """The backend config.backend asks for. "auto": triton on CUDA devices where it can run, else cpu where it can
+    run, else torch (compiled if config.compile).
 
-    NOTE: one branch per backend, no registry. A `triton` backend (CUDA, or CPU under TRITON_INTERPRET=1) will be
-    one more class with the same forward/decode (its attention given to the layers once, through
-    ChatTTSLlama.use_decode_attention and a general-step counterpart), a `triton_unavailable()` reason, and a
-    branch here that "auto" tries first on CUDA devices. Asking for a backend that cannot run is a ValueError,
-    never a silent fallback.
+    NOTE: one branch per backend, no registry. Asking for a backend that cannot run is a ValueError saying why,
+    never a silent fallback. The triton module is imported only when it is chosen (importing it imports triton).
     """
     choice = config.backend
-    if choice == "triton":
-        raise ValueError("backend: 'triton' is not available yet (it will need a CUDA device, or TRITON_INTERPRET=1 "
-                         "on CPU); use 'auto', 'torch' or 'cpu'")
+    if choice == "triton" or (choice == "auto" and kv.device.type == "cuda"):
+        from chattts_velocity.engine.triton_backend import (
+            TritonBackend,
+            triton_unavailable,
+        )
+
+        reason = triton_unavailable(kv)
+        if reason is None:
+            return TritonBackend(model, kv, act_dtype, config.max_num_seqs, config.max_model_len)
+        if choice == "triton":
+            raise ValueError(f"backend: 'triton' cannot run here: {reason}; use backend='torch' or 'auto'")
     if choice in ("auto", "cpu"):
         reason = cpu_unavailable(model, kv)
         if reason is None:

@@ -44,10 +44,15 @@ class LlamaAttention(nn.Module):
         self.o_packed: PackedLinear | None = None
         self.decode_attention: DecodeAttention = paged_decode_attention  # set by ChatTTSLlama.use_decode_attention
 
-    def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def project_qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        # x [N, H] -> q, k, v, each [N, H] (through the packed linears when set)
         if self.qkv_packed is None:
             return self.q_proj(x), self.k_proj(x), self.v_proj(x)
         return self.qkv_packed(x).split(x.shape[-1], dim=-1)  # [N, 3H] -> 3 x [N, H]
+
+    def project_out(self, out: torch.Tensor) -> torch.Tensor:
+        # out [N, heads * head_dim] -> [N, H]
+        return self.o_proj(out) if self.o_packed is None else self.o_packed(out)
 
     def forward(
         self, x: torch.Tensor, positions: torch.Tensor, rotary: RotaryEmbedding, kv_cache: KVPair,
@@ -55,7 +60,7 @@ class LlamaAttention(nn.Module):
     ) -> torch.Tensor:
         # x [N, H]; kv_cache: (K, V) pools, each [num_blocks, block_size, heads, head_dim]
         shape = (x.shape[0], self.num_heads, self.head_dim)
-        q, k, v = (t.view(shape) for t in self._qkv(x))
+        q, k, v = (t.view(shape) for t in self.project_qkv(x))
         q, k = rotary(positions, q.float(), k.float())  # RoPE in fp32 whatever the weights' dtype
         k_cache, v_cache = kv_cache
         store_kvcache(k, v, k_cache, v_cache, meta.slot_mapping)
@@ -64,8 +69,7 @@ class LlamaAttention(nn.Module):
             out = self.decode_attention(q, k_cache, v_cache, meta)  # [N, heads, head_dim]
         else:
             out = paged_attention(q, k_cache, v_cache, meta)
-        out = out.flatten(1)
-        return self.o_proj(out) if self.o_packed is None else self.o_packed(out)
+        return self.project_out(out.flatten(1))
 
 
 class LlamaDecoderLayer(nn.Module):

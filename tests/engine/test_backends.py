@@ -8,10 +8,10 @@ import logging
 import pytest
 import torch
 
+from chattts_velocity import load_pretrained
 from chattts_velocity.config import EngineConfig, ModelConfig
 from chattts_velocity.engine.backends import PagedKV, TorchBackend, select_backend
 from chattts_velocity.engine.llm_engine import PRECISIONS
-from chattts_velocity import load_pretrained
 from chattts_velocity.model import (
     ChatTTSLlama,
     allocate_kv_pairs,
@@ -87,9 +87,7 @@ def test_cpu_backend_needs_head_dim_a_multiple_of_32() -> None:
     assert _select("bfloat16", config)[0].name == "torch"
 
 
-def test_triton_is_reserved_and_unknown_backends_are_rejected() -> None:
-    with pytest.raises(ValueError, match="backend: 'triton' is not available yet.*TRITON_INTERPRET=1"):
-        _select("float32", backend="triton")
+def test_unknown_backends_are_rejected() -> None:  # triton's own errors: tests/engine/test_triton_backend.py
     with pytest.raises(ValueError, match="backend: must be one of auto, torch, cpu, triton, got 'gpu'"):
         EngineConfig(backend="gpu")
 

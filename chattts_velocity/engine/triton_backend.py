@@ -1,0 +1,116 @@
+"""Engine stage, CUDA backend: the paged Llama's layers through the Triton kernels of model/kernels/triton.
+
+In: embeddings of the new positions (and, for decode steps, positions and block tables). Out: hidden [N, H] after
+the final norm, as the torch backend gives them. Per layer: (fused add +) RMSNorm, the q/k/v projection, RoPE, the
+KV store, paged attention (the decode kernel in decode steps, the varlen prefill kernel in general steps: prefill
+chunks, recompute after preemption, mixed), the output projection, fused add + RMSNorm and the MLP. The linears
+stay the model's own modules (cuBLAS on GPU): no weight is copied, and the KV pool is the engine's.
+On CUDA, decode steps replay CUDA graphs (engine/cuda_graphs.py); on CPU (TRITON_INTERPRET=1) they run eagerly.
+
+NOTE (sampling): the engine's Sampler keeps running the sampling; its noise contract is the CPU generator's
+(engine/sampler.py), so a seed gives the same audio on every backend. On CUDA, model/kernels/triton/sampling.py's
+ops would replace it without a host round trip: apply_temperature_and_penalty, apply_top_p_top_k, the custom
+processors, mask_eos, then sample with noise_seeds(step_seed(...)) keyed by (seed, step) (still batch invariant,
+but a different random stream: same distribution, different audio per seed), leaving only the ids to copy.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+from chattts_velocity.engine.cuda_graphs import DecodeGraphs, graph_batch_sizes
+from chattts_velocity.engine.paged_kv import PagedKV
+from chattts_velocity.model import AttentionMetadata, ChatTTSLlama, DecodeMetadata
+from chattts_velocity.model.kernels.triton import available
+
+
+def triton_unavailable(kv: PagedKV) -> str | None:
+    """Why the triton backend cannot run on this engine's device, or None when it can."""
+    reason = available()
+    if reason is None and kv.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        reason = "the engine runs on CPU and TRITON_INTERPRET is not 1 (Triton's CPU interpreter); use device='cuda'"
+    if reason is None and kv.device.type not in ("cpu", "cuda"):
+        reason = f"Triton kernels run on CUDA devices, not {kv.device.type}"
+    return reason
+
+
+class TritonBackend:
+    """Every step runs the layers with the Triton kernels; decode steps replay CUDA graphs on CUDA."""
+
+    name = "triton"
+
+    def __init__(self, model: ChatTTSLlama, kv: PagedKV, act_dtype: torch.dtype, max_num_seqs: int,
+                 max_model_len: int) -> None:
+        from chattts_velocity.model.kernels.triton import (  # imports triton: only when chosen
+            attention,
+            norm_rope,
+        )
+
+        self.model, self.kv = model, kv
+        self.attention, self.norm_rope = attention, norm_rope
+        self.eps = model.config.rms_norm_eps
+        self.graphs: DecodeGraphs | None = None
+        if kv.device.type == "cuda":
+            width = -(-max_model_len // kv.block_size)
+            self.graphs = DecodeGraphs(self.decode_step, kv, graph_batch_sizes(max_num_seqs), width,
+                                       model.config.hidden_size, act_dtype)
+            self.graphs.capture()
+
+    def forward(self, embeds: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        cu_q_lens = torch.tensor([0, *meta.q_lens], dtype=torch.int32).cumsum(0, dtype=torch.int32)
+        k_lens = torch.tensor(meta.k_lens, dtype=torch.int32)
+        cu_q_lens, k_lens = cu_q_lens.to(self.kv.device), k_lens.to(self.kv.device)
+        max_q_len = max(meta.q_lens)
+
+        def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+            return self.attention.paged_prefill_attention(q, k_cache, v_cache, cu_q_lens, k_lens,
+                                                          meta.block_tables, max_q_len)
+
+        return self._layers(embeds, meta.positions, meta.slot_mapping, attend)
+
+    def decode(self, embeds: torch.Tensor, positions: list[int], tables: list[list[int]]) -> torch.Tensor:
+        if self.graphs is not None and self.graphs.covers(len(positions)):
+            return self.graphs.run(embeds, positions, tables)
+        pos, meta = self.kv.decode_metadata(positions, tables)
+        return self.decode_step(embeds, pos, meta)
+
+    def decode_step(self, embeds: torch.Tensor, positions: torch.Tensor, meta: DecodeMetadata) -> torch.Tensor:
+        """embeds [B, H], positions [B] -> hidden [B, H]: device tensors only, so a CUDA graph can capture it."""
+
+        def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+            return self.attention.paged_decode_attention(q, k_cache, v_cache, meta.block_tables, meta.context_lens)
+
+        return self._layers(embeds, positions, meta.slot_mapping, attend)
+
+    def _layers(self, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, attend) -> torch.Tensor:
+        # x [N, H]. NOTE: the residual stream is added inside the next norm (fused_add_rms_norm): the same sums, in
+        # the same dtype, as the torch layers' `residual + x`, so hidden states match theirs to rounding.
+        norm = self.norm_rope
+        residual = x
+        hidden = norm.rms_norm(x, self.model.layers[0].input_layernorm.weight, self.eps)
+        for i, (layer, kv_cache) in enumerate(zip(self.model.layers, self.kv.pairs)):
+            x = self._attention(layer.self_attn, hidden, positions, slots, kv_cache, attend)
+            hidden, residual = self._add_norm(x, residual, layer.post_attention_layernorm)
+            x = layer.mlp(hidden)
+            next_norm = self.model.layers[i + 1].input_layernorm if i + 1 < len(self.model.layers) else self.model.norm
+            hidden, residual = self._add_norm(x, residual, next_norm)
+        return hidden
+
+    def _add_norm(self, x: torch.Tensor, residual: torch.Tensor, norm) -> tuple[torch.Tensor, torch.Tensor]:
+        # (norm(residual + x), residual + x) in the wider dtype, as torch's `residual + x` promotes (bf16 linears
+        # on fp32 activations, on CPU)
+        dtype = torch.promote_types(x.dtype, residual.dtype)
+        return self.norm_rope.fused_add_rms_norm(x.to(dtype), residual.to(dtype), norm.weight, self.eps)
+
+    def _attention(self, attn, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+                   kv_cache: tuple[torch.Tensor, torch.Tensor], attend) -> torch.Tensor:
+        shape = (x.shape[0], attn.num_heads, attn.head_dim)
+        q, k, v = (t.view(shape) for t in attn.project_qkv(x))
+        rotary = self.model.rotary_emb
+        # RoPE in fp32 whatever the weights' dtype, as model/llama.py
+        q, k = self.norm_rope.apply_rope(q.float(), k.float(), positions, rotary.cos_cache, rotary.sin_cache)
+        k_cache, v_cache = kv_cache
+        self.attention.store_kv(k, v, k_cache, v_cache, slots)
+        out = attend(q.to(k_cache.dtype), k_cache, v_cache)  # [N, heads, head_dim]
+        return attn.project_out(out.flatten(1))
