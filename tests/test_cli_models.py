@@ -58,7 +58,7 @@ def test_every_model_command_has_the_same_model_flags() -> None:
     commands = parser._subparsers._group_actions[0].choices  # argparse keeps subparsers here
     for name in ("say", "demo", "export", "serve", "webui"):
         flags = {opt for action in commands[name]._actions for opt in action.option_strings}
-        assert {"--model", "--tiny", "--no-verify", "--dtype"} <= flags, name
+        assert {"--model", "--tiny", "--no-verify", "--dtype", "--backend"} <= flags, name
 
 
 @pytest.mark.parametrize("reason,want", [(None, "bfloat16"), ("this CPU lacks avx512_bf16", "float32")])
@@ -87,3 +87,15 @@ def test_python_loads_a_demo_folder_by_path_too(demo_dir: Path, tmp_path: Path) 
     (custom / "asset" / "demo-weights.json").unlink()
     with pytest.raises(AssetError, match="verify=False"):
         Chat().load(source="custom", custom_path=custom)
+
+
+def test_backend_flag_reaches_the_engine_and_bad_choices_are_one_line(demo_dir: Path, tmp_path: Path) -> None:
+    from chattts_velocity.cli import common
+
+    args = cli.build_parser().parse_args(["say", "x", "--model", str(demo_dir), "--backend", "torch"])
+    chat = common.load_chat(args)
+    assert chat.engine().metrics()["backend"] == "torch"
+    with pytest.raises(SystemExit) as err:
+        cli.main(["say", "x", "-o", str(tmp_path / "x.wav"), "--model", str(demo_dir), "--dtype", "float32",
+                  "--backend", "cpu"])
+    assert str(err.value).startswith("error: backend: 'cpu' cannot run here") and "\n" not in str(err.value)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from ..assets import AssetError
 from ..chat import Chat
+from ..config import BACKENDS
 from ..demo import ensure_model
 
 DTYPES = ["auto", "float32", "bfloat16", "int8"]
@@ -40,6 +41,9 @@ def add_model_flags(p: argparse.ArgumentParser, default_dtype: str = "auto") -> 
                    help="load custom or fine-tuned weights without the official sha256 check")
     p.add_argument("--dtype", default=default_dtype, choices=DTYPES,
                    help="auto (default): bfloat16 where the fast kernels run, else float32; float32 is exact")
+    p.add_argument("--backend", default="auto", choices=BACKENDS,
+                   help="the engine's decode backend: auto (triton on CUDA, the fused C++ layers on capable CPUs, "
+                        "else torch), or one of them (an error where it cannot run)")
 
 
 def model_folder(args: argparse.Namespace) -> tuple[Path, bool]:
@@ -52,8 +56,10 @@ def load_chat(args: argparse.Namespace, use_vllm: bool = True, **kwargs) -> Chat
     root, verify = model_folder(args)
     resolve_dtype(args)
     chat = Chat()
+    engine = {"backend": args.backend} if use_vllm else {}  # the plain path has no backends
     try:
-        chat.load(source="custom", custom_path=root, verify=verify, use_vllm=use_vllm, dtype=args.dtype, **kwargs)
+        chat.load(source="custom", custom_path=root, verify=verify, use_vllm=use_vllm, dtype=args.dtype,
+                  **engine, **kwargs)
     except AssetError as exc:
         what = (f"missing {', '.join(exc.missing)}" if exc.missing else
                 f"sha256 differs for {', '.join(exc.mismatched)}")

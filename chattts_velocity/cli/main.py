@@ -91,7 +91,8 @@ def _export_with_ray(args: argparse.Namespace, plan, params) -> None:
         ray_serve.init_ray(args.ray_address, log_to_driver=True)
     options = ray_export.RayExportOptions(actors=args.actors, cpus_per_actor=args.cpus_per_actor,
                                           gpus_per_actor=args.gpus_per_actor, batch_size=args.batch_size)
-    ray_export.run_export_ray(root, plan, params, options, verify=verify, dtype=resolve_dtype(args))
+    ray_export.run_export_ray(root, plan, params, options, verify=verify, dtype=resolve_dtype(args),
+                              backend=args.backend)
 
 
 def _add_export_ray_flags(p: argparse.ArgumentParser) -> None:

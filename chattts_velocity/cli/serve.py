@@ -54,7 +54,8 @@ def _serve_with_ray(args: argparse.Namespace, config) -> None:
     root, verify = model_folder(args)
     options = ray_serve.ReplicaOptions(replicas=args.replicas, autoscale=args.autoscale, num_cpus=args.replica_cpus,
                                        num_gpus=args.replica_gpus, max_ongoing_requests=args.max_ongoing_requests)
-    app = ray_serve.build_app(root, config, options, verify=verify, dtype=resolve_dtype(args), compile=args.compile)
+    app = ray_serve.build_app(root, config, options, verify=verify, dtype=resolve_dtype(args), compile=args.compile,
+                              backend=args.backend)
     ray_serve.serve_on_ray(app, host=args.host, port=args.port)
 
 
