@@ -32,7 +32,7 @@ OFFICIAL_SHA256: dict[str, str] = {
 
 _FIX_HINT = (
     "To fix: download the official weights with\n"
-    f"    huggingface-cli download {HF_REPO_ID} --local-dir DIR\n"
+    f"    hf download {HF_REPO_ID} --local-dir DIR\n"
     "and load with source='local', custom_path=DIR (or copy an existing `asset/` folder to DIR/asset; "
     "see models/README.md).\n"
     "For custom or random weights (e.g. written by `chattts-velocity demo-assets models/demo`), "
