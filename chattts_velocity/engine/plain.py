@@ -167,7 +167,7 @@ class _Loop:
         positions.masked_fill_(mask == 0, 1)
         if step > 0:
             positions = positions[:, -1:]
-        # step 0 passes no cache: the model starts a DynamicCache; its length then places the new positions
+        # step 0 passes no cache, so LlamaModel starts a DynamicCache; its length places the new keys in the mask
         out = self.gpt.llama(
             inputs_embeds=emb, attention_mask=mask, position_ids=positions,
             past_key_values=self.cache, use_cache=True,
