@@ -111,7 +111,7 @@ def test_verify_lists_all_missing_and_mismatching_files(tmp_path):
     assert list(err.missing) == gone and list(err.mismatched) == ["asset/gpt/config.json"]
     msg = str(err)
     assert all(f"missing: {rel}" in msg for rel in gone) and "sha256 mismatch: asset/gpt/config.json" in msg
-    assert "huggingface-cli download 2Noise/ChatTTS --local-dir" in msg and "verify=False" in msg
+    assert "hf download 2Noise/ChatTTS --local-dir" in msg and "verify=False" in msg
     assert "demo-assets" in msg
 
 
@@ -182,4 +182,4 @@ def test_huggingface_download_failure_explains_how_to_copy_files(tmp_path, monke
     monkeypatch.setattr(hub, "snapshot_download", offline)
     with pytest.raises(AssetError, match="network is unreachable") as info:
         find_assets("huggingface", custom_path=tmp_path)
-    assert "huggingface-cli download 2Noise/ChatTTS" in str(info.value) and "copy" in str(info.value)
+    assert "hf download 2Noise/ChatTTS" in str(info.value) and "copy" in str(info.value)

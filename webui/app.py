@@ -41,14 +41,14 @@ def _voice_controls(handlers: Handlers) -> dict[str, gr.components.Component]:
         c["text_dice"] = gr.Button("🎲", scale=0, min_width=48)
     c["speaker"] = gr.Textbox(handlers.speaker_for_seed(VOICE_PRESETS["Default"]), label="Speaker string",
                               info="made from the audio seed; paste one to reuse a voice, clear it for the "
-                                   "model's default voice", lines=2, max_lines=4, show_copy_button=True,
+                                   "model's default voice", lines=2, max_lines=4, buttons=["copy"],
                               elem_id="speaker")
     with gr.Accordion("Clone a voice (optional)", open=False):
         c["clip"] = gr.Audio(sources=["upload"], type="filepath", label="Voice clip (any rate; mixed to mono)",
-                             elem_id="clip")
+                             buttons=[], elem_id="clip")
         c["transcript"] = gr.Textbox(label="Clip transcript", placeholder="the words spoken in the clip",
                                      elem_id="transcript")
-        c["clip_code"] = gr.Textbox(label="Clip code (spk_smp)", lines=2, max_lines=4, show_copy_button=True,
+        c["clip_code"] = gr.Textbox(label="Clip code (spk_smp)", lines=2, max_lines=4, buttons=["copy"],
                                     info="filled from the clip; a clip code wins over the speaker string",
                                     elem_id="clip-code")
     return c
@@ -70,11 +70,11 @@ def _sampling_controls() -> dict[str, gr.components.Component]:
 
 def _output_controls() -> dict[str, gr.components.Component]:
     c: dict[str, gr.components.Component] = {}
+    # Players show a download button only (gradio 6 adds a Spaces share button by default).
     c["live"] = gr.Audio(label="Live stream", streaming=True, autoplay=True, interactive=False,
-                         elem_id="live-audio", elem_classes=[HIDDEN])
+                         buttons=["download"], elem_id="live-audio", elem_classes=[HIDDEN])
     c["audio"] = gr.Audio(label=f"Audio ({SAMPLE_RATE // 1000} kHz {WAV.name.upper()})", type="numpy",
-                          format=WAV.name, interactive=False,
-                          show_download_button=True, elem_id="output-audio")
+                          format=WAV.name, interactive=False, buttons=["download"], elem_id="output-audio")
     c["refined"] = gr.Textbox(label="Spoken text (after refine)", lines=2, interactive=False, elem_id="refined")
     c["stats"] = gr.Textbox(label="Run stats", lines=5, interactive=False, elem_id="stats")
     return c
@@ -104,9 +104,10 @@ def _wire(c: dict[str, gr.components.Component], handlers: Handlers) -> None:
 
 
 def build_ui(chat: Chat, use_vllm: bool = True, max_new_token: int = 2048) -> gr.Blocks:
-    """The whole page around one loaded Chat. Call .queue() before .launch() (streaming needs it)."""
+    """The whole page around one loaded Chat. Launch with `.queue().launch(theme=THEME, css=CSS)`:
+    streaming needs the queue, and CSS hides the live player until Stream is on."""
     handlers = Handlers(chat, use_vllm=use_vllm, max_new_token=max_new_token)
-    with gr.Blocks(title="ChatTTS velocity", theme=THEME, css=CSS, analytics_enabled=False) as demo:
+    with gr.Blocks(title="ChatTTS velocity", analytics_enabled=False) as demo:
         gr.Markdown("## ChatTTS velocity\nType some Chinese or English text, pick a voice and press Generate.")
         with gr.Row():
             with gr.Column(scale=3):
@@ -140,7 +141,7 @@ def serve(args: argparse.Namespace) -> None:
     except (ValueError, FileNotFoundError) as exc:
         raise SystemExit(f"error: {exc}") from None
     demo = build_ui(chat, use_vllm=not args.plain, max_new_token=args.max_new_token)
-    demo.queue().launch(server_name=args.host, server_port=args.port, share=args.share)
+    demo.queue().launch(server_name=args.host, server_port=args.port, share=args.share, theme=THEME, css=CSS)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -128,13 +128,13 @@ def cmd_webui(args: argparse.Namespace) -> None:
     try:
         from webui.app import serve
     except ModuleNotFoundError as exc:
-        raise SystemExit(f"webui: cannot import {exc.name}; it needs gradio (pip install 'gradio>=5,<6') "
+        raise SystemExit(f"webui: cannot import {exc.name}; it needs gradio (pip install -e '.[webui]') "
                          "and the webui/ folder of a source checkout") from None
     serve(args)
 
 
 def _add_webui(sub) -> None:
-    p = sub.add_parser("webui", help="Gradio web UI (pip install 'gradio>=5,<6'; ffmpeg for streaming)")
+    p = sub.add_parser("webui", help="Gradio web UI (pip install -e '.[webui]'; ffmpeg for streaming)")
     add_webui_flags(p)
     p.set_defaults(func=cmd_webui)
 

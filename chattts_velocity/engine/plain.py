@@ -38,7 +38,7 @@ class PlainGPT:
         so files written by any safetensors tool load; `embed_tokens` is dropped as upstream does.
         """
         from transformers import LlamaConfig, LlamaModel
-        from transformers.modeling_utils import no_init_weights
+        from transformers.initialization import no_init_weights
 
         config = ModelConfig.from_json(Path(gpt_dir) / "config.json")
         hf_config = LlamaConfig.from_pretrained(str(gpt_dir))
@@ -175,20 +175,15 @@ class _Loop:
         return self._next_embeddings(tokens)
 
     def _forward(self, step: int, emb: torch.Tensor) -> torch.Tensor:
-        from transformers import DynamicCache
-
         mask = self.mask[:, : self.progress].long()
         positions = mask.cumsum(-1) - 1
         positions.masked_fill_(mask == 0, 1)
-        if step == 0:
-            self.cache = DynamicCache()
-            cache_position = torch.arange(self.progress, device=mask.device)
-        else:
+        if step > 0:
             positions = positions[:, -1:]
-            cache_position = torch.arange(self.progress - 1, self.progress, device=mask.device)
+        # step 0 passes no cache, so LlamaModel starts a DynamicCache; its length places the new keys in the mask
         out = self.gpt.llama(
             inputs_embeds=emb, attention_mask=mask, position_ids=positions,
-            past_key_values=self.cache, use_cache=True, cache_position=cache_position,
+            past_key_values=self.cache, use_cache=True,
         )
         self.cache = out.past_key_values
         return out.last_hidden_state[:, -1]

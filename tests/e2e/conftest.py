@@ -35,7 +35,7 @@ def webui_requirements() -> None:
     """Skip (not fail) when the browser stack is not installed; everything else must work."""
     if not WEBUI_CHROMIUM.exists():
         pytest.skip(f"{WEBUI_CHROMIUM} not found (apt-get install chromium)")
-    pytest.importorskip("gradio", reason="gradio not installed (pip install 'gradio>=5,<6')")
+    pytest.importorskip("gradio", reason="gradio not installed (pip install -e '.[webui]')")
     pytest.importorskip("playwright.sync_api", reason="playwright not installed (pip install playwright)")
 
 

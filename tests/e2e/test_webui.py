@@ -108,6 +108,7 @@ def test_page_shows_controls_examples_and_seeded_speaker(webui_page) -> None:
         assert page.get_by_text(label, exact=True).count() >= 1
     assert page.locator("#audio-seed input").input_value() == "2"
     assert page.locator("#speaker textarea").input_value() == _expected_speaker(2)
+    assert page.locator("#live-audio").is_hidden()  # the page CSS (passed to launch) hides it until Stream is on
 
 
 @pytest.mark.e2e

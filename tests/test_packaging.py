@@ -1,0 +1,29 @@
+"""Install rules: CI installs exactly the README's command, and [all] holds every other extra."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def extras() -> dict[str, list[str]]:
+    tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
+    with open(REPO / "pyproject.toml", "rb") as f:
+        return tomllib.load(f)["project"]["optional-dependencies"]
+
+
+def test_all_extra_holds_every_other_extra() -> None:
+    table = extras()
+    (self_ref,) = table["all"]
+    named = set(re.fullmatch(r"chattts_velocity\[([a-z,]+)\]", self_ref).group(1).split(","))
+    assert named == set(table) - {"all"}
+
+
+def test_ci_installs_the_readme_command() -> None:
+    readme_install = re.search(r"pip install (torch==\S+ -e \"\.\[\w+\]\")", (REPO / "README.md").read_text())
+    ci_installs = re.findall(r"^pip install -q (.+?) 2>&1", (REPO / ".ci/run").read_text(), re.M)
+    assert readme_install is not None and ci_installs == [readme_install.group(1)]
+    assert not (REPO / ".ci/constraints.txt").exists()
