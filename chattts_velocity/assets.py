@@ -35,8 +35,7 @@ OFFICIAL_SHA256: dict[str, str] = {
 
 _FIX_HINT = (
     "To fix: download the official weights with\n"
-    f"    hf download {HF_REPO_ID} --local-dir DIR
-"
+    f"    hf download {HF_REPO_ID} --local-dir DIR\n"
     "and load with source='custom', custom_path=DIR (or copy an existing `asset/` folder to DIR/asset; "
     "see models/README.md).\n"
     "For custom or fine-tuned weights pass verify=False (command line: --no-verify): their hashes never match "
