@@ -215,7 +215,7 @@ def _best_and_median(runs: list[dict]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="bench_engine", description=__doc__,
+    parser = argparse.ArgumentParser(prog="chattts-velocity bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(parser)
     try:

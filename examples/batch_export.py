@@ -36,11 +36,12 @@ def main() -> None:
     parser.add_argument("-o", "--output-dir", default="out/batch")
     parser.add_argument("--model", default="demo", help="asset folder, or 'demo' for random demo weights")
     parser.add_argument("--tiny", action="store_true", help="with --model demo: test-size weights")
+    parser.add_argument("--no-verify", action="store_true", help="custom or fine-tuned weights: skip the sha256 check")
     parser.add_argument("--seed", type=int, default=None, help="line k uses seed + k - 1 (default: random)")
     parser.add_argument("--max-new-token", type=int, default=150)  # random demo weights rarely stop on their own
     args = parser.parse_args()
 
-    root, verify = ensure_model(args.model, args.tiny)
+    root, verify = ensure_model(args.model, args.tiny, args.no_verify)
     chat = Chat()
     chat.load(source="custom", custom_path=root, verify=verify, use_vllm=True)
     out = Path(args.output_dir)

@@ -21,7 +21,9 @@ if not torch.cuda.is_available():
 @pytest.fixture(scope="session")
 def shared_assets() -> Path:
     if not (SHARED_ASSETS / "tokenizer" / "tokenizer.json").exists():
-        pytest.skip(f"real tokenizer not found at {SHARED_ASSETS}")
+        pytest.skip(f"needs the real ChatTTS tokenizer and gpt/config.json at {SHARED_ASSETS} (its licence keeps it "
+                    "out of this repository): `hf download 2Noise/ChatTTS --include 'asset/tokenizer/*' "
+                    "'asset/gpt/config.json' --local-dir DIR` and copy DIR/asset/* there")
     return SHARED_ASSETS
 
 

@@ -21,10 +21,10 @@ from chattts_velocity import Chat, InferCodeParams, RefineTextParams
 from chattts_velocity.audio import SAMPLE_RATE, float_to_int16
 from chattts_velocity.schema import check_sampling
 from chattts_velocity.text import decode_prompt, decode_spk_emb, seed_context
+from chattts_velocity.text.speaker import VOICE_SEED_MAX
 
 from .clips import RunStats, read_clip
 
-MAX_SEED = 2**32 - 1  # the dice range
 # name -> audio seed. The names carry no promise about the voice; they are bookmarks.
 VOICE_PRESETS = {"Default": 2, "Timbre 1": 1111, "Timbre 2": 2222, "Timbre 3": 3333,
                  "Timbre 4": 4444, "Timbre 5": 5555}
@@ -53,7 +53,7 @@ def ffmpeg_available() -> bool:
 
 
 def random_seed() -> int:
-    return random.randint(1, MAX_SEED)
+    return random.randint(1, VOICE_SEED_MAX)
 
 
 def check_seed(value: float | None, field: str) -> int:

@@ -10,7 +10,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 
 from ..text import decode_spk_emb, seed_context
-from ..text.speaker import SPEAKER_PREFIX
+from ..text.speaker import SPEAKER_PREFIX, VOICE_SEED_MAX
 
 # name -> audio seed. OpenAI's voice names are accepted so stock clients work; the names promise nothing
 # about the timbre. "default" matches the web UI's Default (seed 2).
@@ -18,7 +18,6 @@ VOICE_SEEDS = {
     "default": 2, "alloy": 1111, "ash": 2222, "ballad": 3333, "coral": 4444, "echo": 5555, "fable": 6666,
     "onyx": 7777, "nova": 8888, "sage": 9999, "shimmer": 1234, "verse": 4321,
 }
-MAX_SEED = 2**32 - 1
 SPEED_RANGE = (0.25, 4.0)
 
 
@@ -62,8 +61,8 @@ class VoiceBook:
                          f"seed, or a speaker string from sample_random_speaker() (GET /v1/audio/voices)")
 
     def for_seed(self, seed: int) -> str:
-        if not 0 <= seed <= MAX_SEED:
-            raise ValueError(f"voice: a seed must be in 0..{MAX_SEED}, got {seed}")
+        if not 0 <= seed <= VOICE_SEED_MAX:
+            raise ValueError(f"voice: a seed must be in 0..{VOICE_SEED_MAX}, got {seed}")
         if seed not in self._by_seed:
             with seed_context(seed):
                 self._by_seed[seed] = self.sample_speaker()

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 SPK_STAT_PATH = Path(__file__).parent / "res" / "spk_stat.npy"
+VOICE_SEED_MAX = 2**32 - 1  # seeds that name a random voice (server voices, the web UI's dice)
 SPEAKER_PREFIX = "蘁淰"  # b14 of the LZMA2 chunk header every speaker string starts with
 _LZMA_FILTERS = [{"id": lzma.FILTER_LZMA2, "preset": 9 | lzma.PRESET_EXTREME}]
 _SPK_HINT = f"(expected a string from sample_random_speaker(), starting with {SPEAKER_PREFIX})"
