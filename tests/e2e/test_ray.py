@@ -277,7 +277,7 @@ def test_data_export_200_lines_two_bad_then_resume(ray_cluster: dict, tiny_asset
 
 
 def test_synthesizer_reports_rows_and_replaces_a_dead_engine(tiny_assets: Path) -> None:
-    """The UDF alone (no cluster): a crashed engine loop fails its rows, not the batch, and is replaced."""
+    """The UDF alone (no cluster): a failing step fails its rows, not the batch; a dead engine loop is replaced."""
     from chattts_velocity.export.ray import Synthesizer
 
     synth = Synthesizer(str(tiny_assets), InferCodeParams(max_new_token=8, show_tqdm=False), LOAD)
@@ -291,15 +291,26 @@ def test_synthesizer_reports_rows_and_replaces_a_dead_engine(tiny_assets: Path) 
     first = asyncio.run(run())
     assert first["status"] == ["ok", "ok", "error"] and "spk_emb" in first["error"][2]
     assert_clip(len(parse_wav(first["wav"][0])), 8) and first["samples"][0] == len(parse_wav(first["wav"][0]))
-    dead = synth.engine
+    engine, real_step = synth.engine, synth.engine.engine.step
 
-    def crash() -> None:
+    def failing_step() -> list:
         raise RuntimeError("simulated kernel failure")
 
-    dead.engine.step = crash
+    engine.engine.step = failing_step  # a step that raises: its rows fail, the loop lives on (fault isolation)
     second = asyncio.run(run())
-    assert second["status"] == ["error"] * 3 and "simulated kernel failure" in second["error"][0]
-    assert synth.engine is not dead and synth.engine.is_running
+    assert second["status"][:2] == ["error"] * 2 and "simulated kernel failure" in second["error"][0]
+    assert synth.engine is engine and engine.is_running
+
+    class Fatal(BaseException):
+        pass
+
+    def dying_step() -> list:
+        raise Fatal("the loop itself dies")
+
+    engine.engine.step = dying_step
+    asyncio.run(run())
+    assert synth.engine is not engine and synth.engine.is_running  # a dead loop is replaced by a fresh engine
+    engine.engine.step = real_step
     third = asyncio.run(run())
     assert third["status"] == ["ok", "ok", "error"]
     # The same weights and seed in the new engine: the same codes; batched decoding may round one step apart.
