@@ -25,7 +25,8 @@ from chattts_velocity.model import kv_cache_bytes_per_block, load_embed, load_gp
 from chattts_velocity.schema import MAX_REGENERATE, GenerationOutput, Prompt, SamplingParams
 
 logger = logging.getLogger("chattts_velocity")
-DEFAULT_KV_BYTES = 1 << 30  # 1 GiB when the user gives no budget
+DEFAULT_KV_BYTES = 1 << 30  # 1 GiB on CPU when the user gives no budget
+DEFAULT_VRAM_FRACTION = 0.6  # on CUDA: of the VRAM still free once the weights are in (activations need the rest)
 # EngineConfig.dtype -> (dtype of the checkpoint's weights and of the KV cache, PackedLinear mode).
 # Activations stay float32 on CPU in every mode; the heads and the sampler always run in float32.
 PRECISIONS: dict[str, tuple[torch.dtype, str | None]] = {
@@ -191,11 +192,14 @@ def kv_cache_blocks(config: ModelConfig, engine_config: EngineConfig, dtype: tor
 
 
 def _budget_bytes(value: int | float | None, device: str) -> float:
+    """Bytes for the KV pool: a number of bytes, or a fraction of the device's memory (of the FREE VRAM on CUDA,
+    measured after the weights are loaded); None: 1 GiB on CPU, DEFAULT_VRAM_FRACTION of free VRAM on CUDA."""
+    on_cuda = str(device).startswith("cuda")
     if value is None:
-        return DEFAULT_KV_BYTES
+        value = DEFAULT_VRAM_FRACTION if on_cuda else DEFAULT_KV_BYTES
     if isinstance(value, float) and 0 < value <= 1:
-        if str(device).startswith("cuda"):
-            return value * torch.cuda.mem_get_info()[1]
+        if on_cuda:
+            return value * torch.cuda.mem_get_info(torch.device(device))[0]
         return value * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     if value <= 0:
         raise ValueError(f"kv_cache_memory: must be > 0 bytes or a fraction in (0, 1], got {value!r}")

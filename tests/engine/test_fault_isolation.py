@@ -98,3 +98,13 @@ def test_max_position_embeddings_bounds_max_model_len(tiny_assets) -> None:
 
     engine = load_pretrained(tiny_assets, is_vllm=True, max_model_len=10**6).engine
     assert engine.engine_config.max_model_len == engine.config.max_position_embeddings
+
+
+def test_the_kv_budget_on_cuda_is_a_fraction_of_free_vram(monkeypatch) -> None:
+    from chattts_velocity.engine import llm_engine
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (8 * 2**30, 80 * 2**30))  # (free, total)
+    assert llm_engine._budget_bytes(0.5, "cuda") == 4 * 2**30  # half of what is free, not of the total
+    assert llm_engine._budget_bytes(None, "cuda:0") == llm_engine.DEFAULT_VRAM_FRACTION * 8 * 2**30
+    assert llm_engine._budget_bytes(None, "cpu") == llm_engine.DEFAULT_KV_BYTES
+    assert llm_engine._budget_bytes(3 * 2**20, "cuda") == 3 * 2**20
