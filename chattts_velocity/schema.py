@@ -193,8 +193,13 @@ class GenerationOutput:
     error: Exception | None = None  # why this request failed (finish_reason "error"); the others go on
 
     @classmethod
+    def ended(cls, request_id: str, reason: FinishReason, error: Exception | None = None) -> GenerationOutput:
+        """A request's last delta when it stops without a new row (interrupted, aborted, failed)."""
+        return cls(request_id, torch.zeros(0, 1, dtype=torch.int64), None, True, reason, error=error)
+
+    @classmethod
     def failed(cls, request_id: str, error: Exception) -> GenerationOutput:
-        return cls(request_id, torch.zeros(0, 1, dtype=torch.int64), None, True, "error", error=error)
+        return cls.ended(request_id, "error", error)
 
 
 def raise_first_error(outputs: list[GenerationOutput]) -> list[GenerationOutput]:

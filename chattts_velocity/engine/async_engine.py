@@ -13,7 +13,6 @@ import threading
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
-import torch
 
 from chattts_velocity.engine.llm_engine import LLMEngine
 from chattts_velocity.schema import GenerationOutput, Prompt, SamplingParams
@@ -231,7 +230,7 @@ class AsyncLLMEngine:
         if stream is not None:
             self.engine.abort_request(request_id)
             self.stats.num_aborted += 1
-            stream.put(GenerationOutput(request_id, torch.zeros(0, 1, dtype=torch.int64), None, True, "abort"))
+            stream.put(GenerationOutput.ended(request_id, "abort"))
 
     def _step(self) -> None:
         """One engine step. A step that raises fails the requests it held, and the loop serves everyone else."""

@@ -77,7 +77,7 @@ class LLM:
         try:
             while live:
                 if should_stop is not None and should_stop():
-                    yield [(index[rid], _interrupted(rid)) for rid in sorted(live, key=index.get)]
+                    yield [(index[rid], GenerationOutput.ended(rid, "interrupted")) for rid in sorted(live, key=index.get)]
                     return
                 deltas = self.engine.step()
                 live -= {d.request_id for d in deltas if d.finished}
@@ -150,7 +150,3 @@ class _Collector:
         if hidden is None and self.hidden_size is not None:
             hidden = torch.zeros(0, self.hidden_size)  # [0, H]: nothing generated
         return GenerationOutput(self.request_id, tokens, hidden, self.finished, self.finish_reason, error=self.error)
-
-
-def _interrupted(request_id: str) -> GenerationOutput:
-    return GenerationOutput(request_id, torch.zeros(0, 1, dtype=torch.int64), None, True, "interrupted")
