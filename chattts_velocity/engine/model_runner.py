@@ -11,6 +11,7 @@ import torch
 
 from chattts_velocity.config import EngineConfig, ModelConfig
 from chattts_velocity.engine.backends import DecodeBackend, PagedKV, select_backend
+from chattts_velocity.engine.device_sampler import DeviceSampler, to_device
 from chattts_velocity.engine.sampler import Sampler
 from chattts_velocity.engine.sequence import Sequence
 from chattts_velocity.engine.step import ScheduledBatch, StepOutput
@@ -22,8 +23,8 @@ logger = logging.getLogger("chattts_velocity")
 class ModelRunner:
     """Owns the KV pool, the model, the decode backend and the sampler; sees sequences only through ScheduledBatch.
 
-    The backend (engine/backends.py: torch eager or compiled, or the fused C++ layers) is chosen once, here, and
-    runs every step. Decode-only steps (every sequence feeds its newest token) take a lean path: inputs are built
+    The backend (engine/backends.py: torch eager or compiled, the fused C++ layers, or triton) is chosen once, here,
+    and runs every step; with it the sampler (the triton backend's is engine/device_sampler.py's). Decode-only steps (every sequence feeds its newest token) take a lean path: inputs are built
     from each sequence's last row and block table with a few list comprehensions and one tensor per field.
     """
 
@@ -44,7 +45,8 @@ class ModelRunner:
         kv = PagedKV(self.kv_cache, self.block_size, pad_block=num_blocks, device=self.device)
         self.backend: DecodeBackend = select_backend(engine_config, model, kv, self.act_dtype)
         logger.info("decode backend: %s", self.backend.name)
-        self.sampler = Sampler()
+        # the one choice of sampler: the triton backend's steps sample on the device (only the ids come back)
+        self.sampler = DeviceSampler() if self.backend.name == "triton" else Sampler()
 
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> StepOutput:
@@ -66,7 +68,7 @@ class ModelRunner:
         seqs, positions = batch.seqs, batch.num_computed_tokens
         ids = torch.tensor([seq.last_row for seq in seqs], dtype=torch.int64)  # [B, num_vq]
         text = torch.tensor([seq.is_text for seq in seqs], dtype=torch.bool)  # [B]
-        embeds = self.embed.embed(ids.to(self.device), text.to(self.device)).to(self.act_dtype)  # [B, H]
+        embeds = self.embed.embed(to_device(ids, self.device), to_device(text, self.device)).to(self.act_dtype)
         bs = self.block_size
         tables = [seq.block_table[: p // bs + 1] for seq, p in zip(seqs, positions)]
         return self.backend.decode(embeds, positions, tables)

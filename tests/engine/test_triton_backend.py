@@ -71,7 +71,8 @@ def test_preemption_and_recompute_on_triton_give_the_same_codes(chat: Chat, tiny
                for i in range(4)]
     params = [InferCodeParams(manual_seed=i, max_new_token=10, min_new_token=10, show_tqdm=False)
               .to_sampling_params("code", 625, return_hidden=True) for i in range(4)]
-    free = load_pretrained(tiny_assets, is_vllm=True, backend="torch").generate(prompts, params, progress=False)
+    # both engines sample on the device (DeviceSampler): its Philox stream is not the CPU sampler's
+    free = load_pretrained(tiny_assets, is_vllm=True, backend="triton").generate(prompts, params, progress=False)
     cfg = ModelConfig.from_json(f"{tiny_assets}/asset/gpt/config.json")
     per_block = kv_cache_bytes_per_block(cfg.num_hidden_layers, 4, cfg.num_attention_heads, cfg.head_dim)
     # 4 sequences of ~30 positions need ~32 blocks of 4: a pool of 14 forces preemption and recompute
@@ -83,6 +84,20 @@ def test_preemption_and_recompute_on_triton_give_the_same_codes(chat: Chat, tiny
         assert torch.equal(a.token_ids, b.token_ids)
         assert (a.hidden - b.hidden).abs().max().item() <= 1e-4
     assert tight.engine.block_manager.num_used_blocks == 0
+
+
+@pytest.mark.triton
+@needs_triton
+def test_a_requests_codes_on_triton_do_not_depend_on_its_batch(chat: Chat, tiny_assets) -> None:
+    prompts = [chat.tokenizer.code_prompt(text, None, None, "[speed_5]", None) for text in TEXTS[:3]]
+    params = [InferCodeParams(manual_seed=i, max_new_token=6, min_new_token=6, show_tqdm=False)
+              .to_sampling_params("code", 625, return_hidden=False) for i in range(3)]  # temperature 0.3, top_p, top_k
+    llm = load_pretrained(tiny_assets, is_vllm=True, backend="triton")
+    assert type(llm.engine.runner.sampler).__name__ == "DeviceSampler"
+    batched = llm.generate(prompts, params, progress=False)
+    alone = llm.generate(prompts[1:2], params[1:2], progress=False)
+    assert torch.equal(alone[0].token_ids, batched[1].token_ids)
+    assert not torch.equal(batched[0].token_ids, batched[2].token_ids)
 
 
 @needs_triton

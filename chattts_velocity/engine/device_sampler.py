@@ -1,0 +1,72 @@
+"""Engine stage, triton backend: the sampler whose chain runs on the logits' device (issue 13).
+
+In: the sequences that sample this step and their logits [S*rows, V] on the device. Out: tokens [S, rows] int64 on
+the device; the model runner's copy of them is the step's only device-to-host transfer. The per-row parameters are
+built on the host (Sampler.prepare, as for every backend) and sent with pinned, non-blocking copies; the chain is
+engine/logits_processors.py's, in its order, through the ops of model/kernels/triton/sampling.py:
+    temperature + penalty -> top-p + top-k -> custom processors -> EOS mask -> Philox Exp(1) noise -> argmax
+NOTE (noise): keyed by (seed, step) like Sampler's, so a request's tokens never depend on its batch; but it is
+Philox in Triton, not torch's CPU generator: the same distribution, a different stream (a seed's audio differs from
+the other backends'). Custom processors are user code: they may sync, and get their history with a blocking copy.
+"""
+from __future__ import annotations
+
+import torch
+
+from chattts_velocity.engine import logits_processors as lp
+from chattts_velocity.engine.sampler import Sampler, SamplingBatch
+
+
+def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor on `device`; to CUDA through pinned memory without blocking the host (no stream sync)."""
+    if device.type != "cuda":
+        return tensor.to(device)
+    return tensor.pin_memory().to(device, non_blocking=True)
+
+
+class DeviceSampler(Sampler):
+    """Sampler's contract (prepare on the host, sample -> [S, rows]) with the chain and the noise on the device."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from chattts_velocity.model.kernels.triton import sampling  # imports triton: only when chosen
+
+        self.ops = sampling
+
+    @torch.inference_mode()
+    def sample(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+        """logits [S*rows, V] (any float dtype; not modified) -> tokens [S, rows] int64 on the logits' device."""
+        processed = self.process(logits, batch)
+        seeds = to_device(self.ops.noise_seeds(batch.noise_seeds, "cpu"), logits.device)  # [S] int64
+        return self.ops.sample(processed, seeds, batch.params.rows_per_seq)
+
+    @torch.inference_mode()
+    def process(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+        """The processor chain of lp.process on the device: logits [R, V] -> a processed fp32 copy [R, V]."""
+        params, ops = batch.params, self.ops
+        device = logits.device
+        logits = logits.to(torch.float32, copy=True).contiguous()
+        temperatures, history, penalties = _temperature_penalty_args(params)
+        ops.apply_temperature_and_penalty(logits, to_device(temperatures, device), to_device(history, device),
+                                          to_device(penalties, device))
+        if params.top_p is not None or params.top_k is not None:
+            top_p, top_k = _top_p_top_k_args(params)
+            ops.apply_top_p_top_k(logits, to_device(top_p, device), to_device(top_k, device))
+        logits = lp.apply_custom(logits, params.custom, params.rows_per_seq, params.failures)
+        return ops.mask_eos(logits, to_device(params.mask_eos, device), to_device(params.eos_ids, device))
+
+
+def _temperature_penalty_args(params: lp.RowParams) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """temperatures [R], history [R, W] (W = 0 when no row penalises) and penalties [R] on the host."""
+    rows = params.temperatures.shape[0]
+    if params.penalties is None or params.history is None:
+        return params.temperatures, torch.empty(rows, 0, dtype=torch.int64), torch.ones(rows)
+    return params.temperatures, params.history, params.penalties
+
+
+def _top_p_top_k_args(params: lp.RowParams) -> tuple[torch.Tensor, torch.Tensor]:
+    """top_p [R] (1.0 = off) and top_k [R] (0 = off) on the host, for a step where at least one row uses either."""
+    rows = params.temperatures.shape[0]
+    top_p = params.top_p if params.top_p is not None else torch.ones(rows)
+    top_k = params.top_k if params.top_k is not None else torch.zeros(rows, dtype=torch.int64)
+    return top_p, top_k
