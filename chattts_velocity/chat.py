@@ -57,9 +57,13 @@ class Chat:
         experimental: bool = False,
         verify: bool = True,
         dtype: str = "float32",
+        decode_dtype: str | None = None,
         **engine_kwargs,
     ) -> bool:
         """Find, verify and load the assets. `verify=False` is the explicit opt-out for custom weights.
+
+        `decode_dtype` ("bfloat16" or "float32") is the Decoder's and Vocos's precision; None: bfloat16 on CUDA or
+        with a bf16/int8 GPT, else exact float32.
 
         `coef`, `use_flash_attn` and `experimental` are accepted for upstream compatibility; coef is a
         no-op upstream too (each file's stored coef wins). Extra keyword arguments go to EngineConfig.
@@ -78,8 +82,7 @@ class Chat:
         self.decoder = audio.Decoder.from_state_dict(audio.load_safetensors(paths.decoder)).to(self.device).eval()
         self.vocos = audio.Vocos.from_state_dict(audio.load_safetensors(paths.vocos)).to(self.device).eval()
         self.default_use_vllm, self.dtype = use_vllm, dtype
-        # the Decoder and Vocos follow the engine's precision: bf16 autocast for the fast dtypes, exact fp32 else
-        self.decode_dtype = torch.bfloat16 if dtype in ("bfloat16", "int8") else None
+        self.decode_dtype = audio.audio_precision(decode_dtype, dtype, self.device)
         self.gpt(use_vllm)
         return self.has_loaded()
 

@@ -156,3 +156,15 @@ def test_a_fast_engine_decodes_audio_in_bf16_too(tiny_assets) -> None:
     in_fp32 = audio.decode_hidden_batch(fast.decoder, fast.vocos, hidden)[0]
     np.testing.assert_array_equal(wav, in_bf16)
     assert not np.array_equal(wav, in_fp32) and np.abs(wav - in_fp32).max() < 0.05
+
+
+def test_audio_precision_is_bf16_on_cuda_or_for_fast_engines_and_float32_on_request() -> None:
+    from chattts_velocity.audio import audio_precision
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert audio_precision(None, "float32", cpu) is None  # the exact CPU default is unchanged
+    assert audio_precision(None, "float32", cuda) == torch.bfloat16  # the GPU default
+    assert audio_precision(None, "int8", cpu) == torch.bfloat16
+    assert audio_precision("float32", "bfloat16", cuda) is None
+    with pytest.raises(ValueError, match="decode_dtype"):
+        audio_precision("float16", "float32", cpu)

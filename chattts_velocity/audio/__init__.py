@@ -6,7 +6,7 @@ from chattts_velocity.audio.dvae import DVAE, Decoder, interleave
 from chattts_velocity.audio.gfsq import GFSQ, FSQVariant
 from chattts_velocity.audio.loading import load_safetensors, load_strict
 from chattts_velocity.audio.mel import MelSpectrogram, MelSpectrogramFeatures, htk_mel_filterbank
-from chattts_velocity.audio.pipeline import decode_codes_batch, decode_hidden_batch, pad_batch
+from chattts_velocity.audio.pipeline import audio_precision, decode_codes_batch, decode_hidden_batch, pad_batch
 from chattts_velocity.audio.streaming import StreamDecoder, receptive_field
 from chattts_velocity.audio.vocos import Vocos
 from chattts_velocity.audio.wav import (
@@ -15,7 +15,7 @@ from chattts_velocity.audio.wav import (
 
 __all__ = [
     "DVAE", "GFSQ", "HOP_LENGTH", "SAMPLE_RATE", "ConvNeXtBlock", "ConvNeXtStack", "Decoder", "FSQVariant",
-    "MelSpectrogram", "MelSpectrogramFeatures", "StreamDecoder", "Vocos", "decode_codes_batch",
+    "MelSpectrogram", "MelSpectrogramFeatures", "StreamDecoder", "Vocos", "audio_precision", "decode_codes_batch",
     "decode_hidden_batch",
     "float_to_int16", "htk_mel_filterbank", "interleave", "load_clip", "load_safetensors", "load_strict",
     "pad_batch", "receptive_field", "samples_for_steps", "wav_bytes", "write_wav",

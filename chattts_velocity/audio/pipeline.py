@@ -2,8 +2,9 @@
 
 Rows are zero-padded to the longest one (as upstream), decoded in one batch, and each row is cut to
 exactly (2*T_i - 1) * 256 samples, so a row's audio never carries the padding of longer rows.
-`dtype=torch.bfloat16` runs the convolutions and GEMMs under CPU autocast (about 2x faster; the
-iSTFT and the output stay float32); the default None is the exact float32 path.
+`dtype=torch.bfloat16` runs the convolutions and GEMMs under autocast on the modules' device (on CPU about 2x
+faster; the iSTFT and the output stay float32); the default None is the exact float32 path. Everything stays on
+the modules' device until the final waveforms, copied to the host once per batch.
 """
 from __future__ import annotations
 
@@ -12,6 +13,18 @@ import torch
 
 from chattts_velocity.audio.dvae import DVAE, Decoder
 from chattts_velocity.audio.vocos import Vocos
+
+
+def audio_precision(choice: str | None, gpt_dtype: str, device: torch.device) -> torch.dtype | None:
+    """The Decoder's and Vocos's autocast dtype (None = exact float32) for Chat.load's decode_dtype `choice`.
+
+    None picks bfloat16 on CUDA (the GPU default) or with a bfloat16/int8 GPT stage, float32 otherwise.
+    """
+    if choice is None:
+        choice = "bfloat16" if device.type == "cuda" or gpt_dtype in ("bfloat16", "int8") else "float32"
+    if choice not in ("bfloat16", "float32"):
+        raise ValueError(f"decode_dtype: must be 'bfloat16', 'float32' or None, got {choice!r}")
+    return torch.bfloat16 if choice == "bfloat16" else None
 
 
 def pad_batch(rows: list[torch.Tensor], device: torch.device) -> torch.Tensor:  # [T_i, C] -> [B, C, T_max]

@@ -7,11 +7,9 @@ chunks, recompute after preemption, mixed), the output projection, fused add + R
 stay the model's own modules (cuBLAS on GPU): no weight is copied, and the KV pool is the engine's.
 On CUDA, decode steps replay CUDA graphs (engine/cuda_graphs.py); on CPU (TRITON_INTERPRET=1) they run eagerly.
 
-NOTE (sampling): the engine's Sampler keeps running the sampling; its noise contract is the CPU generator's
-(engine/sampler.py), so a seed gives the same audio on every backend. On CUDA, model/kernels/triton/sampling.py's
-ops would replace it without a host round trip: apply_temperature_and_penalty, apply_top_p_top_k, the custom
-processors, mask_eos, then sample with noise_seeds(step_seed(...)) keyed by (seed, step) (still batch invariant,
-but a different random stream: same distribution, different audio per seed), leaving only the ids to copy.
+NOTE (sampling): an engine on this backend samples on the device too (engine/device_sampler.py, chosen with the
+backend in ModelRunner): Philox noise keyed by (seed, step), batch invariant, but a different random stream from the
+other backends' CPU generator (same distribution, different audio per seed).
 """
 from __future__ import annotations
 
