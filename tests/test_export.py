@@ -358,3 +358,17 @@ def test_the_manifest_records_every_line_and_the_run(tmp_path: Path) -> None:
     assert (doc["total"], doc["succeeded"], log[-1]) == (2, 2, "2/2 succeeded")
     assert doc["model"] == "stub-model" and doc["precision"] == "float32"
     assert doc["params"]["max_new_token"] == STEPS and doc["started"] <= doc["updated"]
+
+
+def test_ray_export_spreads_small_jobs_over_every_actors_batches_in_flight() -> None:
+    pytest.importorskip("fastapi")
+    from chattts_velocity.export.ray import RayExportOptions, spread
+
+    # 30 lines used to be 2 blocks of 15 that Ray Data bundled into one 16-row task: one actor ran them all
+    assert spread(30, RayExportOptions(actors=2, batch_size=16, batches_in_flight=4)) == (4, 8)
+    assert spread(200, RayExportOptions(actors=2, batch_size=16, batches_in_flight=2)) == (16, 13)  # big jobs: as before
+    assert spread(3, RayExportOptions(actors=4, batch_size=16)) == (1, 3)
+    for rows in range(1, 80):
+        batch, blocks = spread(rows, RayExportOptions(actors=3, batch_size=8, batches_in_flight=2))
+        assert batch <= 8 and blocks * batch >= rows > (blocks - 1) * batch
+        assert blocks >= min(rows, 3)  # every actor can be handed work at once

@@ -5,6 +5,7 @@ Imports nothing from the [server] extra until the command runs, so `chattts-velo
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import TYPE_CHECKING
 
 from ..demo import DEMO_MAX_NEW_TOKEN
@@ -48,15 +49,23 @@ def cmd_serve(args: argparse.Namespace) -> None:
 
 
 def _serve_with_ray(args: argparse.Namespace, config) -> None:
-    from ..serve import ray_serve  # imports no ray: init_ray sets the loopback env first
+    """Serve on Ray until SIGTERM, SIGINT or SIGHUP; then stop Serve, Ray and every process the driver started."""
+    from ..serve import ray_serve, ray_stop  # import no ray: init_ray sets the loopback env first
 
-    ray_serve.init_ray(args.ray_address, log_to_driver=True)
-    root, verify = model_folder(args)
-    options = ray_serve.ReplicaOptions(replicas=args.replicas, autoscale=args.autoscale, num_cpus=args.replica_cpus,
-                                       num_gpus=args.replica_gpus, max_ongoing_requests=args.max_ongoing_requests)
-    app = ray_serve.build_app(root, config, options, verify=verify, dtype=resolve_dtype(args), compile=args.compile,
-                              backend=args.backend)
-    ray_serve.serve_on_ray(app, host=args.host, port=args.port)
+    try:
+        ray_serve.init_ray(args.ray_address, log_to_driver=True)
+        ray_stop.stop_on_signals()  # after ray.init, which installs its own SIGTERM handler
+        root, verify = model_folder(args)
+        options = ray_serve.ReplicaOptions(replicas=args.replicas, autoscale=args.autoscale,
+                                           num_cpus=args.replica_cpus, num_gpus=args.replica_gpus,
+                                           max_ongoing_requests=args.max_ongoing_requests)
+        app = ray_serve.build_app(root, config, options, verify=verify, dtype=resolve_dtype(args),
+                                  compile=args.compile, backend=args.backend)
+        ray_serve.serve_on_ray(app, host=args.host, port=args.port)
+    except ray_stop.StopRequested as stop:
+        print(f"serve: {stop}: shutting the Ray cluster down", file=sys.stderr)
+    finally:
+        ray_stop.shutdown_cluster()
 
 
 def _min_max(value: str) -> tuple[int, int]:

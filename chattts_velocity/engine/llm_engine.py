@@ -175,13 +175,20 @@ class LLMEngine:
 
 
 def kv_cache_blocks(config: ModelConfig, engine_config: EngineConfig, dtype: torch.dtype) -> int:
-    """Blocks that fit the user's KV budget (bytes, or a fraction of RAM / VRAM); clear error if too few."""
+    """Blocks that fit the user's KV budget (bytes, or a fraction of RAM / VRAM); clear error if too few.
+
+    Without a budget on CPU: 1 GiB, but no more than max_num_seqs sequences of max_model_len positions need.
+    """
     per_block = kv_cache_bytes_per_block(
         config.num_hidden_layers, engine_config.block_size, config.num_attention_heads, config.head_dim, dtype
     )
     budget = _budget_bytes(engine_config.kv_cache_memory, engine_config.device)
     num_blocks = int(budget // per_block)
     needed = -(-engine_config.max_model_len // engine_config.block_size)
+    if engine_config.kv_cache_memory is None and not str(engine_config.device).startswith("cuda"):
+        # the CPU default (1 GiB, zero-filled: all resident) never exceeds what max_num_seqs full-length sequences
+        # can hold at once; a tiny model's pool shrinks to that (its Ray replicas held ~1.1 GB of unused KV)
+        num_blocks = min(num_blocks, engine_config.max_num_seqs * needed)
     if num_blocks < needed:
         raise ValueError(
             f"kv_cache_memory: {budget / 2**20:.1f} MiB holds {num_blocks} KV blocks of {engine_config.block_size} "

@@ -124,7 +124,7 @@ def export_dataset(model_dir: str, plan: ExportPlan, keys: list[int], params: In
 
     rows = [{"key": k, "text": plan.lines[k].text, "seed": plan.lines[k].seed, "speaker": plan.lines[k].speaker or ""}
             for k in keys]
-    blocks = math.ceil(len(rows) / options.batch_size)  # one block per batch: batches never span blocks
+    batch_size, blocks = spread(len(rows), options)
     dataset = ray.data.from_items(rows, override_num_blocks=blocks)
     pool = ray.data.ActorPoolStrategy(size=min(options.actors, blocks),
                                       max_tasks_in_flight_per_actor=options.batches_in_flight,
@@ -132,8 +132,20 @@ def export_dataset(model_dir: str, plan: ExportPlan, keys: list[int], params: In
     gpus = {"num_gpus": options.gpus_per_actor} if options.gpus_per_actor else {}
     dataset.context.wait_for_min_actors_s = options.start_timeout_s
     return dataset.map_batches(Synthesizer, fn_constructor_args=(model_dir, params, load_kwargs),
-                               batch_size=options.batch_size, batch_format="numpy", compute=pool,
+                               batch_size=batch_size, batch_format="numpy", compute=pool,
                                num_cpus=options.cpus_per_actor, **gpus)
+
+
+def spread(num_rows: int, options: RayExportOptions) -> tuple[int, int]:
+    """(batch size, blocks) for num_rows lines: at least actors x batches_in_flight blocks, so every actor gets work.
+
+    Ray Data bundles blocks until a bundle holds batch_size rows, and a bundle is one task on one actor: 30 lines
+    in 2 blocks of 15 with batch_size 16 made one task, so one actor ran them all while the other idled. A batch of
+    at most num_rows / (actors x batches_in_flight) rows keeps every actor's batches in flight busy.
+    """
+    slots = options.actors * options.batches_in_flight
+    batch_size = max(1, min(options.batch_size, math.ceil(num_rows / slots)))
+    return batch_size, math.ceil(num_rows / batch_size)
 
 
 def _collect(plan: ExportPlan, dataset, total: int, manifest_every: int, progress: bool, log: Log) -> None:

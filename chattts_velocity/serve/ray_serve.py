@@ -225,7 +225,7 @@ def serve_on_ray(app: Application, host: str = LOOPBACK, port: int = 8000, name:
     try:
         while True:
             time.sleep(3600)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # also ray_stop.StopRequested (SIGTERM, SIGHUP) in `chattts-velocity serve --ray`
         pass
     finally:
         serve.shutdown()

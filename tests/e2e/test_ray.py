@@ -276,6 +276,22 @@ def test_data_export_200_lines_two_bad_then_resume(ray_cluster: dict, tiny_asset
     assert json.loads((out / "manifest.json").read_text(encoding="utf-8"))["succeeded"] == 200
 
 
+def test_data_export_of_thirty_lines_runs_on_both_actors(ray_cluster: dict, tiny_assets: Path, tmp_path: Path) -> None:
+    # Before: 2 blocks of 15 lines, bundled by Ray Data into one 16-row task: one actor ran all 30, the other idled.
+    lines, logs = tmp_path / "lines.jsonl", []
+    lines.write_text("".join(json.dumps({"id": f"l{n}", "text": f"Line {WORDS[n % 10]} {n}."}) + "\n" for n in range(30)))
+    options = RayExportOptions(actors=2, cpus_per_actor=0.5, batch_size=16, batches_in_flight=4)
+    plan = run_export_ray(tiny_assets, plan_export(lines, tmp_path / "out", seed=3),
+                          InferCodeParams(max_new_token=8, show_tqdm=False), options, progress=False,
+                          log=logs.append, **LOAD)
+    assert plan.count("ok") == 30
+    summary = next(line for line in logs if line.startswith("ray: "))
+    print(summary)
+    per_actor = re.fullmatch(r"ray: 2 actor\(s\) ran \[(\d+), (\d+)\] lines; .*", summary)
+    assert per_actor is not None, summary
+    assert min(int(n) for n in per_actor.groups()) >= 4  # every actor ran at least one batch of 4
+
+
 def test_synthesizer_reports_rows_and_replaces_a_dead_engine(tiny_assets: Path) -> None:
     """The UDF alone (no cluster): a failing step fails its rows, not the batch; a dead engine loop is replaced."""
     from chattts_velocity.export.ray import Synthesizer
