@@ -29,7 +29,9 @@ class DeviceSampler(Sampler):
 
     def __init__(self) -> None:
         super().__init__()
-        from chattts_velocity.model.kernels.triton import sampling  # imports triton: only when chosen
+        from chattts_velocity.model.kernels.triton import (
+            sampling,  # imports triton: only when chosen
+        )
 
         self.ops = sampling
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..speech.streams import StreamOptions
 from .openai_api import ServerConfig, create_app
+from .ray_metrics import ClusterMetrics
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -131,8 +132,9 @@ class ReplicaHeader:
             return await self.app(scope, receive, send)
 
         async def tagged(message: dict) -> None:
-            if message["type"] == "http.response.start":
-                message = {**message, "headers": [*message.get("headers", ()), self.header]}
+            headers = list(message.get("headers", ()))
+            if message["type"] == "http.response.start" and self.header[0] not in (k.lower() for k, _ in headers):
+                message = {**message, "headers": [*headers, self.header]}
             await send(message)
 
         await self.app(scope, receive, tagged)
@@ -150,7 +152,9 @@ class SpeechReplica:
 
     def __serve_build_asgi_app__(self) -> FastAPI:
         app = create_app(functools.partial(load_worker_chat, self.model_dir, **self.load_kwargs), self.config)
-        app.add_middleware(ReplicaHeader, value=replica_name())
+        name = replica_name()
+        app.add_middleware(ClusterMetrics, replica=name, headers=[(REPLICA_HEADER.encode(), name.encode())])
+        app.add_middleware(ReplicaHeader, value=name)  # either may be the outer one: the header is added once
         return app
 
     def check_health(self) -> None:

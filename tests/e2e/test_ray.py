@@ -170,6 +170,18 @@ class TestServe:
         wait_until(lambda: sum(replica_metrics(url, name, "chattts_engine_requests_aborted_total")
                                for name in names) > sum(before.values()), what="the engine requests aborted")
 
+    def test_metrics_show_every_replica_labelled(self, url: str) -> None:
+        names = replica_names(url)
+        assert len(names) == 2
+
+        def labelled() -> set[str]:
+            text = httpx.get(url + "/metrics", timeout=30).text
+            return set(re.findall(r'^chattts_speech_requests_total\{replica="([^"]+)"\} \d', text, re.MULTILINE))
+
+        wait_until(lambda: labelled() == names, timeout=60, what="both replicas on one /metrics page")
+        text = httpx.get(url + "/metrics", timeout=30).text
+        assert text.count("# TYPE chattts_speech_requests_total counter") == 1  # one family, two samples
+
     def test_health_and_models_through_the_proxy(self, url: str) -> None:
         assert httpx.get(url + "/health", timeout=30).json() == {"status": "ok"}
         client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=60)
@@ -189,11 +201,13 @@ def replica_names(url: str, tries: int = 40) -> set[str]:
 
 
 def replica_metrics(url: str, replica: str, name: str, tries: int = 40) -> float:
-    """`name` from /metrics of one replica: the proxy picks replicas, so ask until that one answers."""
+    """`name` of one replica from /metrics (every replica's samples, labelled replica="..."; the answering replica's
+    own are always fresh, so ask until that one answers)."""
     for _ in range(tries):
         response = httpx.get(url + "/metrics", timeout=30)
         if response.headers[ray_serve.REPLICA_HEADER] == replica:
-            return next(float(line.split()[-1]) for line in response.text.splitlines() if line.startswith(name + " "))
+            prefix = f'{name}{{replica="{replica}"}} '
+            return next(float(line.split()[-1]) for line in response.text.splitlines() if line.startswith(prefix))
     raise AssertionError(f"replica {replica} did not answer /metrics in {tries} tries")
 
 
