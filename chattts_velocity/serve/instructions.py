@@ -100,7 +100,7 @@ def speech_input(text: str, speed: float, instructions: str | None, seed: int | 
     """The body's input, speed and instructions as one plan; ValueError naming the field that cannot be met."""
     controls = parse_instructions(instructions)
     ssml = parse_ssml(text) if is_ssml(text) else None
-    if ssml is not None and not ssml.text.strip():
+    if ssml is not None and not re.sub(r"\[\w+\]", "", ssml.text).strip():
         raise ValueError("input: the SSML holds nothing to speak")
     sources = [name for name, given in (("speed", speed != 1.0), ("instructions", controls.speed is not None),
                                         ("input", ssml is not None and ssml.rate is not None)) if given]
