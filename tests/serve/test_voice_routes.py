@@ -12,7 +12,7 @@ pytest.importorskip("httpx")
 
 from fastapi.testclient import TestClient  # noqa: E402
 
-from chattts_velocity import Chat  # noqa: E402
+from chattts_velocity import Chat, RefineTextParams  # noqa: E402
 from chattts_velocity.serve import ServerConfig, create_app  # noqa: E402
 from chattts_velocity.text import decode_spk_emb  # noqa: E402
 
@@ -139,6 +139,7 @@ def test_instructions_reach_the_refine_pass_or_are_refused(chat, tmp_path, monke
                             or original(pieces, params))
         _speak(client, instructions="no refine, speed 3")
         assert refines == []
+        seen = _spy(client, monkeypatch)
         _speak(client, instructions="Oral 3; break 4, slow")
         assert refines == ["[oral_3][break_4]"]
         error = _error(client.post("/v1/audio/speech", json={"input": "Hi.", "instructions": "whisper sadly"}), 400,
@@ -146,6 +147,9 @@ def test_instructions_reach_the_refine_pass_or_are_refused(chat, tmp_path, monke
         assert "whisper sadly" in error["message"] and "laugh 0-2" in error["message"]
         _error(client.post("/v1/audio/speech", json={"input": "Hi.", "instructions": "fast", "speed": 2}), 400,
                "instructions")
+    # the refine pass on the server's shared engine reads what Chat.infer's refine pass reads (same seed)
+    same = RefineTextParams(prompt="[oral_3][break_4]", manual_seed=3, show_tqdm=False)
+    assert seen[0] == [chat.infer("Hello there.", refine_text_only=True, params_refine_text=same, use_vllm=True)]
 
 
 def test_ssml_with_a_break_and_a_date_is_spoken_as_written(chat, tmp_path, monkeypatch) -> None:
