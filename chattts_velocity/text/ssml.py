@@ -43,7 +43,7 @@ class SsmlText:
 
 
 def is_ssml(text: str) -> bool:
-    return text.lstrip().startswith("<speak")
+    return text.lstrip().startswith(("<speak", "<?xml"))
 
 
 def parse_ssml(source: str) -> SsmlText:

@@ -38,6 +38,7 @@ def test_say_as_sub_and_languages() -> None:
         "今天二零二四年三月五日[uv_break]好"
     assert speak('<say-as interpret-as="cardinal">25</say-as>个', ' xml:lang="zh"') == "二十五个"
     assert is_ssml("  <speak>x</speak>") and not is_ssml("speak <b>")
+    assert parse_ssml('<?xml version="1.0"?>\n<speak version="1.1">Hi.</speak>').text == "Hi."
 
 
 @pytest.mark.parametrize("source, where", [
