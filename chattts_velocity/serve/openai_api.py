@@ -1,7 +1,8 @@
 """Serving stage: the OpenAI-compatible speech API (FastAPI) over one SpeechService.
 
-POST /v1/audio/speech, /v1/models, /health, /metrics; the voice library's routes (serve/voice_routes.py). The Chat and the AsyncLLMEngine are
-built in the app's lifespan, so the same app object runs under uvicorn and under Ray Serve (one engine per replica).
+POST /v1/audio/speech, /v1/models, /health, /metrics, and /v1/audio/voices (serve/voice_routes.py). The Chat and
+the AsyncLLMEngine are built in the app's lifespan, so the same app object runs under uvicorn and under Ray Serve
+(one engine per replica).
 """
 from __future__ import annotations
 
