@@ -146,8 +146,8 @@ def _add_webui(sub) -> None:
 
 def _add_export(sub) -> None:
     p = sub.add_parser("export", help="synthesise every line of a text or JSONL file to its own WAV (resumable)")
-    p.add_argument("input", help="text file (one utterance per line) or JSONL (text, id, speaker, voice, seed, output); "
-                                 "'-' reads stdin")
+    p.add_argument("input", help="text file (one utterance per line) or JSONL (text, id, speaker, voice, seed, "
+                                 "output); '-' reads stdin")
     p.add_argument("-o", "--output-dir", required=True, help="folder for the WAVs and manifest.json")
     add_model_flags(p)
     p.add_argument("--seed", type=int, default=None,
@@ -155,7 +155,8 @@ def _add_export(sub) -> None:
     p.add_argument("--speaker", default="", help="speaker string for lines without their own")
     p.add_argument("--voice", default=None, help="a saved voice (POST /v1/audio/voices) for lines without their own")
     p.add_argument("--voices", metavar="DIR", default=None,
-                   help="the voice library folder (default $CHATTTS_VELOCITY_VOICES or ~/.cache/chattts_velocity/voices)")
+                   help="the voice library folder (default $CHATTTS_VELOCITY_VOICES or "
+                        "~/.cache/chattts_velocity/voices)")
     p.add_argument("--max-new-token", type=int, default=None,
                    help=f"steps per sentence (default 2048; {DEMO_MAX_NEW_TOKEN} for demo)")
     _add_export_ray_flags(p)
