@@ -174,7 +174,12 @@ class SpeechService:
     async def refine(self, pieces: TextPieces, params: RefineTextParams) -> TextPieces:
         """The refine-text pass on the shared engine: every piece at once, as Chat.infer's refine does."""
         prompts, sampling = self.chat.refine_requests(pieces, params)
-        refined = await asyncio.gather(*(self._text_ids(prompt, sampling) for prompt in prompts))
+        tasks = [asyncio.ensure_future(self._text_ids(prompt, sampling)) for prompt in prompts]
+        try:
+            refined = await asyncio.gather(*tasks)
+        finally:  # one failed (or the caller left): abort the others' engine requests
+            for task in tasks:
+                task.cancel()
         return pieces.replace([self.chat.refined_text(ids) for ids in refined])
 
     async def _text_ids(self, prompt: Prompt, sampling: SamplingParams) -> torch.Tensor:
