@@ -21,6 +21,7 @@ CSS = f"""
 .seed-row > .form, .seed-row > div:first-child {{ min-width: 0 !important; flex: 1 1 auto !important; }}
 .seed-row > button {{ flex: 0 0 auto !important; min-width: max-content !important; }}
 .toast-wrap {{ top: auto !important; bottom: 12px !important; }}
+#download .empty {{ min-height: 64px !important; height: 64px !important; }}
 """
 THEME = gr.themes.Default(font=["system-ui", "sans-serif"], font_mono=["ui-monospace", "monospace"])
 _SPEED, _ORAL, _LAUGH, _BREAK = (LEVELS[k] for k in ("speed", "oral", "laugh", "break"))
@@ -28,7 +29,8 @@ _SPEED, _ORAL, _LAUGH, _BREAK = (LEVELS[k] for k in ("speed", "oral", "laugh", "
 # (label, [text, speed, oral, laugh, break, audio seed, text seed]): an example sets every one of them.
 EXAMPLES = [
     ("今天天气真不错 (mixed zh/en, speed 4, seed 2)",
-     ["今天天气真不错，我们去公园走走吧。The weather is lovely today, so let's take a walk.", 4, 2, 0, 6, 2, 42]),
+     ["今天天气真不错，我们去公园走走吧。The weather is lovely today, so let's take a walk.",
+      4, 2, 0, 6, 2, 42]),
     ("Speech synthesis turns (slow narration, seed 1111)",
      ["Speech synthesis turns written words into a voice [uv_break] that anyone can listen to.",
       3, 0, 0, 4, 1111, 7]),
@@ -86,9 +88,9 @@ def style_controls() -> Controls:
     c["refine"] = gr.Checkbox(True, label="Refine text", info="the model rewrites the text first, adding "
                               "pauses and laughs by these levels", elem_id="refine")
     with gr.Row():
-        c["oral"] = gr.Slider(0, _ORAL[0], _ORAL[1], step=1, label="Oral", elem_id="oral", min_width=100)
-        c["laugh"] = gr.Slider(0, _LAUGH[0], _LAUGH[1], step=1, label="Laugh", elem_id="laugh", min_width=100)
-        c["pause"] = gr.Slider(0, _BREAK[0], _BREAK[1], step=1, label="Break", elem_id="break", min_width=100)
+        c["oral"] = gr.Slider(0, _ORAL[0], _ORAL[1], step=1, label="Oral", elem_id="oral", min_width=150)
+        c["laugh"] = gr.Slider(0, _LAUGH[0], _LAUGH[1], step=1, label="Laugh", elem_id="laugh", min_width=150)
+        c["pause"] = gr.Slider(0, _BREAK[0], _BREAK[1], step=1, label="Break", elem_id="break", min_width=150)
     c["refine_prompt"] = gr.Textbox(refine_prompt(_ORAL[1], _LAUGH[1], _BREAK[1]), label="Refine prompt",
                                     interactive=False, elem_id="refine-prompt")
     c["text_seed"], c["text_dice"] = _seed_row(42, "Text seed (refine)", "🎲 Random seed", "text-seed",
@@ -100,11 +102,12 @@ def run_controls(can_stream: bool) -> Controls:
     c: Controls = {}
     with gr.Row():
         c["split_text"] = gr.Checkbox(True, label="Split long text", info="sentence pieces, batched",
-                                      elem_id="split-text")
-        c["stream"] = gr.Checkbox(False, label="Stream", interactive=can_stream, elem_id="stream",
-                                  info="play while generating" if can_stream else "streaming needs ffmpeg on the server")
+                                      elem_id="split-text", min_width=130)
+        c["stream"] = gr.Checkbox(False, label="Stream", interactive=can_stream, elem_id="stream", min_width=130,
+                                  info="play while generating" if can_stream
+                                  else "streaming needs ffmpeg on the server")
         c["autoplay"] = gr.Checkbox(True, label="Auto-play", info="play the result when it is ready",
-                                    elem_id="autoplay")
+                                    elem_id="autoplay", min_width=130)
     c["batch_size"] = gr.Slider(*BATCH_SIZE, step=1, label="Batch size", info="pieces generated together",
                                 elem_id="batch-size")
     c["temperature"] = gr.Slider(1e-5, 1.0, 0.3, step=1e-5, label="Temperature")
@@ -127,7 +130,7 @@ def output_controls() -> Controls:
     c["audio"] = gr.Audio(label=f"Audio ({SAMPLE_RATE // 1000} kHz {WAV.name.upper()})", type="numpy",
                           format=WAV.name, interactive=False, autoplay=True, buttons=["download"],
                           elem_id="output-audio")
-    c["download"] = gr.File(label="Download (the chosen format)", interactive=False, height=90, elem_id="download")
+    c["download"] = gr.File(label="Download (the chosen format)", interactive=False, elem_id="download")
     c["refined"] = gr.Textbox(label="Spoken text (after refine)", lines=2, interactive=False, elem_id="refined")
     c["stats"] = gr.Textbox(label="Run stats", lines=5, interactive=False, elem_id="stats")
     return c

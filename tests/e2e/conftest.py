@@ -74,7 +74,8 @@ def webui_server(webui_requirements: None, tiny_assets: Path, tmp_path_factory) 
     if not _engine_ready():
         cmd.append("--plain")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "GRADIO_ANALYTICS_ENABLED": "False",
-           "GRADIO_TEMP_DIR": str(tmp / "gradio"), "PYTHONUNBUFFERED": "1"}
+           "GRADIO_TEMP_DIR": str(tmp / "gradio"), "PYTHONUNBUFFERED": "1",
+           "CHATTTS_VELOCITY_VOICES": str(tmp / "voices")}  # the page's voice library, fresh per module
     log = tmp / "webui.log"
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=REPO, env=env)

@@ -1,0 +1,157 @@
+"""Web UI controls in real Chromium: each is driven like a person and must change what the page makes
+(audio, refined text, the downloaded file), not only render; screenshots at desktop and phone width."""
+from __future__ import annotations
+
+import pytest
+from page_driver import (
+    ARTIFACTS, assert_no_traceback, browser_duration, fetch_download, fetch_output_wav, generate, pick,
+    set_slider, type_number,
+)
+
+pytestmark = pytest.mark.e2e
+MAGIC = {"wav": b"RIFF", "flac": b"fLaC", "ogg": b"OggS", "opus": b"OggS"}
+PHONE = {"width": 390, "height": 844}
+
+
+def _voice(page, text: str, refine: bool) -> None:
+    """Same text, the Default voice (audio seed 2), text seed 42, speed 5, wav: a fixed starting point."""
+    page.locator("#input-text textarea").fill(text)
+    pick(page, "voice-preset", "Default")
+    type_number(page, "text-seed", 42)
+    page.locator("#refine input").set_checked(refine)
+    set_slider(page, "speed", 5)
+    pick(page, "format", "wav")
+
+
+def _output_wav_bytes(page) -> bytes:
+    _, wav = fetch_output_wav(page)
+    return wav.readframes(wav.getnframes())
+
+
+def test_an_example_sets_text_speed_levels_and_seeds(webui_page) -> None:
+    page = webui_page
+    page.get_by_text("欢迎使用这个语音合成引擎 (chatty").click()
+    page.wait_for_function("() => document.querySelector('#audio-seed input').value === '3333'")
+    assert page.locator("#input-text textarea").input_value().startswith("欢迎使用这个语音合成引擎")
+    values = {i: page.locator(f"#{i} input").first.input_value() for i in ("speed", "oral", "laugh", "break")}
+    assert values == {"speed": "7", "oral": "6", "laugh": "2", "break": "5"}
+    page.wait_for_function("() => document.querySelector('#voice-preset input').value === 'Timbre 3'")
+    page.wait_for_function("() => document.querySelector('#refine-prompt textarea').value"
+                           " === '[oral_6][laugh_2][break_5]'")
+
+
+def test_speed_changes_the_audio_and_the_same_settings_repeat_it(webui_page, webui_server) -> None:
+    page = webui_page
+    _voice(page, "Speed is a prompt tag the model reads.", refine=False)
+    made = {}
+    for speed in (2, 8, 2):
+        set_slider(page, "speed", speed)
+        assert generate(page).startswith("audio:")
+        made.setdefault(speed, []).append(_output_wav_bytes(page))
+    assert made[2][0] == made[2][1]  # same seeds, same speed: the same audio
+    assert made[2][0] != made[8][0]  # only the speed differs
+    assert_no_traceback(page, webui_server)
+
+
+def test_refine_levels_change_the_refined_text(webui_page) -> None:
+    page = webui_page
+    _voice(page, "Hello world, this is a test of the page.", refine=True)  # tiny weights refine it to words
+    refined = {}
+    for oral, laugh, pause in ((0, 0, 0), (9, 2, 7)):
+        for elem_id, level in (("oral", oral), ("laugh", laugh), ("break", pause)):
+            set_slider(page, elem_id, level)
+        prompt = f"[oral_{oral}][laugh_{laugh}][break_{pause}]"
+        page.wait_for_function("(p) => document.querySelector('#refine-prompt textarea').value === p", arg=prompt)
+        assert generate(page).startswith("audio:")
+        refined[prompt] = page.locator("#refined textarea").input_value()
+    assert len(set(refined.values())) == 2, refined
+    page.locator("#refine input").uncheck()
+    assert page.locator("#oral input[type=range]").is_disabled()  # levels only matter to the refine pass
+    page.locator("#refine input").check()
+
+
+@pytest.mark.parametrize("fmt", ["mp3", "flac", "ogg", "pcm", "wav"])
+def test_format_choice_changes_the_downloaded_file(webui_page, fmt: str) -> None:
+    page = webui_page
+    _voice(page, "The download follows the format box.", refine=False)
+    pick(page, "format", fmt)
+    assert generate(page).startswith("audio:")
+    name, data = fetch_download(page)
+    assert name == f"speech.{fmt}"
+    frames = len(_output_wav_bytes(page)) // 2  # the player always gets 16-bit WAV
+    if fmt == "pcm":
+        assert len(data) == 2 * frames
+    elif fmt == "mp3":
+        assert data[:3] == b"ID3" or (data[0] == 0xFF and data[1] & 0xE0 == 0xE0)
+    else:
+        assert data[:4] == MAGIC[fmt]
+    if fmt != "pcm":  # Chromium decodes the file to the same length (mp3/ogg add a little padding)
+        href = page.locator("#download a.download-link").get_attribute("href")
+        assert abs(browser_duration(page, href) - frames / 24000) < 0.1
+
+
+def test_autoplay_follows_its_checkbox(webui_page) -> None:
+    page = webui_page
+    _voice(page, "Auto-play starts the result.", refine=False)
+    for on, button in ((False, "Play"), (True, "Pause")):
+        page.locator("#autoplay input").set_checked(on)
+        assert generate(page).startswith("audio:")
+        page.locator(f"#output-audio button[aria-label={button}]").wait_for()
+        page.wait_for_timeout(500)  # a late autoplay would flip the button; it must not
+        assert page.locator(f"#output-audio button[aria-label={button}]").count() == 1
+
+
+def test_interrupt_is_enabled_only_while_generating(webui_page, webui_server) -> None:
+    page = webui_page
+    assert page.locator("#interrupt").is_disabled()
+    _voice(page, " ".join(["This long text keeps the engine busy for a while."] * 12), refine=True)
+    page.evaluate("() => { document.querySelector('#stats textarea').value = ''; }")
+    page.locator("#generate").click()
+    page.wait_for_function("() => !document.querySelector('#interrupt').disabled")
+    assert page.locator("#generate").is_disabled()  # no second run on top of the first
+    page.locator("#interrupt").click()
+    page.wait_for_function("() => /^(audio|error):|^interrupted/.test(document.querySelector('#stats textarea')"
+                           ".value)")
+    page.wait_for_function("() => document.querySelector('#interrupt').disabled")
+    assert page.locator("#generate").is_enabled()
+    assert_no_traceback(page, webui_server)
+
+
+def _same_row(page, box: str, button: str) -> bool:
+    b, k = page.locator(box).bounding_box(), page.locator(button).bounding_box()
+    return b["y"] <= k["y"] + k["height"] / 2 <= b["y"] + b["height"] and k["x"] + k["width"] <= PHONE["width"]
+
+
+def test_layout_at_desktop_and_phone_width(webui_page) -> None:
+    page = webui_page
+    _voice(page, "A screenshot of the page after a run.", refine=True)
+    assert generate(page).startswith("audio:")
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "webui-desktop.png"), full_page=True)
+    desktop = page.viewport_size
+    try:
+        page.set_viewport_size(PHONE)
+        page.wait_for_timeout(500)
+        page.screenshot(path=str(ARTIFACTS / "webui-phone.png"), full_page=True)
+        assert page.evaluate("() => document.documentElement.scrollWidth") <= PHONE["width"]
+        assert _same_row(page, "#audio-seed", "#audio-dice") and _same_row(page, "#text-seed", "#text-dice")
+        assert page.locator("#audio-dice").inner_text().strip() == "🎲 Random voice"
+    finally:
+        page.set_viewport_size(desktop)
+
+
+def test_error_toast_stays_clear_of_the_controls(webui_page) -> None:
+    page = webui_page
+    page.locator("#input-text textarea").fill("  ")
+    page.evaluate("() => window.scrollTo(0, 0)")
+    assert generate(page).startswith("error: text:")
+    toast = page.locator(".toast-body").filter(has_text="empty").first
+    toast.wait_for()
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "webui-toast.png"))
+    t = toast.bounding_box()
+    for control in ("#split-text", "#stream", "#autoplay", "#generate", "#refine", "#input-text"):
+        c = page.locator(control).bounding_box()
+        overlap = t["x"] < c["x"] + c["width"] and c["x"] < t["x"] + t["width"] and \
+            t["y"] < c["y"] + c["height"] and c["y"] < t["y"] + t["height"]
+        assert not overlap, control
