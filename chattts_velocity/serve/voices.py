@@ -1,7 +1,8 @@
 """Serving stage: OpenAI `voice` and `speed` fields -> ChatTTS speaker strings and `[speed_N]` prompts.
 
-A voice is a preset name (a bookmark for an audio seed), an integer seed, or a speaker string from
-`Chat.sample_random_speaker()`. The same name or seed gives the same voice on every run and machine.
+A voice is a preset name (a bookmark for an audio seed), an integer seed, a saved voice (text.voices.VoiceLibrary)
+or a speaker string from `Chat.sample_random_speaker()`. The same name or seed gives the same voice on every run
+and machine; text.voices.voice_params decides which is which.
 """
 from __future__ import annotations
 
@@ -10,14 +11,10 @@ from collections import OrderedDict
 from collections.abc import Callable
 
 from ..text import decode_spk_emb, seed_context
-from ..text.speaker import SPEAKER_PREFIX, VOICE_SEED_MAX
+from ..text.speaker import VOICE_SEED_MAX
+from ..text.voices import PRESET_SEEDS, VoiceLibrary, voice_params
 
-# name -> audio seed. OpenAI's voice names are accepted so stock clients work; the names promise nothing
-# about the timbre. "default" matches the web UI's Default (seed 2).
-VOICE_SEEDS = {
-    "default": 2, "alloy": 1111, "ash": 2222, "ballad": 3333, "coral": 4444, "echo": 5555, "fable": 6666,
-    "onyx": 7777, "nova": 8888, "sage": 9999, "shimmer": 1234, "verse": 4321,
-}
+VOICE_SEEDS = PRESET_SEEDS  # the name the server has always used
 SPEED_RANGE = (0.25, 4.0)
 
 
@@ -35,30 +32,32 @@ def speed_prompt(speed: float) -> str:
 class VoiceBook:
     """Speaker strings for voice names, seeds or strings; a seed's speaker is drawn once and cached."""
 
-    def __init__(self, sample_speaker: Callable[[], str], hidden_size: int, presets: dict[str, int] | None = None,
+    def __init__(self, sample_speaker: Callable[[], str], hidden_size: int, library: VoiceLibrary | None = None,
                  cache_size: int = 1024) -> None:
-        self.sample_speaker, self.hidden_size = sample_speaker, hidden_size
-        self.presets = dict(VOICE_SEEDS if presets is None else presets)
+        self.sample_speaker, self.hidden_size, self.library = sample_speaker, hidden_size, library
+        self.presets = dict(PRESET_SEEDS)
         self.cache_size = cache_size
         self._by_seed: OrderedDict[int, str] = OrderedDict()
 
     def names(self) -> list[dict]:
         return [{"id": name, "name": name, "seed": seed} for name, seed in self.presets.items()]
 
-    def resolve(self, voice: str | int | None) -> str:
-        """The speaker string for voice (None -> "default"); ValueError naming `voice` otherwise."""
-        if voice is None:
-            voice = "default"
-        if isinstance(voice, bool) or not isinstance(voice, (str, int)):
-            raise ValueError(f"voice: expected a preset name, a seed or a speaker string, got {voice!r}")
-        if isinstance(voice, int) or voice.strip().isdigit():
-            return self.for_seed(int(voice))
-        if voice.lower() in self.presets:
-            return self.for_seed(self.presets[voice.lower()])
-        if voice.startswith(SPEAKER_PREFIX):
-            return self._checked_string(voice)
-        raise ValueError(f"voice: unknown voice {voice[:40]!r}; use one of {sorted(self.presets)}, an integer "
-                         f"seed, or a speaker string from sample_random_speaker() (GET /v1/audio/voices)")
+    def params(self, voice: object) -> dict[str, str | None]:
+        """InferCodeParams keywords {spk_emb, spk_smp, txt_smp} for voice; ValueError naming `voice` otherwise."""
+        drawn = []  # a seed's speaker comes from this model; strings and saved voices are checked against it
+
+        def for_seed(seed: int) -> str:
+            drawn.append(seed)
+            return self.for_seed(seed)
+
+        found = voice_params(voice, self.library, for_seed)
+        if found["spk_emb"] is not None and not drawn:
+            self._check_width(found["spk_emb"])
+        return found
+
+    def resolve(self, voice: object) -> str | None:
+        """The speaker string for voice (None -> "default"; None for a saved voice that is a clip only)."""
+        return self.params(voice)["spk_emb"]
 
     def for_seed(self, seed: int) -> str:
         if not 0 <= seed <= VOICE_SEED_MAX:
@@ -71,9 +70,11 @@ class VoiceBook:
         self._by_seed.move_to_end(seed)
         return self._by_seed[seed]
 
-    def _checked_string(self, voice: str) -> str:
-        width = decode_spk_emb(voice).numel()  # ValueError names "speaker" for malformed strings
+    def _check_width(self, speaker: str) -> None:
+        try:
+            width = decode_spk_emb(speaker).numel()
+        except ValueError as exc:
+            raise ValueError(f"voice: {str(exc).split(': ', 1)[-1]}") from None
         if width != self.hidden_size:
             raise ValueError(f"voice: the speaker string holds {width} values but this model needs "
                              f"{self.hidden_size}; sample it from this model")
-        return voice

@@ -15,10 +15,13 @@ from chattts_velocity.text.speaker import (
     speaker_tensor,
 )
 from chattts_velocity.text.tokenizer import Tokenizer, pad_left
+from chattts_velocity.text.voices import Voice, VoiceLibrary, voice_params
 
 __all__ = [
     "Normalizer",
     "Tokenizer",
+    "Voice",
+    "VoiceLibrary",
     "check_texts",
     "decode_prompt",
     "decode_spk_emb",
@@ -32,4 +35,5 @@ __all__ = [
     "speaker_tensor",
     "split_pieces",
     "split_text",
+    "voice_params",
 ]
