@@ -67,7 +67,7 @@ def test_prompts_follow_the_levels_and_name_a_bad_field() -> None:
 
 
 def test_preset_follows_the_seed() -> None:
-    assert preset_for_seed(1111) == "Timbre 1"
+    assert preset_for_seed(1111) == "alloy"
     assert preset_for_seed(1112) == CUSTOM
 
 
@@ -122,5 +122,5 @@ def test_seed_gives_the_speaker_and_the_preset_name() -> None:
     handlers = Handlers(RecordingChat())
     with seed_context(1111):
         want = sample_random_speaker(HIDDEN)
-    assert handlers.speaker_for_seed(1111) == (want, "Timbre 1")
+    assert handlers.speaker_for_seed(1111) == (want, "alloy")
     assert handlers.speaker_for_seed(77)[1] == CUSTOM

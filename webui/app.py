@@ -15,10 +15,12 @@ import gradio as gr
 
 from chattts_velocity import Chat
 from chattts_velocity.cli.common import add_webui_flags, check_port_free, load_chat
+from chattts_velocity.text.voices import VoiceLibrary
 from webui import layout
-from webui.controls import VOICE_PRESETS, refine_prompt
+from webui.controls import DEFAULT_PRESET, VOICE_PRESETS, refine_prompt
 from webui.handlers import Handlers, ffmpeg_available, random_seed
 from webui.layout import CSS, HIDDEN, THEME, Controls
+from webui.library import LibraryHandlers
 
 REQUEST_INPUTS = ("text", "speaker", "clip_code", "transcript", "refine", "oral", "laugh", "pause", "text_seed",
                   "audio_seed", "speed", "temperature", "top_p", "top_k", "split_text", "batch_size", "fmt")
@@ -39,11 +41,18 @@ def _stopped(autoplay: bool) -> tuple:
 
 
 def _wire_voice(c: Controls, handlers: Handlers) -> None:
-    c["preset"].change(lambda name: VOICE_PRESETS.get(name, gr.skip()), c["preset"], c["audio_seed"], queue=False)
+    c["preset"].change(handlers.voice_for_preset, c["preset"], [c["audio_seed"], c["speaker"]], queue=False)
     c["audio_dice"].click(random_seed, None, c["audio_seed"], queue=False)
     c["text_dice"].click(random_seed, None, c["text_seed"], queue=False)
     c["audio_seed"].change(handlers.speaker_for_seed, c["audio_seed"], [c["speaker"], c["preset"]], queue=False)
     c["clip"].change(handlers.encode_clip, c["clip"], c["clip_code"])
+
+
+def _wire_library(c: Controls, library: LibraryHandlers) -> None:
+    voice = [c["speaker"], c["clip_code"], c["transcript"]]
+    c["save_voice"].click(library.save, [c["voice_name"], *voice], [c["saved"], c["voice_name"]], queue=False)
+    c["saved"].input(library.pick, c["saved"], [*voice, c["preset"]], queue=False)  # a person's pick only
+    c["delete_voice"].click(library.delete, c["saved"], c["saved"], queue=False)
 
 
 def _wire_style(c: Controls) -> None:
@@ -70,10 +79,13 @@ def _wire_runs(c: Controls, handlers: Handlers) -> None:
     c["interrupt"].click(handlers.interrupt, None, None, queue=False)
 
 
-def build_ui(chat: Chat, use_vllm: bool = True, max_new_token: int = 2048) -> gr.Blocks:
-    """The whole page around one loaded Chat. Launch with `.queue().launch(theme=THEME, css=CSS)`:
-    streaming needs the queue, and CSS hides the live player outside streaming runs."""
+def build_ui(chat: Chat, use_vllm: bool = True, max_new_token: int = 2048,
+             voices: VoiceLibrary | None = None) -> gr.Blocks:
+    """The whole page around one loaded Chat and a voice library (default: $CHATTTS_VELOCITY_VOICES).
+    Launch with `.queue().launch(theme=THEME, css=CSS)`: streaming needs the queue, and CSS hides the
+    live player outside streaming runs."""
     handlers = Handlers(chat, use_vllm=use_vllm, max_new_token=max_new_token)
+    library = LibraryHandlers(voices or VoiceLibrary())
     with gr.Blocks(title="ChatTTS velocity", analytics_enabled=False) as demo:
         gr.Markdown("## ChatTTS velocity\nType some Chinese or English text, pick a voice and press Generate.")
         with gr.Row():
@@ -81,7 +93,8 @@ def build_ui(chat: Chat, use_vllm: bool = True, max_new_token: int = 2048) -> gr
                 c = {"text": gr.Textbox(label="Text", lines=5, max_lines=12, elem_id="input-text",
                                         placeholder="Text to speak (Chinese and/or English)")}
                 examples_slot = gr.Column()  # filled below: examples need the controls they set
-                c.update(layout.voice_controls(handlers.speaker_for_seed(VOICE_PRESETS["Default"])[0]))
+                c.update(layout.voice_controls(handlers.speaker_for_seed(VOICE_PRESETS[DEFAULT_PRESET])[0]))
+                c.update(layout.library_controls(library.names()))
                 c.update(layout.style_controls())
             with gr.Column(scale=2, min_width=300):
                 c.update(layout.run_controls(ffmpeg_available()))
@@ -91,7 +104,9 @@ def build_ui(chat: Chat, use_vllm: bool = True, max_new_token: int = 2048) -> gr
                         label="Examples (each sets speed, refine levels and seeds too)",
                         example_labels=[label for label, _ in layout.EXAMPLES])
         _wire_voice(c, handlers)
+        _wire_library(c, library)
         _wire_style(c)
+        demo.load(library.refresh, None, c["saved"], queue=False)  # voices saved elsewhere since start-up
         _wire_runs(c, handlers)
     return demo
 

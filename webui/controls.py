@@ -12,10 +12,12 @@ import numpy as np
 
 from chattts_velocity.audio import SAMPLE_RATE, wav_bytes
 from chattts_velocity.audio.formats import audio_format
+from chattts_velocity.text.voices import PRESET_SEEDS
 
-# name -> audio seed. The names carry no promise about the voice; they are bookmarks.
-VOICE_PRESETS = {"Default": 2, "Timbre 1": 1111, "Timbre 2": 2222, "Timbre 3": 3333,
-                 "Timbre 4": 4444, "Timbre 5": 5555}
+# name -> audio seed, the server's presets (OpenAI's voice names): the same name is the same voice on the page
+# and through the API. The names carry no promise about the timbre; they are bookmarks.
+VOICE_PRESETS = PRESET_SEEDS
+DEFAULT_PRESET = "default"
 CUSTOM = "Custom"  # the preset shown for a seed no preset names (a dice roll, a typed seed)
 
 # control -> (highest level, default): ChatTTS's tokenizer has [speed_0..9], [oral_0..9], [laugh_0..2],

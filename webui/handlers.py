@@ -26,7 +26,7 @@ from chattts_velocity.text import decode_prompt, decode_spk_emb, seed_context
 from chattts_velocity.text.speaker import VOICE_SEED_MAX
 
 from .clips import RunStats, read_clip
-from .controls import batch_size, preset_for_seed, refine_prompt, speed_prompt, write_download
+from .controls import VOICE_PRESETS, batch_size, preset_for_seed, refine_prompt, speed_prompt, write_download
 
 Update = tuple  # (live chunk, full audio, download file, spoken text, stats)
 
@@ -104,6 +104,12 @@ class Handlers:
         except ValueError as exc:
             warn(exc)
             return gr.skip(), gr.skip()
+
+    def voice_for_preset(self, name: str) -> tuple:
+        """Preset -> (audio seed, speaker string); Custom keeps both (it only names a seed no preset has)."""
+        if name not in VOICE_PRESETS:
+            return gr.skip(), gr.skip()
+        return VOICE_PRESETS[name], self.speaker_for_seed(VOICE_PRESETS[name])[0]
 
     def encode_clip(self, path: str | None) -> str:
         """Uploaded or recorded voice clip -> spk_smp string ("" when the clip is cleared)."""

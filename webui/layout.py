@@ -9,7 +9,7 @@ import gradio as gr
 from chattts_velocity.audio import SAMPLE_RATE
 from chattts_velocity.audio.formats import WAV, available_formats
 
-from .controls import BATCH_SIZE, CUSTOM, LEVELS, VOICE_PRESETS, refine_prompt
+from .controls import BATCH_SIZE, CUSTOM, DEFAULT_PRESET, LEVELS, VOICE_PRESETS, refine_prompt
 
 Controls = dict[str, gr.components.Component]
 HIDDEN = "velocity-hidden"
@@ -49,9 +49,9 @@ def _seed_row(value: int, label: str, button: str, box_id: str, button_id: str) 
 
 def voice_controls(default_speaker: str) -> Controls:
     c: Controls = {}
-    c["preset"] = gr.Dropdown([*VOICE_PRESETS, CUSTOM], value="Default", label="Voice preset",
+    c["preset"] = gr.Dropdown([*VOICE_PRESETS, CUSTOM], value=DEFAULT_PRESET, label="Voice preset",
                               info="a bookmark for an audio seed; Custom for any other seed", elem_id="voice-preset")
-    c["audio_seed"], c["audio_dice"] = _seed_row(VOICE_PRESETS["Default"], "Audio seed (voice)",
+    c["audio_seed"], c["audio_dice"] = _seed_row(VOICE_PRESETS[DEFAULT_PRESET], "Audio seed (voice)",
                                                  "🎲 Random voice", "audio-seed", "audio-dice")
     c["speaker"] = gr.Textbox(default_speaker, label="Speaker string", lines=2, max_lines=4, buttons=["copy"],
                               info="made from the audio seed; paste one to reuse a voice, clear it for the "

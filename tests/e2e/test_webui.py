@@ -91,7 +91,7 @@ def test_bad_speaker_string_is_rejected_ongenerate(webui_page, webui_server) -> 
 def test_preset_and_dice_regenerate_the_speaker(webui_page) -> None:
     page = webui_page
     page.locator("#voice-preset input").click()
-    page.get_by_role("option", name="Timbre 1").click()
+    page.get_by_role("option", name="alloy").click()
     page.wait_for_function("() => document.querySelector('#audio-seed input').value === '1111'")
     want = expected_speaker(1111)
     page.wait_for_function("(s) => document.querySelector('#speaker textarea').value === s", arg=want)
@@ -107,7 +107,7 @@ def test_preset_and_dice_regenerate_the_speaker(webui_page) -> None:
 def test_generate_gives_a_playable_wav(webui_page, webui_server) -> None:
     page = webui_page
     page.locator("#voice-preset input").click()
-    page.get_by_role("option", name="Default").click()
+    page.get_by_role("option", name="default").click()
     page.wait_for_function("() => document.querySelector('#audio-seed input').value === '2'")
     page.locator("#input-text textarea").fill("Hello world, 你好。")
     stats = generate(page)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 from page_driver import (
-    ARTIFACTS, assert_no_traceback, browser_duration, fetch_download, fetch_output_wav, generate, pick,
-    set_slider, type_number,
+    ARTIFACTS, assert_no_traceback, browser_duration, expected_speaker, fetch_download, fetch_output_wav, generate,
+    pick, set_slider, type_number,
 )
 
 pytestmark = pytest.mark.e2e
@@ -16,7 +16,7 @@ PHONE = {"width": 390, "height": 844}
 def _voice(page, text: str, refine: bool) -> None:
     """Same text, the Default voice (audio seed 2), text seed 42, speed 5, wav: a fixed starting point."""
     page.locator("#input-text textarea").fill(text)
-    pick(page, "voice-preset", "Default")
+    pick(page, "voice-preset", "default")
     type_number(page, "text-seed", 42)
     page.locator("#refine input").set_checked(refine)
     set_slider(page, "speed", 5)
@@ -35,7 +35,7 @@ def test_an_example_sets_text_speed_levels_and_seeds(webui_page) -> None:
     assert page.locator("#input-text textarea").input_value().startswith("欢迎使用这个语音合成引擎")
     values = {i: page.locator(f"#{i} input").first.input_value() for i in ("speed", "oral", "laugh", "break")}
     assert values == {"speed": "7", "oral": "6", "laugh": "2", "break": "5"}
-    page.wait_for_function("() => document.querySelector('#voice-preset input').value === 'Timbre 3'")
+    page.wait_for_function("() => document.querySelector('#voice-preset input').value === 'ballad'")
     page.wait_for_function("() => document.querySelector('#refine-prompt textarea').value"
                            " === '[oral_6][laugh_2][break_5]'")
 
@@ -155,3 +155,55 @@ def test_error_toast_stays_clear_of_the_controls(webui_page) -> None:
         overlap = t["x"] < c["x"] + c["width"] and c["x"] < t["x"] + t["width"] and \
             t["y"] < c["y"] + c["height"] and c["y"] < t["y"] + t["height"]
         assert not overlap, control
+
+
+def test_voice_library_save_pick_and_delete(webui_page, webui_server) -> None:
+    from chattts_velocity.text.voices import VoiceLibrary
+
+    page = webui_page
+    VoiceLibrary(webui_server.voices).save("From the API", speaker=expected_speaker(4444))  # made elsewhere
+    page.reload()
+    page.wait_for_selector("#generate")
+    page.get_by_text("Voice library").click()
+    pick(page, "voice-preset", "alloy")
+    alloy = expected_speaker(1111)
+    page.wait_for_function("(s) => document.querySelector('#speaker textarea').value === s", arg=alloy)
+    page.locator("#voice-name textarea").fill("Narrator")
+    page.locator("#save-voice").click()
+    page.wait_for_function("() => document.querySelector('#saved-voices input').value === 'Narrator'")
+    assert VoiceLibrary(webui_server.voices).get("Narrator").speaker == alloy  # on disk for the server too
+    pick(page, "voice-preset", "default")
+    page.wait_for_function("(s) => document.querySelector('#speaker textarea').value === s",
+                           arg=expected_speaker(2))
+    for name, speaker in (("Narrator", alloy), ("From the API", expected_speaker(4444))):
+        pick(page, "saved-voices", name)
+        page.wait_for_function("(s) => document.querySelector('#speaker textarea').value === s", arg=speaker)
+        assert page.locator("#voice-preset input").input_value() == "Custom"
+    page.locator("#input-text textarea").fill("A saved voice speaks.")
+    assert generate(page).startswith("audio:")
+    pick(page, "saved-voices", "Narrator")
+    page.locator("#delete-voice").click()
+    page.wait_for_function("() => document.querySelector('#saved-voices input').value === ''")
+    assert "Narrator" not in VoiceLibrary(webui_server.voices)
+    page.locator("#saved-voices input").click()
+    assert page.get_by_role("option", name="Narrator", exact=True).count() == 0
+    page.keyboard.press("Escape")
+    assert_no_traceback(page, webui_server)
+
+
+def test_clone_a_voice_from_the_microphone(webui_page, webui_server) -> None:
+    from chattts_velocity.text import decode_prompt
+
+    page = webui_page  # Chromium's fake microphone (conftest flags) plays a beeping tone
+    page.get_by_text("Clone a voice (optional)").click()
+    page.locator('#clip button[aria-label="Record audio"]').click()
+    page.locator("#clip button", has_text="Record").click()
+    page.wait_for_timeout(2000)
+    page.locator("#clip button:visible", has_text="Stop").first.click()
+    page.wait_for_function("() => document.querySelector('#clip-code textarea').value.length > 0")
+    codes = decode_prompt(page.locator("#clip-code textarea").input_value())
+    assert codes.shape[0] == 4 and codes.shape[1] >= 20  # ~2 s of clip: 1 code per 2 mel frames of 256 samples
+    page.locator("#transcript textarea").fill("beep beep")
+    page.locator("#input-text textarea").fill("A voice from the microphone.")
+    assert generate(page).startswith("audio:")
+    assert_no_traceback(page, webui_server)
