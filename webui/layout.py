@@ -22,6 +22,8 @@ CSS = f"""
 .seed-row > button {{ flex: 0 0 auto !important; min-width: max-content !important; }}
 .toast-wrap {{ top: auto !important; bottom: 12px !important; }}
 #download .empty {{ min-height: 64px !important; height: 64px !important; }}
+@media (max-width: 560px) {{ .stack-on-phone {{ flex-direction: column !important; }}
+  .stack-on-phone > * {{ min-width: 100% !important; }} }}
 """
 THEME = gr.themes.Default(font=["system-ui", "sans-serif"], font_mono=["ui-monospace", "monospace"])
 _SPEED, _ORAL, _LAUGH, _BREAK = (LEVELS[k] for k in ("speed", "oral", "laugh", "break"))
@@ -87,10 +89,10 @@ def style_controls() -> Controls:
                            elem_id="speed")
     c["refine"] = gr.Checkbox(True, label="Refine text", info="the model rewrites the text first, adding "
                               "pauses and laughs by these levels", elem_id="refine")
-    with gr.Row():
-        c["oral"] = gr.Slider(0, _ORAL[0], _ORAL[1], step=1, label="Oral", elem_id="oral", min_width=150)
-        c["laugh"] = gr.Slider(0, _LAUGH[0], _LAUGH[1], step=1, label="Laugh", elem_id="laugh", min_width=150)
-        c["pause"] = gr.Slider(0, _BREAK[0], _BREAK[1], step=1, label="Break", elem_id="break", min_width=150)
+    with gr.Row(elem_classes=["stack-on-phone"]):
+        c["oral"] = gr.Slider(0, _ORAL[0], _ORAL[1], step=1, label="Oral", elem_id="oral")
+        c["laugh"] = gr.Slider(0, _LAUGH[0], _LAUGH[1], step=1, label="Laugh", elem_id="laugh")
+        c["pause"] = gr.Slider(0, _BREAK[0], _BREAK[1], step=1, label="Break", elem_id="break")
     c["refine_prompt"] = gr.Textbox(refine_prompt(_ORAL[1], _LAUGH[1], _BREAK[1]), label="Refine prompt",
                                     interactive=False, elem_id="refine-prompt")
     c["text_seed"], c["text_dice"] = _seed_row(42, "Text seed (refine)", "🎲 Random seed", "text-seed",
@@ -100,14 +102,14 @@ def style_controls() -> Controls:
 
 def run_controls(can_stream: bool) -> Controls:
     c: Controls = {}
-    with gr.Row():
+    with gr.Row(elem_classes=["stack-on-phone"]):
         c["split_text"] = gr.Checkbox(True, label="Split long text", info="sentence pieces, batched",
-                                      elem_id="split-text", min_width=130)
-        c["stream"] = gr.Checkbox(False, label="Stream", interactive=can_stream, elem_id="stream", min_width=130,
+                                      elem_id="split-text")
+        c["stream"] = gr.Checkbox(False, label="Stream", interactive=can_stream, elem_id="stream",
                                   info="play while generating" if can_stream
                                   else "streaming needs ffmpeg on the server")
         c["autoplay"] = gr.Checkbox(True, label="Auto-play", info="play the result when it is ready",
-                                    elem_id="autoplay", min_width=130)
+                                    elem_id="autoplay")
     c["batch_size"] = gr.Slider(*BATCH_SIZE, step=1, label="Batch size", info="pieces generated together",
                                 elem_id="batch-size")
     c["temperature"] = gr.Slider(1e-5, 1.0, 0.3, step=1e-5, label="Temperature")
