@@ -24,20 +24,34 @@ from webui.library import LibraryHandlers
 
 REQUEST_INPUTS = ("text", "speaker", "clip_code", "transcript", "refine", "oral", "laugh", "pause", "text_seed",
                   "audio_seed", "speed", "temperature", "top_p", "top_k", "split_text", "batch_size", "fmt")
-RUN_STATE = ("generate", "generate_stream", "interrupt", "live", "audio")  # what a run start / end updates
+RUN_STATE = ("generate", "generate_stream", "interrupt", "live")  # what a run's start and end switch
+# Auto-play in the browser: gradio reads a player's autoplay once, when it mounts, so the checkbox
+# presses the player's Play button instead, once the new result has loaded (its duration shows): the
+# player stops itself when loading ends, which would undo an earlier press.
+PLAY_RESULT = """async (on) => {
+  const pause = ms => new Promise(done => setTimeout(done, ms));
+  for (let tries = 0; on && tries < 50; tries++, await pause(100)) {
+    const player = document.querySelector('#output-audio');
+    const button = player.querySelector('button.play-pause-button');
+    const duration = player.querySelector('time#duration');
+    if (button && duration && duration.textContent.trim() !== '0:00') {
+      await pause(100);
+      button.click();
+      return;
+    }
+  }
+}"""
 
 
 def _running(streaming: bool) -> tuple:
-    """While a run goes: Generate off, Interrupt on, the live player shown for a stream (and the result
-    player silent then, so the full audio does not play over the live one)."""
+    """Run start -> RUN_STATE: Generate off, Interrupt on, the live player shown for a stream."""
     off, on = gr.update(interactive=False), gr.update(interactive=True)
-    live = gr.update(elem_classes=[] if streaming else [HIDDEN])
-    return off, off, on, live, gr.update(autoplay=False) if streaming else gr.skip()
+    return off, off, on, gr.update(elem_classes=[] if streaming else [HIDDEN])
 
 
-def _stopped(autoplay: bool) -> tuple:
+def _stopped() -> tuple:
     on, off = gr.update(interactive=True), gr.update(interactive=False)
-    return on, on, off, gr.update(elem_classes=[HIDDEN]), gr.update(autoplay=autoplay)
+    return on, on, off, gr.update(elem_classes=[HIDDEN])
 
 
 def _wire_voice(c: Controls, handlers: Handlers) -> None:
@@ -62,20 +76,24 @@ def _wire_style(c: Controls) -> None:
     c["refine"].change(lambda on: [gr.update(interactive=on)] * 3, c["refine"], levels, queue=False)
     c["stream"].change(lambda on: (gr.update(visible=on), gr.update(visible=not on)), c["stream"],
                        [c["generate_stream"], c["generate"]], queue=False)
-    c["autoplay"].change(lambda on: gr.update(autoplay=on), c["autoplay"], c["audio"], queue=False)
 
 
 def _wire_runs(c: Controls, handlers: Handlers) -> None:
-    # Two Generate buttons, so the live player is only an output of streaming runs.
+    # Two Generate buttons, so the live player is only an output of streaming runs. A streaming event
+    # plays every audio output it sets, so a stream's full audio goes through a State into the player
+    # after the event (and is not auto-played: the listener heard it live, and may still be hearing it).
     inputs = [c[k] for k in REQUEST_INPUTS]
-    outputs = [c[k] for k in ("audio", "download", "refined", "stats")]
-    state = [c[k] for k in RUN_STATE]
-    for button, run, streaming in ((c["generate"], handlers.generate, False),
-                                   (c["generate_stream"], handlers.generate_stream, True)):
-        button.click(lambda s=streaming: _running(s), None, state, queue=False) \
-            .then(run, inputs, [c["live"], *outputs] if streaming else outputs,
-                  concurrency_id="tts", concurrency_limit=1) \
-            .then(_stopped, c["autoplay"], state, queue=False)
+    results = [c[k] for k in ("download", "refined", "stats")]
+    state, streamed = [c[k] for k in RUN_STATE], gr.State()
+    c["generate"].click(lambda: _running(False), None, state, queue=False) \
+        .then(handlers.generate, inputs, [c["audio"], *results], concurrency_id="tts", concurrency_limit=1) \
+        .then(_stopped, None, state, queue=False) \
+        .then(None, c["autoplay"], None, js=PLAY_RESULT)
+    c["generate_stream"].click(lambda: _running(True), None, state, queue=False) \
+        .then(handlers.generate_stream, inputs, [c["live"], streamed, *results], concurrency_id="tts",
+              concurrency_limit=1) \
+        .then(lambda audio: audio, streamed, c["audio"], queue=False) \
+        .then(_stopped, None, state, queue=False)
     c["interrupt"].click(handlers.interrupt, None, None, queue=False)
 
 

@@ -108,7 +108,7 @@ def run_controls(can_stream: bool) -> Controls:
         c["stream"] = gr.Checkbox(False, label="Stream", interactive=can_stream, elem_id="stream",
                                   info="play while generating" if can_stream
                                   else "streaming needs ffmpeg on the server")
-        c["autoplay"] = gr.Checkbox(True, label="Auto-play", info="play the result when it is ready",
+        c["autoplay"] = gr.Checkbox(True, label="Auto-play", info="play the result when it is ready (not after a stream)",
                                     elem_id="autoplay")
     c["batch_size"] = gr.Slider(*BATCH_SIZE, step=1, label="Batch size", info="pieces generated together",
                                 elem_id="batch-size")
@@ -130,7 +130,7 @@ def output_controls() -> Controls:
     c["live"] = gr.Audio(label="Live stream", streaming=True, autoplay=True, interactive=False,
                          buttons=["download"], elem_id="live-audio", elem_classes=[HIDDEN])
     c["audio"] = gr.Audio(label=f"Audio ({SAMPLE_RATE // 1000} kHz {WAV.name.upper()})", type="numpy",
-                          format=WAV.name, interactive=False, autoplay=True, buttons=["download"],
+                          format=WAV.name, interactive=False, buttons=["download"],
                           elem_id="output-audio")
     c["download"] = gr.File(label="Download (the chosen format)", interactive=False, elem_id="download")
     c["refined"] = gr.Textbox(label="Spoken text (after refine)", lines=2, interactive=False, elem_id="refined")

@@ -149,6 +149,8 @@ def test_stream_plays_chunks_then_gives_the_full_wav(webui_page, webui_server) -
     assert abs(wav.getnframes() / 24000 - audio_seconds(stats)) < 0.006
     assert page.locator("#refined textarea").input_value() == "Streaming sends audio as soon as it is ready."
     page.wait_for_function("() => !document.querySelector('#live-audio').checkVisibility()")  # no leftover player
+    page.wait_for_timeout(1000)  # the full audio must not start over the live audio, which may still play
+    assert page.locator("#output-audio button[aria-label=Play]").count() == 1
     stream.uncheck()
     assert_no_traceback(page, webui_server)
 
