@@ -19,7 +19,7 @@ from .audio.wav import SAMPLE_RATE
 from .config import ModelConfig
 from .engine.gpt import GPTBackend, load_pretrained
 from .params import InferCodeParams, RefineTextParams
-from .schema import GenerationOutput, Prompt, SpeechRequests, TextPieces
+from .schema import GenerationOutput, Prompt, SamplingParams, SpeechRequests, TextPieces
 
 if TYPE_CHECKING:
     from .engine.llm_engine import LLMEngine
@@ -215,11 +215,19 @@ class Chat:
         spk_smp = text.decode_prompt(params.spk_smp) if params.spk_smp is not None else None
         return self.tokenizer.code_prompt(piece, spk_emb, params.txt_smp, params.prompt, spk_smp)
 
-    def _refine(self, gpt: GPTBackend, pieces: TextPieces, params: RefineTextParams, batch: int) -> TextPieces:
+    def refine_requests(self, pieces: TextPieces, params: RefineTextParams) -> tuple[list[Prompt], SamplingParams]:
+        """The refine-text pass's requests, one per piece (for callers that run the engine themselves)."""
         prompts = [self.tokenizer.refine_prompt(p, params.prompt) for p in pieces.texts]
-        sampling = params.to_sampling_params("text", self.tokenizer.eos_id, return_hidden=False)
+        return prompts, params.to_sampling_params("text", self.tokenizer.eos_id, return_hidden=False)
+
+    def refined_text(self, token_ids: torch.Tensor) -> str:
+        """A refine request's generated ids [T, 1] -> the text the code pass reads."""
+        return self.tokenizer.refined_text(token_ids[:, 0].tolist())
+
+    def _refine(self, gpt: GPTBackend, pieces: TextPieces, params: RefineTextParams, batch: int) -> TextPieces:
+        prompts, sampling = self.refine_requests(pieces, params)
         outs = gpt.generate(prompts, sampling, params.show_tqdm, self._stop.is_set, max_batch=batch)
-        return pieces.replace([self.tokenizer.refined_text(o.token_ids[:, 0].tolist()) for o in outs])
+        return pieces.replace([self.refined_text(o.token_ids) for o in outs])
 
     # ---- GPT outputs -> audio ------------------------------------------------------------------------
     def _decode(self, outputs: list[GenerationOutput], use_decoder: bool) -> list[np.ndarray]:

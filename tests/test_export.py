@@ -90,7 +90,8 @@ def test_fifty_lines_two_bad_then_second_run_skips_the_finished(chat: Chat, tmp_
     assert first[7]["status"] == "error" and "invalid JSON" in first[7]["error"]
     assert first[31]["status"] == "error" and first[31]["error"].startswith("speaker:")
     assert first[1] | {"seed": None, "request": None} == {
-        "line": 1, "text": say(0), "id": None, "output": "00001.wav", "seed": None, "speaker": None, "status": "ok",
+        "line": 1, "text": say(0), "id": None, "output": "00001.wav", "seed": None, "speaker": None, "voice": None,
+        "status": "ok",
         "error": None, "duration": CLIP / 24000, "request": None, "reason": None}
     assert all(isinstance(first[k]["seed"], int) for k in first if k not in (7, 31))
     stamps = {p.name: p.stat().st_mtime_ns for p in wavs}
@@ -150,7 +151,7 @@ def test_jsonl_ids_speakers_seeds_outputs_and_bad_fields(chat: Chat, tmp_path: P
         {"text": "Bad seed.", "seed": "seven"},  # 9
         {"text": "  "},  # 10
         ["not", "an", "object"],  # 11
-        {"text": "Unknown field.", "voice": "x"},  # 12
+        {"text": "Unknown field.", "colour": "x"},  # 12
         {"text": "Wrong type.", "output": "a.mp3"},  # 13
         {"text": "Normalised path.", "output": "sub/../inside.wav"},  # 14
     ]

@@ -71,7 +71,10 @@ def cmd_export(args: argparse.Namespace) -> None:
 
     max_new_token = args.max_new_token or (DEMO_MAX_NEW_TOKEN if args.model == "demo" else 2048)
     params = InferCodeParams(max_new_token=max_new_token, show_tqdm=False)
-    plan = plan_export(args.input, args.output_dir, seed=args.seed, speaker=args.speaker or None, params=params)
+    from ..text.voices import VoiceLibrary
+
+    plan = plan_export(args.input, args.output_dir, seed=args.seed, speaker=args.speaker or None, params=params,
+                       voice=args.voice, voices=VoiceLibrary(args.voices) if args.voices else None)
     signal.signal(signal.SIGTERM, _interrupt)  # a kill ends like Ctrl-C: finished lines stay on record
     if args.ray:
         _export_with_ray(args, plan, params)
@@ -87,6 +90,8 @@ def _export_with_ray(args: argparse.Namespace, plan, params) -> None:
     from ..serve import ray_serve  # imports no ray: init_ray sets the loopback env first
 
     root, verify = model_folder(args)
+    if any(plan.clip_params(line) for line in plan.todo):
+        raise ValueError("voice: cloned voices (a clip, no speaker string) run on this machine only; drop --ray")
     if plan.todo:
         ray_serve.init_ray(args.ray_address, log_to_driver=True)
     options = ray_export.RayExportOptions(actors=args.actors, cpus_per_actor=args.cpus_per_actor,
@@ -141,13 +146,17 @@ def _add_webui(sub) -> None:
 
 def _add_export(sub) -> None:
     p = sub.add_parser("export", help="synthesise every line of a text or JSONL file to its own WAV (resumable)")
-    p.add_argument("input", help="text file (one utterance per line) or JSONL (text, id, speaker, seed, output); "
-                                 "'-' reads stdin")
+    p.add_argument("input", help="text file (one utterance per line) or JSONL (text, id, speaker, voice, seed, "
+                                 "output); '-' reads stdin")
     p.add_argument("-o", "--output-dir", required=True, help="folder for the WAVs and manifest.json")
     add_model_flags(p)
     p.add_argument("--seed", type=int, default=None,
                    help="line k uses seed + k - 1 (default: a random seed per line, kept in the manifest)")
     p.add_argument("--speaker", default="", help="speaker string for lines without their own")
+    p.add_argument("--voice", default=None, help="a saved voice (POST /v1/audio/voices) for lines without their own")
+    p.add_argument("--voices", metavar="DIR", default=None,
+                   help="the voice library folder (default $CHATTTS_VELOCITY_VOICES or "
+                        "~/.cache/chattts_velocity/voices)")
     p.add_argument("--max-new-token", type=int, default=None,
                    help=f"steps per sentence (default 2048; {DEMO_MAX_NEW_TOKEN} for demo)")
     _add_export_ray_flags(p)

@@ -23,7 +23,8 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
     max_new_token = args.max_new_token or (DEMO_MAX_NEW_TOKEN if args.model == "demo" else 2048)
     try:  # None keeps the defaults (for streaming: the exact receptive-field context)
         key = {"api_key": args.api_key} if args.api_key else {}  # else $CHATTTS_VELOCITY_API_KEY
-        return ServerConfig(**key, max_new_token=max_new_token,
+        voices = {"voices_dir": args.voices} if args.voices else {}  # else $CHATTTS_VELOCITY_VOICES or ~/.cache
+        return ServerConfig(**key, **voices, max_new_token=max_new_token,
                             stream_options=StreamOptions(**{k: v for k, v in stream.items() if v is not None}),
                             max_input_chars=ServerConfig.max_input_chars if args.max_input_chars is None
                             else args.max_input_chars)
@@ -77,6 +78,8 @@ def add_serve_parser(sub) -> None:
                    help="torch.compile the decode step (float32, or bf16/int8 where the C++ kernels are unavailable)")
     p.add_argument("--max-new-token", type=int, default=None, help="steps per sentence (default 2048; 150 for demo)")
     p.add_argument("--max-input-chars", type=int, metavar="N", help="longest input text (default 4096)")
+    p.add_argument("--voices", metavar="DIR", help="the voice library folder (default $CHATTTS_VELOCITY_VOICES or "
+                                                   "~/.cache/chattts_velocity/voices)")
     p.add_argument("--chunk-steps", type=int, metavar="N", help="steps per streamed chunk (default 24 = 0.5 s)")
     p.add_argument("--first-chunk-steps", type=int, metavar="N", help="a stream's first chunk (default: --chunk-steps)")
     p.add_argument("--first-lookahead-steps", type=int, metavar="N",

@@ -26,9 +26,11 @@ def params_record(params: object) -> dict:
     return {f.name: getattr(params, f.name) for f in dataclasses.fields(params) if f.name not in NOT_HASHED}
 
 
-def request_hash(text: str, speaker: str | None, seed: int | None, params: dict) -> str:
-    """What a line asked for; seed is None when the line did not choose one (then any recorded seed will do)."""
-    doc = json.dumps({"text": text, "speaker": speaker, "seed": seed, "params": params}, sort_keys=True)
+def request_hash(text: str, speaker: str | None, seed: int | None, params: dict, clip: dict | None = None) -> str:
+    """What a line asked for; seed is None when the line did not choose one (then any recorded seed will do).
+    `clip` is a cloned voice's {spk_smp, txt_smp} (left out when empty, so older records keep their hashes)."""
+    doc = {"text": text, "speaker": speaker, "seed": seed, "params": params, **({"clip": clip} if clip else {})}
+    doc = json.dumps(doc, sort_keys=True)
     return hashlib.sha256(doc.encode("utf-8")).hexdigest()[:32]
 
 

@@ -18,9 +18,10 @@ from ..audio.formats import WAV
 from ..params import InferCodeParams
 from ..schema import check_sampling
 from ..text import decode_spk_emb
+from ..text.voices import VoiceLibrary, voice_params
 from .manifest import MANIFEST, append_journal, now, params_record, read_record, request_hash, write_record
 
-FIELDS = ("text", "id", "speaker", "seed", "output")
+FIELDS = ("text", "id", "speaker", "voice", "seed", "output")
 EMPTY = "empty line"
 
 
@@ -34,6 +35,7 @@ class ExportLine:
     output: str | None = None  # relative to the output folder, "/"-separated
     seed: int | None = None
     speaker: str | None = None
+    voice: str | None = None  # a saved voice's name (text.voices); its speaker is copied into `speaker`
     status: str = "pending"  # pending -> ok (written by this run) | skipped (see reason) | error
     error: str | None = None
     duration: float | None = None  # seconds of audio
@@ -48,10 +50,15 @@ class ExportPlan:
     lines: list[ExportLine] = field(repr=False)  # every input line, empty ones included
     speaker_widths: dict[str, int] = field(default_factory=dict, repr=False)  # speaker string -> its width
     meta: dict = field(default_factory=dict)  # the run's model, precision, sampling parameters and times
+    voice_clips: dict[str, dict] = field(default_factory=dict, repr=False)  # voice name -> {spk_smp, txt_smp}
 
     @property
     def todo(self) -> list[ExportLine]:
         return [line for line in self.lines if line.status == "pending"]
+
+    def clip_params(self, line: ExportLine) -> dict:
+        """The line's audio prompt (InferCodeParams spk_smp / txt_smp) when its voice is a cloned clip."""
+        return self.voice_clips.get(line.voice, {})
 
     def count(self, status: str) -> int:
         return sum(line.status == status for line in self.lines)
@@ -97,14 +104,18 @@ def read_input(path: str | Path) -> tuple[list[tuple[int, str]], bool]:
 
 
 def plan_export(input_path: str | Path, out_dir: str | Path, seed: int | None = None,
-                speaker: str | None = None, params: InferCodeParams | None = None) -> ExportPlan:
+                speaker: str | None = None, params: InferCodeParams | None = None, voice: str | None = None,
+                voices: VoiceLibrary | None = None) -> ExportPlan:
     """Parse and name every line, skip the outputs an earlier run made for the same request, fix seeds.
 
     With `seed` S, line k uses S + k - 1 unless it gives its own; without, each line to run draws a
-    random seed (recorded in the manifest). `params` is the sampling template the run will use (part of each
+    random seed (recorded in the manifest). `voice` names a saved voice of `voices` (None: the default library)
+    for lines without their own speaker or voice. `params` is the sampling template the run will use (part of each
     line's request hash). Bad lines get status "error"; a bad argument raises ValueError.
     """
     widths: dict[str, int] = {}
+    if speaker is not None and voice is not None:
+        raise ValueError("voice: given with a speaker; choose one default for the lines")
     if seed is not None:
         _check_seed(seed, "seed")
     if speaker is not None:
@@ -113,10 +124,11 @@ def plan_export(input_path: str | Path, out_dir: str | Path, seed: int | None = 
     plan = ExportPlan(str(input_path), Path(out_dir), [], widths, {"params": params_record(params or
                                                                                            InferCodeParams())})
     plan.lines = [_parse(n, raw, jsonl, speaker, plan) for n, raw in rows]
+    resolve_voices(plan, voice, voices)
     _reject_duplicates(plan.lines)
     _base_seeds(plan, seed)
     for line in plan.todo:
-        line.request = request_hash(line.text, line.speaker, line.seed, plan.meta["params"])
+        line.request = request_hash(line.text, line.speaker, line.seed, plan.meta["params"], plan.clip_params(line))
     _mark_finished(plan)
     _draw_seeds(plan)
     return plan
@@ -157,6 +169,10 @@ def _fill_from_json(line: ExportLine, raw: str, widths: dict[str, int]) -> None:
     if obj.get("speaker") is not None:
         line.speaker = obj["speaker"]
         _speaker_width(line.speaker, widths)
+    if obj.get("voice") is not None:
+        line.voice = obj["voice"]
+        if obj.get("speaker") is not None:
+            raise ValueError("voice: given with a speaker; a line takes one or the other")
 
 
 def _check_seed(value: object, name: str) -> int:
@@ -170,6 +186,33 @@ def _speaker_width(speaker: object, widths: dict[str, int]) -> None:
         raise ValueError(f"speaker: must be a speaker string from sample_random_speaker(), got {speaker!r}")
     if speaker not in widths:
         widths[speaker] = decode_spk_emb(speaker).numel()
+
+
+def resolve_voices(plan: ExportPlan, default: str | None, voices: VoiceLibrary | None) -> None:
+    """Each line's saved voice -> its speaker (line.speaker) and clip (plan.voice_clips); a bad one fails its line."""
+    if default is not None:
+        for line in plan.lines:
+            if line.status == "pending" and line.voice is None and line.speaker is None:
+                line.voice = default
+    named = [line for line in plan.lines if line.status == "pending" and line.voice is not None]
+    library = voices if voices is not None or not named else VoiceLibrary()
+    for line in named:
+        try:
+            if not isinstance(line.voice, str):
+                raise ValueError(f"voice: must be a saved voice's name, got {line.voice!r}")
+            found = voice_params(line.voice, library, _needs_the_model)
+        except ValueError as exc:
+            line.status, line.error = "error", str(exc)
+            continue
+        line.voice, line.speaker = line.voice.strip(), found["spk_emb"]
+        if found["spk_emb"] is not None:
+            _speaker_width(found["spk_emb"], plan.speaker_widths)
+        if found["spk_smp"] is not None:
+            plan.voice_clips[line.voice] = {"spk_smp": found["spk_smp"], "txt_smp": found["txt_smp"]}
+
+
+def _needs_the_model(seed: int) -> str:
+    raise ValueError("voice: presets and seeds are drawn by the model; the export takes saved voices (or a speaker)")
 
 
 def _output_name(line: ExportLine, root: Path) -> str:

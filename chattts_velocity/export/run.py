@@ -12,6 +12,7 @@ from tqdm.auto import tqdm
 from ..audio import write_wav
 from ..audio.wav import SAMPLE_RATE
 from ..params import InferCodeParams
+from ..text.voices import VoiceLibrary
 from .manifest import now, replace_atomically
 from .plan import ExportLine, ExportPlan, plan_export
 
@@ -79,7 +80,8 @@ def _run_chunk(chat: Chat, plan: ExportPlan, chunk: list[ExportLine], params: In
                log: Log) -> None:
     """One engine batch; if it fails, its unfinished lines retry in halves until the culprit runs alone."""
     try:
-        per_line = [dataclasses.replace(params, spk_emb=line.speaker, manual_seed=line.seed) for line in chunk]
+        per_line = [dataclasses.replace(params, spk_emb=line.speaker, manual_seed=line.seed, **plan.clip_params(line))
+                    for line in chunk]
         for i, result in chat.infer_many([line.text for line in chunk], per_line):
             if isinstance(result, Exception):
                 _fail(chunk[i], f"synthesis failed: {type(result).__name__}: {result}", log)
@@ -119,7 +121,7 @@ def _fail(line: ExportLine, message: str, log: Log) -> None:
 
 def export(chat: Chat, input_path: str | Path, out_dir: str | Path, seed: int | None = None,
            speaker: str | None = None, params: InferCodeParams | None = None, progress: bool = True,
-           log: Log = tqdm.write) -> ExportPlan:
+           log: Log = tqdm.write, voice: str | None = None, voices: VoiceLibrary | None = None) -> ExportPlan:
     """plan_export + run_export: every line of `input_path` to a WAV in `out_dir`, resuming earlier runs."""
-    plan = plan_export(input_path, out_dir, seed, speaker, params)
+    plan = plan_export(input_path, out_dir, seed, speaker, params, voice, voices)
     return run_export(chat, plan, params, progress=progress, log=log)

@@ -23,8 +23,9 @@ class Edge:
     """Wraps the app: auth and size checks on every HTTP request; `on_refuse` counts each refusal."""
 
     def __init__(self, app: ASGIApp, api_key: str | None, max_body_bytes: int,
-                 on_refuse: Callable[[], None] = lambda: None) -> None:
+                 on_refuse: Callable[[], None] = lambda: None, path_limits: dict[str, int] | None = None) -> None:
         self.app, self.api_key, self.max_body_bytes, self.on_refuse = app, api_key, max_body_bytes, on_refuse
+        self.path_limits = dict(path_limits or {})  # path -> its own body limit (voice uploads)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -35,20 +36,21 @@ class Edge:
                                       "invalid_api_key")
         if scope["method"] not in BODY_METHODS:
             return await self.app(scope, receive, send)
-        body = await self._read_body(headers, receive)
+        limit = self.path_limits.get(scope["path"], self.max_body_bytes)
+        body = await self._read_body(headers, receive, limit)
         if body is None:
-            return await self._refuse(send, 413, f"body: larger than this server's limit of {self.max_body_bytes} "
-                                                 "bytes", "request_too_large")
+            return await self._refuse(send, 413, f"body: larger than this server's limit of {limit} bytes",
+                                      "request_too_large")
         await self.app(scope, _replay(body, receive), send)
 
     def _authorized(self, headers: dict[str, str]) -> bool:
         scheme, _, token = headers.get("authorization", "").partition(" ")
         return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), self.api_key.encode())
 
-    async def _read_body(self, headers: dict[str, str], receive: Receive) -> bytes | None:
+    async def _read_body(self, headers: dict[str, str], receive: Receive, limit: int) -> bytes | None:
         """The whole body, or None as soon as it is known to be over the limit."""
         declared = headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > self.max_body_bytes:
+        if declared.isdigit() and int(declared) > limit:
             return None
         chunks, size, more = [], 0, True
         while more:
@@ -57,7 +59,7 @@ class Edge:
                 break  # the client left; the app will see an empty body and the disconnect
             chunks.append(message.get("body", b""))
             size += len(chunks[-1])
-            if size > self.max_body_bytes:
+            if size > limit:
                 return None
             more = message.get("more_body", False)
         return b"".join(chunks)

@@ -1,7 +1,8 @@
 """Serving stage: the OpenAI-compatible speech API (FastAPI) over one SpeechService.
 
-POST /v1/audio/speech, GET /v1/audio/voices, /v1/models, /health, /metrics. The Chat and the AsyncLLMEngine are
-built in the app's lifespan, so the same app object runs under uvicorn and under Ray Serve (one engine per replica).
+POST /v1/audio/speech, /v1/models, /health, /metrics, and /v1/audio/voices (serve/voice_routes.py). The Chat and
+the AsyncLLMEngine are built in the app's lifespan, so the same app object runs under uvicorn and under Ray Serve
+(one engine per replica).
 """
 from __future__ import annotations
 
@@ -38,7 +39,10 @@ from .request import (
     sampling_kwargs,
     validation_detail,
 )
-from .voices import VoiceBook, speed_prompt
+from ..text.voices import VoiceLibrary
+from .instructions import SpeechInput, check_model, code_params, speech_input
+from .voice_routes import VOICES_PATH, add_voice_routes
+from .voices import VoiceBook
 
 logger = logging.getLogger("chattts_velocity.serve")
 MODEL_ALIASES = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")
@@ -57,9 +61,13 @@ class ServerConfig:
     split_text: bool = True  # sentence pieces generate concurrently and play in order
     warmup_steps: int = 16  # one short request at startup, so the first user does not pay first-call costs
     stream_options: StreamOptions = field(default_factory=StreamOptions)
+    voices_dir: str | None = None  # the voice library's folder; None: $CHATTTS_VELOCITY_VOICES or ~/.cache/...
+    max_voices: int = 1000
+    max_upload_bytes: int = 16 << 20  # a voice clip upload (POST /v1/audio/voices) may be this large
 
     def __post_init__(self) -> None:
-        for name in ("max_input_chars", "max_body_bytes", "max_pieces", "max_new_token"):
+        for name in ("max_input_chars", "max_body_bytes", "max_pieces", "max_new_token", "max_voices",
+                     "max_upload_bytes"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}: must be an integer >= 1, got {value!r}")
@@ -72,7 +80,8 @@ class ServerState:
         self.chat, self.config = chat, config
         self.engine = AsyncLLMEngine(chat.engine())
         self.service = SpeechService(chat, self.engine, config.stream_options)
-        self.voices = VoiceBook(chat.sample_random_speaker, chat.config.hidden_size)
+        self.library = VoiceLibrary(config.voices_dir, config.max_voices)
+        self.voices = VoiceBook(chat.sample_random_speaker, chat.config.hidden_size, self.library)
         self.metrics = metrics.ServerMetrics()
         self.formats = available_formats()
         self.engine.start()
@@ -90,10 +99,11 @@ class ServerState:
     def count_error(self) -> None:
         self.metrics.errors += 1
 
-    def params(self, body: SpeechBody) -> InferCodeParams:
+    def speech(self, body: SpeechBody) -> tuple[SpeechInput, InferCodeParams]:
+        """The body's text, refine pass and code params; a ValueError names the body's field."""
         sampling = sampling_kwargs(body, self.config.max_new_token)  # checked before any voice is drawn
-        return InferCodeParams(prompt=speed_prompt(body.speed), spk_emb=self.voices.resolve(body.voice),
-                               show_tqdm=False, **sampling)
+        plan = speech_input(body.input, body.speed, body.instructions, sampling.get("manual_seed"))
+        return plan, code_params(plan, self.voices.params(body.voice), sampling)
 
     async def observed(self, stream: SpeechStream) -> AsyncIterator[np.ndarray]:
         """The stream's chunks, counted into the metrics; an early exit (client gone) aborts the rest."""
@@ -163,8 +173,9 @@ def create_app(chat: Chat | Callable[[], Chat], config: ServerConfig | None = No
     _add_error_handlers(app)
     _add_speech_route(app, config)
     _add_info_routes(app, config)
+    add_voice_routes(app)
     app.add_middleware(Edge, api_key=config.api_key, max_body_bytes=config.max_body_bytes,
-                       on_refuse=lambda: _count_error(app))
+                       on_refuse=lambda: _count_error(app), path_limits={VOICES_PATH: config.max_upload_bytes})
     return app
 
 
@@ -174,8 +185,10 @@ def _add_speech_route(app: FastAPI, config: ServerConfig) -> None:
         state: ServerState = request.app.state.server
         state.metrics.requests += 1
         fmt = check_body(body, config.max_input_chars, state.formats)
+        check_model(body.model, (config.model_name, *MODEL_ALIASES))
         try:
-            stream = await state.service.open(body.input, state.params(body), split=config.split_text,
+            plan, params = state.speech(body)
+            stream = await state.service.open(plan.text, params, refine=plan.refine, split=config.split_text,
                                               max_pieces=config.max_pieces)
         except ValueError as exc:
             raise bad_request(exc) from None
@@ -192,11 +205,6 @@ def _add_speech_route(app: FastAPI, config: ServerConfig) -> None:
 
 
 def _add_info_routes(app: FastAPI, config: ServerConfig) -> None:
-    @app.get("/v1/audio/voices")
-    async def list_voices(request: Request) -> dict:
-        voices = request.app.state.server.voices.names()
-        return {"object": "list", "voices": [v["id"] for v in voices], "data": voices}
-
     @app.get("/v1/models")
     async def list_models() -> dict:
         return {"object": "list", "data": [{"id": name, "object": "model", "created": 0, "owned_by": "chattts_velocity"}

@@ -23,12 +23,12 @@ class SpeechBody(BaseModel):
     model_config = ConfigDict(extra="allow", protected_namespaces=())
     model: str = "tts-1"
     input: str
-    voice: str | int | None = None
+    voice: SkipValidation[str | int | dict | None] = None  # checked by text.voice_params (bools are no seeds)
     response_format: str = "mp3"
     speed: float = 1.0
     stream: bool = False
     stream_format: str = "audio"
-    instructions: str | None = None  # accepted, not used (ChatTTS takes no style prompt)
+    instructions: str | None = None  # ChatTTS's own controls (serve/instructions.py grammar)
     # typed for the API docs; checked by the one sampling validator only (sampling_kwargs), not coerced
     seed: SkipValidation[int | None] = None
     temperature: SkipValidation[float | None] = None

@@ -52,7 +52,7 @@ class VoiceBook:
 
         found = voice_params(voice, self.library, for_seed)
         if found["spk_emb"] is not None and not drawn:
-            self._check_width(found["spk_emb"])
+            self.check_speaker(found["spk_emb"])
         return found
 
     def resolve(self, voice: object) -> str | None:
@@ -70,11 +70,12 @@ class VoiceBook:
         self._by_seed.move_to_end(seed)
         return self._by_seed[seed]
 
-    def _check_width(self, speaker: str) -> None:
+    def check_speaker(self, speaker: str, field: str = "voice") -> None:
+        """A speaker string this model can use; ValueError naming `field` otherwise."""
         try:
             width = decode_spk_emb(speaker).numel()
         except ValueError as exc:
-            raise ValueError(f"voice: {str(exc).split(': ', 1)[-1]}") from None
+            raise ValueError(f"{field}: {str(exc).split(': ', 1)[-1]}") from None
         if width != self.hidden_size:
-            raise ValueError(f"voice: the speaker string holds {width} values but this model needs "
+            raise ValueError(f"{field}: the speaker string holds {width} values but this model needs "
                              f"{self.hidden_size}; sample it from this model")

@@ -19,8 +19,8 @@ import numpy as np
 import torch
 
 from ..engine.async_engine import AsyncLLMEngine, RequestStream
-from ..params import InferCodeParams
-from ..schema import Prompt, SamplingParams
+from ..params import InferCodeParams, RefineTextParams
+from ..schema import Prompt, SamplingParams, TextPieces
 from .streams import EMPTY, StreamOptions, StreamSet, delta_rows
 
 if TYPE_CHECKING:
@@ -158,19 +158,45 @@ class SpeechService:
                 normalize: bool = True, split: bool = True, max_pieces: int | None = None,
                 ) -> list[tuple[Prompt, SamplingParams]]:
         """The text's sentence pieces as engine requests (Chat.speech_requests, as Chat.infer builds them)."""
+        pieces = self.pieces(text, lang, normalize, split, max_pieces)
+        requests = self.chat.speech_requests(pieces, params, use_decoder)
+        return list(zip(requests.prompts, requests.sampling))
+
+    def pieces(self, text: str, lang: str | None = None, normalize: bool = True, split: bool = True,
+               max_pieces: int | None = None) -> TextPieces:
+        """The text's normalised sentence pieces, at most max_pieces of them (a ValueError naming `input`)."""
         pieces = self.chat.split(text, lang, normalize, normalize, split)
         if max_pieces is not None and len(pieces.texts) > max_pieces:
             raise ValueError(f"input: splits into {len(pieces.texts)} sentence pieces, over the limit of "
                              f"{max_pieces}; send fewer sentences per request")
-        requests = self.chat.speech_requests(pieces, params, use_decoder)
-        return list(zip(requests.prompts, requests.sampling))
+        return pieces
+
+    async def refine(self, pieces: TextPieces, params: RefineTextParams) -> TextPieces:
+        """The refine-text pass on the shared engine: every piece at once, as Chat.infer's refine does."""
+        prompts, sampling = self.chat.refine_requests(pieces, params)
+        tasks = [asyncio.ensure_future(self._text_ids(prompt, sampling)) for prompt in prompts]
+        try:
+            refined = await asyncio.gather(*tasks)
+        finally:  # one failed (or the caller left): abort the others' engine requests
+            for task in tasks:
+                task.cancel()
+        return pieces.replace([self.chat.refined_text(ids) for ids in refined])
+
+    async def _text_ids(self, prompt: Prompt, sampling: SamplingParams) -> torch.Tensor:
+        rows = [delta.token_ids async for delta in self.engine.generate(prompt, sampling)]
+        return torch.cat(rows) if rows else torch.zeros(0, 1, dtype=torch.long)  # [T, 1]
 
     async def open(self, text: str, params: InferCodeParams, use_decoder: bool = True,
-                   **text_options: object) -> SpeechStream:
-        """Queue every piece of text on the engine; bad input raises ValueError here, before any audio."""
+                   refine: RefineTextParams | None = None, **text_options: object) -> SpeechStream:
+        """Queue every piece of text on the engine (after the refine pass if `refine`); bad input raises
+        ValueError here, before any audio."""
         stream = SpeechStream(self, time.perf_counter())
         try:
-            for prompt, sampling in self.prompts(text, params, use_decoder, **text_options):
+            pieces = self.pieces(text, **text_options)
+            if refine is not None:
+                pieces = await self.refine(pieces, refine)
+            requests = self.chat.speech_requests(pieces, params, use_decoder)
+            for prompt, sampling in zip(requests.prompts, requests.sampling):
                 await stream.add(prompt, sampling, use_decoder)
         except BaseException:
             stream.close()

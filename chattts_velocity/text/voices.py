@@ -35,6 +35,14 @@ MAX_CLIP_CODE_CHARS = 65536  # ~40 s of clip codes
 MAX_TRANSCRIPT_CHARS = 2000
 
 
+class VoiceExists(ValueError):
+    """save() without overwrite on a name the library holds (HTTP 409)."""
+
+
+class UnknownVoice(ValueError):
+    """get() or delete() of a name the library does not hold (HTTP 404)."""
+
+
 @dataclass(frozen=True)
 class Voice:
     name: str
@@ -118,7 +126,7 @@ class VoiceLibrary:
         try:
             return _read(path)
         except FileNotFoundError:
-            raise ValueError(f"voice: no saved voice named {name!r}") from None
+            raise UnknownVoice(f"voice: no saved voice named {name!r}") from None
 
     def list(self) -> list[Voice]:
         voices = []
@@ -135,7 +143,7 @@ class VoiceLibrary:
             try:
                 path.unlink()
             except FileNotFoundError:
-                raise ValueError(f"voice: no saved voice named {name!r}") from None
+                raise UnknownVoice(f"voice: no saved voice named {name!r}") from None
 
     def __contains__(self, name: object) -> bool:
         try:
@@ -145,7 +153,7 @@ class VoiceLibrary:
 
     def _known(self, name: object) -> Path:
         if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name.strip()):
-            raise ValueError(f"voice: no saved voice named {str(name)[:80]!r}")
+            raise UnknownVoice(f"voice: no saved voice named {str(name)[:80]!r}")
         return self._path(name.strip())
 
     def _path(self, name: str) -> Path:
@@ -176,7 +184,7 @@ def _link_new(tmp: str, path: Path, name: str) -> None:
     try:
         os.link(tmp, path)
     except FileExistsError:
-        raise ValueError(f"name: a voice named {name!r} exists; delete it or save with overwrite") from None
+        raise VoiceExists(f"name: a voice named {name!r} exists; delete it or save with overwrite") from None
 
 
 def _read(path: Path) -> Voice:

@@ -60,8 +60,9 @@ def _serve(app) -> tuple[uvicorn.Server, threading.Thread, str]:
 
 
 @pytest.fixture(scope="module")
-def server(tiny_assets) -> Iterator[Server]:
-    app = create_app(lambda: _tiny_chat(tiny_assets), ServerConfig(max_new_token=2000, max_input_chars=300))
+def server(tiny_assets, tmp_path_factory) -> Iterator[Server]:
+    app = create_app(lambda: _tiny_chat(tiny_assets), ServerConfig(max_new_token=2000, max_input_chars=300,
+                                                                   voices_dir=str(tmp_path_factory.mktemp("voices"))))
     uv, thread, url = _serve(app)
     try:
         yield Server(url, app.state.server)
@@ -367,3 +368,26 @@ def test_the_key_can_come_from_the_environment(tiny_assets, monkeypatch: pytest.
     assert ServerConfig().api_key == KEY
     monkeypatch.delenv("CHATTTS_VELOCITY_API_KEY")
     assert ServerConfig().api_key is None
+
+
+@pytest.mark.e2e
+def test_saved_voices_instructions_and_models_through_the_openai_client(server: Server, client) -> None:
+    state = server.state
+    speaker = state.chat.sample_random_speaker()
+    created = httpx.post(server.url + "/v1/audio/voices", json={"name": "e2e voice", "speaker": speaker,
+                                                                "overwrite": True})
+    assert created.status_code == 201
+    try:
+        by_name = parse_wav(client.audio.speech.create(**speech_kwargs(voice={"id": "e2e voice"})).content)
+        by_string = parse_wav(client.audio.speech.create(**speech_kwargs(voice=speaker)).content)
+        assert np.array_equal(by_name, by_string)
+        shaped = client.audio.speech.create(**speech_kwargs(voice="e2e voice", instructions="slow, oral 2, break 3"))
+        assert len(parse_wav(shaped.content)) > 0
+        with pytest.raises(openai.BadRequestError) as bad:
+            client.audio.speech.create(**speech_kwargs(instructions="sound excited"))
+        assert bad.value.body["param"] == "instructions" and "sound excited" in bad.value.body["message"]
+        with pytest.raises(openai.NotFoundError) as missing:
+            client.audio.speech.create(**speech_kwargs(model="tts-2"))
+        assert missing.value.body["code"] == "model_not_found"
+    finally:
+        httpx.delete(server.url + "/v1/audio/voices/e2e voice")

@@ -96,3 +96,10 @@ def test_a_port_in_use_bad_model_or_missing_folder_is_one_line(capsys: pytest.Ca
         cli.main(["serve", "--port", "0", "--model", str(tmp_path / "nowhere")])
     assert str(err.value) == f"error: --model: {tmp_path / 'nowhere'} is not a folder; give the folder that " \
                               "contains asset/, or 'demo'"
+
+
+def test_voices_folder_reaches_server_config(served: list[dict], tmp_path: Path) -> None:
+    cli.main(["serve", "--voices", str(tmp_path / "voices")])
+    assert served[0]["config"].voices_dir == str(tmp_path / "voices")
+    cli.main(["serve"])
+    assert served[1]["config"].voices_dir is None  # the library's default: $CHATTTS_VELOCITY_VOICES or ~/.cache

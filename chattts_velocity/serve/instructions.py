@@ -1,0 +1,126 @@
+"""Serving stage: what a speech body asks for beyond the voice -> the text, the code prompt and the refine pass.
+
+`instructions` is read with a small grammar of ChatTTS's own controls (clauses separated by ",", ";", "." or
+newlines, case-insensitive):
+    speed N      N = 0..9 (5 normal), also "[speed_N]";  "very slow" 1, "slow" 3, "normal" 5, "fast" 7, "very fast" 9
+    oral N       N = 0..9 \
+    laugh N      N = 0..2  > refine-text prompt levels: any of them turns the refine pass on with
+    break N      N = 0..7 /  the prompt "[oral_N][laugh_N][break_N]" (only the levels given)
+    refine       the refine pass with upstream's default (empty) prompt
+    no refine    no refine pass (the default)
+Anything else is a ValueError naming `instructions` and listing the above (never ignored). An input starting with
+`<speak` is SSML (text/ssml.py). The speed may be set once: by `speed`, by the instructions or by <prosody rate>.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from ..params import InferCodeParams, RefineTextParams
+from ..text.ssml import is_ssml, parse_ssml
+from .request import api_error
+from .voices import speed_prompt
+
+LEVELS = {"speed": 9, "oral": 9, "laugh": 2, "break": 7}  # control -> highest level (lowest is 0)
+SPEED_WORDS = {"very slow": 1, "slow": 3, "slower": 3, "normal": 5, "normal speed": 5, "fast": 7, "faster": 7,
+               "very fast": 9}
+UNDERSTOOD = ("speed 0-9", *SPEED_WORDS, "oral 0-9", "laugh 0-2", "break 0-7", "refine", "no refine")
+MAX_INSTRUCTIONS_CHARS = 500
+_CLAUSE_SPLIT = re.compile(r"[,;.\n]+")
+_LEVEL = re.compile(r"\[?(speed|oral|laugh|break)[\s_:=]*(\d+)\]?")
+
+
+@dataclass
+class Controls:
+    speed: int | None = None  # [speed_N] level
+    refine_levels: dict[str, int] | None = None  # {"oral": N, ...}; {} = refine with the default prompt
+    no_refine: bool = False
+
+    def refine_prompt(self) -> str | None:
+        """The refine pass's prompt, or None for no refine pass."""
+        if self.refine_levels is None:
+            return None
+        return "".join(f"[{name}_{self.refine_levels[name]}]" for name in ("oral", "laugh", "break")
+                       if name in self.refine_levels)
+
+
+def parse_instructions(text: str | None) -> Controls:
+    """instructions -> Controls; ValueError naming `instructions` for what cannot be honoured."""
+    controls = Controls()
+    if text is not None and (not isinstance(text, str) or len(text) > MAX_INSTRUCTIONS_CHARS):
+        raise ValueError(f"instructions: must be a string of at most {MAX_INSTRUCTIONS_CHARS} characters")
+    if text is None or not text.strip():
+        return controls
+    for clause in _CLAUSE_SPLIT.split(text.lower()):
+        clause = " ".join(clause.split())
+        if clause:
+            _apply(controls, clause)
+    if controls.no_refine and controls.refine_levels is not None:
+        raise ValueError("instructions: asks for 'no refine' and for refine levels; choose one")
+    return controls
+
+
+def _apply(controls: Controls, clause: str) -> None:
+    match = _LEVEL.fullmatch(clause)
+    if match is not None:
+        return _set_level(controls, match.group(1), int(match.group(2)))
+    if clause in SPEED_WORDS:
+        return _set_level(controls, "speed", SPEED_WORDS[clause])
+    if clause in ("refine", "no refine"):
+        controls.no_refine |= clause == "no refine"
+        if clause == "refine":
+            controls.refine_levels = controls.refine_levels or {}
+        return None
+    raise ValueError(f"instructions: cannot honour {clause[:60]!r}; this server understands (separated by commas) "
+                     f"{', '.join(repr(u) for u in UNDERSTOOD)}")
+
+
+def _set_level(controls: Controls, name: str, level: int) -> None:
+    if not 0 <= level <= LEVELS[name]:
+        raise ValueError(f"instructions: {name} {level} is out of range; use {name} 0-{LEVELS[name]}")
+    if name == "speed":
+        if controls.speed is not None:
+            raise ValueError("instructions: sets the speed twice; give it once")
+        controls.speed = level
+        return
+    levels = controls.refine_levels if controls.refine_levels is not None else {}
+    if name in levels:
+        raise ValueError(f"instructions: sets {name} twice; give it once")
+    controls.refine_levels = {**levels, name: level}
+
+
+@dataclass
+class SpeechInput:
+    text: str  # what the normaliser and the model read (SSML already turned into text and control tokens)
+    prompt: str  # the code pass's [speed_N]
+    refine: RefineTextParams | None  # the refine pass, or None
+
+
+def speech_input(text: str, speed: float, instructions: str | None, seed: int | None) -> SpeechInput:
+    """The body's input, speed and instructions as one plan; ValueError naming the field that cannot be met."""
+    controls = parse_instructions(instructions)
+    ssml = parse_ssml(text) if is_ssml(text) else None
+    if ssml is not None and not re.sub(r"\[\w+\]", "", ssml.text).strip():
+        raise ValueError("input: the SSML holds nothing to speak")
+    sources = [name for name, given in (("speed", speed != 1.0), ("instructions", controls.speed is not None),
+                                        ("input", ssml is not None and ssml.rate is not None)) if given]
+    if len(sources) > 1:
+        raise ValueError(f"{sources[-1]}: sets the speed and so does {sources[0]!r}; give the speed in one place")
+    prompt = speed_prompt(ssml.rate if sources == ["input"] else speed)
+    if controls.speed is not None:
+        prompt = f"[speed_{controls.speed}]"
+    refine_prompt = controls.refine_prompt()
+    refine = None if refine_prompt is None else RefineTextParams(prompt=refine_prompt, manual_seed=seed,
+                                                                 show_tqdm=False)
+    return SpeechInput(ssml.text if ssml is not None else text, prompt, refine)
+
+
+def check_model(model: object, known: tuple[str, ...]) -> None:
+    """Unknown model names get OpenAI's 404 model_not_found."""
+    if model not in known:
+        raise api_error(404, f"model: {str(model)[:80]!r} does not exist here; use one of {list(known)} "
+                             "(GET /v1/models)", "model", "model_not_found")
+
+
+def code_params(plan: SpeechInput, voice: dict[str, str | None], sampling: dict[str, object]) -> InferCodeParams:
+    return InferCodeParams(prompt=plan.prompt, show_tqdm=False, **voice, **sampling)
