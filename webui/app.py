@@ -142,7 +142,8 @@ def serve(args: argparse.Namespace) -> None:
         chat = load_chat(args, use_vllm=not args.plain)
     except (ValueError, FileNotFoundError) as exc:
         raise SystemExit(f"error: {exc}") from None
-    demo = build_ui(chat, use_vllm=not args.plain, max_new_token=args.max_new_token)
+    demo = build_ui(chat, use_vllm=not args.plain, max_new_token=args.max_new_token,
+                    voices=VoiceLibrary(args.voices))  # None: $CHATTTS_VELOCITY_VOICES or ~/.cache
     demo.queue().launch(server_name=args.host, server_port=args.port, share=args.share, theme=THEME, css=CSS)
 
 
