@@ -14,116 +14,118 @@ if __package__ in (None, ""):  # run as `python webui/app.py` from a source chec
 import gradio as gr
 
 from chattts_velocity import Chat
-from chattts_velocity.audio import SAMPLE_RATE
-from chattts_velocity.audio.formats import WAV
 from chattts_velocity.cli.common import add_webui_flags, check_port_free, load_chat
-from webui.handlers import VOICE_PRESETS, Handlers, ffmpeg_available, random_seed
+from chattts_velocity.text.voices import VoiceLibrary
+from webui import layout
+from webui.controls import DEFAULT_PRESET, VOICE_PRESETS, refine_prompt
+from webui.handlers import Handlers, ffmpeg_available, random_seed
+from webui.layout import CSS, HIDDEN, THEME, Controls
+from webui.library import LibraryHandlers
 
-EXAMPLES = [
-    ["今天天气真不错，我们去公园走走吧。The weather is lovely today, so let's take a walk."],
-    ["Speech synthesis turns written words into a voice [uv_break] that anyone can listen to."],
-    ["欢迎使用这个语音合成引擎 [laugh]，它可以同时为很多用户服务。"],
-]
-HIDDEN = "velocity-hidden"
-CSS = f".{HIDDEN} {{ display: none !important; }}"
-THEME = gr.themes.Default(font=["system-ui", "sans-serif"], font_mono=["ui-monospace", "monospace"])
-
-
-def _voice_controls(handlers: Handlers) -> dict[str, gr.components.Component]:
-    c: dict[str, gr.components.Component] = {}
-    with gr.Row():
-        c["preset"] = gr.Dropdown(list(VOICE_PRESETS), value="Default", label="Voice preset", scale=2,
-                                  elem_id="voice-preset")
-        c["audio_seed"] = gr.Number(VOICE_PRESETS["Default"], precision=0, label="Audio seed", scale=2,
-                                    elem_id="audio-seed")
-        c["audio_dice"] = gr.Button("🎲", scale=0, min_width=48, elem_id="audio-dice")
-        c["text_seed"] = gr.Number(42, precision=0, label="Text seed (refine)", scale=2, elem_id="text-seed")
-        c["text_dice"] = gr.Button("🎲", scale=0, min_width=48)
-    c["speaker"] = gr.Textbox(handlers.speaker_for_seed(VOICE_PRESETS["Default"]), label="Speaker string",
-                              info="made from the audio seed; paste one to reuse a voice, clear it for the "
-                                   "model's default voice", lines=2, max_lines=4, buttons=["copy"],
-                              elem_id="speaker")
-    with gr.Accordion("Clone a voice (optional)", open=False):
-        c["clip"] = gr.Audio(sources=["upload"], type="filepath", label="Voice clip (any rate; mixed to mono)",
-                             buttons=[], elem_id="clip")
-        c["transcript"] = gr.Textbox(label="Clip transcript", placeholder="the words spoken in the clip",
-                                     elem_id="transcript")
-        c["clip_code"] = gr.Textbox(label="Clip code (spk_smp)", lines=2, max_lines=4, buttons=["copy"],
-                                    info="filled from the clip; a clip code wins over the speaker string",
-                                    elem_id="clip-code")
-    return c
+REQUEST_INPUTS = ("text", "speaker", "clip_code", "transcript", "refine", "oral", "laugh", "pause", "text_seed",
+                  "audio_seed", "speed", "temperature", "top_p", "top_k", "split_text", "batch_size", "fmt")
+RUN_STATE = ("generate", "generate_stream", "interrupt", "live")  # what a run's start and end switch
+# Auto-play in the browser: gradio reads a player's autoplay once, when it mounts, so the checkbox
+# presses the player's Play button instead, once the new result has loaded (its duration shows): the
+# player stops itself when loading ends, which would undo an earlier press.
+PLAY_RESULT = """async (on) => {
+  const pause = ms => new Promise(done => setTimeout(done, ms));
+  for (let tries = 0; on && tries < 50; tries++, await pause(100)) {
+    const player = document.querySelector('#output-audio');
+    const button = player.querySelector('button.play-pause-button');
+    const duration = player.querySelector('time#duration');
+    if (button && duration && duration.textContent.trim() !== '0:00') {
+      await pause(100);
+      button.click();
+      return;
+    }
+  }
+}"""
 
 
-def _sampling_controls() -> dict[str, gr.components.Component]:
-    c: dict[str, gr.components.Component] = {}
-    with gr.Row():
-        c["refine"] = gr.Checkbox(True, label="Refine text", info="add pauses and laughs before speaking",
-                                  elem_id="refine")
-        c["stream"] = gr.Checkbox(False, label="Stream", interactive=ffmpeg_available(), elem_id="stream",
-                                  info="play while generating" if ffmpeg_available()
-                                  else "streaming needs ffmpeg on the server")
-    c["temperature"] = gr.Slider(1e-5, 1.0, 0.3, step=1e-5, label="Temperature")
-    c["top_p"] = gr.Slider(0.1, 1.0, 0.7, step=0.05, label="top_P")
-    c["top_k"] = gr.Slider(1, 20, 20, step=1, label="top_K")
-    return c
+def _running(streaming: bool) -> tuple:
+    """Run start -> RUN_STATE: Generate off, Interrupt on, the live player shown for a stream."""
+    off, on = gr.update(interactive=False), gr.update(interactive=True)
+    return off, off, on, gr.update(elem_classes=[] if streaming else [HIDDEN])
 
 
-def _output_controls() -> dict[str, gr.components.Component]:
-    c: dict[str, gr.components.Component] = {}
-    # Players show a download button only (gradio 6 adds a Spaces share button by default).
-    c["live"] = gr.Audio(label="Live stream", streaming=True, autoplay=True, interactive=False,
-                         buttons=["download"], elem_id="live-audio", elem_classes=[HIDDEN])
-    c["audio"] = gr.Audio(label=f"Audio ({SAMPLE_RATE // 1000} kHz {WAV.name.upper()})", type="numpy",
-                          format=WAV.name, interactive=False, buttons=["download"], elem_id="output-audio")
-    c["refined"] = gr.Textbox(label="Spoken text (after refine)", lines=2, interactive=False, elem_id="refined")
-    c["stats"] = gr.Textbox(label="Run stats", lines=5, interactive=False, elem_id="stats")
-    return c
+def _stopped() -> tuple:
+    on, off = gr.update(interactive=True), gr.update(interactive=False)
+    return on, on, off, gr.update(elem_classes=[HIDDEN])
 
 
-def _stream_toggled(on: bool) -> tuple[dict, dict, dict]:
-    return gr.update(elem_classes=[] if on else [HIDDEN]), gr.update(visible=on), gr.update(visible=not on)
-
-
-def _wire(c: dict[str, gr.components.Component], handlers: Handlers) -> None:
-    c["preset"].change(lambda name: VOICE_PRESETS.get(name, 2), c["preset"], c["audio_seed"], queue=False)
+def _wire_voice(c: Controls, handlers: Handlers) -> None:
+    c["preset"].change(handlers.voice_for_preset, c["preset"], [c["audio_seed"], c["speaker"]], queue=False)
     c["audio_dice"].click(random_seed, None, c["audio_seed"], queue=False)
     c["text_dice"].click(random_seed, None, c["text_seed"], queue=False)
-    c["audio_seed"].change(handlers.speaker_for_seed, c["audio_seed"], c["speaker"], queue=False)
+    c["audio_seed"].change(handlers.speaker_for_seed, c["audio_seed"], [c["speaker"], c["preset"]], queue=False)
     c["clip"].change(handlers.encode_clip, c["clip"], c["clip_code"])
-    # Two Generate buttons, so the live player is only an output of streaming runs. The player is
-    # hidden with CSS, not visible=False: a player mounted just before its first stream missed it.
-    c["stream"].change(_stream_toggled, c["stream"], [c["live"], c["generate_stream"], c["generate"]],
-                       queue=False)
-    inputs = [c[k] for k in ("text", "speaker", "clip_code", "transcript", "refine", "text_seed",
-                             "audio_seed", "temperature", "top_p", "top_k")]
-    outputs = [c[k] for k in ("audio", "refined", "stats")]
-    c["generate"].click(handlers.generate, inputs, outputs, concurrency_id="tts", concurrency_limit=1)
-    c["generate_stream"].click(handlers.generate_stream, inputs, [c["live"], *outputs],
-                                concurrency_id="tts", concurrency_limit=1)
+
+
+def _wire_library(c: Controls, library: LibraryHandlers) -> None:
+    voice = [c["speaker"], c["clip_code"], c["transcript"]]
+    c["save_voice"].click(library.save, [c["voice_name"], *voice], [c["saved"], c["voice_name"]], queue=False)
+    c["saved"].input(library.pick, c["saved"], [*voice, c["preset"]], queue=False)  # a person's pick only
+    c["delete_voice"].click(library.delete, c["saved"], c["saved"], queue=False)
+
+
+def _wire_style(c: Controls) -> None:
+    levels = [c["oral"], c["laugh"], c["pause"]]
+    for slider in levels:
+        slider.change(refine_prompt, levels, c["refine_prompt"], queue=False)
+    c["refine"].change(lambda on: [gr.update(interactive=on)] * 3, c["refine"], levels, queue=False)
+    c["stream"].change(lambda on: (gr.update(visible=on), gr.update(visible=not on)), c["stream"],
+                       [c["generate_stream"], c["generate"]], queue=False)
+
+
+def _wire_runs(c: Controls, handlers: Handlers) -> None:
+    # Two Generate buttons, so the live player is only an output of streaming runs. A streaming event
+    # plays every audio output it sets, so a stream's full audio goes through a State into the player
+    # after the event (and is not auto-played: the listener heard it live, and may still be hearing it).
+    inputs = [c[k] for k in REQUEST_INPUTS]
+    results = [c[k] for k in ("download", "refined", "stats")]
+    state, streamed = [c[k] for k in RUN_STATE], gr.State()
+    c["generate"].click(lambda: _running(False), None, state, queue=False) \
+        .then(handlers.generate, inputs, [c["audio"], *results], concurrency_id="tts", concurrency_limit=1) \
+        .then(_stopped, None, state, queue=False) \
+        .then(None, c["autoplay"], None, js=PLAY_RESULT)
+    c["generate_stream"].click(lambda: _running(True), None, state, queue=False) \
+        .then(handlers.generate_stream, inputs, [c["live"], streamed, *results], concurrency_id="tts",
+              concurrency_limit=1) \
+        .then(lambda audio: audio, streamed, c["audio"], queue=False) \
+        .then(_stopped, None, state, queue=False)
     c["interrupt"].click(handlers.interrupt, None, None, queue=False)
 
 
-def build_ui(chat: Chat, use_vllm: bool = True, max_new_token: int = 2048) -> gr.Blocks:
-    """The whole page around one loaded Chat. Launch with `.queue().launch(theme=THEME, css=CSS)`:
-    streaming needs the queue, and CSS hides the live player until Stream is on."""
+def build_ui(chat: Chat, use_vllm: bool = True, max_new_token: int = 2048,
+             voices: VoiceLibrary | None = None) -> gr.Blocks:
+    """The whole page around one loaded Chat and a voice library (default: $CHATTTS_VELOCITY_VOICES).
+    Launch with `.queue().launch(theme=THEME, css=CSS)`: streaming needs the queue, and CSS hides the
+    live player outside streaming runs."""
     handlers = Handlers(chat, use_vllm=use_vllm, max_new_token=max_new_token)
+    library = LibraryHandlers(voices or VoiceLibrary())
     with gr.Blocks(title="ChatTTS velocity", analytics_enabled=False) as demo:
         gr.Markdown("## ChatTTS velocity\nType some Chinese or English text, pick a voice and press Generate.")
         with gr.Row():
-            with gr.Column(scale=3):
-                text = gr.Textbox(label="Text", lines=5, max_lines=12, elem_id="input-text",
-                                  placeholder="Text to speak (Chinese and/or English)")
-                gr.Examples(EXAMPLES, inputs=[text], label="Examples")
-                c = {"text": text, **_voice_controls(handlers)}
-            with gr.Column(scale=2):
-                c.update(_sampling_controls())
-                with gr.Row():
-                    c["generate"] = gr.Button("Generate", variant="primary", elem_id="generate")
-                    c["generate_stream"] = gr.Button("Generate", variant="primary", visible=False,
-                                                     elem_id="generate-stream")
-                    c["interrupt"] = gr.Button("Interrupt", variant="stop", elem_id="interrupt")
-                c.update(_output_controls())
-        _wire(c, handlers)
+            with gr.Column(scale=3, min_width=300):
+                c = {"text": gr.Textbox(label="Text", lines=5, max_lines=12, elem_id="input-text",
+                                        placeholder="Text to speak (Chinese and/or English)")}
+                examples_slot = gr.Column()  # filled below: examples need the controls they set
+                c.update(layout.voice_controls(handlers.speaker_for_seed(VOICE_PRESETS[DEFAULT_PRESET])[0]))
+                c.update(layout.library_controls(library.names()))
+                c.update(layout.style_controls())
+            with gr.Column(scale=2, min_width=300):
+                c.update(layout.run_controls(ffmpeg_available()))
+                c.update(layout.output_controls())
+        with examples_slot:
+            gr.Examples([values for _, values in layout.EXAMPLES], [c[k] for k in layout.EXAMPLE_INPUTS],
+                        label="Examples (each sets speed, refine levels and seeds too)",
+                        example_labels=[label for label, _ in layout.EXAMPLES])
+        _wire_voice(c, handlers)
+        _wire_library(c, library)
+        _wire_style(c)
+        demo.load(library.refresh, None, c["saved"], queue=False)  # voices saved elsewhere since start-up
+        _wire_runs(c, handlers)
     return demo
 
 
@@ -140,7 +142,8 @@ def serve(args: argparse.Namespace) -> None:
         chat = load_chat(args, use_vllm=not args.plain)
     except (ValueError, FileNotFoundError) as exc:
         raise SystemExit(f"error: {exc}") from None
-    demo = build_ui(chat, use_vllm=not args.plain, max_new_token=args.max_new_token)
+    demo = build_ui(chat, use_vllm=not args.plain, max_new_token=args.max_new_token,
+                    voices=VoiceLibrary(args.voices))  # None: $CHATTTS_VELOCITY_VOICES or ~/.cache
     demo.queue().launch(server_name=args.host, server_port=args.port, share=args.share, theme=THEME, css=CSS)
 
 

@@ -1,4 +1,4 @@
-"""Web UI event handlers: widget values -> Chat calls -> (audio, refined text, stats) updates.
+"""Web UI event handlers: widget values -> Chat calls -> (audio, download, refined text, stats) updates.
 
 Only the public API is used (Chat, RefineTextParams, InferCodeParams, chattts_velocity.text speaker
 helpers). Bad input surfaces as a gr.Warning toast plus an "error:" line in the stats box.
@@ -9,6 +9,7 @@ import math
 import queue
 import random
 import shutil
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -19,16 +20,15 @@ import numpy as np
 
 from chattts_velocity import Chat, InferCodeParams, RefineTextParams
 from chattts_velocity.audio import SAMPLE_RATE, float_to_int16
+from chattts_velocity.audio.formats import available_formats
 from chattts_velocity.schema import check_sampling
 from chattts_velocity.text import decode_prompt, decode_spk_emb, seed_context
 from chattts_velocity.text.speaker import VOICE_SEED_MAX
 
 from .clips import RunStats, read_clip
+from .controls import VOICE_PRESETS, batch_size, preset_for_seed, refine_prompt, speed_prompt, write_download
 
-# name -> audio seed. The names carry no promise about the voice; they are bookmarks.
-VOICE_PRESETS = {"Default": 2, "Timbre 1": 1111, "Timbre 2": 2222, "Timbre 3": 3333,
-                 "Timbre 4": 4444, "Timbre 5": 5555}
-Update = tuple  # (live chunk, full audio, spoken text, stats)
+Update = tuple  # (live chunk, full audio, download file, spoken text, stats)
 
 
 @dataclass(frozen=True)
@@ -40,16 +40,28 @@ class Request:
     clip_code: str
     transcript: str
     refine: bool
+    oral: float
+    laugh: float
+    pause: float  # the [break_N] level
     text_seed: float
     audio_seed: float
+    speed: float
     temperature: float
     top_p: float
     top_k: float
+    split_text: bool
+    batch_size: float
+    fmt: str  # the download's format, a name from audio.formats.available_formats()
 
 
 def ffmpeg_available() -> bool:
     """Gradio streams audio as AAC segments, which it encodes with ffmpeg."""
     return shutil.which("ffmpeg") is not None
+
+
+def warn(exc: Exception) -> None:
+    """A short toast (the stats box keeps the message): long ones pile up over the controls."""
+    gr.Warning(str(exc), duration=6)
 
 
 def random_seed() -> int:
@@ -77,22 +89,30 @@ class Handlers:
         self.max_new_token = max_new_token
         self._lock = threading.Lock()
         self._interrupted = threading.Event()  # Chat.infer clears its own flag at every call
+        self._downloads = tempfile.mkdtemp(prefix="chattts-velocity-webui-")  # gradio serves files under tmp
         with seed_context(0):
             self.speaker_dim = decode_spk_emb(chat.sample_random_speaker()).numel()
 
     # ---- small callbacks ------------------------------------------------------------------
-    def speaker_for_seed(self, seed: float | None) -> str:
-        """Seed -> speaker string: the same seed gives the same voice on every run."""
+    def speaker_for_seed(self, seed: float | None) -> tuple:
+        """Seed -> (speaker string, preset name): the same seed gives the same voice on every run, and
+        the preset box follows the seed (a dice roll or a typed seed shows Custom)."""
         try:
             seed = check_seed(seed, "audio seed")
             with self._lock, seed_context(seed):
-                return self.chat.sample_random_speaker()
+                return self.chat.sample_random_speaker(), preset_for_seed(seed)
         except ValueError as exc:
-            gr.Warning(str(exc))
-            return gr.skip()
+            warn(exc)
+            return gr.skip(), gr.skip()
+
+    def voice_for_preset(self, name: str) -> tuple:
+        """Preset -> (audio seed, speaker string); Custom keeps both (it only names a seed no preset has)."""
+        if name not in VOICE_PRESETS:
+            return gr.skip(), gr.skip()
+        return VOICE_PRESETS[name], self.speaker_for_seed(VOICE_PRESETS[name])[0]
 
     def encode_clip(self, path: str | None) -> str:
-        """Uploaded voice clip -> spk_smp string ("" when the clip is cleared)."""
+        """Uploaded or recorded voice clip -> spk_smp string ("" when the clip is cleared)."""
         if not path:
             return ""
         try:
@@ -100,7 +120,7 @@ class Handlers:
             with self._lock:
                 return self.chat.sample_audio_speaker(clip, sample_rate=SAMPLE_RATE)
         except ValueError as exc:
-            gr.Warning(str(exc))
+            warn(exc)
             return ""
 
     def interrupt(self) -> None:
@@ -108,74 +128,79 @@ class Handlers:
         self.chat.interrupt()
 
     # ---- generate -------------------------------------------------------------------------
-    def generate(self, text: str, speaker: str, clip_code: str, transcript: str, refine: bool,
-                 text_seed: float, audio_seed: float, temperature: float, top_p: float, top_k: float,
-                 progress: gr.Progress = gr.Progress(track_tqdm=True)) -> Iterator[tuple]:  # noqa: B008
-        """Stream off: -> (full audio, spoken text, stats) updates.
+    def generate(self, progress: gr.Progress = gr.Progress(track_tqdm=True),  # noqa: B008
+                 *values: object) -> Iterator[tuple]:
+        """Stream off: Request values -> (full audio, download, spoken text, stats) updates.
 
-        `progress` is never called: gradio sees the default and mirrors the engine's tqdm bars.
+        `progress` comes first because gradio looks for it only before `*values`; it is never called:
+        gradio sees the default and mirrors the engine's tqdm bars.
         """
-        request = Request(text, speaker, clip_code, transcript, refine, text_seed, audio_seed,
-                          temperature, top_p, top_k)
-        for update in self._run(request, stream=False):
+        for update in self._run(Request(*values), stream=False):
             yield update[1:]
 
-    def generate_stream(self, *values) -> Iterator[Update]:
-        """Stream on (same inputs as generate): -> (live chunk, full audio, spoken text, stats) updates."""
+    def generate_stream(self, *values: object) -> Iterator[Update]:
+        """Stream on (same inputs as generate): -> (live chunk, full audio, download, spoken text, stats)."""
         yield from self._run(Request(*values), stream=True)
 
     def _run(self, r: Request, stream: bool) -> Iterator[Update]:
         stats, skip = RunStats(time.perf_counter()), gr.skip()
         # None (not skip) opens this run's live stream; gradio closes it when the generator stops.
-        yield None, None, "", "running..."
+        yield None, None, None, "", "running..."
         try:
             if not (r.text or "").strip():
                 raise ValueError("text: the text box is empty; type something to say or pick an example")
-            params = self._code_params(r)
+            params, options = self._code_params(r), self._split_options(r)
             self._interrupted.clear()
-            spoken = self._refine(r) if r.refine else r.text
-            yield skip, skip, spoken, skip
+            spoken = self._refine(r, options) if r.refine else r.text
+            yield skip, skip, skip, spoken, skip
             if self._interrupted.is_set():  # pressed during the refine pass
-                yield skip, skip, skip, "interrupted before audio"
+                yield skip, skip, skip, skip, "interrupted before audio"
                 return
             if stream:
-                yield from self._stream(spoken, params, stats)
+                yield from self._stream(spoken, params, options, stats, r.fmt)
                 return
             with self._lock:
                 wav = self.chat.infer(spoken, skip_refine_text=True, params_infer_code=params,
-                                      use_vllm=self.use_vllm)[0]
+                                      use_vllm=self.use_vllm, **options)[0]
             stats.add(len(wav), time.perf_counter())
             stats.end = time.perf_counter()
-            yield skip, (SAMPLE_RATE, float_to_int16(wav)), skip, stats.summary()
+            yield skip, *self._results(wav, r.fmt), skip, stats.summary()
         except ValueError as exc:
-            gr.Warning(str(exc))
-            yield skip, skip, skip, f"error: {exc}"
+            warn(exc)
+            yield skip, skip, skip, skip, f"error: {exc}"
 
-    def _stream(self, spoken: str, params: InferCodeParams, stats: RunStats) -> Iterator[Update]:
+    def _results(self, wav: np.ndarray, fmt: str) -> tuple:
+        """-> (player audio, download file): the player always gets WAV, the download the chosen format."""
+        return (SAMPLE_RATE, float_to_int16(wav)), str(write_download(wav, fmt, self._downloads))
+
+    def _stream(self, spoken: str, params: InferCodeParams, options: dict, stats: RunStats,
+                fmt: str) -> Iterator[Update]:
         # Gradio encodes every yielded chunk with ffmpeg before it resumes the generator, so the
         # engine runs in its own thread and each yield sends whatever audio is ready by then.
         ready: queue.Queue = queue.Queue()
-        producer = threading.Thread(target=self._produce, args=(spoken, params, stats, ready), daemon=True)
+        producer = threading.Thread(target=self._produce, args=(spoken, params, options, stats, ready),
+                                    daemon=True)
         producer.start()
         pieces: list[np.ndarray] = []
         try:
             for batch in _batches(ready):
                 pieces += batch
                 live = (SAMPLE_RATE, float_to_int16(np.concatenate(batch)))
-                yield live, gr.skip(), gr.skip(), stats.summary(live=True)
+                yield live, gr.skip(), gr.skip(), gr.skip(), stats.summary(live=True)
         finally:
             producer.join(timeout=0.5)
             if producer.is_alive():  # the browser went away: stop the engine (one TTS run at a time)
                 self.chat.interrupt()
         full = np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
-        yield gr.skip(), (SAMPLE_RATE, float_to_int16(full)), gr.skip(), stats.summary()
+        yield gr.skip(), *self._results(full, fmt), gr.skip(), stats.summary()
 
-    def _produce(self, spoken: str, params: InferCodeParams, stats: RunStats, ready: queue.Queue) -> None:
+    def _produce(self, spoken: str, params: InferCodeParams, options: dict, stats: RunStats,
+                 ready: queue.Queue) -> None:
         """Engine thread: puts float32 chunks, then None (done) or the exception that stopped it."""
         try:
             with self._lock:
-                for chunks in self.chat.infer(spoken, stream=True, skip_refine_text=True,
-                                              params_infer_code=params, use_vllm=self.use_vllm):
+                for chunks in self.chat.infer(spoken, stream=True, skip_refine_text=True, params_infer_code=params,
+                                              use_vllm=self.use_vllm, **options):
                     chunk = np.asarray(chunks[0], dtype=np.float32)  # [n] new samples of text 0
                     if chunk.size:
                         stats.add(chunk.size, time.perf_counter())
@@ -185,20 +210,28 @@ class Handlers:
         except Exception as exc:  # handed to the UI thread, which re-raises it
             ready.put(exc)
 
-    def _refine(self, r: Request) -> str:
+    def _refine(self, r: Request, options: dict) -> str:
         # Same sliders for both passes, as in the upstream web UI (users compare the two).
-        params = RefineTextParams(temperature=float(r.temperature), top_P=float(r.top_p), top_K=int(r.top_k),
+        params = RefineTextParams(prompt=refine_prompt(r.oral, r.laugh, r.pause), temperature=float(r.temperature),
+                                  top_P=float(r.top_p), top_K=int(r.top_k),
                                   manual_seed=check_seed(r.text_seed, "text seed"), show_tqdm=True)
         with self._lock:
             return self.chat.infer(r.text, refine_text_only=True, params_refine_text=params,
-                                   use_vllm=self.use_vllm)
+                                   use_vllm=self.use_vllm, **options)
 
     def _code_params(self, r: Request) -> InferCodeParams:
         spk_emb, spk_smp, txt_smp = self._check_voice(r.speaker, r.clip_code, r.transcript)
-        return InferCodeParams(spk_emb=spk_emb, spk_smp=spk_smp, txt_smp=txt_smp,
+        return InferCodeParams(prompt=speed_prompt(r.speed), spk_emb=spk_emb, spk_smp=spk_smp, txt_smp=txt_smp,
                                temperature=float(r.temperature), top_P=float(r.top_p), top_K=int(r.top_k),
                                manual_seed=check_seed(r.audio_seed, "audio seed"),
                                max_new_token=self.max_new_token, show_tqdm=True)
+
+    @staticmethod
+    def _split_options(r: Request) -> dict:
+        """Chat.infer's long-text keywords; also checks the download format before any work."""
+        if r.fmt not in available_formats():
+            raise ValueError(f"format: choose one of {list(available_formats())}, got {r.fmt!r}")
+        return {"split_text": bool(r.split_text), "max_split_batch": batch_size(r.batch_size)}
 
     def _check_voice(self, speaker: str, clip_code: str, transcript: str) -> tuple[str | None, ...]:
         """-> (spk_emb, spk_smp, txt_smp). A cloned clip wins over the speaker string."""
@@ -214,7 +247,8 @@ class Handlers:
         dim = decode_spk_emb(speaker).numel()
         if dim != self.speaker_dim:
             raise ValueError(f"speaker: this string holds a {dim}-wide voice but the loaded model needs "
-                             f"{self.speaker_dim}; press 🎲 for a new one or paste one made for this model")
+                             f"{self.speaker_dim}; press Random voice for a new one or paste one made for "
+                             "this model")
         return speaker, None, None
 
 

@@ -87,3 +87,5 @@ def add_webui_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--share", action="store_true", help="create a public gradio.live link")
     p.add_argument("--plain", action="store_true", help="use the plain transformers path, not the engine")
     p.add_argument("--max-new-token", type=int, default=2048, help="cap on audio tokens per sentence")
+    p.add_argument("--voices", metavar="DIR", help="the voice library folder, shared with the server (default "
+                                                   "$CHATTTS_VELOCITY_VOICES or ~/.cache/chattts_velocity/voices)")

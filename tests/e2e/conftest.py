@@ -20,6 +20,7 @@ WEBUI_CHROMIUM_ARGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
     "--disable-component-update", "--no-first-run", "--disable-quic", "--disable-sync",
     "--autoplay-policy=no-user-gesture-required",
+    "--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream",  # a microphone that plays a tone
 ]
 WEBUI_START_TIMEOUT = 240.0  # seconds: python + gradio import and the tiny model load on a busy 2-core box
 
@@ -28,6 +29,7 @@ WEBUI_START_TIMEOUT = 240.0  # seconds: python + gradio import and the tiny mode
 class WebUIServer:
     url: str
     log: Path
+    voices: Path  # the page's voice library folder ($CHATTTS_VELOCITY_VOICES)
 
 
 @pytest.fixture(scope="session")
@@ -74,14 +76,15 @@ def webui_server(webui_requirements: None, tiny_assets: Path, tmp_path_factory) 
     if not _engine_ready():
         cmd.append("--plain")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "GRADIO_ANALYTICS_ENABLED": "False",
-           "GRADIO_TEMP_DIR": str(tmp / "gradio"), "PYTHONUNBUFFERED": "1"}
+           "GRADIO_TEMP_DIR": str(tmp / "gradio"), "PYTHONUNBUFFERED": "1",
+           "CHATTTS_VELOCITY_VOICES": str(tmp / "voices")}
     log = tmp / "webui.log"
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=REPO, env=env)
     url = f"http://127.0.0.1:{port}/"
     try:
         _wait_until_up(proc, url, log)
-        yield WebUIServer(url, log)
+        yield WebUIServer(url, log, tmp / "voices")
     finally:
         proc.terminate()
         try:

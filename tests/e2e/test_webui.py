@@ -1,22 +1,19 @@
 """Web UI: numpy clip helpers (fast, no browser) and the Gradio page driven by headless Chromium (e2e)."""
 from __future__ import annotations
 
-import io
-import re
 import shutil
-import urllib.request
 import wave
 from pathlib import Path
 
 import numpy as np
 import pytest
+from page_driver import (
+    ARTIFACTS, assert_no_traceback, audio_seconds, browser_duration, expected_speaker, fetch_output_wav,
+    generate,
+)
 
 from chattts_velocity.audio import float_to_int16
 from webui.clips import RunStats, resample, to_mono
-
-REPO = Path(__file__).resolve().parents[2]
-ARTIFACTS = REPO / "test-artifacts"
-TINY_HIDDEN = 64  # tiny checkpoint width (team brief): speaker strings hold 64 values
 
 
 # ---- clip helpers (no browser) -----------------------------------------------------------------
@@ -53,61 +50,19 @@ def test_run_stats_real_time_factor() -> None:
 
 
 # ---- browser (e2e) ------------------------------------------------------------------------------
-def _stats(page) -> str:
-    return page.locator("#stats textarea").input_value()
-
-
-def _generate(page, button: str = "#generate") -> str:
-    """Click Generate and wait for the final stats ('audio: ...' or 'error: ...')."""
-    page.evaluate("() => { document.querySelector('#stats textarea').value = ''; }")  # drop the last run's text
-    page.locator(button).click()
-    page.wait_for_function("() => /^(audio|error):/.test(document.querySelector('#stats textarea').value)")
-    return _stats(page)
-
-
-def _audio_seconds(stats: str) -> float:
-    return float(re.search(r"^audio: ([0-9.]+) s", stats, re.M).group(1))
-
-
-def _fetch_output_wav(page) -> tuple[str, wave.Wave_read]:
-    link = page.locator("#output-audio a.download-link")
-    link.wait_for()
-    href = link.get_attribute("href")
-    with urllib.request.urlopen(href, timeout=30) as r:
-        return href, wave.open(io.BytesIO(r.read()))
-
-
-def _browser_duration(page, href: str) -> float:
-    """Let Chromium itself load and decode the file; a broken file rejects."""
-    return page.evaluate("""async (href) => {
-        const a = new Audio(); a.preload = 'auto';
-        await new Promise((ok, bad) => { a.onloadedmetadata = ok;
-            a.onerror = () => bad(new Error('audio error ' + (a.error && a.error.code))); a.src = href; });
-        return a.duration; }""", href)
-
-
-def _expected_speaker(seed: int) -> str:
-    from chattts_velocity.text import sample_random_speaker, seed_context
-
-    with seed_context(seed):
-        return sample_random_speaker(TINY_HIDDEN)
-
-
-def _assert_no_traceback(page, server) -> None:
-    assert "Traceback" not in page.locator("body").inner_text()
-    assert "Traceback" not in server.log.read_text()
-
-
 @pytest.mark.e2e
 def test_page_shows_controls_examples_and_seeded_speaker(webui_page) -> None:
     page = webui_page
     assert page.title() == "ChatTTS velocity"
     for text in ("今天天气真不错", "Speech synthesis turns", "欢迎使用这个语音合成引擎"):
         assert page.get_by_text(text).count() >= 1
-    for label in ("Temperature", "top_P", "top_K", "Refine text", "Stream", "Interrupt"):
+    for label in ("Temperature", "top_P", "top_K", "Refine text", "Stream", "Interrupt", "Speed", "Oral", "Laugh",
+                  "Break", "Split long text", "Batch size", "Auto-play", "Download format"):
         assert page.get_by_text(label, exact=True).count() >= 1
+    assert page.locator("#interrupt").is_disabled()  # nothing to interrupt yet
+    assert page.locator("#refine-prompt textarea").input_value() == "[oral_2][laugh_0][break_6]"
     assert page.locator("#audio-seed input").input_value() == "2"
-    assert page.locator("#speaker textarea").input_value() == _expected_speaker(2)
+    assert page.locator("#speaker textarea").input_value() == expected_speaker(2)
     assert page.locator("#live-audio").is_hidden()  # the page CSS (passed to launch) hides it until Stream is on
 
 
@@ -115,57 +70,58 @@ def test_page_shows_controls_examples_and_seeded_speaker(webui_page) -> None:
 def test_empty_text_shows_a_message_not_a_traceback(webui_page, webui_server) -> None:
     page = webui_page
     page.locator("#input-text textarea").fill("   ")
-    stats = _generate(page)
+    stats = generate(page)
     assert stats.startswith("error: text:") and "empty" in stats
     toast = page.locator(".toast-body").filter(has_text="empty")
     toast.first.wait_for()
-    _assert_no_traceback(page, webui_server)
+    assert_no_traceback(page, webui_server)
 
 
 @pytest.mark.e2e
-def test_bad_speaker_string_is_rejected_on_generate(webui_page, webui_server) -> None:
+def test_bad_speaker_string_is_rejected_ongenerate(webui_page, webui_server) -> None:
     page = webui_page
     page.locator("#input-text textarea").fill("Hello there.")
     page.locator("#speaker textarea").fill("not a speaker string")
-    stats = _generate(page)
+    stats = generate(page)
     assert stats.startswith("error: speaker:")
-    _assert_no_traceback(page, webui_server)
+    assert_no_traceback(page, webui_server)
 
 
 @pytest.mark.e2e
 def test_preset_and_dice_regenerate_the_speaker(webui_page) -> None:
     page = webui_page
     page.locator("#voice-preset input").click()
-    page.get_by_role("option", name="Timbre 1").click()
+    page.get_by_role("option", name="alloy").click()
     page.wait_for_function("() => document.querySelector('#audio-seed input').value === '1111'")
-    want = _expected_speaker(1111)
+    want = expected_speaker(1111)
     page.wait_for_function("(s) => document.querySelector('#speaker textarea').value === s", arg=want)
     page.locator("#audio-dice").click()
     page.wait_for_function("() => document.querySelector('#audio-seed input').value !== '1111'")
     seed = int(page.locator("#audio-seed input").input_value())
     page.wait_for_function("(s) => document.querySelector('#speaker textarea').value === s",
-                           arg=_expected_speaker(seed))
+                           arg=expected_speaker(seed))
+    page.wait_for_function("() => document.querySelector('#voice-preset input').value === 'Custom'")
 
 
 @pytest.mark.e2e
 def test_generate_gives_a_playable_wav(webui_page, webui_server) -> None:
     page = webui_page
     page.locator("#voice-preset input").click()
-    page.get_by_role("option", name="Default").click()
+    page.get_by_role("option", name="default").click()
     page.wait_for_function("() => document.querySelector('#audio-seed input').value === '2'")
     page.locator("#input-text textarea").fill("Hello world, 你好。")
-    stats = _generate(page)
+    stats = generate(page)
     assert stats.startswith("audio:"), stats
-    href, wav = _fetch_output_wav(page)
+    href, wav = fetch_output_wav(page)
     assert (wav.getnchannels(), wav.getsampwidth(), wav.getframerate()) == (1, 2, 24000)
     assert wav.getnframes() > 0
     seconds = wav.getnframes() / 24000
-    assert abs(seconds - _audio_seconds(stats)) < 0.006
-    assert abs(_browser_duration(page, href) - seconds) < 0.01
+    assert abs(seconds - audio_seconds(stats)) < 0.006
+    assert abs(browser_duration(page, href) - seconds) < 0.01
     assert page.locator("#refined textarea").input_value().strip()  # the refine pass ran and showed its text
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "webui.png"), full_page=True)
-    _assert_no_traceback(page, webui_server)
+    assert_no_traceback(page, webui_server)
 
 
 @pytest.mark.e2e
@@ -181,18 +137,22 @@ def test_stream_plays_chunks_then_gives_the_full_wav(webui_page, webui_server) -
     assert page.locator("#generate").is_hidden()
     page.locator("#refine input").uncheck()
     page.locator("#input-text textarea").fill("Streaming sends audio as soon as it is ready.")
-    stats = _generate(page, "#generate-stream")
+    assert page.locator("#live-audio").is_hidden()  # shown only while a stream runs
+    stats = generate(page, "#generate-stream")
     assert stats.startswith("audio:"), stats
     # Chromium's live player (HLS of AAC segments in a blob-backed <audio>) received every chunk:
     # its media duration reaches the streamed length (AAC adds a little padding, never less).
     page.wait_for_function(
         "(s) => { const a = document.querySelector('#live-audio audio');"
-        " return a && a.src.startsWith('blob:') && a.duration >= s; }", arg=_audio_seconds(stats) - 0.02)
-    _, wav = _fetch_output_wav(page)
-    assert abs(wav.getnframes() / 24000 - _audio_seconds(stats)) < 0.006
+        " return a && a.src.startsWith('blob:') && a.duration >= s; }", arg=audio_seconds(stats) - 0.02)
+    _, wav = fetch_output_wav(page)
+    assert abs(wav.getnframes() / 24000 - audio_seconds(stats)) < 0.006
     assert page.locator("#refined textarea").input_value() == "Streaming sends audio as soon as it is ready."
+    page.wait_for_function("() => !document.querySelector('#live-audio').checkVisibility()")  # no leftover player
+    page.wait_for_timeout(1000)  # the full audio must not start over the live audio, which may still play
+    assert page.locator("#output-audio button[aria-label=Play]").count() == 1
     stream.uncheck()
-    _assert_no_traceback(page, webui_server)
+    assert_no_traceback(page, webui_server)
 
 
 @pytest.mark.e2e
@@ -213,8 +173,8 @@ def test_clone_a_voice_from_an_uploaded_clip(webui_page, webui_server, tmp_path:
     codes = decode_prompt(page.locator("#clip-code textarea").input_value())
     assert tuple(codes.shape) == (4, (1 + 36000 // 256) // 2)  # DVAE: one code per 2 mel frames (hop 256)
     page.locator("#input-text textarea").fill("A cloned voice.")
-    assert _generate(page).startswith("error: clip transcript:")
+    assert generate(page).startswith("error: clip transcript:")
     page.locator("#transcript textarea").fill("some words")
-    stats = _generate(page)
+    stats = generate(page)
     assert stats.startswith("audio:"), stats
-    _assert_no_traceback(page, webui_server)
+    assert_no_traceback(page, webui_server)

@@ -1,0 +1,126 @@
+"""Web UI handlers without a browser: control values -> the prompts, params and files Chat receives."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("gradio")
+
+from chattts_velocity.audio.formats import available_formats  # noqa: E402
+from chattts_velocity.text import sample_random_speaker, seed_context  # noqa: E402
+from webui.controls import (  # noqa: E402
+    CUSTOM, preset_for_seed, refine_prompt, speed_prompt, write_download,
+)
+from webui.handlers import Handlers, Request  # noqa: E402
+
+HIDDEN = 64
+MAGIC = {"wav": b"RIFF", "flac": b"fLaC", "opus": b"OggS", "ogg": b"OggS"}
+
+
+class RecordingChat:
+    """Chat's public surface as the handlers use it; every infer call is recorded. The waveform's length
+    follows the speed prompt, so a test can see the prompt reached the code pass."""
+
+    def __init__(self) -> None:
+        self.calls: list[dict] = []
+
+    def sample_random_speaker(self) -> str:
+        return sample_random_speaker(HIDDEN)
+
+    def interrupt(self) -> None:
+        pass
+
+    def infer(self, text: str, **kwargs):
+        self.calls.append({"text": text, **kwargs})
+        if kwargs.get("refine_text_only"):
+            return f"{text} {kwargs['params_refine_text'].prompt}"
+        speed = int(kwargs["params_infer_code"].prompt[len("[speed_"):-1])
+        return [np.full(2400 * (speed + 1), 0.25, dtype=np.float32)]
+
+
+def _request(**changes) -> list:
+    values = dict(text="Hello there.", speaker="", clip_code="", transcript="", refine=True, oral=2, laugh=0,
+                  pause=6, text_seed=42, audio_seed=2, speed=5, temperature=0.3, top_p=0.7, top_k=20,
+                  split_text=True, batch_size=4, fmt="wav")
+    values.update(changes)
+    return list(Request(**values).__dict__.values())
+
+
+def _final(handlers: Handlers, **changes) -> list:
+    """Each output's last value, as the page shows it after the run: [audio, download, spoken, stats]."""
+    shown: list = [None] * 4
+    for update in handlers.generate(None, *_request(**changes)):
+        shown = [old if isinstance(new, dict) and new.get("__type__") == "update" else new
+                 for old, new in zip(shown, update, strict=True)]
+    return shown
+
+
+def test_prompts_follow_the_levels_and_name_a_bad_field() -> None:
+    assert speed_prompt(2.0) == "[speed_2]"
+    assert refine_prompt(0, 2, 7) == "[oral_0][laugh_2][break_7]"
+    for call, field in ((lambda: speed_prompt(10), "speed"), (lambda: refine_prompt(1, 3, 0), "laugh"),
+                        (lambda: refine_prompt(1.5, 0, 0), "oral"), (lambda: refine_prompt(0, 0, -1), "break")):
+        with pytest.raises(ValueError, match=f"^{field}:"):
+            call()
+
+
+def test_preset_follows_the_seed() -> None:
+    assert preset_for_seed(1111) == "alloy"
+    assert preset_for_seed(1112) == CUSTOM
+
+
+@pytest.mark.parametrize("fmt", available_formats())
+def test_download_is_encoded_in_the_chosen_format(fmt: str, tmp_path: Path) -> None:
+    wav = np.sin(np.linspace(0, 200, 4800)).astype(np.float32) * 0.3
+    path = write_download(wav, fmt, tmp_path)
+    data = path.read_bytes()
+    assert path.name == f"speech.{fmt}" and path.parent.parent == tmp_path
+    if fmt == "pcm":
+        assert len(data) == 2 * wav.size
+    elif fmt == "mp3":
+        assert data[:3] == b"ID3" or (data[0] == 0xFF and data[1] & 0xE0 == 0xE0)
+    else:
+        assert data[:4] == MAGIC[fmt]
+    assert write_download(wav, fmt, tmp_path) != path  # a second run never overwrites the first
+
+
+def test_generate_passes_every_control_to_chat() -> None:
+    chat = RecordingChat()
+    audio, download, spoken, stats = _final(Handlers(chat), speed=8, oral=4, laugh=1, pause=3, split_text=False,
+                                            batch_size=7, fmt="flac")
+    refine, code = chat.calls
+    assert refine["params_refine_text"].prompt == "[oral_4][laugh_1][break_3]"
+    assert code["params_infer_code"].prompt == "[speed_8]"
+    assert spoken == "Hello there. [oral_4][laugh_1][break_3]" == code["text"]
+    for call in chat.calls:
+        assert (call["split_text"], call["max_split_batch"]) == (False, 7)
+    assert audio[1].size == 2400 * 9 and stats.startswith("audio: 0.90 s")
+    assert Path(download).suffix == ".flac" and Path(download).read_bytes()[:4] == b"fLaC"
+
+
+def test_speed_changes_the_audio_and_refine_off_skips_the_pass() -> None:
+    chat = RecordingChat()
+    handlers = Handlers(chat)
+    slow, fast = (_final(handlers, speed=s, refine=False)[0][1] for s in (2, 8))
+    assert slow.size != fast.size
+    assert all(not c.get("refine_text_only") for c in chat.calls)
+
+
+@pytest.mark.parametrize(("changes", "field"), [({"batch_size": 0}, "batch size"), ({"fmt": "aiff"}, "format"),
+                                                ({"speed": 11}, "speed"), ({"laugh": 5}, "laugh")])
+def test_bad_control_values_end_in_an_error_line(changes: dict, field: str) -> None:
+    chat = RecordingChat()
+    with pytest.warns(UserWarning, match=f"^{field}:"):  # the toast (outside a page gradio warns instead)
+        *_, stats = _final(Handlers(chat), **changes)
+    assert stats.startswith(f"error: {field}:")
+    assert not any("params_infer_code" in c for c in chat.calls)  # nothing was generated
+
+
+def test_seed_gives_the_speaker_and_the_preset_name() -> None:
+    handlers = Handlers(RecordingChat())
+    with seed_context(1111):
+        want = sample_random_speaker(HIDDEN)
+    assert handlers.speaker_for_seed(1111) == (want, "alloy")
+    assert handlers.speaker_for_seed(77)[1] == CUSTOM

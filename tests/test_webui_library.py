@@ -1,0 +1,69 @@
+"""Web UI voice library callbacks without a browser: save the current voice, pick it back, delete it."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("gradio")
+
+from chattts_velocity.text import encode_prompt, sample_random_speaker, seed_context  # noqa: E402
+from chattts_velocity.text.voices import VoiceLibrary  # noqa: E402
+from webui.controls import CUSTOM  # noqa: E402
+from webui.library import LibraryHandlers  # noqa: E402
+
+
+def _skipped(value: object) -> bool:
+    return isinstance(value, dict) and value.get("__type__") == "update" and len(value) == 1
+
+
+@pytest.fixture
+def library(tmp_path: Path) -> LibraryHandlers:
+    return LibraryHandlers(VoiceLibrary(tmp_path / "voices"))
+
+
+def _speaker(seed: int) -> str:
+    with seed_context(seed):
+        return sample_random_speaker(64)
+
+
+def test_save_pick_and_delete_a_speaker_voice(library: LibraryHandlers, tmp_path: Path) -> None:
+    speaker = _speaker(5)
+    dropdown, name_box = library.save("Narrator", speaker, "", "")
+    assert dropdown["choices"] == ["Narrator"] and dropdown["value"] == "Narrator" and name_box == ""
+    assert VoiceLibrary(tmp_path / "voices").get("narrator").speaker == speaker  # on disk, for the server too
+    assert library.pick("Narrator") == (speaker, "", "", CUSTOM)
+    assert library.delete("Narrator") == {"__type__": "update", "choices": [], "value": None}
+    assert library.names() == []
+
+
+def test_a_clip_code_is_saved_instead_of_the_speaker(library: LibraryHandlers) -> None:
+    clip_code = encode_prompt(torch.arange(40).reshape(4, 10))
+    library.save("Cloned", _speaker(6), clip_code, " hello there ")
+    assert library.pick("Cloned") == ("", clip_code, "hello there", CUSTOM)  # what Generate would use
+
+
+@pytest.mark.parametrize(("args", "field"), [(("../etc", "x", "", ""), "name"), (("alloy", "x", "", ""), "name"),
+                                             (("Empty", "", "", ""), "speaker"),
+                                             (("Bad", "not a speaker", "", ""), "speaker"),
+                                             (("NoWords", "", "clip", ""), "clip_code")])
+def test_save_refuses_bad_input_with_a_toast(library: LibraryHandlers, args: tuple, field: str) -> None:
+    with pytest.warns(UserWarning, match=f"^{field}:"):
+        dropdown, name_box = library.save(*args)
+    assert _skipped(dropdown) and _skipped(name_box) and library.names() == []
+
+
+def test_a_second_save_under_one_name_is_refused(library: LibraryHandlers) -> None:
+    library.save("Twin", _speaker(1), "", "")
+    with pytest.warns(UserWarning, match="exists"):
+        library.save("twin", _speaker(2), "", "")
+    assert library.pick("Twin")[0] == _speaker(1)
+
+
+def test_pick_and_delete_of_a_missing_voice_warn(library: LibraryHandlers) -> None:
+    assert all(_skipped(v) for v in library.pick(None))
+    with pytest.warns(UserWarning, match="^voice:"):
+        assert all(_skipped(v) for v in library.pick("Ghost"))
+    with pytest.warns(UserWarning, match="^voice:"):
+        assert _skipped(library.delete(None))

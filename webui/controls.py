@@ -1,0 +1,69 @@
+"""Web UI control values -> ChatTTS prompt tags, voice preset names and the download file.
+
+Kept free of gradio so the mapping from a slider to what the model sees is tested without a browser.
+"""
+from __future__ import annotations
+
+import math
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from chattts_velocity.audio import SAMPLE_RATE, wav_bytes
+from chattts_velocity.audio.formats import audio_format
+from chattts_velocity.text.voices import PRESET_SEEDS
+
+# name -> audio seed, the server's presets (OpenAI's voice names): the same name is the same voice on the page
+# and through the API. The names carry no promise about the timbre; they are bookmarks.
+VOICE_PRESETS = PRESET_SEEDS
+DEFAULT_PRESET = "default"
+CUSTOM = "Custom"  # the preset shown for a seed no preset names (a dice roll, a typed seed)
+
+# control -> (highest level, default): ChatTTS's tokenizer has [speed_0..9], [oral_0..9], [laugh_0..2],
+# [break_0..7]; the defaults are upstream's (InferCodeParams "[speed_5]", web UI "[oral_2][laugh_0][break_6]").
+LEVELS = {"speed": (9, 5), "oral": (9, 2), "laugh": (2, 0), "break": (7, 6)}
+BATCH_SIZE = (1, 16, 4)  # (lowest, highest, default) pieces per batch when long text is split
+
+
+def whole(value: float | None, field: str, low: int, high: int) -> int:
+    """A slider or number box value (gradio gives floats) as an int in [low, high]; else ValueError naming field."""
+    if isinstance(value, bool) or not (isinstance(value, (int, float)) and math.isfinite(value)
+                                       and value == int(value) and low <= value <= high):
+        raise ValueError(f"{field}: must be a whole number from {low} to {high}, got {value!r}")
+    return int(value)
+
+
+def level(value: float | None, control: str) -> int:
+    return whole(value, control, 0, LEVELS[control][0])
+
+
+def speed_prompt(speed: float) -> str:
+    """The code-pass prompt (InferCodeParams.prompt) for a speed level."""
+    return f"[speed_{level(speed, 'speed')}]"
+
+
+def refine_prompt(oral: float, laugh: float, pause: float) -> str:
+    """The refine-pass prompt (RefineTextParams.prompt): how chatty, how many laughs, how many breaks."""
+    return f"[oral_{level(oral, 'oral')}][laugh_{level(laugh, 'laugh')}][break_{level(pause, 'break')}]"
+
+
+def batch_size(value: float) -> int:
+    low, high, _ = BATCH_SIZE
+    return whole(value, "batch size", low, high)
+
+
+def preset_for_seed(seed: float | None) -> str:
+    """The preset whose seed this is, else CUSTOM: the dropdown follows the seed box."""
+    return next((name for name, s in VOICE_PRESETS.items() if s == seed), CUSTOM)
+
+
+def write_download(wav: np.ndarray, fmt: str, folder: str | Path) -> Path:
+    """Encode a float32 24 kHz waveform as fmt into a fresh subfolder of folder -> speech.<ext>.
+
+    One subfolder per run: every download keeps the readable name and none overwrites another.
+    """
+    spec = audio_format(fmt)
+    path = Path(tempfile.mkdtemp(dir=folder)) / f"speech{spec.extension}"
+    path.write_bytes(wav_bytes(wav, SAMPLE_RATE, fmt))
+    return path

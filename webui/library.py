@@ -1,0 +1,56 @@
+"""Web UI voice library callbacks: save the current voice by name, pick a saved one into the voice fields,
+delete it. The voices are chattts_velocity.text.voices' files, shared with the server and the export."""
+from __future__ import annotations
+
+import gradio as gr
+
+from chattts_velocity.text.voices import VoiceLibrary
+
+from .controls import CUSTOM
+from .handlers import warn
+
+
+class LibraryHandlers:
+    def __init__(self, library: VoiceLibrary) -> None:
+        self.library = library
+
+    def names(self) -> list[str]:
+        return [voice.name for voice in self.library.list()]
+
+    def refresh(self) -> dict:
+        """The dropdown's choices from disk (voices saved through the server show up on page load)."""
+        return gr.update(choices=self.names())
+
+    def save(self, name: str, speaker: str, clip_code: str, transcript: str) -> tuple:
+        """Save what Generate would speak with (a clip code wins over the speaker string) -> (dropdown, name box)."""
+        clip_code, speaker = (clip_code or "").strip(), (speaker or "").strip()
+        fields = {"clip_code": clip_code, "transcript": (transcript or "").strip()} if clip_code else \
+            {"speaker": speaker or None}
+        try:
+            voice = self.library.save(name or "", **fields)
+        except ValueError as exc:
+            warn(exc)
+            return gr.skip(), gr.skip()
+        gr.Info(f"saved voice {voice.name!r}", duration=3)
+        return gr.update(choices=self.names(), value=voice.name), ""
+
+    def pick(self, name: str | None) -> tuple:
+        """A saved voice -> (speaker, clip code, transcript, preset): fills the fields Generate reads."""
+        if not name:
+            return (gr.skip(),) * 4
+        try:
+            voice = self.library.get(name)
+        except ValueError as exc:
+            warn(exc)
+            return (gr.skip(),) * 4
+        return voice.speaker or "", voice.clip_code or "", voice.transcript or "", CUSTOM
+
+    def delete(self, name: str | None) -> dict:
+        try:
+            if not name:
+                raise ValueError("voice: pick a saved voice to delete")
+            self.library.delete(name)
+        except ValueError as exc:
+            warn(exc)
+            return gr.skip()
+        return gr.update(choices=self.names(), value=None)
