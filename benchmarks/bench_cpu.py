@@ -22,7 +22,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 FULL = {"steps": 128, "batch_steps": 64, "stream_steps": 96, "sizes": [1, 16, 32, 64], "repeats": 2}
-QUICK = {"steps": 8, "batch_steps": 8, "stream_steps": 12, "sizes": [1, 4], "repeats": 1}
+QUICK = {"steps": 8, "batch_steps": 8, "stream_steps": 48, "sizes": [1, 4], "repeats": 1}
 STREAM_SETTINGS = {  # label -> StreamOptions fields; "default" is whatever StreamOptions() is today
     "default": {},
     "first 4, lookahead 12": {"first_chunk_steps": 4, "first_lookahead_steps": 12},
@@ -62,16 +62,17 @@ def measure_dtype(chat, plan: dict) -> dict:
 
 def measure_streams(chat, plan: dict) -> dict:
     """Time to first audio alone and among 16 for each stream setting, and its first chunk's error."""
-    from benchmarks.bench_public import stream_ttfa
+    from benchmarks.bench_public import first_chunk_error, one_clip, stream_ttfa
     from chattts_velocity.speech import StreamOptions
 
-    out = {}
+    out, hidden = {}, one_clip(chat, plan["stream_steps"])
     for label, fields in STREAM_SETTINGS.items():
         options = StreamOptions(**fields)
         runs = {n: min((stream_ttfa(chat, n, plan["stream_steps"], options) for _ in range(plan["repeats"])),
                        key=lambda r: r["ttfa_max"]) for n in (1, 16)}
         out[label] = {"options": runs[1]["options"], "ttfa_alone_s": runs[1]["ttfa_max"],
-                      "ttfa_among_16_s": runs[16]["ttfa_max"], "first_chunk_error": runs[1]["first_chunk_error"]}
+                      "ttfa_among_16_s": runs[16]["ttfa_max"],
+                      "first_chunk_error": first_chunk_error(chat, hidden, options)}
     return out
 
 
@@ -142,8 +143,14 @@ def run(args: argparse.Namespace) -> dict:
     report = {"cpu": cpu_identity(), "torch": torch.__version__, "quick": args.quick, "model": args.model,
               "plan": plan, "probes": probes(args.threads),
               "weight_bytes_per_step": weight_bytes_per_step(chats["bfloat16"].config)}
-    measured = {dtype: measure_dtype(chat, plan) for dtype, chat in chats.items()}
+    print(f"{report['cpu']}; probes: {report['probes']['read_gbps']:.1f} GB/s read, "
+          f"{report['probes']['bf16_gemm_gflops']:.0f} bf16 GFLOP/s", flush=True)
+    measured = {}
+    for dtype, chat in chats.items():
+        measured[dtype] = measure_dtype(chat, plan)
+        print(f"{dtype}: {json.dumps(measured[dtype])}", flush=True)
     measured["streams"] = measure_streams(chats["bfloat16"], plan)
+    print(f"streams: {json.dumps(measured['streams'])}", flush=True)
     report["measured"] = measured
     report["llamacpp"] = measure_llamacpp(args, plan, chats)
     report["probes_after"] = probes(args.threads)

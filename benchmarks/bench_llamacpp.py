@@ -99,7 +99,8 @@ def _tensors(shape: dict) -> list[tuple[str, int, int | None]]:
     for i in range(shape["layers"]):
         out += [(f"blk.{i}.attn_norm.weight", h, None), (f"blk.{i}.ffn_norm.weight", h, None)]
         out += [(f"blk.{i}.attn_{p}.weight", h, h) for p in ("q", "k", "v", "output")]
-        out += [(f"blk.{i}.ffn_gate.weight", f, h), (f"blk.{i}.ffn_up.weight", f, h), (f"blk.{i}.ffn_down.weight", h, f)]
+        out += [(f"blk.{i}.ffn_gate.weight", f, h), (f"blk.{i}.ffn_up.weight", f, h),
+                (f"blk.{i}.ffn_down.weight", h, f)]
     return out
 
 
@@ -146,7 +147,8 @@ def llama_rate(path: Path, n: int, steps: int, threads: int = 2) -> float:
         vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(model))
         rng = np.random.default_rng(n)
         tokens = rng.integers(3, vocab, size=(n, PROMPT_TOKENS))
-        _fill(batch, [(s, p, int(tokens[s, p]), p == PROMPT_TOKENS - 1) for s in range(n) for p in range(PROMPT_TOKENS)])
+        last = PROMPT_TOKENS - 1
+        _fill(batch, [(s, p, int(tokens[s, p]), p == last) for s in range(n) for p in range(PROMPT_TOKENS)])
         _decode(L, ctx, batch)
         nxt = _greedy(L, ctx, n, vocab)
         for step in range(WARMUP_STEPS + steps):
