@@ -30,6 +30,8 @@ def test_host_probes_and_raw_measurements(report: dict) -> None:
     assert report["cpu"]["model"] and isinstance(report["cpu"]["flags"], list) and report["cpu"]["host_kind"]
     for probes in (report["probes"], report["probes_after"]):
         assert probes["read_gbps"] > 0 and probes["bf16_gemm_gflops"] > 0
+    for key, ceiling in report["ceilings"].items():
+        assert ceiling == max(report["probes"][key], report["probes_after"][key])
     for dtype in ("bfloat16", "int8"):
         measured = report["measured"][dtype]
         assert measured["one_stream_steps_per_s"] > 0
