@@ -140,7 +140,7 @@ def _llamacpp_targets(llama: dict) -> list[dict]:
 def run(args: argparse.Namespace) -> dict:
     import torch
 
-    from benchmarks.bench_probe import cpu_identity
+    from benchmarks.bench_probe import cpu_identity, thread_settings
     from benchmarks.bench_public import load_chat
 
     plan = QUICK if args.quick else FULL
@@ -148,7 +148,7 @@ def run(args: argparse.Namespace) -> dict:
     start = time.perf_counter()
     chats = {dtype: load_chat(args.model, dtype, args.threads) for dtype in ("bfloat16", "int8")}
     report = {"cpu": cpu_identity(), "torch": torch.__version__, "quick": args.quick, "model": args.model,
-              "plan": plan, "probes": probes(args.threads),
+              "plan": plan, "thread_settings": thread_settings(), "probes": probes(args.threads),
               "weight_bytes_per_step": weight_bytes_per_step(chats["bfloat16"].config)}
     print(f"{report['cpu']}; probes: {report['probes']['read_gbps']:.1f} GB/s read, "
           f"{report['probes']['bf16_gemm_gflops']:.0f} bf16 GFLOP/s", flush=True)
