@@ -1,6 +1,6 @@
 """One command for every issue-17 target on this CPU, through the public API; one JSON per host kind.
 
-    python benchmarks/bench_cpu.py --model .pytest-assets/full     # 13.5 min under load; run it ALONE
+    python benchmarks/bench_cpu.py --model .pytest-assets/full     # ~11 min; run it ALONE
     python benchmarks/bench_cpu.py --model .pytest-assets/tiny --quick --no-llamacpp   # smoke run, seconds
 
 Writes results/cpu_<hostkind>.json (hostkind from the CPU family and its best matmul ISA, e.g. zen4-avx512bf16,
