@@ -1,4 +1,4 @@
-"""Install rules: CI installs exactly the README's command, and [all] holds every other extra."""
+"""Install rules: CI installs exactly the README's command, and [all] holds every other extra but [bench]."""
 from __future__ import annotations
 
 import re
@@ -19,7 +19,12 @@ def test_all_extra_holds_every_other_extra() -> None:
     table = extras()
     (self_ref,) = table["all"]
     named = set(re.fullmatch(r"chattts_velocity\[([a-z,]+)\]", self_ref).group(1).split(","))
-    assert named == set(table) - {"all"}
+    assert named == set(table) - {"all", "bench"}  # bench compiles llama.cpp: benchmarks only, never CI
+
+
+def test_bench_extra_holds_the_llamacpp_comparison() -> None:
+    names = {re.match(r"[A-Za-z0-9_.-]+", req).group(0) for req in extras()["bench"]}
+    assert names == {"llama-cpp-python", "gguf"}
 
 
 def test_ci_installs_the_readme_command() -> None:

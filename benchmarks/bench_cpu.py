@@ -1,0 +1,195 @@
+"""One command for every issue-17 target on this CPU, through the public API; one JSON per host kind.
+
+    python benchmarks/bench_cpu.py --model .pytest-assets/full     # ~11 min; run it ALONE
+    python benchmarks/bench_cpu.py --model .pytest-assets/tiny --quick --no-llamacpp   # smoke run, seconds
+
+Writes results/cpu_<hostkind>.json (hostkind from the CPU family and its best matmul ISA, e.g. zen4-avx512bf16,
+spr-amx): the CPU model and flags, the host's own ceilings (streaming read GB/s and bf16 GEMM GFLOP/s on the
+benchmark's threads), the weight bytes a decode step reads per precision, the raw measurements and every target
+as {"target", "measured", "met"}. llama.cpp's ratios need the `bench` extra (bench_llamacpp.py); without it their
+targets are recorded as skipped with the reason.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+FULL = {"steps": 128, "batch_steps": 64, "stream_steps": 96, "sizes": [1, 16, 32, 64], "repeats": 2}
+QUICK = {"steps": 8, "batch_steps": 8, "stream_steps": 48, "sizes": [1, 4], "repeats": 1}
+STREAM_SETTINGS = {  # label -> StreamOptions fields; "default" is whatever StreamOptions() is today
+    "default": {},
+    "first 4, lookahead 12": {"first_chunk_steps": 4, "first_lookahead_steps": 12},
+    "first 8, lookahead 16": {"first_chunk_steps": 8, "first_lookahead_steps": 16},
+    "first 4, lookahead 24": {"first_chunk_steps": 4, "first_lookahead_steps": 24},  # 28 steps, exact-level error
+}
+
+
+def weight_bytes_per_step(config) -> dict:
+    """Bytes one decode step reads at batch 1: the 20 layers' linears in the engine's precision plus the four
+    code heads, which stay float32 (the per-column int8 scales are < 0.1 % and left out)."""
+    h, i = config.hidden_size, config.intermediate_size
+    linear = config.num_hidden_layers * (4 * h * h + 3 * h * i)
+    heads = config.num_vq * config.num_audio_tokens * h
+    return {"linear_params": linear, "head_params": heads, "float32": 4 * (linear + heads),
+            "bfloat16": 2 * linear + 4 * heads, "int8": linear + 4 * heads}
+
+
+def probes(threads: int) -> dict:
+    from benchmarks import bench_probe as probe
+
+    return {"read_gbps": probe.read_gbps(threads), "bf16_gemm_gflops": probe.bf16_gemm_gflops(threads),
+            "contention": probe.contention_probe(threads), "threads": threads}
+
+
+def measure_dtype(chat, plan: dict) -> dict:
+    """One precision: one stream (prefill excluded) and 32 / 64 concurrent end to end, best of the repeats."""
+    from benchmarks.bench_public import batch_run, decode_rate
+
+    decode_rate(chat, 1, 4)  # warm-up
+    one = max(decode_rate(chat, 1, plan["steps"]) for _ in range(plan["repeats"]))
+    batches = {}
+    for n in (32, 64):
+        runs = [batch_run(chat, n, plan["batch_steps"]) for _ in range(plan["repeats"])]
+        batches[str(n)] = max(runs, key=lambda r: r.steps_per_s_e2e).as_dict()  # str: as JSON reads it back
+    return {"one_stream_steps_per_s": one, "batch": batches}
+
+
+def measure_streams(chat, plan: dict) -> dict:
+    """Time to first audio alone and among 16 for each stream setting, and its first chunk's error."""
+    from benchmarks.bench_public import first_chunk_error, one_clip, stream_ttfa
+    from chattts_velocity.speech import StreamOptions
+
+    out, hidden = {}, one_clip(chat, plan["stream_steps"])
+    for label, fields in STREAM_SETTINGS.items():
+        options = StreamOptions(**fields)
+        runs = {n: min((stream_ttfa(chat, n, plan["stream_steps"], options) for _ in range(plan["repeats"])),
+                       key=lambda r: r["ttfa_max"]) for n in (1, 16)}
+        out[label] = {"options": runs[1]["options"], "ttfa_alone_s": runs[1]["ttfa_max"],
+                      "ttfa_among_16_s": runs[16]["ttfa_max"],
+                      "first_chunk_error": first_chunk_error(chat, hidden, options)}
+    return out
+
+
+def measure_llamacpp(args, plan: dict, chats: dict) -> dict:
+    if args.no_llamacpp:
+        return {"skipped": "--no-llamacpp"}
+    try:
+        import gguf  # noqa: F401
+        import llama_cpp  # noqa: F401
+    except ImportError as exc:
+        return {"skipped": f"the bench extra is not installed ({exc}); "
+                           "CMAKE_ARGS=\"-DGGML_NATIVE=ON\" pip install -e '.[bench]'"}
+    from benchmarks.bench_llamacpp import compare
+
+    return compare(args.model, plan["sizes"], plan["steps"], args.threads, chats, 1)  # 24 cells: one run each
+
+
+def target(label: str, measured, met) -> dict:
+    return {"target": label, "measured": measured, "met": bool(met) if measured is not None else False}
+
+
+def targets(report: dict) -> list[dict]:
+    """Every issue-17 target this run measures, met or not (4 and 7 need their own tests; see the docs)."""
+    m, p, w = report["measured"], ceilings(report), report["weight_bytes_per_step"]
+    out = _llamacpp_targets(report["llamacpp"])
+    for dtype in ("int8", "bfloat16"):
+        ceiling = p["read_gbps"] * 1e9 / w[dtype]
+        frac = m[dtype]["one_stream_steps_per_s"] / ceiling
+        out.append(target(f"1: one {dtype} stream >= 80% of the bandwidth ceiling ({ceiling:.0f} steps/s)", frac,
+                          frac >= 0.8))
+    gemm_ceiling = p["bf16_gemm_gflops"] * 1e9 / (2 * (w["linear_params"] + w["head_params"]))
+    frac = m["bfloat16"]["batch"]["64"]["steps_per_s_e2e"] / gemm_ceiling
+    out.append(target(f"2: 64 concurrent bf16 end to end >= 45% of the GEMM ceiling ({gemm_ceiling:.0f} steps/s)",
+                      frac, frac >= 0.45))
+    for n in (32, 64):
+        ratio = m["int8"]["batch"][str(n)]["steps_per_s_e2e"] / m["bfloat16"]["batch"][str(n)]["steps_per_s_e2e"]
+        out.append(target(f"3: int8 / bf16 end to end at {n} concurrent >= 0.95", ratio, ratio >= 0.95))
+    default = m["streams"]["default"]
+    out += [target("5: default stream first audio alone <= 0.3 s (bf16)", default["ttfa_alone_s"],
+                   default["ttfa_alone_s"] <= 0.3),
+            target("5: default stream first audio among 16 <= 1.0 s (bf16)", default["ttfa_among_16_s"],
+                   default["ttfa_among_16_s"] <= 1.0),
+            target("5: default first chunk within 1e-4 of the whole-clip decode", default["first_chunk_error"],
+                   default["first_chunk_error"] <= 1e-4)]
+    share = m["bfloat16"]["batch"]["32"]["decode_share"]
+    out.append(target("6: Decoder+Vocos share of end-to-end time at 32 requests (bf16) below the issue's 23 %",
+                      share, share < 0.23))
+    return out
+
+
+def ceilings(report: dict) -> dict:
+    """The host's ceilings: the better of the probes before and after the run (a ceiling is the best the host
+    gave; on a shared host one probe can land in a busy second)."""
+    return {key: max(report["probes"][key], report["probes_after"][key]) for key in ("read_gbps", "bf16_gemm_gflops")}
+
+
+def _llamacpp_targets(llama: dict) -> list[dict]:
+    if "skipped" in llama:
+        return [{**target("0: at least llama.cpp's speed at every batch size", None, False),
+                 "skipped": llama["skipped"]}]
+    return [target(f"0: {label} >= 1", ratio, ratio >= 1.0) for label, ratio in llama["ratios"].items()]
+
+
+def run(args: argparse.Namespace) -> dict:
+    import torch
+
+    from benchmarks.bench_probe import cpu_identity, thread_settings
+    from benchmarks.bench_public import load_chat
+
+    plan = QUICK if args.quick else FULL
+    torch.set_num_threads(args.threads)
+    start = time.perf_counter()
+    chats = {dtype: load_chat(args.model, dtype, args.threads) for dtype in ("bfloat16", "int8")}
+    report = {"cpu": cpu_identity(), "torch": torch.__version__, "quick": args.quick, "model": args.model,
+              "plan": plan, "thread_settings": thread_settings(), "probes": probes(args.threads),
+              "weight_bytes_per_step": weight_bytes_per_step(chats["bfloat16"].config)}
+    print(f"{report['cpu']}; probes: {report['probes']['read_gbps']:.1f} GB/s read, "
+          f"{report['probes']['bf16_gemm_gflops']:.0f} bf16 GFLOP/s", flush=True)
+    measured = {}
+    for dtype, chat in chats.items():
+        measured[dtype] = measure_dtype(chat, plan)
+        print(f"{dtype}: {json.dumps(measured[dtype])}", flush=True)
+    measured["streams"] = measure_streams(chats["bfloat16"], plan)
+    print(f"streams: {json.dumps(measured['streams'])}", flush=True)
+    report["measured"] = measured
+    report["llamacpp"] = measure_llamacpp(args, plan, chats)
+    report["probes_after"] = probes(args.threads)
+    report["ceilings"] = ceilings(report)
+    report["targets"] = targets(report)
+    report["seconds"] = time.perf_counter() - start
+    return report
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="demo", help="asset folder ('demo': random full-size weights)")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--quick", action="store_true", help="a smoke run: few steps, one repeat")
+    parser.add_argument("--no-llamacpp", action="store_true", help="skip llama.cpp (recorded as skipped)")
+    parser.add_argument("--host-kind", help="override the detected host kind in the file name")
+    parser.add_argument("--out", default=str(REPO / "benchmarks" / "results"))
+    args = parser.parse_args(argv)
+    report = run(args)
+    kind = args.host_kind or report["cpu"]["host_kind"]
+    path = Path(args.out) / f"cpu_{kind}{'_quick' if args.quick else ''}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=1), encoding="utf-8")
+    if "skipped" not in report["llamacpp"]:  # the same figures as bench_llamacpp.py writes alone
+        llama = {"cpu": report["cpu"], "probes": report["probes"], **report["llamacpp"]}
+        (path.parent / f"llamacpp_{kind}{'_quick' if args.quick else ''}.json").write_text(
+            json.dumps(llama, indent=1), encoding="utf-8")
+    for item in report["targets"]:
+        value = "skipped" if item["measured"] is None else f"{item['measured']:.3g}"
+        print(f"{'met   ' if item['met'] else 'MISSED'} {value:>9}  {item['target']}")
+    print(f"written to {path} in {report['seconds']:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

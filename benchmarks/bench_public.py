@@ -1,0 +1,140 @@
+"""Benchmark helpers that time ChatTTS work through the public API only (Chat and its public seams).
+
+`Chat.infer(texts)` is `gpt.generate(speech_requests(split(texts)))` then one batched Decoder + Vocos pass; the
+helpers call those same public steps so that the GPT and the audio decode can be timed apart. Every request is
+forced to `steps` code steps (min_new_token == max_new_token); one code step = 4 codes = one position.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+
+from chattts_velocity import Chat, InferCodeParams
+from chattts_velocity.audio import decode_hidden_batch
+from chattts_velocity.speech import StreamOptions, StreamSet, stream_texts
+
+SENTENCES = [
+    "The quick brown fox jumps over the lazy dog near the river bank",
+    "Speech synthesis turns written words into natural sounding audio",
+    "Every request in this benchmark is forced to the same length",
+    "Please remember to bring an umbrella tomorrow morning",
+]
+
+
+WORDS = ["red", "green", "blue", "amber", "violet", "silver", "golden", "white"]
+
+
+def texts(n: int) -> list[str]:
+    """n distinct texts (no digits: the benchmark skips normalisation, and digits would be dropped)."""
+    return [f"{SENTENCES[i % 4]} {WORDS[i // 4 % 8]} {WORDS[i // 32 % 8]}" for i in range(n)]
+
+
+def load_chat(model: str, dtype: str, threads: int) -> Chat:
+    from chattts_velocity.demo import ensure_model
+
+    torch.set_num_threads(threads)
+    chat = Chat()
+    chat.load(source="custom", custom_path=ensure_model(model)[0], verify=False, use_vllm=True, dtype=dtype,
+              num_threads=threads)
+    return chat
+
+
+def params(chat: Chat, steps: int) -> InferCodeParams:
+    torch.manual_seed(0)
+    return InferCodeParams(spk_emb=chat.sample_random_speaker(), max_new_token=steps, min_new_token=steps,
+                           manual_seed=1, show_tqdm=False)
+
+
+def requests(chat: Chat, n: int, steps: int):
+    pieces = chat.split(texts(n), do_text_normalization=False, split_text=False)
+    return chat.speech_requests(pieces, params(chat, steps))
+
+
+def decode_rate(chat: Chat, n: int, steps: int) -> float:
+    """Code steps per second per the whole batch with prefill excluded: counted from the moment every request
+    has its first code (the llama.cpp side times the same span)."""
+    reqs = requests(chat, n, steps)
+    with torch.inference_mode():
+        started, counted, t0 = set(), 0, None
+        for deltas in chat.gpt(True).stream(reqs.prompts, reqs.sampling, 1):
+            if t0 is not None:
+                counted += sum(len(d.token_ids) for _, d in deltas)
+            started |= {k for k, d in deltas if len(d.token_ids)}
+            if t0 is None and len(started) == n:
+                t0 = time.perf_counter()
+        return counted / (time.perf_counter() - t0)
+
+
+@dataclass
+class BatchRun:
+    concurrency: int
+    steps: int
+    gpt_seconds: float  # submission -> every request's last code (prefill included)
+    decode_seconds: float  # one batched Decoder + Vocos pass over every request's hidden states
+
+    @property
+    def steps_per_s_e2e(self) -> float:
+        return self.concurrency * self.steps / (self.gpt_seconds + self.decode_seconds)
+
+    @property
+    def steps_per_s_gpt(self) -> float:
+        return self.concurrency * self.steps / self.gpt_seconds
+
+    @property
+    def decode_share(self) -> float:
+        return self.decode_seconds / (self.gpt_seconds + self.decode_seconds)
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "steps_per_s_e2e": self.steps_per_s_e2e, "steps_per_s_gpt": self.steps_per_s_gpt,
+                "decode_share": self.decode_share}
+
+
+def batch_run(chat: Chat, n: int, steps: int) -> BatchRun:
+    """Chat.infer(n texts) end to end, its GPT and its audio decode timed apart."""
+    reqs = requests(chat, n, steps)
+    with torch.inference_mode():
+        start = time.perf_counter()
+        outputs = chat.gpt(True).generate(reqs.prompts, reqs.sampling, False)
+        gpt = time.perf_counter() - start
+        decode_hidden_batch(chat.decoder, chat.vocos, [o.hidden for o in outputs], chat.decode_dtype)
+    return BatchRun(n, steps, gpt, time.perf_counter() - start - gpt)
+
+
+def stream_ttfa(chat: Chat, n: int, steps: int, options: StreamOptions) -> dict:
+    """n texts streamed at once as Chat.infer(stream=True) streams them, with `options`: seconds from submission
+    to each text's first audio."""
+    reqs = requests(chat, n, steps)
+    streams = StreamSet(chat.decoder, chat.dvae, chat.vocos, options, chat.decode_dtype)
+    first: dict[int, float] = {}
+    start = time.perf_counter()
+    for chunks in stream_texts(streams, chat.gpt(True), reqs, True):
+        for k, chunk in enumerate(chunks):
+            if len(chunk):
+                first.setdefault(k, time.perf_counter() - start)
+    ttfa = [first.get(k, float("nan")) for k in range(n)]
+    return {"options": asdict(options), "concurrency": n, "ttfa": ttfa, "ttfa_max": max(ttfa),
+            "ttfa_median": statistics.median(ttfa)}
+
+
+def one_clip(chat: Chat, steps: int) -> torch.Tensor:  # -> hidden [steps, H]
+    reqs = requests(chat, 1, steps)
+    with torch.inference_mode():
+        return chat.gpt(True).generate(reqs.prompts, reqs.sampling, False)[0].hidden
+
+
+def first_chunk_error(chat: Chat, hidden: torch.Tensor, options: StreamOptions) -> float:
+    """Max |streamed - whole clip| over the first chunk of one clip pushed step by step, both in float32 (bf16
+    rounding would hide what the window costs); later chunks are exact by construction."""
+    with torch.inference_mode():
+        whole = decode_hidden_batch(chat.decoder, chat.vocos, [hidden])[0]
+        streams = StreamSet(chat.decoder, None, chat.vocos, options, None)
+        streams.open(0)
+        for row in hidden.split(1):
+            chunk = streams.push({0: row}).get(0, np.zeros(0))
+            if len(chunk):
+                return float(np.abs(chunk - whole[: len(chunk)]).max())
+    return float("nan")  # the clip ended before its first chunk: raise steps

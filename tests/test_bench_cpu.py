@@ -1,0 +1,67 @@
+"""benchmarks/bench_cpu.py --quick on tiny weights: the JSON holds every issue-17 field and target (no speeds
+asserted: only that each was measured, and that the default stream's first chunk matches the whole clip)."""
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+from safetensors import safe_open
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))  # benchmarks/ is a folder of the checkout, not an installed package
+
+from benchmarks import bench_cpu  # noqa: E402
+from chattts_velocity.config import ModelConfig  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def report(tiny_assets, tmp_path_factory) -> dict:
+    out = tmp_path_factory.mktemp("bench")
+    bench_cpu.main(["--model", str(tiny_assets), "--quick", "--no-llamacpp", "--out", str(out),
+                    "--host-kind", "test-kind"])
+    return json.loads((out / "cpu_test-kind_quick.json").read_text(encoding="utf-8"))
+
+
+def test_host_probes_and_raw_measurements(report: dict) -> None:
+    assert report["cpu"]["model"] and isinstance(report["cpu"]["flags"], list) and report["cpu"]["host_kind"]
+    for probes in (report["probes"], report["probes_after"]):
+        assert probes["read_gbps"] > 0 and probes["bf16_gemm_gflops"] > 0
+    for key, ceiling in report["ceilings"].items():
+        assert ceiling == max(report["probes"][key], report["probes_after"][key])
+    for dtype in ("bfloat16", "int8"):
+        measured = report["measured"][dtype]
+        assert measured["one_stream_steps_per_s"] > 0
+        for n in ("32", "64"):
+            batch = measured["batch"][n]
+            assert batch["concurrency"] == int(n) and 0 < batch["decode_share"] < 1
+    assert set(report["measured"]["streams"]) == set(bench_cpu.STREAM_SETTINGS)
+    for stream in report["measured"]["streams"].values():
+        assert 0 < stream["ttfa_alone_s"] and 0 < stream["ttfa_among_16_s"]
+        assert math.isfinite(stream["first_chunk_error"])
+    assert report["measured"]["streams"]["default"]["first_chunk_error"] <= 1e-4
+
+
+def test_every_target_is_reported(report: dict) -> None:
+    labels = [t["target"] for t in report["targets"]]
+    for number in ("0:", "1: one int8", "1: one bfloat16", "2:", "3: int8 / bf16 end to end at 32",
+                   "3: int8 / bf16 end to end at 64", "5: default stream first audio alone",
+                   "5: default stream first audio among 16", "5: default first chunk", "6:"):
+        assert sum(label.startswith(number) for label in labels) == 1, number
+    for item in report["targets"]:
+        assert isinstance(item["met"], bool)
+        assert item.get("skipped") == "--no-llamacpp" if item["measured"] is None else item["measured"] >= 0
+
+
+def test_weight_bytes_count_the_checkpoint(tiny_assets) -> None:
+    """The bytes-per-step formula against the tiny checkpoint's own linear weights."""
+    config = ModelConfig.from_json(tiny_assets / "asset" / "gpt" / "config.json")
+    with safe_open(tiny_assets / "asset" / "gpt" / "model.safetensors", "pt") as f:
+        linear = sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys() if k.endswith("proj.weight"))
+    counted = bench_cpu.weight_bytes_per_step(config)
+    heads = config.num_vq * config.num_audio_tokens * config.hidden_size
+    assert counted["linear_params"] == linear
+    assert counted["bfloat16"] == 2 * linear + 4 * heads and counted["int8"] == linear + 4 * heads
