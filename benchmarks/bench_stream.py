@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from benchmarks.bench_runs import Suite
 
 OPTION_SETS = {  # at most 3: each one runs at every --ttfa-sizes count in every repeat
-    "exact": StreamOptions(),
+    "exact": StreamOptions(first_chunk_steps=None, first_lookahead_steps=None),
     "first 8, lookahead 16": StreamOptions(first_chunk_steps=8, first_lookahead_steps=16),
     "first 4, lookahead 12": StreamOptions(first_chunk_steps=4, first_lookahead_steps=12),
 }

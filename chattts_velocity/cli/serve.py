@@ -90,9 +90,9 @@ def add_serve_parser(sub) -> None:
     p.add_argument("--voices", metavar="DIR", help="the voice library folder (default $CHATTTS_VELOCITY_VOICES or "
                                                    "~/.cache/chattts_velocity/voices)")
     p.add_argument("--chunk-steps", type=int, metavar="N", help="steps per streamed chunk (default 24 = 0.5 s)")
-    p.add_argument("--first-chunk-steps", type=int, metavar="N", help="a stream's first chunk (default: --chunk-steps)")
+    p.add_argument("--first-chunk-steps", type=int, metavar="N", help="a stream's first chunk (default 4)")
     p.add_argument("--first-lookahead-steps", type=int, metavar="N",
-                   help="its lookahead (default: exact, 52 steps; 16 is ~2e-4 off on demo weights)")
+                   help="its lookahead (default 24: 5e-7 from the whole-clip decode on demo weights; 16 is ~2e-4 off)")
     g = p.add_argument_group("Ray Serve (needs the [ray] extra)")
     g.add_argument("--ray", action="store_true", help="run the API as Ray Serve replicas, one engine each")
     g.add_argument("--ray-address", default=None, help="join this Ray cluster; default: a private loopback cluster")

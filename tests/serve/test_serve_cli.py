@@ -40,7 +40,7 @@ def test_unset_flags_keep_the_dataclass_defaults(served: list[dict]) -> None:
     config = served[0]["config"]
     defaults = openai_api.ServerConfig()
     assert config.stream_options == StreamOptions() == defaults.stream_options
-    assert config.stream_options.first_lookahead_steps is None  # exact
+    assert (config.stream_options.first_chunk_steps, config.stream_options.first_lookahead_steps) == (4, 24)
     assert config.max_input_chars == defaults.max_input_chars
     assert config.max_new_token == 150  # the demo cap, unchanged by the new flags
 
