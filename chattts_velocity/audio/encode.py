@@ -148,6 +148,8 @@ class AvEncoder:
         options = {"page_duration": str(OGG_PAGE_MICROSECONDS)} if spec.muxer == "ogg" else {}
         self.container = av.open(self.sink, "w", format=spec.muxer, options=options)
         self.stream = self.container.add_stream(spec.codec, rate=sample_rate, layout="mono")
+        if spec.bit_rate:
+            self.stream.bit_rate = spec.bit_rate
 
     def encode(self, chunk: np.ndarray) -> bytes:
         samples = _int16(chunk)

@@ -24,14 +24,15 @@ class AudioFormat:
     encoder: str  # "pcm" | "wav" (numpy), "av" (PyAV: codec + muxer), "sndfile" (libsndfile: container + subtype)
     codec: str | None = None  # PyAV encoder name, or libsndfile container
     muxer: str | None = None  # PyAV container format (raw mp3 frames, ADTS, Ogg, native FLAC), or libsndfile subtype
+    bit_rate: int | None = None  # bits/s of a lossy PyAV codec (speech at 24 kHz mono); None: the codec's default
 
 
 FORMATS: dict[str, AudioFormat] = {f.name: f for f in (
     AudioFormat("wav", "audio/wav", ".wav", "wav"),
     AudioFormat("pcm", "audio/pcm", ".pcm", "pcm"),
-    AudioFormat("mp3", "audio/mpeg", ".mp3", "av", "libmp3lame", "mp3"),
-    AudioFormat("opus", "audio/ogg; codecs=opus", ".opus", "av", "libopus", "ogg"),
-    AudioFormat("aac", "audio/aac", ".aac", "av", "aac", "adts"),
+    AudioFormat("mp3", "audio/mpeg", ".mp3", "av", "libmp3lame", "mp3", 64_000),
+    AudioFormat("opus", "audio/ogg; codecs=opus", ".opus", "av", "libopus", "ogg", 32_000),
+    AudioFormat("aac", "audio/aac", ".aac", "av", "aac", "adts", 64_000),
     AudioFormat("flac", "audio/flac", ".flac", "av", "flac", "flac"),
     AudioFormat("ogg", "audio/ogg; codecs=vorbis", ".ogg", "sndfile", "OGG", "VORBIS"),
 )}

@@ -196,7 +196,7 @@ def test_voices_models_health(server: Server, client) -> None:
 @pytest.mark.parametrize("kw,param", [
     ({"input": ""}, "input"),
     ({"input": "   "}, "input"),
-    ({"response_format": "aac"}, "response_format"),
+    ({"response_format": "aiff"}, "response_format"),
     ({"input": "x" * 301}, "input"),
     ({"voice": "nobody"}, "voice"),
     ({"speed": 9.0}, "speed"),
