@@ -21,6 +21,8 @@ OGG_PAGE_MICROSECONDS = 100_000  # Opus pages: ffmpeg's default 1 s would hold a
 
 
 class Encoder(Protocol):
+    """One clip or response: encode() every chunk in order, then flush() once."""
+
     def encode(self, chunk: np.ndarray) -> bytes: ...
 
     def flush(self) -> bytes: ...
