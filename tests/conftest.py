@@ -1,9 +1,11 @@
 """Shared fixtures: the real tokenizer/config (when present) and cached random-weight checkpoints."""
 from __future__ import annotations
 
+import io
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -46,3 +48,20 @@ def tiny_assets() -> Path:
 def full_assets() -> Path:
     """Full-size random weights (about 1 GB on disk); only for tests marked slow or parity."""
     return _demo_assets("full", tiny=False)
+
+
+def _decode_audio(data: bytes) -> tuple[np.ndarray, int]:  # -> ([N] int16 mono, rate); Opus decodes at 48 kHz
+    """Any encoded clip of audio/formats.py but raw pcm, decoded by PyAV (ffmpeg reads ADTS AAC and 24 kHz Opus,
+    which soundfile cannot)."""
+    av = pytest.importorskip("av")
+    with av.open(io.BytesIO(data)) as container:
+        frames = [f.to_ndarray().reshape(-1) for f in container.decode(audio=0)]  # s16/fltp planes, mono
+        rate = container.streams.audio[0].codec_context.sample_rate
+    audio = np.concatenate(frames) if frames else np.zeros(0, np.float32)
+    return (audio if audio.dtype == np.int16 else np.rint(np.clip(audio, -1, 1) * 32767)).astype(np.int16), rate
+
+
+@pytest.fixture(scope="session")
+def decode_audio():
+    """_decode_audio as a fixture (test modules share no import path)."""
+    return _decode_audio

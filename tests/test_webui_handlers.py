@@ -81,6 +81,8 @@ def test_download_is_encoded_in_the_chosen_format(fmt: str, tmp_path: Path) -> N
         assert len(data) == 2 * wav.size
     elif fmt == "mp3":
         assert data[:3] == b"ID3" or (data[0] == 0xFF and data[1] & 0xE0 == 0xE0)
+    elif fmt == "aac":  # ADTS: 12-bit sync word, layer 0
+        assert data[0] == 0xFF and data[1] & 0xF6 == 0xF0
     else:
         assert data[:4] == MAGIC[fmt]
     assert write_download(wav, fmt, tmp_path) != path  # a second run never overwrites the first

@@ -1,12 +1,19 @@
-"""Audio stage: the one table of encoded audio formats, read by the writer (wav.wav_bytes), the server,
-the web UI and the export.
+"""Audio stage: the one table of encoded audio formats and which encoder writes each, read by the encoders
+(audio/encode.py: the writer `wav_bytes`, the export, the server's streams) and the web UI.
 
-wav (16-bit mono) and raw pcm (s16le) are written by the stdlib; the others by soundfile (libsndfile),
-and only when the installed libsndfile can encode them (`available_formats`).
+wav (16-bit mono) and raw pcm (s16le) are written by numpy and struct; mp3, opus, aac and flac by PyAV (its wheels
+bundle ffmpeg with libmp3lame, libopus, aac and flac; the `server` extra installs it); ogg (Vorbis) by libsndfile,
+as PyAV's bundled ffmpeg has no libvorbis. `available_formats` lists what this install can encode.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+# A streamed WAV's RIFF and data sizes (its length is not known when the header goes out). 0xFFFFFFFF RIFF +
+# 0x7FFFF000 data: soundfile, ffmpeg/ffprobe and sox read the real length (sox calls it "unknown" instead of
+# warning of a premature end, as it does for 0xFFFFFFFF); Python's `wave` reports a huge getnframes() for any
+# unknown size but readframes() returns the real data; sizes of 0 make wave, soundfile and sox read nothing.
+STREAMED_RIFF_SIZE, STREAMED_DATA_SIZE = 0xFFFFFFFF, 0x7FFFF000
 
 
 @dataclass(frozen=True)
@@ -14,18 +21,20 @@ class AudioFormat:
     name: str  # the `fmt` / OpenAI `response_format` value
     media_type: str  # HTTP Content-Type
     extension: str  # file suffix, with the dot
-    streamable: bool  # int16 samples can be sent as they are made (after a header for wav)
-    container: str | None = None  # libsndfile format; None: written without soundfile
-    subtype: str | None = None  # libsndfile subtype
+    encoder: str  # "pcm" | "wav" (numpy), "av" (PyAV: codec + muxer), "sndfile" (libsndfile: container + subtype)
+    codec: str | None = None  # PyAV encoder name, or libsndfile container
+    muxer: str | None = None  # PyAV container format (raw mp3 frames, ADTS, Ogg, native FLAC), or libsndfile subtype
+    bit_rate: int | None = None  # bits/s of a lossy PyAV codec (speech at 24 kHz mono); None: the codec's default
 
 
 FORMATS: dict[str, AudioFormat] = {f.name: f for f in (
-    AudioFormat("wav", "audio/wav", ".wav", streamable=True),
-    AudioFormat("pcm", "audio/pcm", ".pcm", streamable=True),
-    AudioFormat("flac", "audio/flac", ".flac", False, "FLAC", "PCM_16"),
-    AudioFormat("mp3", "audio/mpeg", ".mp3", False, "MP3", "MPEG_LAYER_III"),
-    AudioFormat("opus", "audio/ogg; codecs=opus", ".opus", False, "OGG", "OPUS"),
-    AudioFormat("ogg", "audio/ogg; codecs=vorbis", ".ogg", False, "OGG", "VORBIS"),
+    AudioFormat("wav", "audio/wav", ".wav", "wav"),
+    AudioFormat("pcm", "audio/pcm", ".pcm", "pcm"),
+    AudioFormat("mp3", "audio/mpeg", ".mp3", "av", "libmp3lame", "mp3", 64_000),
+    AudioFormat("opus", "audio/ogg; codecs=opus", ".opus", "av", "libopus", "ogg", 32_000),
+    AudioFormat("aac", "audio/aac", ".aac", "av", "aac", "adts", 64_000),
+    AudioFormat("flac", "audio/flac", ".flac", "av", "flac", "flac"),
+    AudioFormat("ogg", "audio/ogg; codecs=vorbis", ".ogg", "sndfile", "OGG", "VORBIS"),
 )}
 WAV = FORMATS["wav"]  # what the export writes and the web UI plays
 
@@ -38,12 +47,21 @@ def audio_format(name: str) -> AudioFormat:
 
 
 def available_formats() -> tuple[str, ...]:
-    """The formats this install can encode: wav and pcm always, the others when libsndfile has their codec."""
-    import soundfile as sf
+    """The formats this install can encode: wav and pcm always, the others when PyAV / libsndfile have the codec."""
+    return tuple(name for name, f in FORMATS.items() if _can_encode(f))
 
-    have = sf.available_formats()
 
-    def can_encode(f: AudioFormat) -> bool:
-        return f.container is None or (f.container in have and f.subtype in sf.available_subtypes(f.container))
+def _can_encode(f: AudioFormat) -> bool:
+    if f.encoder == "av":
+        try:
+            import av
 
-    return tuple(name for name, f in FORMATS.items() if can_encode(f))
+            av.codec.Codec(f.codec, "w")
+        except (ImportError, ValueError):  # PyAV missing, or its ffmpeg lacks the encoder
+            return False
+        return True
+    if f.encoder == "sndfile":
+        import soundfile as sf
+
+        return f.codec in sf.available_formats() and f.muxer in sf.available_subtypes(f.codec)
+    return True

@@ -1,17 +1,11 @@
-"""Audio stage: waveform helpers (float32 [-1, 1] numpy -> int16 PCM, WAV files, encoded bytes, clip loading).
-
-WAV and raw PCM use the stdlib; the other formats of audio/formats.py use soundfile (libsndfile).
-"""
+"""Audio stage: waveform helpers (the sample rate, float32 [-1, 1] numpy -> int16 PCM, mono checks, clip loading);
+encoding to WAV and the other formats is audio/encode.py."""
 from __future__ import annotations
 
-import io
-import wave
 from pathlib import Path
 
 import numpy as np
 import torch
-
-from chattts_velocity.audio.formats import audio_format
 
 SAMPLE_RATE = 24000  # Hz, of every waveform the package makes or takes (Vocos' rate)
 HOP_LENGTH = 256  # samples per mel frame; one GPT step gives 2 mel frames
@@ -28,42 +22,14 @@ def float_to_int16(wav: np.ndarray) -> np.ndarray:
     return np.rint(np.clip(x, -1.0, 1.0) * 32767.0).astype(np.int16)
 
 
-def _mono(wav: np.ndarray) -> np.ndarray:
+def as_mono(wav: np.ndarray) -> np.ndarray:
+    """[N] or [1, N] / [N, 1] -> [N]; a ValueError naming `wav` for anything else."""
     x = np.asarray(wav)
     if x.ndim == 2 and 1 in x.shape:
         x = x.reshape(-1)
     if x.ndim != 1:
         raise ValueError(f"wav: expected a 1-D mono waveform, got shape {x.shape}")
     return x
-
-
-def _write_wave(target: str | Path | io.BytesIO, wav: np.ndarray, sample_rate: int) -> None:
-    with wave.open(target if isinstance(target, io.BytesIO) else str(target), "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(sample_rate)
-        w.writeframes(float_to_int16(_mono(wav)).astype("<i2").tobytes())
-
-
-def write_wav(path: str | Path, wav: np.ndarray, sample_rate: int = SAMPLE_RATE) -> None:
-    """Write a 16-bit PCM mono WAV file."""
-    _write_wave(path, wav, sample_rate)
-
-
-def wav_bytes(wav: np.ndarray, sample_rate: int = SAMPLE_RATE, fmt: str = "wav") -> bytes:
-    """Encode mono float audio as fmt, a name in audio.formats.FORMATS (wav is 16-bit, pcm raw s16le)."""
-    spec = audio_format(fmt)
-    if fmt == "pcm":
-        return float_to_int16(_mono(wav)).astype("<i2").tobytes()
-    buf = io.BytesIO()
-    if fmt == "wav":
-        _write_wave(buf, wav, sample_rate)
-        return buf.getvalue()
-    import soundfile as sf
-
-    # int16 in, so every format shares float_to_int16's scaling (flac round-trips exactly)
-    sf.write(buf, float_to_int16(_mono(wav)), sample_rate, format=spec.container, subtype=spec.subtype)
-    return buf.getvalue()
 
 
 def load_clip(clip: np.ndarray | torch.Tensor | str | Path, sample_rate: int = SAMPLE_RATE,

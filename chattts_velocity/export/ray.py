@@ -18,7 +18,8 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from ..audio.wav import SAMPLE_RATE, wav_bytes
+from ..audio.encode import wav_bytes
+from ..audio.wav import SAMPLE_RATE
 from ..engine.async_engine import AsyncLLMEngine
 from ..params import InferCodeParams
 from ..serve.ray_serve import init_ray, load_worker_chat

@@ -1,20 +1,9 @@
-"""Serving stage: HTTP streaming helpers — the streamed WAV header and SSE events (the formats: audio/formats.py)."""
+"""Serving stage: SSE events of a streamed response (the formats: audio/formats.py, their encoders: audio/encode.py)."""
 from __future__ import annotations
 
 import base64
 import json
-import struct
 from collections.abc import AsyncIterator
-
-from ..audio.wav import SAMPLE_RATE
-
-
-def streaming_wav_header(sample_rate: int = SAMPLE_RATE) -> bytes:
-    """A 16-bit mono WAV header whose RIFF and data sizes are 0xFFFFFFFF (unknown length, as streamed)."""
-    unknown = 0xFFFFFFFF
-    fmt = struct.pack("<HHIIHH", 1, 1, sample_rate, sample_rate * 2, 2, 16)
-    return b"RIFF" + struct.pack("<I", unknown) + b"WAVEfmt " + struct.pack("<I", 16) + fmt + b"data" + \
-        struct.pack("<I", unknown)
 
 
 async def sse_events(chunks: AsyncIterator[bytes]) -> AsyncIterator[str]:

@@ -20,16 +20,18 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
+from ..audio.encode import wav_bytes
 from ..audio.formats import FORMATS, available_formats
-from ..audio.wav import SAMPLE_RATE, float_to_int16, wav_bytes
+from ..audio.wav import SAMPLE_RATE
 from ..chat import Chat
 from ..engine.async_engine import AsyncLLMEngine
 from ..params import InferCodeParams
 from ..speech.service import SpeechService, SpeechStream
 from ..speech.streams import StreamOptions
 from . import metrics
+from .audio_stream import encoded_chunks
 from .edge import Edge
-from .formats import sse_events, streaming_wav_header
+from .formats import sse_events
 from .request import (
     SpeechBody,
     api_error,
@@ -125,16 +127,8 @@ class ServerState:
             stream.close()
             self.metrics.disconnects += not ended
 
-    async def audio_bytes(self, stream: SpeechStream, fmt: str) -> AsyncIterator[bytes]:
-        if not FORMATS[fmt].streamable:
-            chunks = [c async for c in self.observed(stream)]
-            clip = np.concatenate(chunks) if chunks else np.zeros(0, np.float32)
-            yield await asyncio.to_thread(wav_bytes, clip, fmt=fmt)  # mp3/opus encoding is not instant
-            return
-        if fmt == "wav":
-            yield streaming_wav_header()
-        async for chunk in self.observed(stream):
-            yield float_to_int16(chunk).astype("<i2").tobytes()
+    def audio_bytes(self, stream: SpeechStream, fmt: str) -> AsyncIterator[bytes]:
+        return encoded_chunks(self.observed(stream), fmt)
 
     async def collect(self, stream: SpeechStream, request: Request) -> np.ndarray | None:
         """The whole clip, or None if the client disconnected first (the request is then aborted)."""

@@ -1,5 +1,5 @@
-"""The one audio-format table: every format the server offers round-trips through the writer and soundfile;
-streamable formats really are int16 PCM as they are made; the export and web UI use its WAV entry."""
+"""The one audio-format table: every format the server offers round-trips through the writer; wav and pcm are
+exact int16 PCM; the export and web UI use its WAV entry (the encoders themselves: test_encode.py)."""
 from __future__ import annotations
 
 import io
@@ -14,7 +14,9 @@ from chattts_velocity.audio.formats import FORMATS, WAV, audio_format, available
 CLIP = (0.4 * np.sin(np.arange(4800) / 9.0)).astype(np.float32)  # 0.2 s
 
 
-def _decode(data: bytes, name: str) -> tuple[np.ndarray, int]:
+def _decode(data: bytes, name: str, decode_audio) -> tuple[np.ndarray, int]:
+    if FORMATS[name].encoder == "av":  # soundfile cannot read raw ADTS AAC or 24 kHz Opus: PyAV decodes
+        return decode_audio(data)
     if name == "pcm":  # headerless: soundfile reads it as RAW when told the layout
         return sf.read(io.BytesIO(data), dtype="int16", format="RAW", samplerate=SAMPLE_RATE, channels=1,
                        subtype="PCM_16", endian="LITTLE")
@@ -22,11 +24,13 @@ def _decode(data: bytes, name: str) -> tuple[np.ndarray, int]:
 
 
 @pytest.mark.parametrize("name", available_formats())
-def test_every_available_format_round_trips_through_the_writer(name: str) -> None:
+def test_every_available_format_round_trips_through_the_writer(name: str, decode_audio) -> None:
     spec = FORMATS[name]
-    audio, rate = _decode(wav_bytes(CLIP, fmt=name), name)
-    assert rate == SAMPLE_RATE and audio.ndim == 1
-    if spec.streamable or name == "flac":  # lossless
+    audio, rate = _decode(wav_bytes(CLIP, fmt=name), name, decode_audio)
+    assert rate == (48000 if name == "opus" else SAMPLE_RATE) and audio.ndim == 1  # Opus decodes at 48 kHz
+    if name == "opus":
+        audio = audio[::2]
+    if name in ("wav", "pcm", "flac"):  # lossless
         assert np.array_equal(audio, float_to_int16(CLIP))
     else:  # lossy codecs pad a little at the edges
         assert abs(len(audio) - len(CLIP)) <= 4096
@@ -34,22 +38,23 @@ def test_every_available_format_round_trips_through_the_writer(name: str) -> Non
 
 
 def test_this_install_encodes_every_format_of_the_table() -> None:
-    # libsndfile 1.2 (soundfile's wheels) has FLAC, Vorbis, Opus and MP3; an older one may not
-    have = sf.available_formats()
-    if not all(f.container in have for f in FORMATS.values() if f.container):
-        pytest.skip("this libsndfile lacks a container")
-    assert set(available_formats()) == set(FORMATS)
+    # PyAV's wheels bundle libmp3lame, libopus, aac and flac; libsndfile 1.2 (soundfile's wheels) has Vorbis
+    pytest.importorskip("av")
+    if "VORBIS" not in sf.available_subtypes("OGG"):
+        pytest.skip("this libsndfile lacks Vorbis")
+    assert set(available_formats()) == set(FORMATS) == {"wav", "pcm", "mp3", "opus", "aac", "flac", "ogg"}
     assert available_formats()[:2] == ("wav", "pcm")
 
 
-def test_streamable_means_int16_pcm_and_the_rest_need_soundfile() -> None:
-    assert all(spec.streamable == (spec.container is None) for spec in FORMATS.values())
+def test_pcm_is_int16_as_made_and_wav_has_exact_sizes() -> None:
     assert wav_bytes(CLIP, fmt="pcm") == float_to_int16(CLIP).astype("<i2").tobytes()
+    data = wav_bytes(CLIP)
+    assert int.from_bytes(data[4:8], "little") == len(data) - 8 and int.from_bytes(data[40:44], "little") == 2 * 4800
 
 
 def test_unknown_formats_name_fmt() -> None:
-    with pytest.raises(ValueError, match="^fmt: unsupported audio format 'aac'"):
-        audio_format("aac")
+    with pytest.raises(ValueError, match="^fmt: unsupported audio format 'aiff'"):
+        audio_format("aiff")
     with pytest.raises(ValueError, match="^fmt: "):
         wav_bytes(CLIP, fmt="aiff")
 

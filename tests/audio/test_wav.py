@@ -10,7 +10,8 @@ import pytest
 import soundfile as sf
 import torch
 
-from chattts_velocity.audio.wav import float_to_int16, load_clip, samples_for_steps, wav_bytes, write_wav
+from chattts_velocity.audio.encode import wav_bytes, write_wav
+from chattts_velocity.audio.wav import float_to_int16, load_clip, samples_for_steps
 
 
 def test_float_to_int16_clips_and_scales() -> None:

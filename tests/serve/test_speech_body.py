@@ -2,18 +2,14 @@
 values are a 400 naming the body's field before any work; good ones become InferCodeParams keywords."""
 from __future__ import annotations
 
-import io
 import json
 
-import numpy as np
 import pytest
 
 pytest.importorskip("fastapi")
 
-from chattts_velocity.audio import float_to_int16
 from chattts_velocity.params import InferCodeParams
 from chattts_velocity.schema import SEED_MAX
-from chattts_velocity.serve.formats import streaming_wav_header
 from chattts_velocity.serve.openai_api import SpeechBody, bad_request, sampling_kwargs
 
 CAP = 100
@@ -52,11 +48,3 @@ def test_good_values_become_infer_code_params_keywords() -> None:
     assert InferCodeParams(**kwargs).manual_seed == SEED_MAX
     assert sampling_kwargs(_body('"seed": null'), CAP) == {"max_new_token": CAP}  # unset: defaults, server cap
 
-
-def test_streamed_wav_is_the_header_then_int16_chunks() -> None:
-    import soundfile as sf
-
-    chunks = [(0.3 * np.sin(np.arange(n) / 5.0)).astype(np.float32) for n in (1000, 0, 2345)]
-    data = streaming_wav_header() + b"".join(float_to_int16(c).astype("<i2").tobytes() for c in chunks)
-    audio, rate = sf.read(io.BytesIO(data), dtype="int16")
-    assert rate == 24000 and np.array_equal(audio, float_to_int16(np.concatenate(chunks)))
