@@ -3,39 +3,19 @@ while the engine is still generating the request, with the format's Content-Type
 non-streamed ones decode to the same length."""
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import numpy as np
 import pytest
 
 openai = pytest.importorskip("openai")
 pytest.importorskip("av")
 
-from test_openai_server import Server, _serve, _tiny_chat, speech_kwargs  # noqa: E402
+from test_openai_server import Server, client, server, speech_kwargs  # noqa: E402,F401 -- the same server fixtures
 
 from chattts_velocity.audio import SAMPLE_RATE, samples_for_steps  # noqa: E402
 from chattts_velocity.audio.formats import FORMATS  # noqa: E402
-from chattts_velocity.serve import ServerConfig, create_app  # noqa: E402
 
 OPENAI_FORMATS = ("mp3", "opus", "aac", "flac", "wav", "pcm")
 STEPS = 300  # long enough that a response's first bytes must come out before the engine finishes it
-
-
-@pytest.fixture(scope="module")
-def server(tiny_assets, tmp_path_factory) -> Iterator[Server]:
-    config = ServerConfig(max_new_token=2000, voices_dir=str(tmp_path_factory.mktemp("voices")))
-    app = create_app(lambda: _tiny_chat(tiny_assets), config)
-    uv, thread, url = _serve(app)
-    try:
-        yield Server(url, app.state.server)
-    finally:
-        uv.should_exit = True
-        thread.join(60)
-
-
-@pytest.fixture
-def client(server: Server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=300)
 
 
 def _seconds(data: bytes, fmt: str, decode_audio) -> float:
