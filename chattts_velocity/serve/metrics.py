@@ -1,46 +1,22 @@
-"""Serving stage: Prometheus text exposition of the engine gauges, request counters and latency histograms."""
+"""Serving stage: /metrics through prometheus_client — one registry per app (several apps may share a process),
+speech outcomes labelled by status, format and voice kind, latency histograms by format, the engine's numbers read
+at scrape time, and the process metrics (CPU, memory, file descriptors)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
+import prometheus_client
+from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+prometheus_client.disable_created_metrics()  # no *_created series: they double the page and nobody graphs them
+CONTENT_TYPE = prometheus_client.CONTENT_TYPE_LATEST
 LATENCY_BUCKETS = (0.1, 0.25, 0.5, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0, 60.0)  # seconds
+STATUSES = ("ok", "client_error", "server_error", "disconnect")
+UNKNOWN = "none"  # the format / voice-kind label of a request refused before its body was read
 
-
-@dataclass
-class Histogram:
-    """A cumulative Prometheus histogram (observed from the event loop only)."""
-
-    bounds: tuple[float, ...] = LATENCY_BUCKETS
-    counts: list[int] = field(default_factory=lambda: [0] * len(LATENCY_BUCKETS))
-    total: float = 0.0
-    count: int = 0
-
-    def observe(self, value: float) -> None:
-        self.count += 1
-        self.total += value
-        for i, bound in enumerate(self.bounds):
-            if value <= bound:
-                self.counts[i] += 1
-
-    def lines(self, name: str) -> list[str]:
-        out = [f'{name}_bucket{{le="{b:g}"}} {c}' for b, c in zip(self.bounds, self.counts)]
-        return out + [f'{name}_bucket{{le="+Inf"}} {self.count}', f"{name}_sum {self.total:.6f}",
-                      f"{name}_count {self.count}"]
-
-
-@dataclass
-class ServerMetrics:
-    """What the HTTP layer counts on top of the engine's own numbers."""
-
-    time_to_first_audio: Histogram = field(default_factory=Histogram)
-    request_seconds: Histogram = field(default_factory=Histogram)
-    requests: int = 0
-    errors: int = 0
-    disconnects: int = 0
-    audio_seconds: float = 0.0
-
-
-# engine metric key -> (prometheus name, type, help)
+# engine metric key (LLMEngine.metrics(), plus the decode worker's) -> (prometheus name, type, help)
 ENGINE_METRICS = {
     "num_waiting": ("chattts_requests_waiting", "gauge", "Engine requests waiting to be scheduled"),
     "num_running": ("chattts_requests_running", "gauge", "Engine requests in the running batch"),
@@ -55,31 +31,56 @@ ENGINE_METRICS = {
     "num_requests": ("chattts_engine_requests_total", "counter", "Requests accepted by the engine"),
     "num_finished": ("chattts_engine_requests_finished_total", "counter", "Engine requests that finished"),
     "num_aborted": ("chattts_engine_requests_aborted_total", "counter", "Engine requests aborted (disconnects)"),
+    "decode_max_batch": ("chattts_decode_max_batch_size", "gauge",
+                         "Most streams that got audio from one batched Decoder + Vocos round"),
 }
 
 
-def render(engine: dict[str, float], server: ServerMetrics, decode_max_batch: int) -> str:
-    """The /metrics page."""
-    lines: list[str] = []
+@dataclass(frozen=True)
+class Labels:
+    """What a speech response is counted under."""
 
-    def add(name: str, kind: str, help_: str, values: list[str]) -> None:
-        lines.extend([f"# HELP {name} {help_}", f"# TYPE {name} {kind}", *values])
+    format: str = UNKNOWN
+    voice_kind: str = UNKNOWN
 
-    for key, (name, kind, help_) in ENGINE_METRICS.items():
-        if key in engine:
-            add(name, kind, help_, [f"{name} {engine[key]:g}"])
-    add("chattts_decode_max_batch_size", "gauge", "Most streams that got audio from one batched Decoder + Vocos round",
-        [f"chattts_decode_max_batch_size {decode_max_batch}"])
-    add("chattts_speech_requests_total", "counter", "POST /v1/audio/speech requests",
-        [f"chattts_speech_requests_total {server.requests}"])
-    add("chattts_speech_errors_total", "counter", "Speech requests answered with an error",
-        [f"chattts_speech_errors_total {server.errors}"])
-    add("chattts_speech_disconnects_total", "counter", "Speech requests whose client left early",
-        [f"chattts_speech_disconnects_total {server.disconnects}"])
-    add("chattts_audio_seconds_total", "counter", "Seconds of audio sent",
-        [f"chattts_audio_seconds_total {server.audio_seconds:.3f}"])
-    add("chattts_time_to_first_audio_seconds", "histogram", "Request start to first audio chunk",
-        server.time_to_first_audio.lines("chattts_time_to_first_audio_seconds"))
-    add("chattts_request_seconds", "histogram", "Request start to last audio chunk",
-        server.request_seconds.lines("chattts_request_seconds"))
-    return "\n".join(lines) + "\n"
+
+class EngineCollector:
+    """The engine's numbers as Prometheus families, read when /metrics is scraped (never stale, never pushed)."""
+
+    def __init__(self, read: Callable[[], dict[str, float]]) -> None:
+        self.read = read
+
+    def collect(self) -> Iterator[Metric]:
+        values = self.read()
+        for key, (name, kind, help_) in ENGINE_METRICS.items():
+            if key in values:
+                family = GaugeMetricFamily(name, help_) if kind == "gauge" else CounterMetricFamily(name, help_)
+                family.add_metric([], float(values[key]))
+                yield family
+
+
+class ServerMetrics:
+    """What the HTTP layer counts, in its own registry; `read_engine` gives the engine's numbers at scrape time."""
+
+    def __init__(self, read_engine: Callable[[], dict[str, float]] | None = None) -> None:
+        self.registry = registry = CollectorRegistry()
+        self.requests = Counter("chattts_speech_requests", "POST /v1/audio/speech requests", registry=registry)
+        self.responses = Counter("chattts_speech_responses", "Speech requests by outcome (status: ok, client_error, "
+                                 "server_error, disconnect)", ["status", "format", "voice_kind"], registry=registry)
+        self.audio_seconds = Counter("chattts_audio_seconds", "Seconds of audio sent", ["format"], registry=registry)
+        self.time_to_first_audio = Histogram("chattts_time_to_first_audio_seconds", "Request start to first audio "
+                                             "chunk", ["format"], buckets=LATENCY_BUCKETS, registry=registry)
+        self.request_seconds = Histogram("chattts_request_seconds", "Request start to last audio chunk", ["format"],
+                                         buckets=LATENCY_BUCKETS, registry=registry)
+        self.cache = Counter("chattts_audio_cache_lookups", "Audio cache lookups of seeded requests (result: hit, "
+                             "miss)", ["result"], registry=registry)
+        ProcessCollector(registry=registry)
+        if read_engine is not None:
+            registry.register(EngineCollector(read_engine))
+
+    def outcome(self, status: str, labels: Labels) -> None:
+        self.responses.labels(status, labels.format, labels.voice_kind).inc()
+
+    def render(self) -> bytes:
+        """The /metrics page (Prometheus text format)."""
+        return generate_latest(self.registry)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from ..audio.encode import wav_bytes
@@ -84,7 +84,8 @@ class ServerState:
         self.service = SpeechService(chat, self.engine, config.stream_options)
         self.library = VoiceLibrary(config.voices_dir, config.max_voices)
         self.voices = VoiceBook(chat.sample_random_speaker, chat.config.hidden_size, self.library)
-        self.metrics = metrics.ServerMetrics()
+        self.metrics = metrics.ServerMetrics(lambda: {**self.engine.metrics(),
+                                                      "decode_max_batch": self.service.worker.max_batch})
         self.formats = available_formats()
         self.engine.start()
 
@@ -98,48 +99,46 @@ class ServerState:
             params = InferCodeParams(manual_seed=0, max_new_token=steps, min_new_token=steps, show_tqdm=False)
             await self.service.synthesize("Warm up.", params)
 
-    def count_error(self) -> None:
-        self.metrics.errors += 1
-
     def speech(self, body: SpeechBody) -> tuple[SpeechInput, InferCodeParams]:
         """The body's text, refine pass and code params; a ValueError names the body's field."""
         sampling = sampling_kwargs(body, self.config.max_new_token)  # checked before any voice is drawn
         plan = speech_input(body.input, body.speed, body.instructions, sampling.get("manual_seed"))
         return plan, code_params(plan, self.voices.params(body.voice), sampling)
 
-    async def observed(self, stream: SpeechStream) -> AsyncIterator[np.ndarray]:
+    async def observed(self, stream: SpeechStream, labels: metrics.Labels) -> AsyncIterator[np.ndarray]:
         """The stream's chunks, counted into the metrics; an early exit (client gone) aborts the rest."""
-        first, ended = True, False
+        first, status = True, "disconnect"
         try:
             async for chunk in stream:
                 if first:
-                    self.metrics.time_to_first_audio.observe(stream.first_audio)
+                    self.metrics.time_to_first_audio.labels(labels.format).observe(stream.first_audio)
                     first = False
-                self.metrics.audio_seconds += len(chunk) / SAMPLE_RATE
+                self.metrics.audio_seconds.labels(labels.format).inc(len(chunk) / SAMPLE_RATE)
                 yield chunk
-            ended = True
-            self.metrics.request_seconds.observe(time.perf_counter() - stream.started)
+            status = "ok"
+            self.metrics.request_seconds.labels(labels.format).observe(time.perf_counter() - stream.started)
         except Exception:
-            ended = True
-            self.metrics.errors += 1
+            status = "server_error"
             raise
         finally:
             stream.close()
-            self.metrics.disconnects += not ended
+            self.metrics.outcome(status, labels)
 
-    def audio_bytes(self, stream: SpeechStream, fmt: str) -> AsyncIterator[bytes]:
-        return encoded_chunks(self.observed(stream), fmt)
+    def audio_bytes(self, stream: SpeechStream, labels: metrics.Labels) -> AsyncIterator[bytes]:
+        return encoded_chunks(self.observed(stream, labels), labels.format)
 
-    async def collect(self, stream: SpeechStream, request: Request) -> np.ndarray | None:
+    async def collect(self, stream: SpeechStream, request: Request, labels: metrics.Labels) -> np.ndarray | None:
         """The whole clip, or None if the client disconnected first (the request is then aborted)."""
         async def gather() -> list[np.ndarray]:
-            return [c async for c in self.observed(stream)]
+            return [c async for c in self.observed(stream, labels)]
 
         task = asyncio.ensure_future(gather())
         try:
             while not (await asyncio.wait({task}, timeout=DISCONNECT_POLL))[0]:
                 if await request.is_disconnected():
                     return None
+            if task.exception() is not None:
+                request.state.counted = True  # observed() counted it; the 500 handler must not count it again
             chunks = task.result()
         finally:
             if not task.done():
@@ -169,7 +168,7 @@ def create_app(chat: Chat | Callable[[], Chat], config: ServerConfig | None = No
     _add_info_routes(app, config)
     add_voice_routes(app)
     app.add_middleware(Edge, api_key=config.api_key, max_body_bytes=config.max_body_bytes,
-                       on_refuse=lambda: _count_error(app), path_limits={VOICES_PATH: config.max_upload_bytes})
+                       on_refuse=lambda: _count_error(app, 400), path_limits={VOICES_PATH: config.max_upload_bytes})
     return app
 
 
@@ -177,11 +176,13 @@ def _add_speech_route(app: FastAPI, config: ServerConfig) -> None:
     @app.post("/v1/audio/speech")
     async def create_speech(body: SpeechBody, request: Request) -> Response:
         state: ServerState = request.app.state.server
-        state.metrics.requests += 1
+        state.metrics.requests.inc()
         fmt = check_body(body, config.max_input_chars, state.formats)
+        request.state.labels = metrics.Labels(fmt)  # what an error response is counted under
         check_model(body.model, (config.model_name, *MODEL_ALIASES))
         try:
             plan, params = state.speech(body)
+            request.state.labels = labels = metrics.Labels(fmt, state.voices.kind(body.voice))
             stream = await state.service.open(plan.text, params, refine=plan.refine, split=config.split_text,
                                               max_pieces=config.max_pieces)
         except ValueError as exc:
@@ -189,11 +190,11 @@ def _add_speech_route(app: FastAPI, config: ServerConfig) -> None:
         except RuntimeError as exc:
             raise api_error(503, str(exc), kind="server_error", code="engine_unavailable") from None
         if body.stream or body.stream_format == "sse":
-            data = state.audio_bytes(stream, fmt)
+            data = state.audio_bytes(stream, labels)
             if body.stream_format == "sse":
                 return StreamingResponse(sse_events(data), media_type="text/event-stream")
             return StreamingResponse(data, media_type=FORMATS[fmt].media_type)
-        wav = await state.collect(stream, request)
+        wav = await state.collect(stream, request, labels)
         data = b"" if wav is None else await asyncio.to_thread(wav_bytes, wav, fmt=fmt)
         return Response(data, media_type=FORMATS[fmt].media_type)
 
@@ -213,37 +214,37 @@ def _add_info_routes(app: FastAPI, config: ServerConfig) -> None:
         return JSONResponse({"status": "degraded" if engine.failing else "ok"})
 
     @app.get("/metrics")
-    async def prometheus(request: Request) -> PlainTextResponse:
-        state: ServerState = request.app.state.server
-        text = metrics.render(state.engine.metrics(), state.metrics, state.service.worker.max_batch)
-        return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
+    async def prometheus(request: Request) -> Response:
+        return Response(request.app.state.server.metrics.render(), media_type=metrics.CONTENT_TYPE)
 
 
-def _count_error(app: FastAPI) -> None:
+def _count_error(app: FastAPI, status: int, request: Request | None = None) -> None:
+    """An error response, counted under the labels its request reached (none before the body was read)."""
     state = getattr(app.state, "server", None)
-    if state is not None:
-        state.count_error()
+    if state is not None and not (request is not None and getattr(request.state, "counted", False)):
+        labels = getattr(request.state, "labels", metrics.Labels()) if request is not None else metrics.Labels()
+        state.metrics.outcome("server_error" if status >= 500 else "client_error", labels)
 
 
 def _add_error_handlers(app: FastAPI) -> None:
     """Every error in OpenAI's shape: {"error": {"message", "type", "param", "code"}}."""
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
-        _count_error(request.app)
+        _count_error(request.app, exc.status_code, request)
         detail = exc.detail if isinstance(exc.detail, dict) else {
             "message": str(exc.detail), "type": "invalid_request_error", "param": None, "code": None}
         return JSONResponse({"error": detail}, status_code=exc.status_code, headers=getattr(exc, "headers", None))
 
     @app.exception_handler(Exception)
     async def server_error(request: Request, exc: Exception) -> JSONResponse:
-        _count_error(request.app)
+        _count_error(request.app, 500, request)
         logger.error("speech request failed: %r", exc)
         return JSONResponse({"error": error_detail(f"the server failed on this request: {exc}", kind="server_error",
                                                    code="internal_error")}, status_code=500)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        _count_error(request.app)
+        _count_error(request.app, 400, request)
         return JSONResponse({"error": validation_detail(list(exc.errors()))}, status_code=400)
 
 

@@ -55,6 +55,17 @@ class VoiceBook:
             self.check_speaker(found["spk_emb"])
         return found
 
+    def kind(self, voice: object) -> str:
+        """The metrics label of a voice params() accepted: preset, seed, saved, clone (a saved clip) or speaker."""
+        voice = voice.get("id") if isinstance(voice, dict) else voice
+        if voice is None or (isinstance(voice, str) and voice.strip().lower() in self.presets):
+            return "preset"
+        if isinstance(voice, int) or voice.strip().isdigit():
+            return "seed"
+        if self.library is not None and voice in self.library:
+            return "clone" if self.library.get(voice).clip_code else "saved"
+        return "speaker"
+
     def resolve(self, voice: object) -> str | None:
         """The speaker string for voice (None -> "default"; None for a saved voice that is a clip only)."""
         return self.params(voice)["spk_emb"]

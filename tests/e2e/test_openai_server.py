@@ -94,11 +94,14 @@ def assert_clip_length(samples: int, max_steps: int) -> None:
     assert samples % (2 * HOP) == HOP and samples <= (2 * max_steps - 1) * HOP
 
 
-def metric(server: Server, name: str) -> float:
+def metric(server: Server, name: str, **labels: str) -> float:
+    """The sum of a family's samples whose labels include `labels` (prometheus_client's text format)."""
     text = httpx.get(server.url + "/metrics").text
-    values = [float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " ")]
-    assert values, f"{name} missing from /metrics"
-    return values[0]
+    wanted = [f'{key}="{value}"' for key, value in labels.items()]
+    values = [float(line.split()[-1]) for line in text.splitlines()
+              if (line.startswith(name + " ") or line.startswith(name + "{")) and all(w in line for w in wanted)]
+    assert values, f"{name} {labels} missing from /metrics"
+    return sum(values)
 
 
 def wait_until(condition, timeout: float = 60.0) -> None:
@@ -268,7 +271,7 @@ def test_client_disconnect_mid_stream_aborts_and_frees_blocks(server: Server, cl
     wait_until(lambda: engine.stats.num_aborted == aborted + 1)
     wait_until(lambda: engine.engine.block_manager.num_used_blocks == 0)
     assert not engine.engine.has_unfinished_requests()
-    assert metric(server, "chattts_speech_disconnects_total") >= 1
+    assert metric(server, "chattts_speech_responses_total", status="disconnect", format="wav", voice_kind="preset") >= 1
 
 
 @pytest.mark.e2e
