@@ -5,13 +5,34 @@ import base64
 import json
 from collections.abc import AsyncIterator
 
+from ..audio.timestamps import Timeline
 
-async def sse_events(chunks: AsyncIterator[bytes]) -> AsyncIterator[str]:
-    """OpenAI's SSE variant: speech.audio.delta events (base64 audio), then speech.audio.done."""
+
+def _event(payload: dict) -> str:
+    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+
+
+async def sse_events(chunks: AsyncIterator[bytes], timeline: Timeline | None = None) -> AsyncIterator[str]:
+    """OpenAI's SSE variant: speech.audio.delta events (base64 audio), then speech.audio.done.
+
+    With a timeline (the request asked for `timestamps`), a speech.audio.timestamp event {text, start, end} follows
+    the delta that completes each sentence piece (all remaining ones before done)."""
+    sent = 0
+
+    def stamps() -> list[str]:
+        nonlocal sent
+        new = [] if timeline is None else timeline.stamps[sent:]
+        sent += len(new)
+        return [_event({"type": "speech.audio.timestamp", **stamp.as_dict()}) for stamp in new]
+
     try:
         async for data in chunks:
-            yield f"data: {json.dumps({'type': 'speech.audio.delta', 'audio': base64.b64encode(data).decode()})}\n\n"
+            yield _event({"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()})
+            for event in stamps():
+                yield event
     except Exception as exc:  # noqa: BLE001 -- the status line is already sent; report in band
-        yield f"data: {json.dumps({'type': 'speech.audio.error', 'error': {'message': str(exc)}})}\n\n"
+        yield _event({"type": "speech.audio.error", "error": {"message": str(exc)}})
         return
-    yield f"data: {json.dumps({'type': 'speech.audio.done'})}\n\n"
+    for event in stamps():
+        yield event
+    yield _event({"type": "speech.audio.done"})

@@ -192,7 +192,8 @@ def _add_speech_route(app: FastAPI, config: ServerConfig) -> None:
         if body.stream or body.stream_format == "sse":
             data = state.audio_bytes(stream, labels)
             if body.stream_format == "sse":
-                return StreamingResponse(sse_events(data), media_type="text/event-stream")
+                timeline = stream.timeline if body.timestamps else None
+                return StreamingResponse(sse_events(data, timeline), media_type="text/event-stream")
             return StreamingResponse(data, media_type=FORMATS[fmt].media_type)
         wav = await state.collect(stream, request, labels)
         data = b"" if wav is None else await asyncio.to_thread(wav_bytes, wav, fmt=fmt)

@@ -28,6 +28,7 @@ class SpeechBody(BaseModel):
     speed: float = 1.0
     stream: bool = False
     stream_format: str = "audio"
+    timestamps: bool = False  # with stream_format "sse": a speech.audio.timestamp event per sentence piece
     instructions: str | None = None  # ChatTTS's own controls (serve/instructions.py grammar)
     # typed for the API docs; checked by the one sampling validator only (sampling_kwargs), not coerced
     seed: SkipValidation[int | None] = None
@@ -65,6 +66,9 @@ def check_body(body: SpeechBody, max_input_chars: int, formats: dict) -> str:
                              f"of {list(formats)}", "response_format", "unsupported_response_format")
     if body.stream_format not in ("audio", "sse"):
         raise api_error(400, f"stream_format: must be 'audio' or 'sse', got {body.stream_format!r}", "stream_format")
+    if body.timestamps and body.stream_format != "sse":
+        raise api_error(400, "timestamps: sentence timestamps come as SSE events; set stream_format to 'sse'",
+                        "timestamps")
     return fmt
 
 

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from ..audio.timestamps import Timeline
 from ..engine.async_engine import AsyncLLMEngine, RequestStream
 from ..params import InferCodeParams, RefineTextParams
 from ..schema import Prompt, SamplingParams, TextPieces
@@ -196,8 +197,8 @@ class SpeechService:
             if refine is not None:
                 pieces = await self.refine(pieces, refine)
             requests = self.chat.speech_requests(pieces, params, use_decoder)
-            for prompt, sampling in zip(requests.prompts, requests.sampling):
-                await stream.add(prompt, sampling, use_decoder)
+            for piece, prompt, sampling in zip(pieces.texts, requests.prompts, requests.sampling, strict=True):
+                await stream.add(piece, prompt, sampling, use_decoder)
         except BaseException:
             stream.close()
             raise
@@ -219,16 +220,19 @@ class SpeechStream:
     def __init__(self, service: SpeechService, started: float) -> None:
         self.service, self.started = service, started
         self.first_audio: float | None = None  # seconds from open() to the first chunk
+        self.timeline = Timeline()  # a Timestamp per piece whose audio has all been yielded
+        self._texts: list[str] = []
         self._keys: list[str] = []
         self._queues: list[asyncio.Queue] = []
         self._tasks: list[asyncio.Task] = []
 
-    async def add(self, prompt: Prompt, sampling: SamplingParams, use_decoder: bool) -> None:
+    async def add(self, text: str, prompt: Prompt, sampling: SamplingParams, use_decoder: bool) -> None:
         key = f"speech-{next(self.service._keys)}"
         request = await self.service.engine.add_request(prompt, sampling, key)
         chunks: asyncio.Queue = asyncio.Queue()
         self.service.worker.open(key, use_decoder, _sink(asyncio.get_running_loop(), chunks))
         self._keys.append(key)
+        self._texts.append(text)
         self._queues.append(chunks)
         self._tasks.append(asyncio.create_task(self._feed(key, request, use_decoder, chunks)))
 
@@ -242,13 +246,16 @@ class SpeechStream:
 
     async def __aiter__(self) -> AsyncIterator[np.ndarray]:
         try:
-            for chunks in self._queues:
+            for text, chunks in zip(self._texts, self._queues):
+                samples = 0
                 while (item := await chunks.get()) is not _END:
                     if isinstance(item, BaseException):
                         raise item
                     if self.first_audio is None:
                         self.first_audio = time.perf_counter() - self.started
+                    samples += len(item)
                     yield item
+                self.timeline.add(text, samples)
         finally:
             self.close()
 

@@ -1,0 +1,39 @@
+"""Audio stage: sentence timestamps — where each sentence piece starts and ends in a text's audio.
+
+A text's audio is its pieces' audio back to back (no gap is inserted), so a piece's span follows from the sample
+counts of the pieces before it. The server's SSE events and the export's JSON sidecar both count here.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from .wav import SAMPLE_RATE
+
+
+@dataclass(frozen=True)
+class Timestamp:
+    text: str  # the piece as the model read it (normalised, refined if the refine pass ran)
+    start: float  # seconds from the start of the text's audio
+    end: float
+
+    def as_dict(self) -> dict[str, object]:
+        return {key: round(value, 4) if isinstance(value, float) else value for key, value in asdict(self).items()}
+
+
+class Timeline:
+    """Pieces appended in playing order -> their Timestamps."""
+
+    def __init__(self, sample_rate: int = SAMPLE_RATE) -> None:
+        self.sample_rate, self.samples, self.stamps = sample_rate, 0, []
+
+    def add(self, text: str, samples: int) -> Timestamp:
+        start, self.samples = self.samples, self.samples + samples
+        stamp = Timestamp(text, start / self.sample_rate, self.samples / self.sample_rate)
+        self.stamps.append(stamp)
+        return stamp
+
+
+def piece_timestamps(texts: list[str], sample_counts: list[int], sample_rate: int = SAMPLE_RATE) -> list[Timestamp]:
+    """Every piece's span, for pieces whose lengths are all known."""
+    timeline = Timeline(sample_rate)
+    return [timeline.add(text, count) for text, count in zip(texts, sample_counts, strict=True)]
