@@ -172,8 +172,10 @@ class Chat:
         split_text: bool = True,
         use_vllm: bool | None = None,
         progress: bool = False,
-    ) -> Iterator[tuple[int, np.ndarray | Exception]]:
-        """Each text with its own params (voice, seed, ...), all at once; yields (index, wav) as texts finish.
+        timestamps: bool = False,
+    ) -> Iterator[tuple[int, np.ndarray | audio.Spoken | Exception]]:
+        """Each text with its own params (voice, seed, ...), all at once; yields (index, wav) as texts finish
+        (with `timestamps`, (index, Spoken(wav, each sentence piece's span))).
 
         A text that cannot be made (a bad speaker, too long, a failure in its generation) yields (index, the
         error) instead, and the others go on. No refine pass. On the velocity engine every piece of every text
@@ -191,8 +193,8 @@ class Chat:
                 yield i, exc
         for k, output in self.gpt(use_vllm).generate_iter(jobs.prompts, jobs.sampling, progress, self._stop.is_set):
             for i, outputs in jobs.done(k, output):
-                yield i, outputs if isinstance(outputs, Exception) else \
-                    np.concatenate(self._decode(outputs, use_decoder)).astype(np.float32)
+                texts = pieces.of_text(i).texts if timestamps else None
+                yield i, outputs if isinstance(outputs, Exception) else self._clip(outputs, use_decoder, texts)
 
     # ---- text -> requests (public: the server, export and streaming build their requests here) ------------
     def split(self, texts: str | list[str], lang: str | None = None, do_text_normalization: bool = True,
@@ -239,6 +241,12 @@ class Chat:
                 return audio.decode_hidden_batch(self.decoder, self.vocos, [o.hidden for o in outputs],
                                                  self.decode_dtype)
             return audio.decode_codes_batch(self.dvae, self.vocos, [o.token_ids for o in outputs], self.decode_dtype)
+
+    def _clip(self, outputs: list[GenerationOutput], use_decoder: bool, texts: list[str] | None):
+        """One text's pieces -> its waveform (and, given the piece texts, a Spoken with their timestamps)."""
+        waves = self._decode(outputs, use_decoder)
+        wav = np.concatenate(waves).astype(np.float32)
+        return wav if texts is None else audio.Spoken(wav, audio.piece_timestamps(texts, [len(w) for w in waves]))
 
     def _stream(self, gpt: GPTBackend, requests: SpeechRequests, use_decoder: bool,
                 chunk_steps: int) -> Iterator[list[np.ndarray]]:

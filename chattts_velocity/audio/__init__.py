@@ -8,6 +8,7 @@ from chattts_velocity.audio.loading import load_safetensors, load_strict
 from chattts_velocity.audio.mel import MelSpectrogram, MelSpectrogramFeatures, htk_mel_filterbank
 from chattts_velocity.audio.pipeline import audio_precision, decode_codes_batch, decode_hidden_batch, pad_batch
 from chattts_velocity.audio.streaming import StreamDecoder, receptive_field
+from chattts_velocity.audio.timestamps import Spoken, Timestamp, piece_timestamps
 from chattts_velocity.audio.vocos import Vocos
 from chattts_velocity.audio.encode import open_encoder, wav_bytes, write_wav
 from chattts_velocity.audio.wav import HOP_LENGTH, SAMPLE_RATE, float_to_int16, load_clip, samples_for_steps
@@ -17,5 +18,6 @@ __all__ = [
     "MelSpectrogram", "MelSpectrogramFeatures", "StreamDecoder", "Vocos", "audio_precision", "decode_codes_batch",
     "decode_hidden_batch",
     "float_to_int16", "htk_mel_filterbank", "interleave", "load_clip", "load_safetensors", "load_strict", "open_encoder",
-    "pad_batch", "receptive_field", "samples_for_steps", "wav_bytes", "write_wav",
+    "pad_batch", "piece_timestamps", "receptive_field", "samples_for_steps", "Spoken", "Timestamp", "wav_bytes",
+    "write_wav",
 ]

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+import numpy as np
+
 from .wav import SAMPLE_RATE
 
 
@@ -18,6 +20,14 @@ class Timestamp:
 
     def as_dict(self) -> dict[str, object]:
         return {key: round(value, 4) if isinstance(value, float) else value for key, value in asdict(self).items()}
+
+
+@dataclass
+class Spoken:
+    """A text's waveform with its sentence pieces' spans (Chat.infer_many(..., timestamps=True))."""
+
+    wav: np.ndarray  # float32 [samples], 24 kHz
+    timestamps: list[Timestamp]
 
 
 class Timeline:

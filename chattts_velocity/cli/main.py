@@ -75,7 +75,10 @@ def cmd_export(args: argparse.Namespace) -> None:
 
     plan = plan_export(args.input, args.output_dir, seed=args.seed, speaker=args.speaker or None, params=params,
                        voice=args.voice, voices=VoiceLibrary(args.voices) if args.voices else None)
+    plan.timestamps = args.timestamps
     signal.signal(signal.SIGTERM, _interrupt)  # a kill ends like Ctrl-C: finished lines stay on record
+    if args.ray and args.timestamps:
+        raise SystemExit("--timestamps: not available with --ray yet; run the export on this machine")
     if args.ray:
         _export_with_ray(args, plan, params)
     else:
@@ -159,6 +162,8 @@ def _add_export(sub) -> None:
                         "~/.cache/chattts_velocity/voices)")
     p.add_argument("--max-new-token", type=int, default=None,
                    help=f"steps per sentence (default 2048; {DEMO_MAX_NEW_TOKEN} for demo)")
+    p.add_argument("--timestamps", action="store_true",
+                   help="also write each WAV's sentence spans to NAME.timestamps.json ([{text, start, end}], seconds)")
     _add_export_ray_flags(p)
     p.set_defaults(func=cmd_export)
 

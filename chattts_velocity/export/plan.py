@@ -51,6 +51,7 @@ class ExportPlan:
     speaker_widths: dict[str, int] = field(default_factory=dict, repr=False)  # speaker string -> its width
     meta: dict = field(default_factory=dict)  # the run's model, precision, sampling parameters and times
     voice_clips: dict[str, dict] = field(default_factory=dict, repr=False)  # voice name -> {spk_smp, txt_smp}
+    timestamps: bool = False  # also write each WAV's sentence spans to <output>.timestamps.json (not kept in the manifest)
 
     @property
     def todo(self) -> list[ExportLine]:

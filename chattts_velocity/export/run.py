@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -9,7 +10,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from tqdm.auto import tqdm
 
-from ..audio import write_wav
+from ..audio import Spoken, write_wav
 from ..audio.wav import SAMPLE_RATE
 from ..params import InferCodeParams
 from ..text.voices import VoiceLibrary
@@ -21,6 +22,12 @@ if TYPE_CHECKING:
 
 CHUNK_SIZE = 256  # lines per infer_many call: bounds the prompts and finished audio held at once
 Log = Callable[[str], None]
+
+
+def timestamps_path(wav_path: Path) -> Path:
+    """Where a WAV's sentence timestamps go ([{"text", "start", "end"}], seconds): NAME.timestamps.json, a name no
+    WAV's sidecar shares with manifest.json."""
+    return wav_path.with_suffix(".timestamps.json")
 
 
 def run_export(chat: Chat | None, plan: ExportPlan, params: InferCodeParams | None = None,
@@ -82,7 +89,7 @@ def _run_chunk(chat: Chat, plan: ExportPlan, chunk: list[ExportLine], params: In
     try:
         per_line = [dataclasses.replace(params, spk_emb=line.speaker, manual_seed=line.seed, **plan.clip_params(line))
                     for line in chunk]
-        for i, result in chat.infer_many([line.text for line in chunk], per_line):
+        for i, result in chat.infer_many([line.text for line in chunk], per_line, timestamps=plan.timestamps):
             if isinstance(result, Exception):
                 _fail(chunk[i], f"synthesis failed: {type(result).__name__}: {result}", log)
             else:
@@ -102,11 +109,15 @@ def _run_chunk(chat: Chat, plan: ExportPlan, chunk: list[ExportLine], params: In
                 _run_chunk(chat, plan, part, params, bar, log)
 
 
-def _save(plan: ExportPlan, line: ExportLine, wav: np.ndarray, log: Log) -> None:
+def _save(plan: ExportPlan, line: ExportLine, result: np.ndarray | Spoken, log: Log) -> None:
+    wav = result.wav if isinstance(result, Spoken) else result
     if len(wav) == 0:
         return _fail(line, "the model produced no audio (it stopped at the first step); try another seed", log)
     try:
         replace_atomically(plan.out_dir / line.output, lambda tmp: write_wav(tmp, wav))
+        if isinstance(result, Spoken):
+            replace_atomically(timestamps_path(plan.out_dir / line.output), lambda tmp: tmp.write_text(
+                json.dumps([stamp.as_dict() for stamp in result.timestamps], ensure_ascii=False, indent=1)))
     except Exception as exc:  # noqa: BLE001 - a full disk or a blocked path fails this line only
         return _fail(line, f"could not write {line.output}: {exc}", log)
     line.status, line.duration = "ok", round(len(wav) / SAMPLE_RATE, 3)
