@@ -25,7 +25,8 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
     try:  # None keeps the defaults (for streaming: the exact receptive-field context)
         key = {"api_key": args.api_key} if args.api_key else {}  # else $CHATTTS_VELOCITY_API_KEY
         voices = {"voices_dir": args.voices} if args.voices else {}  # else $CHATTTS_VELOCITY_VOICES or ~/.cache
-        return ServerConfig(**key, **voices, max_new_token=max_new_token,
+        cache = {} if args.cache_mb is None else {"cache_mb": args.cache_mb}
+        return ServerConfig(**key, **voices, **cache, max_new_token=max_new_token,
                             stream_options=StreamOptions(**{k: v for k, v in stream.items() if v is not None}),
                             max_input_chars=ServerConfig.max_input_chars if args.max_input_chars is None
                             else args.max_input_chars)
@@ -89,6 +90,8 @@ def add_serve_parser(sub) -> None:
     p.add_argument("--max-input-chars", type=int, metavar="N", help="longest input text (default 4096)")
     p.add_argument("--voices", metavar="DIR", help="the voice library folder (default $CHATTTS_VELOCITY_VOICES or "
                                                    "~/.cache/chattts_velocity/voices)")
+    p.add_argument("--cache-mb", type=int, metavar="MB",
+                   help="finished audio of seeded requests kept for identical repeats (default 64; 0: off)")
     p.add_argument("--chunk-steps", type=int, metavar="N", help="steps per streamed chunk (default 24 = 0.5 s)")
     p.add_argument("--first-chunk-steps", type=int, metavar="N", help="a stream's first chunk (default 4)")
     p.add_argument("--first-lookahead-steps", type=int, metavar="N",

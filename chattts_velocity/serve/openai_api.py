@@ -12,6 +12,7 @@ import os
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager, suppress
+from functools import partial
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -22,6 +23,7 @@ from starlette.exceptions import HTTPException
 
 from ..audio.encode import wav_bytes
 from ..audio.formats import FORMATS, available_formats
+from ..audio.loudness import check_loudness, normalize_loudness
 from ..audio.wav import SAMPLE_RATE
 from ..chat import Chat
 from ..engine.async_engine import AsyncLLMEngine
@@ -30,6 +32,7 @@ from ..speech.service import SpeechService, SpeechStream
 from ..speech.streams import StreamOptions
 from . import metrics
 from .audio_stream import encoded_chunks
+from .cache import AudioCache, recorded
 from .edge import Edge
 from .formats import sse_events
 from .request import (
@@ -63,6 +66,7 @@ class ServerConfig:
     split_text: bool = True  # sentence pieces generate concurrently and play in order
     warmup_steps: int = 16  # one short request at startup, so the first user does not pay first-call costs
     stream_options: StreamOptions = field(default_factory=StreamOptions)
+    cache_mb: int = 64  # finished audio of seeded requests kept for identical repeats (serve/cache.py); 0: off
     voices_dir: str | None = None  # the voice library's folder; None: $CHATTTS_VELOCITY_VOICES or ~/.cache/...
     max_voices: int = 1000
     max_upload_bytes: int = 16 << 20  # a voice clip upload (POST /v1/audio/voices) may be this large
@@ -73,6 +77,8 @@ class ServerConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}: must be an integer >= 1, got {value!r}")
+        if isinstance(self.cache_mb, bool) or not isinstance(self.cache_mb, int) or self.cache_mb < 0:
+            raise ValueError(f"cache_mb: must be an integer >= 0 (0 turns the cache off), got {self.cache_mb!r}")
 
 
 class ServerState:
@@ -84,6 +90,7 @@ class ServerState:
         self.service = SpeechService(chat, self.engine, config.stream_options)
         self.library = VoiceLibrary(config.voices_dir, config.max_voices)
         self.voices = VoiceBook(chat.sample_random_speaker, chat.config.hidden_size, self.library)
+        self.cache = AudioCache(config.cache_mb << 20)
         self.metrics = metrics.ServerMetrics(lambda: {**self.engine.metrics(),
                                                       "decode_max_batch": self.service.worker.max_batch})
         self.formats = available_formats()
@@ -102,6 +109,10 @@ class ServerState:
     def speech(self, body: SpeechBody) -> tuple[SpeechInput, InferCodeParams]:
         """The body's text, refine pass and code params; a ValueError names the body's field."""
         sampling = sampling_kwargs(body, self.config.max_new_token)  # checked before any voice is drawn
+        if body.loudness is not None:
+            check_loudness(body.loudness)
+            if body.stream or body.stream_format == "sse":
+                raise ValueError("loudness: is measured on the whole clip; ask for it with stream=false")
         plan = speech_input(body.input, body.speed, body.instructions, sampling.get("manual_seed"))
         return plan, code_params(plan, self.voices.params(body.voice), sampling)
 
@@ -123,6 +134,18 @@ class ServerState:
         finally:
             stream.close()
             self.metrics.outcome(status, labels)
+
+    def cached(self, body: SpeechBody, plan: SpeechInput, params: InferCodeParams, fmt: str) -> tuple[str | None,
+                                                                                                     bytes | None]:
+        """(the request's cache key or None, its cached bytes or None); SSE responses are not cached."""
+        key = None if body.stream_format == "sse" else AudioCache.key(plan, params, fmt, body.loudness)
+        data = self.cache.get(key)
+        if key is not None and self.cache.budget > 0:
+            self.metrics.cache.labels("miss" if data is None else "hit").inc()
+        return key, data
+
+    def encode(self, wav: np.ndarray, fmt: str, loudness: float | None) -> bytes:
+        return wav_bytes(wav if loudness is None else normalize_loudness(wav, loudness), fmt=fmt)
 
     def audio_bytes(self, stream: SpeechStream, labels: metrics.Labels) -> AsyncIterator[bytes]:
         return encoded_chunks(self.observed(stream, labels), labels.format)
@@ -183,6 +206,10 @@ def _add_speech_route(app: FastAPI, config: ServerConfig) -> None:
         try:
             plan, params = state.speech(body)
             request.state.labels = labels = metrics.Labels(fmt, state.voices.kind(body.voice))
+            key, data = state.cached(body, plan, params, fmt)
+            if data is not None:
+                state.metrics.outcome("ok", labels)
+                return Response(data, media_type=FORMATS[fmt].media_type)
             stream = await state.service.open(plan.text, params, refine=plan.refine, split=config.split_text,
                                               max_pieces=config.max_pieces)
         except ValueError as exc:
@@ -194,9 +221,10 @@ def _add_speech_route(app: FastAPI, config: ServerConfig) -> None:
             if body.stream_format == "sse":
                 timeline = stream.timeline if body.timestamps else None
                 return StreamingResponse(sse_events(data, timeline), media_type="text/event-stream")
-            return StreamingResponse(data, media_type=FORMATS[fmt].media_type)
+            return StreamingResponse(recorded(data, partial(state.cache.put, key)), media_type=FORMATS[fmt].media_type)
         wav = await state.collect(stream, request, labels)
-        data = b"" if wav is None else await asyncio.to_thread(wav_bytes, wav, fmt=fmt)
+        data = b"" if wav is None else await asyncio.to_thread(state.encode, wav, fmt, body.loudness)
+        state.cache.put(key if wav is not None else None, data)
         return Response(data, media_type=FORMATS[fmt].media_type)
 
 

@@ -36,6 +36,7 @@ class SpeechBody(BaseModel):
     top_p: SkipValidation[float | None] = None
     top_k: SkipValidation[int | None] = None
     max_new_tokens: SkipValidation[int | None] = None
+    loudness: SkipValidation[float | None] = None  # target LUFS of the whole clip (audio/loudness.py), e.g. -16
     min_new_tokens: SkipValidation[int | None] = None  # forbids EOS before this many steps (benchmarks, tests)
 
 
