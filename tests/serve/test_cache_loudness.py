@@ -14,9 +14,7 @@ pyloudnorm = pytest.importorskip("pyloudnorm")
 
 from fastapi.testclient import TestClient  # noqa: E402
 
-from chattts_velocity import Chat  # noqa: E402
 from chattts_velocity.audio.loudness import check_loudness, normalize_loudness  # noqa: E402
-from chattts_velocity.serve import ServerConfig, create_app  # noqa: E402
 from chattts_velocity.serve.cache import AudioCache  # noqa: E402
 
 
@@ -51,15 +49,6 @@ def test_loudness_never_clips_and_leaves_silence_alone() -> None:
     for bad in (float("nan"), -80, 0, True, "loud"):
         with pytest.raises(ValueError, match="^loudness:"):
             check_loudness(bad)
-
-
-@pytest.fixture(scope="module")
-def client(tiny_assets, tmp_path_factory) -> TestClient:
-    chat = Chat()
-    chat.load(source="custom", custom_path=tiny_assets, verify=False, use_vllm=True)
-    config = ServerConfig(voices_dir=str(tmp_path_factory.mktemp("voices")), warmup_steps=0, max_new_token=64)
-    with TestClient(create_app(chat, config)) as client:
-        yield client
 
 
 def post(client: TestClient, **body):

@@ -11,17 +11,8 @@ pytest.importorskip("httpx")
 
 from fastapi.testclient import TestClient  # noqa: E402
 
-from chattts_velocity import Chat  # noqa: E402
+
 from chattts_velocity.serve import ServerConfig, create_app  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def client(tiny_assets, tmp_path_factory) -> TestClient:
-    chat = Chat()
-    chat.load(source="custom", custom_path=tiny_assets, verify=False, use_vllm=True)
-    config = ServerConfig(voices_dir=str(tmp_path_factory.mktemp("voices")), warmup_steps=0, max_new_token=64)
-    with TestClient(create_app(chat, config)) as client:
-        yield client
 
 
 def samples(client: TestClient, name: str) -> dict[str, float]:

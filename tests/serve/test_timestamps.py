@@ -10,9 +10,7 @@ pytest.importorskip("fastapi")
 
 from fastapi.testclient import TestClient  # noqa: E402
 
-from chattts_velocity import Chat  # noqa: E402
 from chattts_velocity.audio.timestamps import Timestamp, piece_timestamps  # noqa: E402
-from chattts_velocity.serve import ServerConfig, create_app  # noqa: E402
 
 
 def test_pieces_follow_each_other_without_gaps() -> None:
@@ -20,15 +18,6 @@ def test_pieces_follow_each_other_without_gaps() -> None:
     assert stamps == [Timestamp("a", 0.0, 1.0), Timestamp("b", 1.0, 1.5), Timestamp("c", 1.5, 1.5)]
     with pytest.raises(ValueError):
         piece_timestamps(["a"], [1, 2])
-
-
-@pytest.fixture(scope="module")
-def client(tiny_assets, tmp_path_factory) -> TestClient:
-    chat = Chat()
-    chat.load(source="custom", custom_path=tiny_assets, verify=False, use_vllm=True)
-    config = ServerConfig(voices_dir=str(tmp_path_factory.mktemp("voices")), warmup_steps=0, max_new_token=64)
-    with TestClient(create_app(chat, config)) as client:
-        yield client
 
 
 TEXT = "The first sentence is here. And then comes the second one! Is there a third?"
