@@ -24,12 +24,14 @@ class AudioCache:
         self._lock = threading.Lock()
 
     @staticmethod
-    def key(plan: SpeechInput, params: InferCodeParams, fmt: str, loudness: float | None) -> str | None:
-        """The request's identity, or None when it cannot repeat (no seed)."""
+    def key(plan: SpeechInput, params: InferCodeParams, fmt: str, loudness: float | None,
+            streamed: bool) -> str | None:
+        """The request's identity, or None when it cannot repeat (no seed). Streamed and whole-file bytes differ
+        (a streamed container cannot know its length), so each is kept for its own kind of request."""
         if params.manual_seed is None or params.logits_processors:  # user code may do anything
             return None
         # every field of every params object, in order: any value that changes the audio changes the key
-        material = (plan.text, plan.prompt, _values(plan.refine), _values(params), fmt, loudness)
+        material = (plan.text, plan.prompt, _values(plan.refine), _values(params), fmt, loudness, streamed)
         return hashlib.sha256(repr(material).encode()).hexdigest()
 
     def get(self, key: str | None) -> bytes | None:

@@ -138,7 +138,7 @@ class ServerState:
     def cached(self, body: SpeechBody, plan: SpeechInput, params: InferCodeParams, fmt: str) -> tuple[str | None,
                                                                                                      bytes | None]:
         """(the request's cache key or None, its cached bytes or None); SSE responses are not cached."""
-        key = None if body.stream_format == "sse" else AudioCache.key(plan, params, fmt, body.loudness)
+        key = None if body.stream_format == "sse" else AudioCache.key(plan, params, fmt, body.loudness, body.stream)
         data = self.cache.get(key)
         if key is not None and self.cache.budget > 0:
             self.metrics.cache.labels("miss" if data is None else "hit").inc()

@@ -61,8 +61,10 @@ def _serve(app) -> tuple[uvicorn.Server, threading.Thread, str]:
 
 @pytest.fixture(scope="module")
 def server(tiny_assets, tmp_path_factory) -> Iterator[Server]:
-    app = create_app(lambda: _tiny_chat(tiny_assets), ServerConfig(max_new_token=2000, max_input_chars=300,
-                                                                   voices_dir=str(tmp_path_factory.mktemp("voices"))))
+    # cache off: these tests compare repeated seeded requests, which must run the model each time
+    config = ServerConfig(max_new_token=2000, max_input_chars=300, cache_mb=0,
+                          voices_dir=str(tmp_path_factory.mktemp("voices")))
+    app = create_app(lambda: _tiny_chat(tiny_assets), config)
     uv, thread, url = _serve(app)
     try:
         yield Server(url, app.state.server)

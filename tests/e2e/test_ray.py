@@ -99,7 +99,7 @@ class TestServe:
         if hasattr(serve_api, "HTTP_PROXY_TIMEOUT"):
             serve_api.HTTP_PROXY_TIMEOUT = max(serve_api.HTTP_PROXY_TIMEOUT, 300)
         options = ray_serve.ReplicaOptions(replicas=2, num_cpus=0.25)  # 2 x 0.25 leaves CPUs for Ray Data
-        app = ray_serve.build_app(tiny_assets, ServerConfig(max_new_token=2000), options, **LOAD)
+        app = ray_serve.build_app(tiny_assets, ServerConfig(max_new_token=2000, cache_mb=0), options, **LOAD)
         started = time.perf_counter()
         url = ray_serve.serve_on_ray(app, port=free_port(), blocking=False)
         print(f"serve: 2 replicas ready in {time.perf_counter() - started:.1f} s")
