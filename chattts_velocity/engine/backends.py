@@ -8,7 +8,7 @@ backend runs; the model runner calls `forward` for general steps and `decode` fo
 |---|---|---|
 | TorchBackend ("torch") | eager layers, SDPA over gathered blocks | eager layers |
 | CompiledTorchBackend ("torch.compile") | one torch.compile'd layer graph (C++ attention on bf16 pools) | eager |
-| CpuBackend ("cpu") | one fused C++ op per layer (model/fused.py) | eager |
+| CpuBackend ("cpu") | one fused C++ op per layer (model/fused.py) | the same op, a row per position |
 | TritonBackend ("triton", engine/triton_backend.py) | Triton kernels per layer, CUDA graphs on CUDA | Triton kernels |
 """
 from __future__ import annotations
@@ -110,8 +110,10 @@ class CompiledTorchBackend:
 
 
 class CpuBackend:
-    """Decode steps run one fused C++ op per layer (bf16 and int8 engines on CPUs where the kernels build);
-    nothing is compiled."""
+    """Every step runs one fused C++ op per layer (bf16 and int8 engines on CPUs where the kernels build); nothing
+    is compiled. A general step's rows go through the op as rows of their own positions, so a position gets the
+    same bits in a prefill chunk, a decode step or a recompute after preemption, in any batch (the seed contract).
+    """
 
     name = "cpu"
 
@@ -120,7 +122,11 @@ class CpuBackend:
         self.fused = FusedDecoder(model)
 
     def forward(self, embeds: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        return self.model(embeds, meta.positions, self.kv.pairs, meta)
+        bs, tables = self.kv.block_size, []
+        for b, (q_len, k_len) in enumerate(zip(meta.q_lens, meta.k_lens)):
+            tables += [meta.block_tables[b, : -(-k_len // bs)].tolist()] * q_len  # one table per row
+        pos, rows = self.kv.decode_metadata(meta.positions.tolist(), tables)
+        return self.fused(embeds, pos, self.kv.pairs, rows)
 
     def decode(self, embeds: torch.Tensor, positions: list[int], tables: list[list[int]]) -> torch.Tensor:
         pos, meta = self.kv.decode_metadata(positions, tables)

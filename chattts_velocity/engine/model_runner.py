@@ -115,9 +115,9 @@ class ModelRunner:
             seqs = [batch.seqs[b] for b in index]
             hidden = last if len(index) == batch.num_seqs else last[index]  # [S, H]
             if is_text:
-                logits, rows = self.embed.text_logits(hidden), 1  # [S, V_text]
+                logits, rows = self.embed.logits_rowwise(hidden, "text"), 1  # [S, V_text]
             else:
-                logits = self.embed.code_logits(hidden)  # [S, 4, V_audio]
+                logits = self.embed.logits_rowwise(hidden, "code")  # [S, 4, V_audio]
                 rows = logits.shape[1]
                 logits = logits.reshape(-1, logits.shape[-1])  # [S * 4, V], row s*4 + q
             sampling = self.sampler.prepare(seqs, rows)

@@ -112,14 +112,21 @@ class Embed(nn.Module):
     # ---- heads ------------------------------------------------------------------------------
 
     def _head_weight(self, name: str, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        # name "code"/"text" -> [out, H]; "code_t"/"text_t" -> the same transposed, [H, out] contiguous.
         # The stamp (storage addresses of g and v) notices .to()/assignments; load_state_dict clears the cache.
+        if name.endswith("_t"):
+            return self._cached(name, dtype, device, lambda: self._head_weight(name[:-2], dtype, device).t().contiguous())
         heads = [self.head_text] if name == "text" else list(self.head_code)
+        return self._cached(name, dtype, device, lambda: torch.cat([_effective_weight(h) for h in heads], dim=0))
+
+    def _cached(self, name: str, dtype: torch.dtype, device: torch.device, make) -> torch.Tensor:
+        heads = [self.head_text] if name.startswith("text") else list(self.head_code)
         stamp = tuple(t.data_ptr() for h in heads for t in h.parametrizations.weight.parameters())
         hit = self._weight_cache.get((name, dtype, device))
         if hit is not None and hit[0] == stamp:
             return hit[1]
         with torch.no_grad():
-            weight = torch.cat([_effective_weight(h) for h in heads], dim=0).to(dtype=dtype, device=device)
+            weight = make().to(dtype=dtype, device=device)
         self._weight_cache[(name, dtype, device)] = (stamp, weight)
         return weight
 
@@ -130,6 +137,19 @@ class Embed(nn.Module):
         # one GEMM per codebook, as the reference does: bit-identical to head_code[q](hidden) at any N
         logits = [F.linear(hidden, w) for w in weight.split(self.num_audio_tokens)]
         return torch.stack(logits, dim=1).float()
+
+    @torch.no_grad()
+    def logits_rowwise(self, hidden: torch.Tensor, name: str) -> torch.Tensor:
+        """The engine's heads: as code_logits ("code", [N, num_vq, V_audio]) or text_logits ("text", [N, V_text]), but
+        a row's logits do not depend on the other rows (the seed contract): one BLAS GEMM against the transposed
+        weight over at least two rows (a single row would take BLAS's matrix-vector path, another summation order).
+        They may differ from code_logits/text_logits in the last bits.
+        """
+        rows = hidden.shape[0]
+        if rows == 1:
+            hidden = torch.cat([hidden, hidden])
+        logits = (hidden @ self._head_weight(f"{name}_t", hidden.dtype, hidden.device))[:rows].float()
+        return logits.view(rows, self.num_vq, self.num_audio_tokens) if name == "code" else logits
 
     @torch.no_grad()
     def text_logits(self, hidden: torch.Tensor) -> torch.Tensor:

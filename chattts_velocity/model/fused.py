@@ -14,7 +14,6 @@ import torch
 from chattts_velocity.model import kernels
 from chattts_velocity.model.attention import DecodeMetadata
 from chattts_velocity.model.llama import ChatTTSLlama, KVPair, LlamaDecoderLayer
-from chattts_velocity.model.packed import TILES_BELOW_ROWS
 
 
 @dataclass
@@ -22,20 +21,18 @@ class FusedLayerWeights:
     """One layer's weights as kernels/cpu_decode_layer.cpp takes them."""
 
     norms: torch.Tensor  # [2, H] fp32: input_layernorm, post_attention_layernorm
-    weights: list[torch.Tensor]  # tiles of the qkv, o, gate_up and down projections (all bf16 or all int8)
-    panels: list[torch.Tensor | None]  # per projection: the AMX layout, on CPUs with AMX
-    extras: list[torch.Tensor | None]  # per projection: oneDNN's packed bf16 copy (or None), or int8 scales
+    weights: list[torch.Tensor]  # the qkv, o, gate_up and down projections in kernel layout (all bf16 or all int8)
+    scales: list[torch.Tensor | None]  # per projection: int8 scales, or None
 
     @classmethod
     def of(cls, layer: LlamaDecoderLayer) -> FusedLayerWeights | None:
-        """None unless every projection of the layer has tiles (see PackedLinear)."""
+        """None unless every projection of the layer is in our kernels' layout (see PackedLinear)."""
         attn, mlp = layer.self_attn, layer.mlp
         packed = [attn.qkv_packed, attn.o_packed, mlp.gate_up_packed, mlp.down_packed]
-        if any(p is None or p.tiles is None for p in packed):
+        if any(p is None or p.packed is None for p in packed):
             return None
         norms = torch.stack([layer.input_layernorm.weight.detach(), layer.post_attention_layernorm.weight.detach()])
-        extras = [p.scales if p.mode == "int8" else p.onednn for p in packed]
-        return cls(norms.float().contiguous(), [p.tiles for p in packed], [p.panels for p in packed], extras)
+        return cls(norms.float().contiguous(), [p.packed for p in packed], [p.scales for p in packed])
 
 
 def fused_unavailable(model: ChatTTSLlama) -> str | None:
@@ -51,7 +48,7 @@ def fused_unavailable(model: ChatTTSLlama) -> str | None:
     if model.config.head_dim % 32:
         return f"head_dim {model.config.head_dim} is not a multiple of 32"
     if any(FusedLayerWeights.of(layer) is None for layer in model.layers):
-        return "not every projection has kernel tiles (pack_linears('bfloat16' or 'int8') first)"
+        return "not every projection is in kernel layout (pack_linears('bfloat16' or 'int8') first)"
     return None
 
 
@@ -73,6 +70,6 @@ class FusedDecoder:
         cos, sin = rotary.cos_cache, rotary.sin_cache
         x = inputs_embeds.float().contiguous()
         for fused, (k_cache, v_cache) in zip(self.layers, kv_caches):
-            x = op(x, positions, cos, sin, fused.norms, fused.weights, fused.panels, fused.extras, k_cache, v_cache,
-                   meta.slot_mapping, meta.block_tables, meta.context_lens, eps, TILES_BELOW_ROWS)
+            x = op(x, positions, cos, sin, fused.norms, fused.weights, fused.scales, k_cache, v_cache,
+                   meta.slot_mapping, meta.block_tables, meta.context_lens, eps)
         return self.model.norm(x)

@@ -1,4 +1,4 @@
-"""Model stage: frozen Linear weights in the layouts fast CPU kernels want (bf16 tiles + oneDNN, int8 tiles).
+"""Model stage: frozen Linear weights in the layouts fast CPU kernels want (bf16 / int8 tiles or AMX panels).
 
 In: x [N, in_features] activations. Out: [N, out_features] (dtype per mode, see PackedLinear).
 The checkpoint's nn.Linear modules stay untouched (their names are the state-dict keys); a model's
@@ -13,7 +13,6 @@ from torch import Tensor, nn
 from chattts_velocity.model import kernels
 
 MODES = ("float32", "bfloat16", "float16", "int8")
-TILES_BELOW_ROWS = 5  # bf16 batches of fewer rows use the tile kernel, larger ones AMX or oneDNN (crossover 4-6)
 
 
 # NOTE: oneDNN's prepacked weight is an opaque MKLDNN tensor. Called directly, torch.compile's
@@ -36,15 +35,13 @@ def onednn_bf16_available() -> bool:
 class PackedLinear(nn.Module):
     """y = x @ W.T without bias, W frozen. Holds no parameters, so it never enters a state dict.
 
-    mode "bfloat16": W in bf16. On CPUs with AVX-512 BF16 batches of fewer than TILES_BELOW_ROWS rows stream W
-    through our tile kernel (kernels/cpu_linear.cpp, ~1.5x oneDNN's speed at one row); with AMX, batches up to
-    64 rows go through kernels/cpu_amx.cpp (W read once for all rows, 1.2-1.8x oneDNN), and larger ones use
-    oneDNN's prepacked GEMM. W is kept in each layout it uses. Elsewhere oneDNN, or a plain bf16 GEMM without it.
-    "int8": weight-only int8, W quantised symmetrically per output channel; the tile kernel multiplies it with
-    fp32 activations (half the bytes of bf16: the fastest mode), from TILES_BELOW_ROWS rows on the AMX kernel
-    (bf16 activations) where present, or torch's int8-weight kernel with bf16 activations where ours are
-    unavailable. "float32" and "float16": W through F.linear. Outputs: bf16 in mode "bfloat16", float32 from
-    our int8 kernels.
+    On CPUs where our kernels build (AVX-512 BF16), modes "bfloat16" and "int8" keep W in one kernel layout, chosen
+    from the CPU once: AMX panels (kernels/cpu_amx.cpp) on AMX CPUs, else tiles (kernels/cpu_linear.cpp). Either
+    kernel streams W once per call and is batch-invariant: a row's output does not depend on the other rows, so a
+    seeded request decodes the same alone, in any batch and after preemption. x and y are bf16 in both modes;
+    "int8" is weight-only int8 (symmetric, per output channel), half the bytes of bf16.
+    Elsewhere: bf16 through oneDNN (or a plain bf16 GEMM), int8 through torch's int8-weight kernel with bf16
+    activations; "float32" and "float16" through F.linear. These torch paths may depend on the batch.
     """
 
     def __init__(self, weight: Tensor, mode: str) -> None:
@@ -54,52 +51,49 @@ class PackedLinear(nn.Module):
         self.mode = mode
         self.out_features, self.in_features = weight.shape
         weight = weight.detach()
-        on_cpu = weight.device.type == "cpu"
         # Kernel-specific forms are plain attributes: module.to() must not touch them.
         self.weight: Tensor | None = None  # [out, in] when used through F.linear
+        self.packed: Tensor | None = None  # our kernels' layout: kernels.to_panels (AMX) or kernels.to_tiles
         self.onednn = None  # opaque oneDNN bf16 weight
-        self.tiles: Tensor | None = None  # kernels.to_tiles layout for cpu_linear.cpp
-        self.panels: Tensor | None = None  # kernels.to_panels layout for cpu_amx.cpp
         self.qweight: Tensor | None = None  # int8 [out, in] for torch's int8-weight kernel
         self.scales: Tensor | None = None  # int8: [out] per-channel scales
         if mode == "int8":
             qweight, self.scales = _quantize_int8(weight.float())
-            if on_cpu and kernels.fits_tiles(qweight, 16) and kernels.load():
-                self.tiles = kernels.to_tiles(qweight, 16)
-                if kernels.fits_panels(qweight) and kernels.amx_ready():
-                    self.panels = kernels.to_panels(qweight)
-            else:
+            self.packed = _kernel_layout(qweight, chunk=16)
+            if self.packed is None:
                 self.qweight, self.scales = qweight, self.scales.to(torch.bfloat16)
                 if self.in_features % 16:  # torch's int8-weight kernel is wrong (or crashes) there
                     self.weight = self.dequantized().to(torch.bfloat16)
-        elif mode == "bfloat16" and on_cpu:
+        elif mode == "bfloat16" and weight.device.type == "cpu":
             weight = weight.to(torch.bfloat16).contiguous()
-            if onednn_bf16_available():
+            self.packed = _kernel_layout(weight, chunk=32)
+            if self.packed is None and onednn_bf16_available():
                 self.onednn = torch.ops.mkldnn._reorder_linear_weight(weight)
-            if kernels.fits_tiles(weight, 32) and kernels.load():
-                self.tiles = kernels.to_tiles(weight, 32)
-                if kernels.fits_panels(weight) and kernels.amx_ready():
-                    self.panels = kernels.to_panels(weight)
-            if self.onednn is None and self.tiles is None:
+            elif self.packed is None:
                 self.weight = weight
         else:
             self.weight = weight.to(getattr(torch, mode)).contiguous()
 
+    @property
+    def kernel(self) -> str:
+        """Which kernel runs: "amx", "tiles", "onednn", "int8mm" or "torch"."""
+        if self.packed is not None:
+            return "amx" if _is_panels(self.packed) else "tiles"
+        if self.weight is not None:
+            return "torch"
+        return "onednn" if self.onednn is not None else "int8mm"
+
     def extra_repr(self) -> str:
-        kernel = "tiles+amx" if self.panels is not None else "tiles" if self.tiles is not None else (
-            "onednn" if self.onednn is not None else "torch")
-        return f"in_features={self.in_features}, out_features={self.out_features}, mode={self.mode}, kernel={kernel}"
+        return f"in_features={self.in_features}, out_features={self.out_features}, mode={self.mode}, kernel={self.kernel}"
 
     def forward(self, x: Tensor) -> Tensor:  # x [N, in] -> [N, out]
         if self.weight is not None:
             return F.linear(x.to(self.weight.dtype), self.weight)
-        if self.tiles is not None:
+        x = x.to(torch.bfloat16)  # in a compiled step this cast fuses into the op that produced x
+        if self.packed is not None:
             if self.mode == "int8":
-                return torch.ops.chattts_velocity_cpu.linear_int8(x.float(), self.tiles, self.panels, self.scales,
-                                                                  TILES_BELOW_ROWS)
-            x = x.to(torch.bfloat16)  # in a compiled step this cast fuses into the op that produced x
-            return torch.ops.chattts_velocity_cpu.linear_bf16(x, self.tiles, self.panels, self.onednn, TILES_BELOW_ROWS)
-        x = x.to(torch.bfloat16)
+                return torch.ops.chattts_velocity_cpu.linear_int8(x, self.packed, self.scales)
+            return torch.ops.chattts_velocity_cpu.linear_bf16(x, self.packed)
         if self.mode == "int8":
             return torch._weight_int8pack_mm(x, self.qweight, self.scales)
         if torch.compiler.is_compiling():
@@ -110,11 +104,26 @@ class PackedLinear(nn.Module):
         """int8 mode: the weight the kernels multiply with, [out, in] float32."""
         if self.mode != "int8":
             raise ValueError(f"dequantized: only for int8 mode, this is {self.mode}")
-        if self.tiles is not None:
-            qweight = self.tiles.transpose(1, 2).reshape(self.out_features, self.in_features)
-        else:
+        if self.packed is None:
             qweight = self.qweight
+        elif _is_panels(self.packed):
+            qweight = kernels.from_panels(self.packed)
+        else:
+            qweight = kernels.from_tiles(self.packed)
         return qweight.float() * self.scales.float()[:, None]
+
+
+def _kernel_layout(weight: Tensor, chunk: int) -> Tensor | None:
+    """weight [out, in] (bf16 or int8, on CPU) in our kernels' layout for this CPU, or None where they cannot run."""
+    if weight.device.type != "cpu" or not kernels.fits_tiles(weight, chunk) or not kernels.load():
+        return None
+    if kernels.fits_panels(weight) and kernels.amx_ready():
+        return kernels.to_panels(weight)
+    return kernels.to_tiles(weight, chunk)
+
+
+def _is_panels(packed: Tensor) -> bool:
+    return packed.shape[2:] == (16, 2)
 
 
 def _quantize_int8(weight: Tensor) -> tuple[Tensor, Tensor]:

@@ -1,5 +1,5 @@
-"""CPU tile kernels (model/kernels/cpu_linear.cpp) against float64 formulas, their batch invariance, and the
-fallback to torch's kernels."""
+"""CPU linear kernels (model/kernels/cpu_linear.cpp, cpu_amx.cpp) against float64 formulas, their batch invariance,
+and the fallback to torch's kernels."""
 from __future__ import annotations
 
 import os
@@ -9,13 +9,14 @@ import sys
 import pytest
 import torch
 
-from chattts_velocity.model import DecodeMetadata, PackedLinear, kernels, packed
+from chattts_velocity.model import DecodeMetadata, PackedLinear, kernels
 from chattts_velocity.model.attention import paged_decode_attention
 
 UNSUPPORTED = kernels._unsupported()
 needs_kernels = pytest.mark.skipif(UNSUPPORTED is not None, reason=f"CPU kernels unsupported here: {UNSUPPORTED}")
 gen = torch.Generator().manual_seed(0)
 WEIGHT = torch.randn(200, 96, generator=gen) * 0.05  # N % 4 == 0, K % 32 == 0, not powers of two
+WIDE = torch.randn(80, 96, generator=gen) * 0.05  # N % 16 == 0: fits the AMX panels too
 
 
 def _bf16_bound(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -23,69 +24,65 @@ def _bf16_bound(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return 3 * 2**-8 * (x.double().abs() @ w.double().abs().T) + 1e-6
 
 
+LAYOUTS = ["tiles", "panels"]  # panels: the AMX kernel, only where the CPU has AMX
+
+
+def _layout(weight: torch.Tensor, layout: str, chunk: int) -> torch.Tensor:
+    if layout == "panels" and not kernels.amx_ready():
+        pytest.skip("no AMX-BF16 here: the panels (AMX) kernel cannot run")
+    return kernels.to_panels(weight) if layout == "panels" else kernels.to_tiles(weight, chunk)
+
+
 @needs_kernels
-def test_kernels_build_and_load_on_a_supported_cpu() -> None:
+def test_kernels_build_and_the_layout_follows_the_cpu() -> None:
     assert kernels.load()
-    assert "kernel=tiles" in repr(PackedLinear(WEIGHT, "bfloat16"))
+    expected = "amx" if kernels.amx_ready() else "tiles"
+    assert f"kernel={expected}" in repr(PackedLinear(WIDE, "bfloat16"))
+    assert PackedLinear(WEIGHT, "int8").kernel == "tiles"  # 200 outputs: not a multiple of 16, no panels
 
 
 @needs_kernels
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 7, 9])
-def test_bf16_tiles_within_bf16_rounding_on_both_sides_of_the_onednn_switch(rows: int) -> None:
-    x = torch.randn(rows, 96, generator=gen)
-    y = PackedLinear(WEIGHT, "bfloat16")(x)
-    assert y.dtype == torch.bfloat16 and y.shape == (rows, 200)
-    exact = x.double() @ WEIGHT.double().T
-    assert ((y.double() - exact).abs() <= _bf16_bound(x, WEIGHT)).all()
-
-
-@needs_kernels
-def test_bf16_tiles_without_onednn_match_the_formula_at_any_batch() -> None:
-    lin = PackedLinear(WEIGHT, "bfloat16")
-    x = torch.randn(11, 96, generator=gen)
-    y = torch.ops.chattts_velocity_cpu.linear_bf16(x.bfloat16(), lin.tiles, None, None, 0)  # tiles for every row
-    exact = x.double() @ WEIGHT.double().T
-    assert ((y.double() - exact).abs() <= _bf16_bound(x, WEIGHT)).all()
-
-
-@needs_kernels
-def test_int8_tiles_equal_the_dequantised_weight_in_fp32_and_do_not_depend_on_the_batch() -> None:
-    lin = PackedLinear(WEIGHT, "int8")
-    assert lin.tiles is not None and lin.scales.dtype == torch.float32
-    x = torch.randn(9, 96, generator=gen)
-    y = lin(x)
-    exact = x.double() @ lin.dequantized().double().T
-    assert (y.double() - exact).abs().max().item() <= 1e-5  # fp32 activations: only fp32 summation error
-    for rows in (1, 2, 5):  # each row's sums run in a fixed order whatever rows share its batch
-        assert torch.equal(lin(x[:rows]), y[:rows])
-        assert torch.equal(lin(x[rows:]), y[rows:])
-
-
-needs_amx = pytest.mark.skipif(UNSUPPORTED is not None or not kernels.amx_ready(), reason="no AMX-BF16 here")
-WIDE = torch.randn(80, 96, generator=gen) * 0.05  # N % 16 == 0: fits the AMX panels too
-
-
-@needs_amx
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("mode", ["bfloat16", "int8"])
-@pytest.mark.parametrize("rows", [5, 16, 17, 40, 64, 65, 150])  # tile groups, padding, several passes, oneDNN
-def test_amx_panels_within_bf16_rounding_and_batch_invariant(rows: int, mode: str) -> None:
+def test_linears_within_bf16_rounding_and_batch_invariant(mode: str, layout: str) -> None:
     lin = PackedLinear(WIDE, mode)
-    assert lin.panels is not None and "tiles+amx" in repr(lin)
-    x = torch.randn(rows, 96, generator=gen)
-    y = lin(x)
-    if mode == "bfloat16":
-        assert ((y.double() - x.double() @ WIDE.double().T).abs() <= _bf16_bound(x, WIDE)).all()
-    else:  # x rounded to bf16 (relative 2^-8), the int8 weight exact, fp32 sums and output
-        weight = lin.dequantized().double()
-        assert ((y.double() - x.double() @ weight.T).abs() <= 2**-8 * (x.double().abs() @ weight.abs().T) + 1e-6).all()
     op = torch.ops.chattts_velocity_cpu
-    def amx(rows: torch.Tensor) -> torch.Tensor:  # oneDNN left out: AMX at any batch from 5 rows
-        if mode == "int8":
-            return op.linear_int8(rows, lin.tiles, lin.panels, lin.scales, 5)
-        return op.linear_bf16(rows.bfloat16(), lin.tiles, lin.panels, None, 5)
-    whole = amx(x)
-    for start in (0, rows // 2 - 2, rows - 5):  # a row's sums do not depend on the other rows (5 rows: still AMX)
-        assert torch.equal(amx(x[start:start + 5]), whole[start:start + 5])
+    if mode == "int8":
+        q = (lin.dequantized() / lin.scales[:, None]).round().to(torch.int8)
+        weight, w = _layout(q, layout, 16), lin.dequantized().double()
+        run = lambda x: op.linear_int8(x.bfloat16(), weight, lin.scales)
+    else:
+        weight, w = _layout(WIDE.bfloat16(), layout, 32), WIDE.double()
+        run = lambda x: op.linear_bf16(x.bfloat16(), weight)
+    x = torch.randn(150, 96, generator=gen)
+    whole = run(x)  # 150 rows: several 64-row AMX passes and 4-row tile groups, partial ones at the end
+    assert whole.dtype == torch.bfloat16 and whole.shape == (150, 80)
+    assert ((whole.double() - x.double() @ w.T).abs() <= _bf16_bound(x, w.float())).all()
+    for start, rows in [(0, 1), (7, 1), (3, 2), (10, 3), (20, 4), (30, 5), (40, 17), (0, 64), (50, 65), (149, 1)]:
+        assert torch.equal(run(x[start:start + rows]), whole[start:start + rows]), (start, rows)
+
+
+@needs_kernels
+def test_packed_linear_runs_its_layout_at_every_batch_size() -> None:
+    for mode in ("bfloat16", "int8"):
+        lin = PackedLinear(WIDE, mode)
+        x = torch.randn(70, 96, generator=gen)
+        whole = lin(x)
+        assert whole.dtype == torch.bfloat16
+        for rows in (1, 4, 5, 64):
+            assert torch.equal(lin(x[:rows]), whole[:rows])
+
+
+def test_noamx_switch_keeps_the_avx512_tiles(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(kernels.ENV_SWITCH, "noamx")
+    kernels.amx_ready.cache_clear()
+    try:
+        assert not kernels.amx_ready()
+        if UNSUPPORTED is None:
+            assert PackedLinear(WIDE, "bfloat16").kernel == "tiles"
+    finally:
+        monkeypatch.undo()
+        kernels.amx_ready.cache_clear()
 
 
 def test_to_panels_is_a_pure_reordering() -> None:
@@ -101,7 +98,7 @@ def test_shapes_that_do_not_fit_tiles_use_torch_kernels() -> None:
     odd = torch.randn(30, 40, generator=gen) * 0.05  # 30 % 4 != 0, 40 % 32 != 0
     for mode in ("bfloat16", "int8"):
         lin = PackedLinear(odd, mode)
-        assert lin.tiles is None
+        assert lin.packed is None
         x = torch.randn(3, 40, generator=gen)
         assert (lin(x).double() - x.double() @ odd.double().T).abs().max().item() < 0.02
 
@@ -110,14 +107,14 @@ def test_shapes_that_do_not_fit_tiles_use_torch_kernels() -> None:
 def test_kernel_rejects_mismatched_inputs_clearly() -> None:
     lin = PackedLinear(WEIGHT, "bfloat16")
     with pytest.raises(RuntimeError, match="features"):
-        torch.ops.chattts_velocity_cpu.linear_bf16(torch.randn(2, 64).bfloat16(), lin.tiles, None, None, 0)
+        torch.ops.chattts_velocity_cpu.linear_bf16(torch.randn(2, 64).bfloat16(), kernels.to_tiles(WEIGHT.bfloat16(), 32))
 
 
 def test_switch_off_keeps_torch_kernels_without_a_warning() -> None:
     code = ("import warnings; warnings.simplefilter('error');"
             "import torch; from chattts_velocity.model import PackedLinear, kernels;"
             "assert not kernels.load();"
-            "lin = PackedLinear(torch.randn(8, 32), 'bfloat16'); assert lin.tiles is None, lin;"
+            "lin = PackedLinear(torch.randn(8, 32), 'bfloat16'); assert lin.packed is None, lin;"
             "print(lin(torch.randn(2, 32)).shape)")
     env = {**os.environ, kernels.ENV_SWITCH: "0"}
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
@@ -130,7 +127,8 @@ def test_to_tiles_is_a_pure_reordering() -> None:
     tiles = kernels.to_tiles(w, 32)
     assert tiles.shape == (2, 2, 4, 32)
     assert torch.equal(tiles[1, 0, 2], w[6, :32]) and torch.equal(tiles[0, 1, 3], w[3, 32:])
-    assert packed.TILES_BELOW_ROWS >= 2
+    wide = torch.arange(32 * 64).reshape(32, 64)
+    assert torch.equal(kernels.from_tiles(tiles), w) and torch.equal(kernels.from_panels(kernels.to_panels(wide)), wide)
 
 
 @needs_kernels

@@ -1,11 +1,11 @@
 """Model stage: optional C++ CPU kernels (cpu_*.cpp), built with the system's C++ compiler on first use.
 
-cpu_linear.cpp (bf16 / int8 linears for decode), cpu_amx.cpp (the same for 5-64 rows on AMX CPUs),
+cpu_linear.cpp (batch-invariant bf16 / int8 linears), cpu_amx.cpp (the same with AMX, used on AMX CPUs),
 cpu_attention.cpp (paged decode attention), cpu_decode_layer.cpp (a whole decode layer as one op).
 
 `load()` -> True when `torch.ops.chattts_velocity_cpu.*` are ready. It never raises: on a CPU without AVX-512
 BF16, without g++, or with CHATTTS_VELOCITY_CPU_KERNELS=0, callers keep torch's own kernels (and a warning
-says why once). The build takes about a minute and is cached per source, torch and Python version in
+says why once); CHATTTS_VELOCITY_CPU_KERNELS=noamx keeps the AVX-512 kernels on an AMX CPU. The build takes about a minute and is cached per source, torch and Python version in
 $CHATTTS_VELOCITY_CACHE/kernels (default ~/.cache/chattts_velocity/kernels).
 """
 from __future__ import annotations
@@ -104,12 +104,12 @@ def _register_fakes() -> None:
     """Output shapes for torch.compile's tracing (the batch dimension stays symbolic)."""
 
     @torch.library.register_fake("chattts_velocity_cpu::linear_bf16")
-    def _bf16(x, tiles, panels, onednn, tiles_below_rows):
-        return x.new_empty(x.shape[0], tiles.shape[0] * tiles.shape[2])
+    def _bf16(x, weight):
+        return x.new_empty(x.shape[0], weight.shape[0] * weight.shape[2])
 
     @torch.library.register_fake("chattts_velocity_cpu::linear_int8")
-    def _int8(x, tiles, panels, scales, tiles_below_rows):
-        return x.new_empty(x.shape[0], tiles.shape[0] * tiles.shape[2])
+    def _int8(x, weight, scales):
+        return x.new_empty(x.shape[0], scales.shape[0])
 
     @torch.library.register_fake("chattts_velocity_cpu::paged_decode_attention")
     def _attention(q, k_cache, v_cache, block_tables, context_lens, scale):
@@ -129,8 +129,23 @@ def fits_tiles(weight: torch.Tensor, chunk: int) -> bool:
 
 @functools.cache
 def amx_ready() -> bool:
-    """True when the kernels are loaded and cpu_amx.cpp can run here (AMX-BF16, and Linux granted its state)."""
+    """True when the kernels are loaded and cpu_amx.cpp can run here (AMX-BF16, and Linux granted its state),
+    unless CHATTTS_VELOCITY_CPU_KERNELS=noamx asks for the AVX-512 kernels (to test them on an AMX CPU)."""
+    if os.environ.get(ENV_SWITCH, "1") == "noamx":
+        return False
     return load() and {"amx_tile", "amx_bf16"} <= _cpu_flags() and torch.ops.chattts_velocity_cpu.amx_ready()
+
+
+def from_panels(panels: torch.Tensor) -> torch.Tensor:
+    """The inverse of to_panels: [N/16, K/2, 16, 2] -> [N, K]."""
+    n16, k2 = panels.shape[:2]
+    return panels.permute(0, 2, 1, 3).reshape(n16 * 16, k2 * 2)
+
+
+def from_tiles(tiles: torch.Tensor) -> torch.Tensor:
+    """The inverse of to_tiles: [N/4, K/chunk, 4, chunk] -> [N, K]."""
+    n4, kc, _, chunk = tiles.shape
+    return tiles.transpose(1, 2).reshape(n4 * 4, kc * chunk)
 
 
 def to_panels(weight: torch.Tensor) -> torch.Tensor:

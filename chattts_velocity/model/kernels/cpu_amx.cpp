@@ -1,14 +1,11 @@
-// AMX linears for decode batches of 5-64 rows (Intel CPUs with AMX-BF16): y = x @ W.T.
+// AMX linears (Intel CPUs with AMX-BF16): y = x @ W.T, x and y bf16, for any number of rows.
 //
-//   linear_bf16_amx(x [M, K] bf16, panels bf16) -> y [M, N] bf16;
-//   linear_int8_amx(x [M, K] fp32, panels int8, scales [N] fp32) -> y [M, N] fp32, weight-only int8: the int8
-//   values become bf16 exactly (|q| <= 127), x is rounded to bf16, and the fp32 sums are scaled per column;
+//   linear_bf16_amx(x [M, K], panels bf16) -> y [M, N];
+//   linear_int8_amx(x [M, K], panels int8, scales [N] fp32) -> y [M, N], weight-only int8: the int8 values become
+//   bf16 exactly (|q| <= 127) and the fp32 sums are scaled per column;
 //   amx_ready() -> bool: the CPU has AMX and Linux granted this process its state.
-// Reached through linear_bf16 / linear_int8 in cpu_linear.cpp. Products are summed in fp32, each row of x on its
-// own, so a row's result does not depend on the other rows.
-//
-// At these batch sizes the AVX-512 tile kernels re-read W per 4 rows and oneDNN reaches ~60 % of the memory
-// bandwidth; here W streams from memory once per 64 rows, so the whole batch costs about what one row does.
+// Reached through linear_bf16 / linear_int8 in cpu_linear.cpp, which use them at every M on AMX CPUs. Products are
+// summed in fp32, each row of x on its own in one order, so a row's result does not depend on the other rows.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -90,50 +87,41 @@ void amx_panel(const uint16_t* x, const W* panel, float* out, int64_t K) {
   if constexpr (G > 3) _tile_stored(3, out + 768, 64);
 }
 
-// Rows m0 .. m0 + rows - 1 of x as bf16, zero-padded to whole 16-row tiles: [groups * 16, K].
-template <typename X>
-void pad_rows(const X* x, uint16_t* xpad, int64_t rows, int64_t groups, int64_t K) {
-  for (int64_t m = 0; m < rows; ++m) {
-    if constexpr (std::is_same_v<X, uint16_t>) {
-      std::memcpy(xpad + m * K, x + m * K, K * sizeof(uint16_t));
-    } else {
-      for (int64_t k = 0; k < K; k += 16) store16(xpad + m * K + k, load16(x + m * K + k));
-    }
-  }
-  std::memset(xpad + rows * K, 0, (groups * kTileRows - rows) * K * sizeof(uint16_t));
-}
-
-// Y: bf16 (uint16_t) or fp32 output; scales: per-column factors (int8 weights) or null.
-template <typename X, typename W, typename Y>
-void amx_linear(const X* x, const W* panels, const float* scales, Y* y, int64_t M, int64_t K, int64_t N) {
+// y [M, N] bf16 = x [M, K] bf16 @ W.T (times per-column scales for int8 weights). Threads take panels; each panel
+// (16 columns, 24-96 KB) stays in cache while every 64-row pass of x goes over it, so W streams from memory once
+// at any M. A row's sums do not depend on M (the batch-invariance contract of cpu_linear.cpp).
+template <typename W>
+void amx_linear(const uint16_t* x, const W* panels, const float* scales, uint16_t* y, int64_t M, int64_t K, int64_t N) {
   TORCH_CHECK(amx_ready(), "the AMX tile state is unavailable");
-  std::vector<uint16_t> storage(kAmxMaxRows * K + 32);
+  const int64_t padded = (M + kTileRows - 1) / kTileRows * kTileRows;
+  std::vector<uint16_t> storage(padded * K + 32);
   uint16_t* xpad = storage.data() + (-reinterpret_cast<uintptr_t>(storage.data()) / 2 & 31);  // 64-byte aligned
-  for (int64_t m0 = 0; m0 < M; m0 += kAmxMaxRows) {
-    const int64_t rows = std::min(M - m0, kAmxMaxRows), groups = (rows + kTileRows - 1) / kTileRows;
-    pad_rows(x + m0 * K, xpad, rows, groups, K);
-    at::parallel_for(0, N / 16, 4, [&](int64_t p0, int64_t p1) {
-      configure_tiles();
-      alignas(64) float out[kAmxMaxRows * 16];
-      for (int64_t p = p0; p < p1; ++p) {
-        const W* panel = panels + p * 16 * K;
-        switch (groups) {
-          case 1: amx_panel<1>(xpad, panel, out, K); break;
-          case 2: amx_panel<2>(xpad, panel, out, K); break;
-          case 3: amx_panel<3>(xpad, panel, out, K); break;
-          default: amx_panel<4>(xpad, panel, out, K); break;
+  std::memcpy(xpad, x, M * K * sizeof(uint16_t));
+  std::memset(xpad + M * K, 0, (padded - M) * K * sizeof(uint16_t));
+  at::parallel_for(0, N / 16, 4, [&](int64_t p0, int64_t p1) {
+    configure_tiles();
+    alignas(64) float out[kAmxMaxRows * 16];
+    for (int64_t p = p0; p < p1; ++p) {
+      const W* panel = panels + p * 16 * K;
+      const __m512 scale = scales ? _mm512_loadu_ps(scales + p * 16) : _mm512_set1_ps(1.0f);
+      for (int64_t m0 = 0; m0 < M; m0 += kAmxMaxRows) {
+        const int64_t rows = std::min(M - m0, kAmxMaxRows);
+        switch ((rows + kTileRows - 1) / kTileRows) {
+          case 1: amx_panel<1>(xpad + m0 * K, panel, out, K); break;
+          case 2: amx_panel<2>(xpad + m0 * K, panel, out, K); break;
+          case 3: amx_panel<3>(xpad + m0 * K, panel, out, K); break;
+          default: amx_panel<4>(xpad + m0 * K, panel, out, K); break;
         }
-        const __m512 scale = scales ? _mm512_loadu_ps(scales + p * 16) : _mm512_set1_ps(1.0f);
         for (int64_t m = 0; m < rows; ++m)
           store16(y + (m0 + m) * N + p * 16, _mm512_mul_ps(_mm512_load_ps(out + m * 16), scale));
       }
-      _tile_release();
-    });
-  }
+    }
+    _tile_release();
+  });
 }
 
-void check_panels(const at::Tensor& x, const at::Tensor& panels, at::ScalarType x_type, at::ScalarType w_type) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == x_type && x.is_contiguous(), "x must be contiguous ", x_type, " [M, K]");
+void check_panels(const at::Tensor& x, const at::Tensor& panels, at::ScalarType w_type) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.is_contiguous(), "x must be contiguous bf16 [M, K]");
   TORCH_CHECK(panels.dim() == 4 && panels.size(2) == 16 && panels.size(3) == 2 && panels.is_contiguous() &&
                   panels.scalar_type() == w_type, "panels must be a contiguous ", w_type, " [N/16, K/2, 16, 2] weight");
   TORCH_CHECK(panels.size(1) * 2 == x.size(1) && x.size(1) % 32 == 0, "x has ", x.size(1), " features, the weight ",
@@ -148,7 +136,7 @@ bool amx_ready() {  // Linux gives a process the AMX tile state only on request
 }
 
 at::Tensor linear_bf16_amx(const at::Tensor& x, const at::Tensor& panels) {
-  check_panels(x, panels, at::kBFloat16, at::kBFloat16);
+  check_panels(x, panels, at::kBFloat16);
   const int64_t M = x.size(0), K = x.size(1), N = panels.size(0) * 16;
   auto y = at::empty({M, N}, x.options());
   amx_linear(reinterpret_cast<const uint16_t*>(x.data_ptr()), reinterpret_cast<const uint16_t*>(panels.data_ptr()),
@@ -157,12 +145,13 @@ at::Tensor linear_bf16_amx(const at::Tensor& x, const at::Tensor& panels) {
 }
 
 at::Tensor linear_int8_amx(const at::Tensor& x, const at::Tensor& panels, const at::Tensor& scales) {
-  check_panels(x, panels, at::kFloat, at::kChar);
+  check_panels(x, panels, at::kChar);
   const int64_t M = x.size(0), K = x.size(1), N = panels.size(0) * 16;
   TORCH_CHECK(scales.scalar_type() == at::kFloat && scales.numel() == N && scales.is_contiguous(),
               "scales must be float32 [N]");
   auto y = at::empty({M, N}, x.options());
-  amx_linear(x.data_ptr<float>(), panels.data_ptr<int8_t>(), scales.data_ptr<float>(), y.data_ptr<float>(), M, K, N);
+  amx_linear(reinterpret_cast<const uint16_t*>(x.data_ptr()), panels.data_ptr<int8_t>(), scales.data_ptr<float>(),
+             reinterpret_cast<uint16_t*>(y.data_ptr()), M, K, N);
   return y;
 }
 

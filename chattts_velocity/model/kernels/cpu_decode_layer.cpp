@@ -1,18 +1,20 @@
-// One Llama decoder layer of a decode step (one new position per sequence) as a single op, for the engine's
-// bfloat16 and int8 modes on x86 CPUs with AVX-512 BF16.
+// One Llama decoder layer as a single op, for the engine's bfloat16 and int8 modes on x86 CPUs with AVX-512 BF16.
+// Every row is one position of some sequence: a decode step has one row per sequence, a prefill or recompute chunk
+// one row per position (its context_lens = position + 1). All rows' K/V are stored before any row attends, so a
+// chunk's rows see each other causally, and a row gets the same bits whether it comes in a decode step, a prefill
+// chunk or a recompute after preemption, alone or in any batch (the linears are batch-invariant, the rest per row).
 //
 //   decode_layer(x [B, H] fp32, positions [B], cos, sin [max_positions, D] fp32, norms [2, H] fp32,
-//                weights [qkv, o, gate_up, down] in the tile layout, panels (per weight: the AMX layout or None),
-//                extras (per weight: oneDNN's packed copy or None for bf16 tiles, fp32 scales for int8 tiles),
+//                weights [qkv, o, gate_up, down] in the tile or the AMX panel layout, all bf16 or all int8,
+//                scales (per weight: fp32 [N] for int8, None for bf16),
 //                k_cache, v_cache (mutated: the new K/V rows), slot_mapping [B], block_tables [B, n],
-//                context_lens [B], eps, tiles_below_rows (see linear_bf16)) -> x' [B, H] fp32
+//                context_lens [B], eps) -> x' [B, H] fp32
 //
 // Why: at batch 1-4 a compiled layer costs ~0.4 ms of Python, guards and tiny kernels on top of its weight
 // reads, ~10 ms per 20-layer step; here the glue (norms, RoPE, KV store, SiLU gate, residuals) is a few
 // vector loops and the layer is one dispatcher call.
-// Numerics are the compiled step's: residual stream, norms and RoPE in fp32, the projections' inputs and outputs
-// in bf16 (bf16 weights) or fp32 (int8 weights), q/K/V rounded to bf16 for the attention, the SiLU gate computed
-// in fp32 and rounded once.
+// Numerics: residual stream, norms and RoPE in fp32, the projections' inputs and outputs in bf16 (for int8 weights
+// too), q/K/V rounded to bf16 for the attention, the SiLU gate computed in fp32 and rounded once.
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
@@ -24,18 +26,19 @@ namespace chattts_velocity_cpu {
 namespace {
 
 struct Projection {
-  at::Tensor tiles;
-  std::optional<at::Tensor> panels;  // the AMX layout (optional)
-  std::optional<at::Tensor> extra;   // bf16: oneDNN's prepacked weight (optional); int8: fp32 scales [N]
+  at::Tensor weight;                 // the tile or AMX panel layout (see cpu_linear.cpp)
+  std::optional<at::Tensor> scales;  // int8 weights: fp32 [N]
+  int64_t out_features() const { return weight.size(2) == 16 ? weight.size(0) * 16 : weight.size(0) * 4; }
+  int64_t in_features() const { return weight.size(2) == 16 ? weight.size(1) * 2 : weight.size(1) * weight.size(3); }
 };
 
-at::Tensor project(const Projection& p, const at::Tensor& x, int64_t tiles_below_rows) {  // [M, K] -> [M, N]
-  if (p.tiles.scalar_type() == at::kChar) return linear_int8(x, p.tiles, p.panels, *p.extra, tiles_below_rows);
-  return linear_bf16(x, p.tiles, p.panels, p.extra, tiles_below_rows);
+at::Tensor project(const Projection& p, const at::Tensor& x) {  // [M, K] -> [M, N], bf16
+  if (p.weight.scalar_type() == at::kChar) return linear_int8(x, p.weight, *p.scales);
+  return linear_bf16(x, p.weight);
 }
 
 template <typename T>
-constexpr at::ScalarType act_type() {  // the projections' activations: float for int8 weights, bf16 for bf16
+constexpr at::ScalarType act_type() {  // the projections' activations (bf16 in both modes)
   return std::is_same_v<T, float> ? at::kFloat : at::kBFloat16;
 }
 
@@ -109,15 +112,15 @@ struct Step {
   at::Tensor positions, cos, sin, k_cache, v_cache, slot_mapping, block_tables, context_lens;
 };
 
-// T: the projections' activation type (uint16_t = bf16 for bf16 weights, float for int8 weights).
+// T: the projections' activation type (uint16_t = bf16).
 // x + attention(rms_norm(x)) -> out [B, H] fp32; writes the new K/V rows into the pools.
 template <typename T>
 void attention_block(const at::Tensor& x, const float* norm, const Projection& qkv_proj, const Projection& o_proj,
-                     const Step& s, float eps, int64_t tiles_below_rows, at::Tensor& out) {
+                     const Step& s, float eps, at::Tensor& out) {
   const int64_t B = x.size(0), H = x.size(1), heads = s.k_cache.size(2), D = s.k_cache.size(3);
   auto h = at::empty({B, H}, x.options().dtype(act_type<T>()));
   rms_norm(data<float>(x), norm, data<T>(h), B, H, eps);
-  const auto qkv = project(qkv_proj, h, tiles_below_rows);
+  const auto qkv = project(qkv_proj, h);
   TORCH_CHECK(qkv.size(1) == 3 * H, "weights[0] must be the fused q/k/v projection [3H, H]");
   auto q = at::empty({B, heads, D}, x.options().dtype(at::kBFloat16));
   rope_and_store(data<T>(qkv), data<int64_t>(s.positions), data<float>(s.cos), data<float>(s.sin),
@@ -125,32 +128,31 @@ void attention_block(const at::Tensor& x, const float* norm, const Projection& q
                  data<uint16_t>(s.v_cache), B, heads, D);
   const auto attended = paged_decode_attention(q, s.k_cache, s.v_cache, s.block_tables, s.context_lens,
                                                1.0 / std::sqrt(static_cast<double>(D))).view({B, H});
-  const auto o = project(o_proj, attended.to(act_type<T>()), tiles_below_rows);  // no copy for bf16
+  const auto o = project(o_proj, attended.to(act_type<T>()));  // no copy for bf16
   add_rows(data<float>(x), data<T>(o), data<float>(out), B * H);
 }
 
 // out += mlp(rms_norm(out)), in place.
 template <typename T>
 void mlp_block(at::Tensor& out, const float* norm, const Projection& gate_up_proj, const Projection& down_proj,
-               float eps, int64_t tiles_below_rows) {
-  const int64_t B = out.size(0), H = out.size(1), I = down_proj.tiles.size(1) * down_proj.tiles.size(3);
+               float eps) {
+  const int64_t B = out.size(0), H = out.size(1), I = down_proj.in_features();
   const auto act = out.options().dtype(act_type<T>());
   auto h = at::empty({B, H}, act);
   rms_norm(data<float>(out), norm, data<T>(h), B, H, eps);
-  const auto gate_up = project(gate_up_proj, h, tiles_below_rows);
+  const auto gate_up = project(gate_up_proj, h);
   TORCH_CHECK(gate_up.size(1) == 2 * I, "weights[2] must be the fused gate/up projection [2I, H]");
   auto gated = at::empty({B, I}, act);
   silu_gate(data<T>(gate_up), data<T>(gated), B, I);
-  const auto down = project(down_proj, gated, tiles_below_rows);
+  const auto down = project(down_proj, gated);
   add_rows(data<float>(out), data<T>(down), data<float>(out), B * H);
 }
 
 template <typename T>
-at::Tensor layer(const at::Tensor& x, const float* norms, const Projection (&w)[4], const Step& s, float eps,
-                 int64_t tiles_below_rows) {
+at::Tensor layer(const at::Tensor& x, const float* norms, const Projection (&w)[4], const Step& s, float eps) {
   auto out = at::empty_like(x);
-  attention_block<T>(x, norms, w[0], w[1], s, eps, tiles_below_rows, out);
-  mlp_block<T>(out, norms + x.size(1), w[2], w[3], eps, tiles_below_rows);
+  attention_block<T>(x, norms, w[0], w[1], s, eps, out);
+  mlp_block<T>(out, norms + x.size(1), w[2], w[3], eps);
   return out;
 }
 
@@ -180,24 +182,21 @@ void check_step(const at::Tensor& x, const Step& s, const at::Tensor& norms) {
 }
 
 at::Tensor decode_layer(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& cos, const at::Tensor& sin,
-                        const at::Tensor& norms, at::TensorList weights, const c10::List<std::optional<at::Tensor>>& panels,
-                        const c10::List<std::optional<at::Tensor>>& extras,
+                        const at::Tensor& norms, at::TensorList weights,
+                        const c10::List<std::optional<at::Tensor>>& scales,
                         at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& slot_mapping,
-                        const at::Tensor& block_tables, const at::Tensor& context_lens, double eps,
-                        int64_t tiles_below_rows) {
-  TORCH_CHECK(weights.size() == 4 && panels.size() == 4 && extras.size() == 4,
-              "weights, panels and extras: one each for qkv, o, gate_up, down");
+                        const at::Tensor& block_tables, const at::Tensor& context_lens, double eps) {
+  TORCH_CHECK(weights.size() == 4 && scales.size() == 4, "weights and scales: one each for qkv, o, gate_up, down");
   const Step step{positions, cos, sin, k_cache, v_cache, slot_mapping, block_tables, context_lens};
   check_step(x, step, norms);
   Projection w[4];
-  for (size_t i = 0; i < 4; ++i) w[i] = {weights[i], panels.get(i), extras.get(i)};
-  const bool int8 = w[0].tiles.scalar_type() == at::kChar;
+  for (size_t i = 0; i < 4; ++i) w[i] = {weights[i], scales.get(i)};
+  const bool int8 = w[0].weight.scalar_type() == at::kChar;
   for (const auto& p : w) {
-    TORCH_CHECK(p.tiles.scalar_type() == (int8 ? at::kChar : at::kBFloat16), "weights must be all bf16 or all int8");
-    TORCH_CHECK(!int8 || p.extra.has_value(), "int8 weights need their scales in extras");
+    TORCH_CHECK(p.weight.scalar_type() == (int8 ? at::kChar : at::kBFloat16), "weights must be all bf16 or all int8");
+    TORCH_CHECK(!int8 || p.scales.has_value(), "int8 weights need their scales");
   }
-  if (int8) return layer<float>(x, data<float>(norms), w, step, static_cast<float>(eps), tiles_below_rows);
-  return layer<uint16_t>(x, data<float>(norms), w, step, static_cast<float>(eps), tiles_below_rows);
+  return layer<uint16_t>(x, data<float>(norms), w, step, static_cast<float>(eps));
 }
 
 }  // namespace
@@ -205,15 +204,11 @@ at::Tensor decode_layer(const at::Tensor& x, const at::Tensor& positions, const 
 
 TORCH_LIBRARY_FRAGMENT(chattts_velocity_cpu, m) {
   m.def("decode_layer(Tensor x, Tensor positions, Tensor cos, Tensor sin, Tensor norms, Tensor[] weights, "
-        "Tensor?[] panels, Tensor?[] extras, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor slot_mapping, Tensor block_tables, "
-        "Tensor context_lens, float eps, int tiles_below_rows) -> Tensor");
+        "Tensor?[] scales, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor slot_mapping, Tensor block_tables, "
+        "Tensor context_lens, float eps) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(chattts_velocity_cpu, CPU, m) {
   m.impl("decode_layer", &chattts_velocity_cpu::decode_layer);
 }
 
-// oneDNN's prepacked weights (extras) are MkldnnCPU tensors, which put the call under that dispatch key.
-TORCH_LIBRARY_IMPL(chattts_velocity_cpu, MkldnnCPU, m) {
-  m.impl("decode_layer", &chattts_velocity_cpu::decode_layer);
-}

@@ -10,13 +10,11 @@
 
 namespace chattts_velocity_cpu {
 
-// cpu_linear.cpp: y = x @ W.T with W in the tile layout (see there).
-at::Tensor linear_bf16(const at::Tensor& x, const at::Tensor& tiles, const std::optional<at::Tensor>& panels,
-                       const std::optional<at::Tensor>& onednn, int64_t tiles_below_rows);
-at::Tensor linear_int8(const at::Tensor& x, const at::Tensor& tiles, const std::optional<at::Tensor>& panels,
-                       const at::Tensor& scales, int64_t tiles_below_rows);
+// cpu_linear.cpp: y = x @ W.T with W in the tile layout or the AMX panel layout (see there).
+at::Tensor linear_bf16(const at::Tensor& x, const at::Tensor& weight);
+at::Tensor linear_int8(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& scales);
 
-// cpu_amx.cpp: y = x @ W.T with W in the AMX panel layout, for up to kAmxMaxRows rows per pass over W.
+// cpu_amx.cpp: y = x @ W.T with W in the AMX panel layout (x and y bf16), up to kAmxMaxRows rows per pass.
 constexpr int64_t kAmxMaxRows = 64;
 bool amx_ready();
 at::Tensor linear_bf16_amx(const at::Tensor& x, const at::Tensor& panels);

@@ -1,23 +1,21 @@
-// Memory-bound linears for decode on x86 CPUs with AVX-512 BF16: y = x @ W.T for a few rows of x.
+// Linears for the CPU engine on x86 CPUs with AVX-512 BF16: y = x @ W.T, x and y bf16, products summed in fp32.
 //
-// A decode step reads every weight once per step, so its time is the weight bytes over the memory bandwidth.
-// oneDNN's bf16 kernel reaches about 60 % of that bandwidth; these kernels read the weight as one sequential
-// stream (the "tile" layout below) and reach 85-95 % at 1-4 rows; cpu_amx.cpp does the same for 5-64 rows.
+// Batch invariance (the seed contract): a row's result never depends on how many rows come with it. Each row has
+// its own accumulators summed in one fixed order at every M, and the kernel is chosen by the weight's layout only
+// (never by M): the AMX panel kernel (cpu_amx.cpp) where the CPU has AMX, else the tile kernel here. Prefill,
+// decode and recompute after preemption therefore give a row the same bits.
 //
 // Tile layout of W [N, K]: [N / 4, K / C, 4, C] (C = 32 for bf16, 16 for int8), i.e. for every group of
-// 4 output rows the C-wide column chunks of those rows follow each other in memory.
+// 4 output rows the C-wide column chunks of those rows follow each other in memory. Threads take blocks of
+// kBlockTiles tiles and pass all rows of x over a block while it is in cache, so W streams from memory once per
+// call at any M (one row: 85-95 % of the memory bandwidth, where oneDNN reaches about 60 %).
 //
-// Ops (schema in TORCH_LIBRARY below), x [M, K] -> y [M, N]:
-//   linear_bf16(x, tiles, panels, onednn, tiles_below_rows): x and y bf16, products summed in fp32.
-//     Rows are done 4 at a time, unless M >= tiles_below_rows > 0: then the whole batch goes to the AMX panel
-//     kernel (`panels`, up to 64 rows) or else to oneDNN's prepacked kernel (`onednn`).
-//   linear_int8(x, tiles, panels, scales, tiles_below_rows): weight-only int8 (per-output-row scales), x and y
-//     float32; from tiles_below_rows > 0 rows on, the AMX panel kernel when `panels` is given.
-// Each row of x has its own accumulators summed in a fixed order, so the tile and AMX kernels' results do not
-// depend on the other rows in the batch (oneDNN's may).
+// Ops (schema in TORCH_LIBRARY below), x [M, K] bf16 -> y [M, N] bf16:
+//   linear_bf16(x, weight): weight in the tile layout, or in the AMX panel layout (kernels.to_panels) on AMX CPUs.
+//   linear_int8(x, weight, scales): weight-only int8 with per-output-row scales, either layout. The int8 values
+//     become bf16 exactly, so the arithmetic is linear_bf16's, then the fp32 sum is scaled and rounded once.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
-#include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
 #include "cpu_kernels.h"
@@ -27,10 +25,14 @@ namespace {
 
 constexpr int64_t kRows = 4;    // output rows per tile
 constexpr int64_t kPrefetch = 4096;  // bytes ahead of the stream
+constexpr int64_t kBlockTiles = 8;  // tiles per cache-resident weight block (32 outputs, 48-192 KB of bf16)
 
+// Rows x[0, M) times `tiles` consecutive weight tiles from w: y[m * N + 4 t + r] = (scales[4 t + r] *) the sum.
+// Every row has its own accumulators and the same summation order whatever M is (the batch-invariance contract).
 template <int M>
-void bf16_tiles(const uint16_t* x, const uint16_t* w, at::BFloat16* y, int64_t K, int64_t N, int64_t t0, int64_t t1) {
-  for (int64_t t = t0; t < t1; ++t) {
+void bf16_tiles(const uint16_t* x, const uint16_t* w, const float* scales, at::BFloat16* y, int64_t K, int64_t N,
+                int64_t tiles) {
+  for (int64_t t = 0; t < tiles; ++t) {
     const uint16_t* wt = w + t * kRows * K;
     __m512 acc[M][kRows];
     for (int m = 0; m < M; ++m)
@@ -49,123 +51,102 @@ void bf16_tiles(const uint16_t* x, const uint16_t* w, at::BFloat16* y, int64_t K
       }
     }
     for (int m = 0; m < M; ++m)
-      for (int r = 0; r < kRows; ++r) y[m * N + t * kRows + r] = at::BFloat16(_mm512_reduce_add_ps(acc[m][r]));
+      for (int r = 0; r < kRows; ++r) {
+        const float sum = _mm512_reduce_add_ps(acc[m][r]);
+        y[m * N + t * kRows + r] = at::BFloat16(scales ? scales[t * kRows + r] * sum : sum);
+      }
   }
 }
 
-template <int M>
-void int8_tiles(const float* x, const int8_t* w, const float* scales, float* y, int64_t K, int64_t N, int64_t t0,
-                int64_t t1) {
-  for (int64_t t = t0; t < t1; ++t) {
-    const int8_t* wt = w + t * kRows * K;
-    __m512 acc[M][kRows];
-    for (int m = 0; m < M; ++m)
-      for (int r = 0; r < kRows; ++r) acc[m][r] = _mm512_setzero_ps();
-    for (int64_t k = 0; k < K; k += 16, wt += 16 * kRows) {
-      _mm_prefetch(reinterpret_cast<const char*>(wt) + kPrefetch, _MM_HINT_T0);
-      __m512 wv[kRows];
-      for (int r = 0; r < kRows; ++r)
-        wv[r] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wt + 16 * r))));
-      for (int m = 0; m < M; ++m) {
-        __m512 xv = _mm512_loadu_ps(x + m * K + k);
-        for (int r = 0; r < kRows; ++r) acc[m][r] = _mm512_fmadd_ps(xv, wv[r], acc[m][r]);
+// One tile block of int8 weights [tiles, K/16, 4, 16] as bf16 in the bf16 tile layout [tiles, K/32, 4, 32] (exact:
+// |q| <= 127), so int8 weights go through bf16_tiles and share its arithmetic.
+void int8_block_to_bf16(const int8_t* w, uint16_t* out, int64_t K, int64_t tiles) {
+  for (int64_t t = 0; t < tiles; ++t, w += kRows * K, out += kRows * K)
+    for (int64_t k = 0; k < K; k += 32) {
+      const int8_t* lo = w + k * kRows;  // chunk k/16 of the 4 rows, then chunk k/16 + 1
+      for (int r = 0; r < kRows; ++r) {
+        const __m512 a = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(lo + 16 * r))));
+        const __m512 b = _mm512_cvtepi32_ps(
+            _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(lo + 16 * kRows + 16 * r))));
+        _mm512_storeu_si512(out + k * kRows + 32 * r, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(b, a)));
       }
     }
-    for (int m = 0; m < M; ++m)
-      for (int r = 0; r < kRows; ++r) {
-        const int64_t n = t * kRows + r;
-        y[m * N + n] = scales[n] * _mm512_reduce_add_ps(acc[m][r]);
-      }
-  }
 }
 
-// Runs kernel<rows>(first_row, tile_begin, tile_end) over all rows of x in groups of up to 4, the tiles split
-// across threads. Each group reads the whole weight once.
-template <typename Kernel>
-void over_row_groups(int64_t M, int64_t tiles, Kernel kernel) {
+// All M rows of x times tiles [0, n) of a weight block, 4 rows at a time (the block stays in cache meanwhile).
+void rows_times_block(const uint16_t* x, int64_t M, const uint16_t* w, const float* scales, at::BFloat16* y, int64_t K,
+                      int64_t N, int64_t n) {
   for (int64_t m0 = 0; m0 < M; m0 += 4) {
-    const int64_t rows = std::min<int64_t>(4, M - m0);
-    at::parallel_for(0, tiles, 16, [&](int64_t t0, int64_t t1) { kernel(m0, rows, t0, t1); });
+    const uint16_t* xm = x + m0 * K;
+    at::BFloat16* ym = y + m0 * N;
+    switch (std::min<int64_t>(4, M - m0)) {
+      case 1: bf16_tiles<1>(xm, w, scales, ym, K, N, n); break;
+      case 2: bf16_tiles<2>(xm, w, scales, ym, K, N, n); break;
+      case 3: bf16_tiles<3>(xm, w, scales, ym, K, N, n); break;
+      default: bf16_tiles<4>(xm, w, scales, ym, K, N, n); break;
+    }
   }
 }
 
-void check_inputs(const at::Tensor& x, const at::Tensor& tiles, int64_t chunk, at::ScalarType dtype) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == dtype, "x must be ", dtype, " [M, K]");
+// y [M, N] bf16 = x [M, K] bf16 @ W.T, W in bf16 or int8 tiles (then times scales). The weight streams from memory
+// once per call: threads take blocks of kBlockTiles tiles and pass every row of x over a block before the next.
+at::Tensor tiles_linear(const at::Tensor& x, const at::Tensor& tiles, const float* scales) {
+  const int64_t M = x.size(0), K = x.size(1), num_tiles = tiles.size(0), N = num_tiles * kRows;
+  const bool int8 = tiles.scalar_type() == at::kChar;
+  auto xb = x.contiguous();
+  auto y = at::empty({M, N}, x.options());
+  const auto* xp = reinterpret_cast<const uint16_t*>(xb.data_ptr());
+  auto* yp = y.data_ptr<at::BFloat16>();
+  at::parallel_for(0, num_tiles, kBlockTiles, [&](int64_t t0, int64_t t1) {
+    std::vector<uint16_t> buffer(int8 ? kBlockTiles * kRows * K : 0);
+    for (int64_t b0 = t0; b0 < t1; b0 += kBlockTiles) {
+      const int64_t n = std::min(kBlockTiles, t1 - b0);
+      const uint16_t* w = reinterpret_cast<const uint16_t*>(tiles.data_ptr()) + b0 * kRows * K;
+      if (int8) {
+        int8_block_to_bf16(tiles.data_ptr<int8_t>() + b0 * kRows * K, buffer.data(), K, n);
+        w = buffer.data();
+      }
+      rows_times_block(xp, M, w, scales ? scales + b0 * kRows : nullptr, yp + b0 * kRows, K, N, n);
+    }
+  });
+  return y;
+}
+
+bool is_panels(const at::Tensor& weight) {  // the AMX layout [N/16, K/2, 16, 2], else the tiles [N/4, K/C, 4, C]
+  return weight.dim() == 4 && weight.size(2) == 16 && weight.size(3) == 2;
+}
+
+void check_inputs(const at::Tensor& x, const at::Tensor& tiles, int64_t chunk) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16, "x must be bf16 [M, K]");
   TORCH_CHECK(tiles.dim() == 4 && tiles.size(2) == kRows && tiles.size(3) == chunk && tiles.is_contiguous(),
               "tiles must be a contiguous [N/4, K/", chunk, ", 4, ", chunk, "] weight");
   TORCH_CHECK(tiles.size(1) * chunk == x.size(1), "x has ", x.size(1), " features, the weight ", tiles.size(1) * chunk);
 }
 
-at::Tensor onednn_linear(const at::Tensor& x, const at::Tensor& packed) {
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("mkldnn::_linear_pointwise", "")
-                       .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
-                                         c10::string_view, c10::List<std::optional<at::Scalar>>,
-                                         std::optional<c10::string_view>)>();
-  return op.call(x, packed, std::nullopt, "none", c10::List<std::optional<at::Scalar>>(), c10::string_view(""));
-}
-
 }  // namespace
 
-at::Tensor linear_bf16(const at::Tensor& x, const at::Tensor& tiles, const std::optional<at::Tensor>& panels,
-                       const std::optional<at::Tensor>& onednn, int64_t tiles_below_rows) {
-  check_inputs(x, tiles, 32, at::kBFloat16);
-  TORCH_CHECK(tiles.scalar_type() == at::kBFloat16, "tiles must be bfloat16");
-  const int64_t M = x.size(0), K = x.size(1), N = tiles.size(0) * kRows;
-  auto xb = x.contiguous();
-  if (tiles_below_rows > 0 && M >= tiles_below_rows) {
-    if (panels.has_value() && (M <= kAmxMaxRows || !onednn.has_value())) return linear_bf16_amx(xb, *panels);
-    if (onednn.has_value()) return onednn_linear(xb, *onednn);
-  }
-  auto y = at::empty({M, N}, x.options());
-  auto xp = reinterpret_cast<const uint16_t*>(xb.data_ptr());
-  auto wp = reinterpret_cast<const uint16_t*>(tiles.data_ptr());
-  auto yp = y.data_ptr<at::BFloat16>();
-  over_row_groups(M, tiles.size(0), [&](int64_t m0, int64_t rows, int64_t t0, int64_t t1) {
-    const uint16_t* xm = xp + m0 * K;
-    at::BFloat16* ym = yp + m0 * N;
-    switch (rows) {
-      case 1: bf16_tiles<1>(xm, wp, ym, K, N, t0, t1); break;
-      case 2: bf16_tiles<2>(xm, wp, ym, K, N, t0, t1); break;
-      case 3: bf16_tiles<3>(xm, wp, ym, K, N, t0, t1); break;
-      default: bf16_tiles<4>(xm, wp, ym, K, N, t0, t1); break;
-    }
-  });
-  return y;
+at::Tensor linear_bf16(const at::Tensor& x, const at::Tensor& weight) {
+  TORCH_CHECK(weight.scalar_type() == at::kBFloat16, "weight must be bfloat16");
+  if (is_panels(weight)) return linear_bf16_amx(x.contiguous(), weight);
+  check_inputs(x, weight, 32);
+  return tiles_linear(x, weight, nullptr);
 }
 
-at::Tensor linear_int8(const at::Tensor& x, const at::Tensor& tiles, const std::optional<at::Tensor>& panels,
-                       const at::Tensor& scales, int64_t tiles_below_rows) {
-  check_inputs(x, tiles, 16, at::kFloat);
-  TORCH_CHECK(tiles.scalar_type() == at::kChar, "tiles must be int8");
-  const int64_t M = x.size(0), K = x.size(1), N = tiles.size(0) * kRows;
+at::Tensor linear_int8(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& scales) {
+  TORCH_CHECK(weight.scalar_type() == at::kChar, "weight must be int8");
+  const int64_t N = is_panels(weight) ? weight.size(0) * 16 : weight.size(0) * kRows;
   TORCH_CHECK(scales.scalar_type() == at::kFloat && scales.numel() == N && scales.is_contiguous(),
               "scales must be float32 [N]");
-  auto xc = x.contiguous();
-  if (panels.has_value() && tiles_below_rows > 0 && M >= tiles_below_rows) return linear_int8_amx(xc, *panels, scales);
-  auto y = at::empty({M, N}, x.options());
-  auto xp = xc.data_ptr<float>();
-  auto wp = tiles.data_ptr<int8_t>();
-  auto sp = scales.data_ptr<float>();
-  auto yp = y.data_ptr<float>();
-  over_row_groups(M, tiles.size(0), [&](int64_t m0, int64_t rows, int64_t t0, int64_t t1) {
-    const float* xm = xp + m0 * K;
-    float* ym = yp + m0 * N;
-    switch (rows) {
-      case 1: int8_tiles<1>(xm, wp, sp, ym, K, N, t0, t1); break;
-      case 2: int8_tiles<2>(xm, wp, sp, ym, K, N, t0, t1); break;
-      case 3: int8_tiles<3>(xm, wp, sp, ym, K, N, t0, t1); break;
-      default: int8_tiles<4>(xm, wp, sp, ym, K, N, t0, t1); break;
-    }
-  });
-  return y;
+  if (is_panels(weight)) return linear_int8_amx(x.contiguous(), weight, scales);
+  check_inputs(x, weight, 16);
+  return tiles_linear(x, weight, scales.data_ptr<float>());
 }
 
 }  // namespace chattts_velocity_cpu
 
 TORCH_LIBRARY(chattts_velocity_cpu, m) {
-  m.def("linear_bf16(Tensor x, Tensor tiles, Tensor? panels, Tensor? onednn, int tiles_below_rows) -> Tensor");
-  m.def("linear_int8(Tensor x, Tensor tiles, Tensor? panels, Tensor scales, int tiles_below_rows) -> Tensor");
+  m.def("linear_bf16(Tensor x, Tensor weight) -> Tensor");
+  m.def("linear_int8(Tensor x, Tensor weight, Tensor scales) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(chattts_velocity_cpu, CPU, m) {
@@ -173,7 +154,3 @@ TORCH_LIBRARY_IMPL(chattts_velocity_cpu, CPU, m) {
   m.impl("linear_int8", &chattts_velocity_cpu::linear_int8);
 }
 
-// oneDNN's prepacked weight is an MkldnnCPU tensor, which puts calls that carry it under that dispatch key.
-TORCH_LIBRARY_IMPL(chattts_velocity_cpu, MkldnnCPU, m) {
-  m.impl("linear_bf16", &chattts_velocity_cpu::linear_bf16);
-}
