@@ -74,11 +74,13 @@ def cmd_export(args: argparse.Namespace) -> None:
     from ..text.voices import VoiceLibrary
 
     plan = plan_export(args.input, args.output_dir, seed=args.seed, speaker=args.speaker or None, params=params,
-                       voice=args.voice, voices=VoiceLibrary(args.voices) if args.voices else None)
+                       voice=args.voice, voices=VoiceLibrary(args.voices) if args.voices else None,
+                       loudness=args.loudness)
     plan.timestamps = args.timestamps
     signal.signal(signal.SIGTERM, _interrupt)  # a kill ends like Ctrl-C: finished lines stay on record
-    if args.ray and args.timestamps:
-        raise SystemExit("--timestamps: not available with --ray yet; run the export on this machine")
+    for flag, given in (("--timestamps", args.timestamps), ("--loudness", args.loudness is not None)):
+        if args.ray and given:
+            raise SystemExit(f"{flag}: not available with --ray yet; run the export on this machine")
     if args.ray:
         _export_with_ray(args, plan, params)
     else:
@@ -164,6 +166,8 @@ def _add_export(sub) -> None:
                    help=f"steps per sentence (default 2048; {DEMO_MAX_NEW_TOKEN} for demo)")
     p.add_argument("--timestamps", action="store_true",
                    help="also write each WAV's sentence spans to NAME.timestamps.json ([{text, start, end}], seconds)")
+    p.add_argument("--loudness", type=float, default=None, metavar="LUFS",
+                   help="normalise every WAV to this integrated loudness (e.g. -16; peak-limited, length unchanged)")
     _add_export_ray_flags(p)
     p.set_defaults(func=cmd_export)
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..audio.formats import WAV
+from ..audio.loudness import check_loudness
 from ..params import InferCodeParams
 from ..schema import check_sampling
 from ..text import decode_spk_emb
@@ -56,6 +57,11 @@ class ExportPlan:
     @property
     def todo(self) -> list[ExportLine]:
         return [line for line in self.lines if line.status == "pending"]
+
+    @property
+    def loudness(self) -> float | None:
+        """The LUFS target every WAV is normalised to, or None (part of the request hashes via meta["params"])."""
+        return self.meta["params"].get("loudness")
 
     def clip_params(self, line: ExportLine) -> dict:
         """The line's audio prompt (InferCodeParams spk_smp / txt_smp) when its voice is a cloned clip."""
@@ -106,13 +112,14 @@ def read_input(path: str | Path) -> tuple[list[tuple[int, str]], bool]:
 
 def plan_export(input_path: str | Path, out_dir: str | Path, seed: int | None = None,
                 speaker: str | None = None, params: InferCodeParams | None = None, voice: str | None = None,
-                voices: VoiceLibrary | None = None) -> ExportPlan:
+                voices: VoiceLibrary | None = None, loudness: float | None = None) -> ExportPlan:
     """Parse and name every line, skip the outputs an earlier run made for the same request, fix seeds.
 
     With `seed` S, line k uses S + k - 1 unless it gives its own; without, each line to run draws a
     random seed (recorded in the manifest). `voice` names a saved voice of `voices` (None: the default library)
     for lines without their own speaker or voice. `params` is the sampling template the run will use (part of each
-    line's request hash). Bad lines get status "error"; a bad argument raises ValueError.
+    line's request hash), and so is `loudness`, the LUFS target every WAV is normalised to (None: as generated).
+    Bad lines get status "error"; a bad argument raises ValueError.
     """
     widths: dict[str, int] = {}
     if speaker is not None and voice is not None:
@@ -121,9 +128,11 @@ def plan_export(input_path: str | Path, out_dir: str | Path, seed: int | None = 
         _check_seed(seed, "seed")
     if speaker is not None:
         _speaker_width(speaker, widths)
+    record = params_record(params or InferCodeParams())
+    if loudness is not None:
+        record["loudness"] = check_loudness(loudness)
     rows, jsonl = read_input(input_path)
-    plan = ExportPlan(str(input_path), Path(out_dir), [], widths, {"params": params_record(params or
-                                                                                           InferCodeParams())})
+    plan = ExportPlan(str(input_path), Path(out_dir), [], widths, {"params": record})
     plan.lines = [_parse(n, raw, jsonl, speaker, plan) for n, raw in rows]
     resolve_voices(plan, voice, voices)
     _reject_duplicates(plan.lines)

@@ -11,6 +11,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from ..audio import Spoken, write_wav
+from ..audio.loudness import normalize_loudness
 from ..audio.wav import SAMPLE_RATE
 from ..params import InferCodeParams
 from ..text.voices import VoiceLibrary
@@ -113,6 +114,8 @@ def _save(plan: ExportPlan, line: ExportLine, result: np.ndarray | Spoken, log: 
     wav = result.wav if isinstance(result, Spoken) else result
     if len(wav) == 0:
         return _fail(line, "the model produced no audio (it stopped at the first step); try another seed", log)
+    if plan.loudness is not None:
+        wav = normalize_loudness(wav, plan.loudness)  # a gain only: the length and the timestamps hold
     try:
         replace_atomically(plan.out_dir / line.output, lambda tmp: write_wav(tmp, wav))
         if isinstance(result, Spoken):
