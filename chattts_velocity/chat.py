@@ -58,12 +58,14 @@ class Chat:
         verify: bool = True,
         dtype: str = "float32",
         decode_dtype: str | None = None,
+        kv_cache_dtype: str = "auto",
         **engine_kwargs,
     ) -> bool:
         """Find, verify and load the assets. `verify=False` is the explicit opt-out for custom weights.
 
         `decode_dtype` ("bfloat16" or "float32") is the Decoder's and Vocos's precision; None: bfloat16 on CUDA or
-        with a bf16/int8 GPT, else exact float32.
+        with a bf16/int8 GPT, else exact float32. `kv_cache_dtype` "int8" halves the KV cache's bytes (one fp32
+        scale per position and head; the cpu backend with dtype "bfloat16" or "int8" only).
 
         `coef`, `use_flash_attn` and `experimental` are accepted for upstream compatibility; coef is a
         no-op upstream too (each file's stored coef wins). Extra keyword arguments go to EngineConfig.
@@ -76,7 +78,8 @@ class Chat:
         device = str(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.paths = paths
         self.device = torch.device(device)
-        self._load_kwargs = dict(device=device, dtype=dtype, compile=compile, **engine_kwargs)
+        self._load_kwargs = dict(device=device, dtype=dtype, compile=compile, kv_cache_dtype=kv_cache_dtype,
+                                 **engine_kwargs)
         self.tokenizer = text.Tokenizer(paths.tokenizer_dir)
         self.dvae = audio.DVAE.from_state_dict(audio.load_safetensors(paths.dvae)).to(self.device).eval()
         self.decoder = audio.Decoder.from_state_dict(audio.load_safetensors(paths.decoder)).to(self.device).eval()

@@ -65,6 +65,7 @@ def _checked(path: Path, name: str, value: object, kind: str) -> int | float:
 
 
 BACKENDS = ("auto", "torch", "cpu", "triton")
+KV_CACHE_DTYPES = ("auto", "int8")
 
 
 @dataclass
@@ -81,6 +82,7 @@ class EngineConfig:
     device: str = "cpu"
     dtype: str = "float32"  # "float32" (exact), "bfloat16" (fast), "int8" (dynamic quantised linears)
     backend: str = "auto"  # decode backend: "auto", "torch", "cpu" or "triton" (engine/backends.py)
+    kv_cache_dtype: str = "auto"  # "auto": the weights' dtype; "int8": one fp32 scale per (slot, head), cpu backend
     compile: bool = False  # torch.compile the decode step (torch backend)
     num_threads: int | None = None
     seed: int = 0  # seeds the generator that picks seeds for unseeded requests
@@ -94,6 +96,16 @@ class EngineConfig:
             raise ValueError(f"dtype: must be float32, bfloat16, float16 or int8, got {self.dtype!r}")
         if self.backend not in BACKENDS:
             raise ValueError(f"backend: must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
+        self._check_kv_cache_dtype()
+
+    def _check_kv_cache_dtype(self) -> None:
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype: must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}")
+        cpu_backend = self.device.split(":")[0] == "cpu" and self.backend in ("auto", "cpu")
+        if self.kv_cache_dtype == "int8" and not (cpu_backend and self.dtype in ("bfloat16", "int8")):
+            raise ValueError("kv_cache_dtype: 'int8' runs only on the cpu backend (device 'cpu', backend 'auto' or "
+                             f"'cpu', dtype 'bfloat16' or 'int8'), got device={self.device!r}, backend={self.backend!r},"
+                             f" dtype={self.dtype!r}")
 
     @classmethod
     def from_kwargs(cls, **kwargs) -> "EngineConfig":

@@ -136,8 +136,8 @@ class CpuBackend:
 def cpu_unavailable(model: ChatTTSLlama, kv: PagedKV) -> str | None:
     """Why the cpu backend cannot run this engine, or None when it can."""
     kv_dtype = kv.pairs[0][0].dtype
-    if kv_dtype != torch.bfloat16:
-        return f"its fused C++ layers need a bfloat16 KV cache (dtype 'bfloat16' or 'int8'), this one is {kv_dtype}"
+    if kv_dtype not in (torch.bfloat16, torch.int8):
+        return f"its fused C++ layers need a bfloat16 or int8 KV cache (dtype 'bfloat16' or 'int8'), this one is {kv_dtype}"
     return fused_unavailable(model)
 
 
@@ -168,6 +168,8 @@ def select_backend(config: EngineConfig, model: ChatTTSLlama, kv: PagedKV, act_d
             return CpuBackend(model, kv)
         if choice == "cpu":
             raise ValueError(f"backend: 'cpu' cannot run here: {reason}; use backend='torch' or 'auto'")
+        if kv.pairs[0][0].dtype == torch.int8:  # no other backend reads int8 pools
+            raise ValueError(f"kv_cache_dtype: 'int8' needs the cpu backend, which cannot run here: {reason}")
     if config.compile:
         return CompiledTorchBackend(model, kv, act_dtype)
     return TorchBackend(model, kv)

@@ -45,20 +45,24 @@ def load_pretrained(
     device: str = "cpu",
     dtype: str = "float32",
     compile: bool = False,
+    kv_cache_dtype: str = "auto",
     **engine_kwargs,
 ) -> GPTBackend:
     """Load the GPT + Embed from an asset folder.
 
     is_vllm=False -> `PlainGPT`: transformers `LlamaModel` and upstream's batched loop (the baseline).
     is_vllm=True  -> `LLM`: the velocity engine (paged KV cache, continuous batching, per-request sampling).
+    dtype, compile, kv_cache_dtype and engine_kwargs are EngineConfig fields (velocity engine only).
     """
     paths = assets if isinstance(assets, AssetPaths) else AssetPaths.from_root(assets)
     if is_vllm:
         from .llm import LLM
 
-        return LLM.from_assets(paths, device=device, dtype=dtype, compile=compile, **engine_kwargs)
-    if dtype != "float32" or engine_kwargs:
-        extra = sorted(engine_kwargs) + ([f"dtype={dtype}"] if dtype != "float32" else [])
+        return LLM.from_assets(paths, device=device, dtype=dtype, compile=compile, kv_cache_dtype=kv_cache_dtype,
+                               **engine_kwargs)
+    if dtype != "float32" or kv_cache_dtype != "auto" or engine_kwargs:
+        extra = (sorted(engine_kwargs) + ([f"dtype={dtype}"] if dtype != "float32" else [])
+                 + ([f"kv_cache_dtype={kv_cache_dtype}"] if kv_cache_dtype != "auto" else []))
         raise ValueError(f"load_pretrained: {extra} only apply to the velocity engine (is_vllm=True)")
     from .plain import PlainGPT
 

@@ -59,6 +59,8 @@ class LLMEngine:
             engine_config = dataclasses.replace(engine_config, max_model_len=config.max_position_embeddings)
         self.config, self.engine_config = config, engine_config
         kv_dtype, pack_mode = PRECISIONS[engine_config.dtype]
+        if engine_config.kv_cache_dtype == "int8":  # EngineConfig allows it with the cpu backend's precisions only
+            kv_dtype = torch.int8
         if pack_mode is not None:
             model.pack_linears(pack_mode)
         num_blocks = kv_cache_blocks(config, engine_config, kv_dtype)

@@ -2,7 +2,8 @@
 
 In: packed q/k/v rows of the new positions of one step `[N_new, heads, head_dim]`. Out: `[N_new, heads, head_dim]`.
 KV pool layout: per layer a (K, V) pair of tensors `[num_blocks, block_size, num_heads, head_dim]`
-(allocate_kv_pairs); pool slot s = block * block_size + offset.
+(allocate_kv_pairs); pool slot s = block * block_size + offset. int8 pools (EngineConfig.kv_cache_dtype) hold one
+scale per (slot, head) inside the row: `[..., head_dim + KV_SCALE_BYTES]`, see quantize_kv.
 """
 from __future__ import annotations
 
@@ -113,6 +114,43 @@ def _attention_mask(q_t: torch.Tensor, k_t: torch.Tensor, max_q: int, max_k: int
     return mask.unsqueeze(1)
 
 
+# int8 pools: a (slot, head) row is head_dim int8 values q, then the 4 bytes of its fp32 scale; value = q * scale,
+# scale = absmax / 127 (symmetric). Keeping the scale in the row keeps a pool one tensor, so every (K, V) consumer
+# and the C++ kernels (cpu_kernels.h, the same layout) take int8 pools through the bf16 pools' signatures.
+KV_SCALE_BYTES = 4
+
+
+def kv_row_size(head_dim: int, dtype: torch.dtype) -> int:
+    """Last dimension of a pool of `dtype`: head_dim, plus the scale's bytes for int8."""
+    return head_dim + KV_SCALE_BYTES if dtype == torch.int8 else head_dim
+
+
+def kv_compute_dtype(cache: torch.Tensor) -> torch.dtype:
+    """The dtype queries are cast to before attending over `cache` (bf16 for int8 pools, as the C++ kernel takes)."""
+    return torch.bfloat16 if cache.dtype == torch.int8 else cache.dtype
+
+
+def quantize_kv(x: torch.Tensor) -> torch.Tensor:
+    """x [..., head_dim] -> int8 rows [..., head_dim + 4]: round-half-even(x / scale), then scale's bytes.
+
+    scale = absmax / 127 in fp32 (0 for an all-zero row, which divides by 1): the C++ store writes the same bytes.
+    """
+    x = x.float()
+    scale = x.abs().amax(-1, keepdim=True) / 127  # [..., 1]
+    q = torch.round(x / scale.masked_fill(scale == 0, 1)).to(torch.int8)
+    return torch.cat([q, scale.view(torch.int8)], dim=-1)
+
+
+def dequantize_kv(rows: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """int8 rows [..., head_dim + 4] (any strides; the last dimension contiguous) -> values [..., head_dim]."""
+    scale = rows[..., -KV_SCALE_BYTES:].view(torch.float32)  # [..., 1]
+    return (rows[..., :-KV_SCALE_BYTES].float() * scale).to(dtype)
+
+
+def _as_values(cache_rows: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return dequantize_kv(cache_rows, dtype) if cache_rows.dtype == torch.int8 else cache_rows.to(dtype)
+
+
 def allocate_kv_pairs(
     num_layers: int,
     num_blocks: int,
@@ -122,12 +160,12 @@ def allocate_kv_pairs(
     dtype: torch.dtype = torch.float32,
     device: torch.device | str = "cpu",
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """The pool, zero-filled: per layer (K, V), each [num_blocks, block_size, num_heads, head_dim].
+    """The pool, zero-filled: per layer (K, V), each [num_blocks, block_size, num_heads, head_dim] (+ 4 for int8).
 
     No two pools share storage: torch.compile can then write a layer's K and V in place (views of one
     tensor, both mutated, make it copy the whole pool).
     """
-    shape = (num_blocks, block_size, num_heads, head_dim)
+    shape = (num_blocks, block_size, num_heads, kv_row_size(head_dim, dtype))
     return [(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
             for _ in range(num_layers)]
 
@@ -136,7 +174,8 @@ def kv_cache_bytes_per_block(
     num_layers: int, block_size: int, num_heads: int, head_dim: int, dtype: torch.dtype = torch.float32
 ) -> int:
     """Bytes one block costs across all layers (K and V), for sizing the pool from a memory budget."""
-    return num_layers * 2 * block_size * num_heads * head_dim * torch.empty((), dtype=dtype).element_size()
+    row = kv_row_size(head_dim, dtype) * torch.empty((), dtype=dtype).element_size()
+    return num_layers * 2 * block_size * num_heads * row
 
 
 def store_kvcache(
@@ -146,6 +185,8 @@ def store_kvcache(
     # NOTE: written so that torch.compile scatters in place. With index_copy_, or with values that
     # are a strided view of a GEMM output (q/k/v split from one fused projection), inductor
     # instead copies the whole pool, scatters into the copy and copies it back: 2 GB per step.
+    if k_cache.dtype == torch.int8:
+        k, v = quantize_kv(k), quantize_kv(v)
     k, v = k.contiguous(), v.contiguous()
     k_cache.view(-1, *k_cache.shape[2:]).index_put_((slot_mapping,), k.to(k_cache.dtype))
     v_cache.view(-1, *v_cache.shape[2:]).index_put_((slot_mapping,), v.to(v_cache.dtype))
@@ -192,8 +233,8 @@ def paged_attention(
         end = start + group
         k_len = max(meta.k_lens[start:end])
         blocks = meta.gather_blocks[start:end, : -(-k_len // block_size)]
-        keys = _gather(k_cache, blocks, k_len, k_scratch).to(q.dtype)
-        values = _gather(v_cache, blocks, k_len, v_scratch).to(q.dtype)
+        keys = _as_values(_gather(k_cache, blocks, k_len, k_scratch), q.dtype)
+        values = _as_values(_gather(v_cache, blocks, k_len, v_scratch), q.dtype)
         mask = None if meta.attn_mask is None else meta.attn_mask[start:end, :, :, :k_len]
         outs.append(F.scaled_dot_product_attention(queries[start:end], keys, values, attn_mask=mask, scale=scale))
     out = torch.cat(outs) if len(outs) > 1 else outs[0]  # [B, heads, max_q, head_dim]
@@ -212,18 +253,18 @@ def paged_decode_attention(
     it materialises the gathered context; there paged_attention is the faster choice.
     """
     scale = q.shape[-1] ** -0.5
-    keys = k_cache[meta.block_tables].flatten(1, 2)  # [B, n * block_size, heads, head_dim]
-    values = v_cache[meta.block_tables].flatten(1, 2)
-    scores = (q.unsqueeze(1).float() * keys.float()).sum(-1) * scale  # [B, T, heads]
+    keys = _as_values(k_cache[meta.block_tables].flatten(1, 2), torch.float32)  # [B, n * block_size, heads, head_dim]
+    values = _as_values(v_cache[meta.block_tables].flatten(1, 2), torch.float32)
+    scores = (q.unsqueeze(1).float() * keys).sum(-1) * scale  # [B, T, heads]
     t = torch.arange(keys.shape[1], device=q.device)
     outside = (t[None, :] >= meta.context_lens[:, None]).unsqueeze(-1)  # [B, T, 1]
     probs = scores.masked_fill(outside, float("-inf")).softmax(dim=1)
-    return (probs.unsqueeze(-1) * values.float()).sum(1).to(q.dtype)  # [B, heads, head_dim]
+    return (probs.unsqueeze(-1) * values).sum(1).to(q.dtype)  # [B, heads, head_dim]
 
 
 def kernel_decode_attention(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: DecodeMetadata
 ) -> torch.Tensor:
-    """paged_decode_attention through kernels/cpu_attention.cpp: bf16 pools, head_dim % 32 == 0, kernels loaded."""
+    """paged_decode_attention through kernels/cpu_attention.cpp: bf16 or int8 pools, head_dim % 32, kernels loaded."""
     return torch.ops.chattts_velocity_cpu.paged_decode_attention(
         q, k_cache, v_cache, meta.block_tables, meta.context_lens, q.shape[-1] ** -0.5)

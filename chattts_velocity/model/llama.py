@@ -17,6 +17,7 @@ from chattts_velocity.config import ModelConfig
 from chattts_velocity.model.attention import (
     AttentionMetadata,
     DecodeMetadata,
+    kv_compute_dtype,
     paged_attention,
     paged_decode_attention,
     store_kvcache,
@@ -58,13 +59,13 @@ class LlamaAttention(nn.Module):
         self, x: torch.Tensor, positions: torch.Tensor, rotary: RotaryEmbedding, kv_cache: KVPair,
         meta: StepMetadata,
     ) -> torch.Tensor:
-        # x [N, H]; kv_cache: (K, V) pools, each [num_blocks, block_size, heads, head_dim]
+        # x [N, H]; kv_cache: (K, V) pools, each [num_blocks, block_size, heads, head_dim] (+ 4 for int8)
         shape = (x.shape[0], self.num_heads, self.head_dim)
         q, k, v = (t.view(shape) for t in self.project_qkv(x))
         q, k = rotary(positions, q.float(), k.float())  # RoPE in fp32 whatever the weights' dtype
         k_cache, v_cache = kv_cache
         store_kvcache(k, v, k_cache, v_cache, meta.slot_mapping)
-        q = q.to(k_cache.dtype)
+        q = q.to(kv_compute_dtype(k_cache))
         if isinstance(meta, DecodeMetadata):
             out = self.decode_attention(q, k_cache, v_cache, meta)  # [N, heads, head_dim]
         else:

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from chattts_velocity.model import DecodeMetadata, PackedLinear, kernels
-from chattts_velocity.model.attention import paged_decode_attention
+from chattts_velocity.model.attention import dequantize_kv, paged_decode_attention, quantize_kv
 
 UNSUPPORTED = kernels._unsupported()
 needs_kernels = pytest.mark.skipif(UNSUPPORTED is not None, reason=f"CPU kernels unsupported here: {UNSUPPORTED}")
@@ -148,6 +148,34 @@ def test_paged_decode_attention_kernel_matches_the_torch_formula(head_dim: int) 
     assert ((out.float() - expected).abs() <= 2**-7 * expected.abs() + 1e-6).all()
     assert torch.equal(out[0].float(), v_cache[tables[0, 0], 0].float())  # one position: its V exactly
     # alone, a sequence's heads are split across threads: every head still sums in the same order
+    alone = torch.ops.chattts_velocity_cpu.paged_decode_attention(q[3:4], k_cache, v_cache, tables[3:4], lens[3:4],
+                                                                  head_dim**-0.5)
+    assert torch.equal(alone[0], out[3])
+
+
+@needs_kernels
+@pytest.mark.parametrize("head_dim", [32, 64])
+def test_paged_decode_attention_kernel_on_int8_pools_matches_the_dequantising_torch_formula(head_dim: int) -> None:
+    num_blocks, block_size, heads = 30, 16, 3
+    shape = (num_blocks, block_size, heads, head_dim)
+    k_cache = quantize_kv(torch.randn(shape, generator=gen) * torch.rand(shape[:3] + (1,), generator=gen) * 3)
+    v_cache = quantize_kv(torch.randn(shape, generator=gen))
+    v_cache[4, 0] = quantize_kv(torch.zeros(heads, head_dim))  # an all-zero row: scale 0, values 0
+    assert k_cache.dtype == torch.int8 and k_cache.shape[-1] == head_dim + 4
+    q = (torch.randn(6, heads, head_dim, generator=gen) * 2).bfloat16()
+    tables = torch.randperm(num_blocks, generator=gen)[:30].view(6, 5)
+    tables[0, 0] = 4
+    lens = torch.tensor([1, 16, 17, 80, 45, 2])
+    meta = DecodeMetadata(torch.zeros(6, dtype=torch.long), tables, lens)
+    expected = paged_decode_attention(q, k_cache, v_cache, meta).float()  # dequantises in fp32
+    out = torch.ops.chattts_velocity_cpu.paged_decode_attention(q, k_cache, v_cache, tables, lens, head_dim**-0.5)
+    assert out.dtype == torch.bfloat16 and out.shape == q.shape
+    assert ((out.float() - expected).abs() <= 2**-7 * expected.abs() + 1e-5).all()
+    for b in range(1, 6):  # one position's V exactly, for a zero row and for any other
+        one = torch.ops.chattts_velocity_cpu.paged_decode_attention(q[b:b + 1], k_cache, v_cache, tables[b:b + 1],
+                                                                    torch.tensor([1]), head_dim**-0.5)
+        assert torch.equal(one[0], dequantize_kv(v_cache[tables[b, 0], 0], torch.bfloat16))
+    assert not out[0].any()
     alone = torch.ops.chattts_velocity_cpu.paged_decode_attention(q[3:4], k_cache, v_cache, tables[3:4], lens[3:4],
                                                                   head_dim**-0.5)
     assert torch.equal(alone[0], out[3])

@@ -84,3 +84,38 @@ def test_paged_attention_equals_dense_per_sequence(q_lens, k_lens, group_bytes, 
         assert torch.allclose(out[start : start + ql], expected, rtol=0, atol=1e-5)
         start += ql
 
+
+
+def test_int8_rows_round_trip_within_half_a_step_and_keep_their_scale_in_the_row():
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(5, HEADS, HEAD_DIM, generator=gen) * torch.rand(5, HEADS, 1, generator=gen) * 4
+    x[0, 1] = 0  # an all-zero row
+    rows = attention.quantize_kv(x)
+    assert rows.dtype == torch.int8 and rows.shape == (5, HEADS, HEAD_DIM + attention.KV_SCALE_BYTES)
+    scale = x.abs().amax(-1, keepdim=True) / 127
+    assert torch.equal(rows[..., HEAD_DIM:].contiguous().view(torch.float32), scale)
+    assert rows[..., :HEAD_DIM].abs().max() == 127 and not rows[0, 1].any()
+    assert ((attention.dequantize_kv(rows, torch.float32) - x).abs() <= scale / 2 * (1 + 1e-6)).all()
+
+
+@pytest.mark.parametrize("q_lens,k_lens", [([3, 1, 5, 1], [3, 10, 7, 1]), ([1, 1, 1], [4, 9, 2])])
+def test_paged_attention_over_int8_pools_equals_dense_over_the_dequantised_context(q_lens, k_lens):
+    gen = torch.Generator().manual_seed(2)
+    bs, num_blocks = 4, 16
+    k_cache, v_cache = (attention.quantize_kv(torch.randn(num_blocks, bs, HEADS, HEAD_DIM, generator=gen))
+                        for _ in range(2))
+    assert attention.allocate_kv_pairs(1, num_blocks, bs, HEADS, HEAD_DIM, torch.int8)[0][0].shape == k_cache.shape
+    free = torch.randperm(num_blocks, generator=gen).tolist()
+    tables = [[free.pop() for _ in range(-(-k // bs))] for k in k_lens]
+    meta = build_attention_metadata(q_lens, k_lens, tables, bs)
+    q, k_new, v_new = (torch.randn(sum(q_lens), HEADS, HEAD_DIM, generator=gen) for _ in range(3))
+    store_kvcache(k_new, v_new, k_cache, v_cache, meta.slot_mapping)  # quantised on store
+    out = paged_attention(q, k_cache, v_cache, meta)
+    start = 0
+    for ql, kl, table in zip(q_lens, k_lens, tables):
+        slots = torch.tensor([table[p // bs] * bs + p % bs for p in range(kl)])
+        k_ctx, v_ctx = (attention.dequantize_kv(c.flatten(0, 1)[slots], torch.float32) for c in (k_cache, v_cache))
+        assert torch.equal(k_cache.flatten(0, 1)[slots][kl - ql:], attention.quantize_kv(k_new[start:start + ql]))
+        expected = dense_reference(q[start:start + ql], k_ctx, v_ctx, ql)
+        assert torch.allclose(out[start:start + ql], expected, rtol=0, atol=1e-5)
+        start += ql

@@ -1,8 +1,11 @@
-// Decode attention over the paged bf16 KV cache on x86 CPUs with AVX-512 BF16: one new query per sequence.
+// Decode attention over the paged bf16 or int8 KV cache on x86 CPUs with AVX-512 BF16: one new query per sequence.
 //
 //   paged_decode_attention(q [B, H, D], k_cache, v_cache [num_blocks, block_size, H, D], block_tables [B, n],
-//                          context_lens [B], scale) -> [B, H, D]; q, caches and output bf16, tables int64.
+//                          context_lens [B], scale) -> [B, H, D]; q and output bf16, tables int64, caches bf16
+//                          or int8 [num_blocks, block_size, H, D + kKvScaleBytes] (row layout: cpu_kernels.h).
 //
+// int8 rows are dequantised in registers: q . k = scale_k * (q . k_int8) with q in fp32, and V's scale is folded
+// into its softmax weight; the bf16 path below is unchanged by the template.
 // Per (sequence, head): scores q.k in fp32 (bf16 products are exact in fp32), softmax in fp32 with a vectorised
 // exp, then the weighted sum of V in fp32, rounded to bf16 once. The blocks are read in place, K once and V once.
 // A task takes several heads of one sequence (all of them when there are enough sequences), so each position's
@@ -21,24 +24,58 @@
 namespace chattts_velocity_cpu {
 namespace {
 
-constexpr int64_t kMaxHeadDim = 256;
 constexpr int64_t kAhead = 8;  // positions prefetched ahead: one (position, head) row is a strided 2-line read
 
 struct Paged {
-  const uint16_t* k;
-  const uint16_t* v;
+  const uint8_t* k;
+  const uint8_t* v;
   const int64_t* tables;
-  int64_t width, block_size, heads, dim;
+  int64_t width, block_size, heads, dim, row_bytes;  // row_bytes: one (position, head) row of the pool
 
-  int64_t row(int64_t b, int64_t p, int64_t h) const {  // element offset of position p, head h of sequence b
+  int64_t row(int64_t b, int64_t p, int64_t h) const {  // byte offset of position p, head h of sequence b
     const int64_t block = tables[b * width + p / block_size];
-    return ((block * block_size + p % block_size) * heads + h) * dim;
+    return ((block * block_size + p % block_size) * heads + h) * row_bytes;
   }
 };
 
-inline void prefetch_row(const uint16_t* row, int64_t dim) {
-  for (int64_t d = 0; d < dim; d += 32) _mm_prefetch(reinterpret_cast<const char*>(row + d), _MM_HINT_T0);
+inline void prefetch_row(const uint8_t* row, int64_t bytes) {
+  for (int64_t d = 0; d < bytes; d += 64) _mm_prefetch(reinterpret_cast<const char*>(row + d), _MM_HINT_T0);
 }
+
+// bf16 pools: a row is D bf16 values; q . k by dpbf16 on q's bf16 values.
+struct Bf16Rows {
+  static constexpr bool kFloatQuery = false;
+  static int64_t bytes(int64_t D) { return 2 * D; }
+  static float dot(const uint16_t* q, const float*, const uint8_t* row, int64_t D) {
+    const uint16_t* k = reinterpret_cast<const uint16_t*>(row);
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t d = 0; d < D; d += 32)
+      acc = _mm512_dpbf16_ps(acc, reinterpret_cast<__m512bh>(_mm512_loadu_si512(q + d)),
+                             reinterpret_cast<__m512bh>(_mm512_loadu_si512(k + d)));
+    return _mm512_reduce_add_ps(acc);
+  }
+  static void add_weighted(float weight, const uint8_t* row, float* acc, int64_t D) {  // acc += weight * v
+    const uint16_t* v = reinterpret_cast<const uint16_t*>(row);
+    const __m512 w = _mm512_set1_ps(weight);
+    for (int64_t d = 0; d < D; d += 16) _mm512_storeu_ps(acc + d, _mm512_fmadd_ps(w, load16(v + d), _mm512_loadu_ps(acc + d)));
+  }
+};
+
+// int8 pools: a row is D int8 values and their fp32 scale; q . k in fp32 on q widened once per task.
+struct Int8Rows {
+  static constexpr bool kFloatQuery = true;
+  static int64_t bytes(int64_t D) { return D + kKvScaleBytes; }
+  static float dot(const uint16_t*, const float* q, const uint8_t* row, int64_t D) {
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t d = 0; d < D; d += 16) acc = _mm512_fmadd_ps(load16(q + d), load16_int8(row + d), acc);
+    return _mm512_reduce_add_ps(acc) * kv_row_scale(row, D);
+  }
+  static void add_weighted(float weight, const uint8_t* row, float* acc, int64_t D) {
+    const __m512 w = _mm512_set1_ps(weight * kv_row_scale(row, D));
+    for (int64_t d = 0; d < D; d += 16)
+      _mm512_storeu_ps(acc + d, _mm512_fmadd_ps(w, load16_int8(row + d), _mm512_loadu_ps(acc + d)));
+  }
+};
 
 // Heads h0 .. h0+G-1 of sequence b. Position p's rows of those heads are contiguous (G * D values; the whole block
 // when G = H), so each pass streams memory instead of hopping one strided row at a time.
@@ -47,6 +84,7 @@ struct Scratch {
   std::vector<float> acc;     // [G, D]
   std::vector<float> top;     // [G], the row maxima
   std::vector<float> total;   // [G], the softmax denominators
+  std::vector<float> query;   // [G, D], q in fp32 (int8 rows only)
 };
 
 float softmax_row(float* scores, int64_t len, float top) {  // in place: exp(s - top); returns their sum
@@ -60,20 +98,21 @@ float softmax_row(float* scores, int64_t len, float top) {  // in place: exp(s -
   return _mm512_reduce_add_ps(total);
 }
 
+template <typename Rows>
 void attend_heads(const Paged& c, const uint16_t* q, uint16_t* out, int64_t b, int64_t h0, int64_t G, int64_t len,
                   float scale, Scratch& s) {
-  const int64_t D = c.dim, stride = (len + 15) / 16 * 16, span = G * D;
+  const int64_t D = c.dim, R = c.row_bytes, stride = (len + 15) / 16 * 16, span = G * D;
+  if constexpr (Rows::kFloatQuery) {
+    s.query.resize(static_cast<size_t>(span));
+    for (int64_t d = 0; d < span; d += 16) store16(s.query.data() + d, load16(q + d));
+  }
   s.scores.resize(static_cast<size_t>(G * stride));
   s.top.assign(static_cast<size_t>(G), -std::numeric_limits<float>::infinity());
   for (int64_t p = 0; p < len; ++p) {
-    if (p + kAhead < len) prefetch_row(c.k + c.row(b, p + kAhead, h0), span);
-    const uint16_t* k = c.k + c.row(b, p, h0);
+    if (p + kAhead < len) prefetch_row(c.k + c.row(b, p + kAhead, h0), G * R);
+    const uint8_t* k = c.k + c.row(b, p, h0);
     for (int64_t g = 0; g < G; ++g) {
-      __m512 acc = _mm512_setzero_ps();
-      for (int64_t d = 0; d < D; d += 32)
-        acc = _mm512_dpbf16_ps(acc, reinterpret_cast<__m512bh>(_mm512_loadu_si512(q + g * D + d)),
-                               reinterpret_cast<__m512bh>(_mm512_loadu_si512(k + g * D + d)));
-      const float score = _mm512_reduce_add_ps(acc) * scale;
+      const float score = Rows::dot(q + g * D, s.query.data() + g * D, k + g * R, D) * scale;
       s.scores[g * stride + p] = score;
       s.top[g] = std::max(s.top[g], score);
     }
@@ -83,13 +122,9 @@ void attend_heads(const Paged& c, const uint16_t* q, uint16_t* out, int64_t b, i
   s.acc.assign(static_cast<size_t>(span), 0.0f);
   float* acc = s.acc.data();
   for (int64_t p = 0; p < len; ++p) {
-    if (p + kAhead < len) prefetch_row(c.v + c.row(b, p + kAhead, h0), span);
-    const uint16_t* v = c.v + c.row(b, p, h0);
-    for (int64_t g = 0; g < G; ++g) {
-      const __m512 w = _mm512_set1_ps(s.scores[g * stride + p]);
-      for (int64_t d = g * D; d < (g + 1) * D; d += 16)
-        _mm512_storeu_ps(acc + d, _mm512_fmadd_ps(w, load16(v + d), _mm512_loadu_ps(acc + d)));
-    }
+    if (p + kAhead < len) prefetch_row(c.v + c.row(b, p + kAhead, h0), G * R);
+    const uint8_t* v = c.v + c.row(b, p, h0);
+    for (int64_t g = 0; g < G; ++g) Rows::add_weighted(s.scores[g * stride + p], v + g * R, acc + g * D, D);
   }
   for (int64_t g = 0; g < G; ++g) {
     const __m512 inv = _mm512_set1_ps(1.0f / s.total[g]);
@@ -115,12 +150,14 @@ int64_t heads_per_task(int64_t B, int64_t H) {
 at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                                   const at::Tensor& block_tables, const at::Tensor& context_lens, double scale) {
   TORCH_CHECK(q.dim() == 3 && q.scalar_type() == at::kBFloat16, "q must be bfloat16 [B, heads, head_dim]");
-  TORCH_CHECK(k_cache.dim() == 4 && k_cache.scalar_type() == at::kBFloat16 && k_cache.is_contiguous() &&
-                  v_cache.sizes() == k_cache.sizes() && v_cache.scalar_type() == at::kBFloat16 &&
+  const bool int8 = k_cache.scalar_type() == at::kChar;
+  TORCH_CHECK(k_cache.dim() == 4 && (int8 || k_cache.scalar_type() == at::kBFloat16) && k_cache.is_contiguous() &&
+                  v_cache.sizes() == k_cache.sizes() && v_cache.scalar_type() == k_cache.scalar_type() &&
                   v_cache.is_contiguous(),
-              "k_cache and v_cache must be contiguous bfloat16 [num_blocks, block_size, heads, head_dim]");
+              "k_cache and v_cache must be contiguous bfloat16 [num_blocks, block_size, heads, head_dim] "
+              "(or int8 [..., head_dim + 4]) of one shape");
   const int64_t B = q.size(0), H = q.size(1), D = q.size(2);
-  TORCH_CHECK(k_cache.size(2) == H && k_cache.size(3) == D, "q and the caches disagree on heads / head_dim");
+  TORCH_CHECK(k_cache.size(2) == H && kv_head_dim(k_cache) == D, "q and the caches disagree on heads / head_dim");
   TORCH_CHECK(D % 32 == 0 && D <= kMaxHeadDim, "head_dim must be a multiple of 32 up to ", kMaxHeadDim);
   TORCH_CHECK(block_tables.dim() == 2 && block_tables.size(0) == B && block_tables.scalar_type() == at::kLong,
               "block_tables must be int64 [B, n]");
@@ -129,9 +166,9 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
   auto tables = block_tables.contiguous();
   auto lens = context_lens.contiguous();
   auto out = at::empty_like(qc);
-  const Paged cache{reinterpret_cast<const uint16_t*>(k_cache.data_ptr()),
-                    reinterpret_cast<const uint16_t*>(v_cache.data_ptr()), tables.data_ptr<int64_t>(),
-                    tables.size(1), k_cache.size(1), H, D};
+  const Paged cache{reinterpret_cast<const uint8_t*>(k_cache.data_ptr()),
+                    reinterpret_cast<const uint8_t*>(v_cache.data_ptr()), tables.data_ptr<int64_t>(),
+                    tables.size(1), k_cache.size(1), H, D, int8 ? Int8Rows::bytes(D) : Bf16Rows::bytes(D)};
   const int64_t* len_of = lens.data_ptr<int64_t>();
   for (int64_t b = 0; b < B; ++b)
     TORCH_CHECK(len_of[b] >= 1 && len_of[b] <= cache.width * cache.block_size,
@@ -143,7 +180,9 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
     Scratch scratch;
     for (int64_t task = begin; task < end; ++task) {
       const int64_t b = task / groups, h0 = task % groups * G, offset = (b * H + h0) * D;
-      attend_heads(cache, qp + offset, op + offset, b, h0, G, len_of[b], static_cast<float>(scale), scratch);
+      const float s = static_cast<float>(scale);
+      if (int8) attend_heads<Int8Rows>(cache, qp + offset, op + offset, b, h0, G, len_of[b], s, scratch);
+      else attend_heads<Bf16Rows>(cache, qp + offset, op + offset, b, h0, G, len_of[b], s, scratch);
     }
   });
   return out;

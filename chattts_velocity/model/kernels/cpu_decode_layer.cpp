@@ -14,7 +14,8 @@
 // reads, ~10 ms per 20-layer step; here the glue (norms, RoPE, KV store, SiLU gate, residuals) is a few
 // vector loops and the layer is one dispatcher call.
 // Numerics: residual stream, norms and RoPE in fp32, the projections' inputs and outputs in bf16 (for int8 weights
-// too), q/K/V rounded to bf16 for the attention, the SiLU gate computed in fp32 and rounded once.
+// too), q/K/V rounded to bf16 for the attention (K/V quantised to int8 rows from fp32 instead in int8 pools), the
+// SiLU gate computed in fp32 and rounded once.
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
@@ -60,9 +61,9 @@ void rms_norm(const float* x, const float* w, T* y, int64_t B, int64_t H, float 
   }
 }
 
-// RoPE, NeoX halves: out = x * cos + rotate_half(x) * sin with rotate_half(x) = (-x2, x1); fp32, stored bf16.
-template <typename T>
-void rotate(const T* x, const float* cos, const float* sin, uint16_t* out, int64_t half) {
+// RoPE, NeoX halves: out = x * cos + rotate_half(x) * sin with rotate_half(x) = (-x2, x1); fp32, stored as O.
+template <typename T, typename O>
+void rotate(const T* x, const float* cos, const float* sin, O* out, int64_t half) {
   for (int64_t i = 0; i < half; i += 16) {
     const __m512 x1 = load16(x + i), x2 = load16(x + half + i);
     store16(out + i, _mm512_sub_ps(_mm512_mul_ps(x1, load16(cos + i)), _mm512_mul_ps(x2, load16(sin + i))));
@@ -71,23 +72,46 @@ void rotate(const T* x, const float* cos, const float* sin, uint16_t* out, int64
   }
 }
 
-// qkv [B, 3H] -> q rotated into q_out [B, H] (bf16); K rotated and V written to their pool slots (bf16 pools
-// [num_blocks, block_size, heads, D], slot s at element s * H).
+// K rotated into a pool row, and a slot's V rows: bf16 rows (rounded), or int8 rows with their scale (quantize_row,
+// from fp32: K is not rounded to bf16 first).
 template <typename T>
+void store_k(const T* x, const float* cos, const float* sin, uint16_t* row, int64_t D) {
+  rotate(x, cos, sin, row, D / 2);
+}
+
+template <typename T>
+void store_k(const T* x, const float* cos, const float* sin, uint8_t* row, int64_t D) {
+  float rotated[kMaxHeadDim];
+  rotate(x, cos, sin, rotated, D / 2);
+  quantize_row(rotated, row, D);
+}
+
+template <typename T>
+void store_v(const T* x, uint16_t* slot, int64_t heads, int64_t D) {
+  for (int64_t i = 0; i < heads * D; i += 16) store16(slot + i, load16(x + i));
+}
+
+template <typename T>
+void store_v(const T* x, uint8_t* slot, int64_t heads, int64_t D) {
+  for (int64_t h = 0; h < heads; ++h) quantize_row(x + h * D, slot + h * (D + kKvScaleBytes), D);
+}
+
+// qkv [B, 3H] -> q rotated into q_out [B, H] (bf16); K rotated and V written to their pool slots (pools
+// [num_blocks, block_size, heads, R] of P: bf16 with R = D, or int8 with R = D + kKvScaleBytes; slot s at s * heads * R).
+template <typename T, typename P>
 void rope_and_store(const T* qkv, const int64_t* positions, const float* cos, const float* sin, const int64_t* slots,
-                    uint16_t* q_out, uint16_t* k_pool, uint16_t* v_pool, int64_t B, int64_t heads, int64_t D) {
-  const int64_t H = heads * D;
+                    uint16_t* q_out, P* k_pool, P* v_pool, int64_t B, int64_t heads, int64_t D) {
+  const int64_t H = heads * D, R = std::is_same_v<P, uint8_t> ? D + kKvScaleBytes : D;
   for (int64_t b = 0; b < B; ++b) {
     const T* row = qkv + b * 3 * H;
     const float* c = cos + positions[b] * D;
     const float* s = sin + positions[b] * D;
-    uint16_t* k_slot = k_pool + slots[b] * H;
-    uint16_t* v_slot = v_pool + slots[b] * H;
+    P* k_slot = k_pool + slots[b] * heads * R;
     for (int64_t h = 0; h < heads; ++h) {
       rotate(row + h * D, c, s, q_out + b * H + h * D, D / 2);
-      rotate(row + H + h * D, c, s, k_slot + h * D, D / 2);
+      store_k(row + H + h * D, c, s, k_slot + h * R, D);
     }
-    for (int64_t i = 0; i < H; i += 16) store16(v_slot + i, load16(row + 2 * H + i));
+    store_v(row + 2 * H, v_pool + slots[b] * heads * R, heads, D);
   }
 }
 
@@ -117,15 +141,20 @@ struct Step {
 template <typename T>
 void attention_block(const at::Tensor& x, const float* norm, const Projection& qkv_proj, const Projection& o_proj,
                      const Step& s, float eps, at::Tensor& out) {
-  const int64_t B = x.size(0), H = x.size(1), heads = s.k_cache.size(2), D = s.k_cache.size(3);
+  const int64_t B = x.size(0), H = x.size(1), heads = s.k_cache.size(2), D = kv_head_dim(s.k_cache);
   auto h = at::empty({B, H}, x.options().dtype(act_type<T>()));
   rms_norm(data<float>(x), norm, data<T>(h), B, H, eps);
   const auto qkv = project(qkv_proj, h);
   TORCH_CHECK(qkv.size(1) == 3 * H, "weights[0] must be the fused q/k/v projection [3H, H]");
   auto q = at::empty({B, heads, D}, x.options().dtype(at::kBFloat16));
-  rope_and_store(data<T>(qkv), data<int64_t>(s.positions), data<float>(s.cos), data<float>(s.sin),
-                 data<int64_t>(s.slot_mapping), data<uint16_t>(q), data<uint16_t>(s.k_cache),
-                 data<uint16_t>(s.v_cache), B, heads, D);
+  if (s.k_cache.scalar_type() == at::kChar)
+    rope_and_store(data<T>(qkv), data<int64_t>(s.positions), data<float>(s.cos), data<float>(s.sin),
+                   data<int64_t>(s.slot_mapping), data<uint16_t>(q), data<uint8_t>(s.k_cache),
+                   data<uint8_t>(s.v_cache), B, heads, D);
+  else
+    rope_and_store(data<T>(qkv), data<int64_t>(s.positions), data<float>(s.cos), data<float>(s.sin),
+                   data<int64_t>(s.slot_mapping), data<uint16_t>(q), data<uint16_t>(s.k_cache),
+                   data<uint16_t>(s.v_cache), B, heads, D);
   const auto attended = paged_decode_attention(q, s.k_cache, s.v_cache, s.block_tables, s.context_lens,
                                                1.0 / std::sqrt(static_cast<double>(D))).view({B, H});
   const auto o = project(o_proj, attended.to(act_type<T>()));  // no copy for bf16
@@ -159,18 +188,22 @@ at::Tensor layer(const at::Tensor& x, const float* norms, const Projection (&w)[
 void check_step(const at::Tensor& x, const Step& s, const at::Tensor& norms) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "x must be contiguous fp32 [B, H]");
   const int64_t B = x.size(0), H = x.size(1);
-  TORCH_CHECK(s.k_cache.dim() == 4 && s.k_cache.size(2) * s.k_cache.size(3) == H && s.k_cache.size(3) % 32 == 0,
-              "the caches must be [num_blocks, block_size, heads, head_dim] with heads * head_dim = H, head_dim % 32 == 0");
-  TORCH_CHECK(s.k_cache.scalar_type() == at::kBFloat16 && s.k_cache.is_contiguous() &&
-                  s.v_cache.sizes() == s.k_cache.sizes() && s.v_cache.scalar_type() == at::kBFloat16 &&
-                  s.v_cache.is_contiguous(), "k_cache and v_cache must be contiguous bf16 pools of one shape");
+  const auto kv_type = s.k_cache.scalar_type();
+  TORCH_CHECK((kv_type == at::kBFloat16 || kv_type == at::kChar) && s.k_cache.is_contiguous() &&
+                  s.v_cache.sizes() == s.k_cache.sizes() && s.v_cache.scalar_type() == kv_type &&
+                  s.v_cache.is_contiguous(), "k_cache and v_cache must be contiguous bf16 pools (or int8 pools with "
+                  "their scales) of one shape");
+  TORCH_CHECK(s.k_cache.dim() == 4 && s.k_cache.size(2) * kv_head_dim(s.k_cache) == H &&
+                  kv_head_dim(s.k_cache) % 32 == 0 && kv_head_dim(s.k_cache) <= kMaxHeadDim,
+              "the caches must be [num_blocks, block_size, heads, head_dim (+ 4 int8)] with heads * head_dim = H, "
+              "head_dim % 32 == 0");
   TORCH_CHECK(H % 16 == 0, "H must be a multiple of 16");
   TORCH_CHECK(norms.scalar_type() == at::kFloat && norms.is_contiguous() && norms.numel() == 2 * H,
               "norms must be contiguous fp32 [2, H]");
   for (const auto* t : {&s.positions, &s.slot_mapping})
     TORCH_CHECK(t->scalar_type() == at::kLong && t->is_contiguous() && t->numel() == B, "positions and slot_mapping must be int64 [B]");
   TORCH_CHECK(s.cos.scalar_type() == at::kFloat && s.cos.is_contiguous() && s.cos.sizes() == s.sin.sizes() &&
-                  s.sin.is_contiguous() && s.cos.dim() == 2 && s.cos.size(1) == s.k_cache.size(3),
+                  s.sin.is_contiguous() && s.cos.dim() == 2 && s.cos.size(1) == kv_head_dim(s.k_cache),
               "cos and sin must be contiguous fp32 [max_positions, head_dim]");
   const int64_t slots = s.k_cache.size(0) * s.k_cache.size(1);
   const int64_t* pos = data<int64_t>(s.positions);

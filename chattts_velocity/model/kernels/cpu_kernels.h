@@ -6,6 +6,7 @@
 
 #include <immintrin.h>
 
+#include <cstring>
 #include <optional>
 
 namespace chattts_velocity_cpu {
@@ -20,7 +21,17 @@ bool amx_ready();
 at::Tensor linear_bf16_amx(const at::Tensor& x, const at::Tensor& panels);
 at::Tensor linear_int8_amx(const at::Tensor& x, const at::Tensor& panels, const at::Tensor& scales);
 
-// cpu_attention.cpp: one new query per sequence over the paged bf16 KV cache.
+// KV pools are bf16 [num_blocks, block_size, heads, head_dim], or int8 with one scale per (slot, head): each row is
+// head_dim int8 values then the 4 bytes of its fp32 scale, value = int8 * scale, scale = absmax / 127 (symmetric;
+// model/attention.py quantize_kv writes the same bytes).
+constexpr int64_t kKvScaleBytes = 4;
+constexpr int64_t kMaxHeadDim = 256;
+
+inline int64_t kv_head_dim(const at::Tensor& cache) {  // the last dimension without the int8 rows' scale
+  return cache.size(3) - (cache.scalar_type() == at::kChar ? kKvScaleBytes : 0);
+}
+
+// cpu_attention.cpp: one new query per sequence over the paged bf16 or int8 KV cache.
 at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                                   const at::Tensor& block_tables, const at::Tensor& context_lens, double scale);
 
@@ -47,6 +58,31 @@ inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
 inline __m512 load16(const uint16_t* p) {  // 16 bf16 -> 16 fp32 (exact)
   const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
   return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+}
+
+inline __m512 load16_int8(const uint8_t* p) {  // 16 int8 -> 16 fp32 (exact)
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+
+inline float kv_row_scale(const uint8_t* row, int64_t D) {  // the fp32 scale after an int8 row's D values
+  float scale;
+  std::memcpy(&scale, row + D, sizeof scale);
+  return scale;
+}
+
+// x [D] -> an int8 row: q = round_half_even(x / scale) with scale = absmax / 127 in fp32 (1 as divisor for an
+// all-zero row, whose stored scale is 0), then scale's bytes. torch: x / scale and round() give the same q.
+template <typename T>
+inline void quantize_row(const T* x, uint8_t* row, int64_t D) {
+  __m512 top = _mm512_setzero_ps();
+  for (int64_t d = 0; d < D; d += 16) top = _mm512_max_ps(top, _mm512_abs_ps(load16(x + d)));
+  const float scale = _mm512_reduce_max_ps(top) / 127.0f;
+  const __m512 divisor = _mm512_set1_ps(scale > 0.0f ? scale : 1.0f);
+  for (int64_t d = 0; d < D; d += 16) {
+    const __m512i q = _mm512_cvtps_epi32(_mm512_div_ps(load16(x + d), divisor));  // MXCSR: round to nearest even
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(row + d), _mm512_cvtsepi32_epi8(q));
+  }
+  std::memcpy(row + D, &scale, sizeof scale);
 }
 
 inline void store16(float* p, __m512 v) { _mm512_storeu_ps(p, v); }
