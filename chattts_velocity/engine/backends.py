@@ -137,7 +137,8 @@ def cpu_unavailable(model: ChatTTSLlama, kv: PagedKV) -> str | None:
     """Why the cpu backend cannot run this engine, or None when it can."""
     kv_dtype = kv.pairs[0][0].dtype
     if kv_dtype not in (torch.bfloat16, torch.int8):
-        return f"its fused C++ layers need a bfloat16 or int8 KV cache (dtype 'bfloat16' or 'int8'), this one is {kv_dtype}"
+        return (f"its fused C++ layers need a bfloat16 KV cache (dtype 'bfloat16' or 'int8') or an int8 one "
+                f"(kv_cache_dtype 'int8'), this one is {kv_dtype}")
     return fused_unavailable(model)
 
 

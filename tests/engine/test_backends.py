@@ -92,6 +92,32 @@ def test_unknown_backends_are_rejected() -> None:  # triton's own errors: tests/
         EngineConfig(backend="gpu")
 
 
+@pytest.mark.parametrize("options, words", [
+    ({"kv_cache_dtype": "fp8"}, "kv_cache_dtype: must be one of auto, int8, got 'fp8'"),
+    ({"kv_cache_dtype": "int8"}, "kv_cache_dtype: 'int8' runs only on the cpu backend .* dtype='float32'"),
+    ({"kv_cache_dtype": "int8", "dtype": "bfloat16", "backend": "torch"}, "backend='torch'"),
+    ({"kv_cache_dtype": "int8", "dtype": "int8", "device": "cuda"}, "device='cuda'"),
+])
+def test_int8_kv_cache_outside_the_cpu_backend_is_a_clear_error(options: dict, words: str) -> None:
+    with pytest.raises(ValueError, match=words):
+        EngineConfig(**options)
+
+
+def test_int8_kv_cache_without_the_kernels_says_why(monkeypatch) -> None:
+    monkeypatch.setenv(kernels.ENV_SWITCH, "0")
+    model = _model("bfloat16")
+    pairs = allocate_kv_pairs(2, NUM_BLOCKS + 1, BLOCK, HEADS, HIDDEN // HEADS, torch.int8)
+    kv = PagedKV(pairs, BLOCK, pad_block=NUM_BLOCKS, device=torch.device("cpu"))
+    config = EngineConfig(dtype="bfloat16", kv_cache_dtype="int8", block_size=BLOCK)
+    with pytest.raises(ValueError, match=f"kv_cache_dtype: 'int8' needs the cpu backend, .*{kernels.ENV_SWITCH}=0"):
+        select_backend(config, model, kv, torch.float32)
+
+
+def test_int8_kv_cache_on_the_plain_path_is_refused(tiny_assets) -> None:
+    with pytest.raises(ValueError, match="kv_cache_dtype=int8.*only apply to the velocity engine"):
+        load_pretrained(tiny_assets, is_vllm=False, kv_cache_dtype="int8")
+
+
 def test_engine_reports_and_logs_its_backend_once(tiny_assets, caplog) -> None:
     with caplog.at_level(logging.INFO, logger="chattts_velocity"):
         llm = load_pretrained(tiny_assets, is_vllm=True, backend="torch")

@@ -18,6 +18,7 @@ from chattts_velocity.model import (
     fused_unavailable,
     kernels,
 )
+from chattts_velocity.model.attention import dequantize_kv
 from chattts_velocity.schema import Prompt, SamplingParams
 
 UNSUPPORTED = kernels._unsupported()
@@ -47,9 +48,9 @@ def _model(mode: str, seed: int = 0) -> ChatTTSLlama:
     return model
 
 
-def _prefilled(model: ChatTTSLlama, lens: list[int]):
+def _prefilled(model: ChatTTSLlama, lens: list[int], kv_dtype: torch.dtype = torch.bfloat16):
     """KV pools holding `lens` random positions per sequence, and each sequence's block table."""
-    kv = allocate_kv_pairs(LAYERS, 64, BLOCK, HEADS, HIDDEN // HEADS, torch.bfloat16)
+    kv = allocate_kv_pairs(LAYERS, 64, BLOCK, HEADS, HIDDEN // HEADS, kv_dtype)
     blocks = iter(range(64))
     tables = [[next(blocks) for _ in range(n // BLOCK + 1)] for n in lens]
     meta = build_attention_metadata(lens, lens, tables, BLOCK, "cpu")
@@ -71,6 +72,18 @@ def _decode_inputs(lens: list[int], tables: list[list[int]]):
 def test_fused_decode_matches_the_layer_by_layer_path(mode: str, lens: list[int]) -> None:
     model = _model(mode)
     kv, tables = _prefilled(model, lens)
+    _check_fused_against_layer_by_layer(model, lens, kv, tables, mode)
+
+
+@pytest.mark.parametrize("mode", ["bfloat16", "int8"])
+@pytest.mark.parametrize("lens", [[7], [3, 11, 6, 1, 8, 4]])
+def test_fused_decode_over_int8_kv_matches_the_layer_by_layer_path(mode: str, lens: list[int]) -> None:
+    model = _model(mode)
+    kv, tables = _prefilled(model, lens, torch.int8)
+    _check_fused_against_layer_by_layer(model, lens, kv, tables, mode)
+
+
+def _check_fused_against_layer_by_layer(model, lens, kv, tables, mode: str) -> None:
     kv_fused = [(k.clone(), v.clone()) for k, v in kv]
     x = torch.randn(len(lens), HIDDEN, generator=torch.Generator().manual_seed(3))
     pos, meta = _decode_inputs(lens, tables)
@@ -82,8 +95,12 @@ def test_fused_decode_matches_the_layer_by_layer_path(mode: str, lens: list[int]
     # Both paths round q/K/V to bf16; fp32 sums in another order flip a rounding now and then (one ulp, 2^-8),
     # which moves that row's later outputs by ~1e-3. bf16 also rounds the SiLU gate once instead of twice.
     assert error.max().item() <= 1e-2
+    int8_kv = kv[0][0].dtype == torch.int8
     for pools, fused_pools in zip(kv, kv_fused):  # the new K/V rows were written where the Python path wrote them
         for pool, fused_pool in zip(pools, fused_pools):
+            if int8_kv:  # rows quantised from fp32 values that differ in the last bits: one step apart at most
+                assert (pool[..., :-4].int() - fused_pool[..., :-4].int()).abs().max().item() <= 1
+                pool, fused_pool = dequantize_kv(pool, torch.float32), dequantize_kv(fused_pool, torch.float32)
             assert (pool.float() - fused_pool.float()).abs().max().item() <= 2**-7 * pool.float().abs().max().item()
 
 
@@ -165,12 +182,16 @@ def _engine(mode: str, **options) -> LLMEngine:
     return LLMEngine(model, embed, config, engine_config)
 
 
+def _prompt(i: int) -> Prompt:
+    ids = torch.arange(1 + i, 6 + 2 * i)[:, None].repeat(1, 4)  # [T, 4] text ids
+    return Prompt(ids, torch.ones(len(ids), dtype=torch.bool))
+
+
 def _generate(engine: LLMEngine, n: int, steps: int = 12) -> list[torch.Tensor]:
     rows: dict[str, list[torch.Tensor]] = {}
     for i in range(n):
-        ids = torch.arange(1 + i, 6 + 2 * i)[:, None].repeat(1, 4)  # [T, 4] text ids
         params = SamplingParams(temperature=1e-6, max_new_token=steps, min_new_token=steps, seed=i)
-        engine.add_request(f"r{i}", Prompt(ids, torch.ones(len(ids), dtype=torch.bool)), params)
+        engine.add_request(f"r{i}", _prompt(i), params)
     while engine.has_unfinished_requests():
         for out in engine.step():
             rows.setdefault(out.request_id, []).append(out.token_ids)
@@ -200,3 +221,47 @@ def test_fused_engine_recomputes_preempted_sequences(mode: str) -> None:
     assert tight.scheduler.num_preemptions > 0 and tight.block_manager.num_used_blocks == 0
     # recomputed positions run the decode step's op and kernels row by row: the same bits, the same tokens
     assert all(torch.equal(a, b) for a, b in zip(free, constrained))
+
+
+def test_int8_kv_engine_decodes_fused_preempts_and_finishes() -> None:
+    roomy = _engine("bfloat16", kv_cache_dtype="int8")
+    assert roomy.runner.backend.name == "cpu" and roomy.runner.kv_cache[0][0].dtype == torch.int8
+    bf16_blocks = _engine("bfloat16").block_manager.num_blocks
+    assert roomy.block_manager.num_blocks == bf16_blocks * 2 * 32 // (32 + 4)  # head_dim 32: 36 bytes a row, not 64
+    free = _generate(roomy, 6, steps=30)
+    tight = _engine("bfloat16", kv_cache_dtype="int8", kv_cache_memory=16 * LAYERS * 2 * BLOCK * HEADS * 36,
+                    max_model_len=64)
+    constrained = _generate(tight, 6, steps=30)
+    assert tight.scheduler.num_preemptions > 0 and tight.block_manager.num_used_blocks == 0
+    # recompute quantises the same rows with the same code (the decode op, row by row): the same bytes and tokens
+    assert all(torch.equal(a, b) for a, b in zip(free, constrained))
+
+
+@pytest.mark.parametrize("mode", ["bfloat16", "int8"])
+def test_int8_kv_codes_agree_with_bf16_kv_teacher_forced(mode: str) -> None:
+    """Both engines score the bf16-KV engine's own greedy codes, position by position, through their decode steps."""
+    reference, fast = _engine(mode), _engine(mode, kv_cache_dtype="int8")
+    prompts, codes = [_prompt(i) for i in range(6)], _generate(reference, 6, steps=40)
+    same = _forced_logits(reference, prompts, codes).argmax(-1) == _forced_logits(fast, prompts, codes).argmax(-1)
+    agreement = same.float().mean().item()
+    print(f"int8 KV vs bf16 KV ({mode} weights): {agreement:.2%} of codes agree")
+    assert agreement >= 0.95
+
+
+@torch.inference_mode()
+def _forced_logits(engine: LLMEngine, prompts: list[Prompt], codes: list[torch.Tensor]) -> torch.Tensor:
+    """Code logits [B * T, 4, V] of each generated position: the prompts prefilled, then `codes` fed by decode steps."""
+    runner, steps = engine.runner, codes[0].shape[0]
+    width = -(-(max(len(p) for p in prompts) + steps) // BLOCK)
+    tables = [list(range(b * width, (b + 1) * width)) for b in range(len(prompts))]
+    last = []
+    for prompt, table in zip(prompts, tables):
+        meta = build_attention_metadata([len(prompt)], [len(prompt)], [table], BLOCK)
+        last.append(runner.backend.forward(runner.embed.embed(prompt.input_ids, prompt.text_mask), meta)[-1])
+    hidden = [torch.stack(last)]  # [B, H] per step
+    for t in range(steps - 1):
+        ids = torch.stack([c[t] for c in codes])  # [B, 4]
+        embeds = runner.embed.embed(ids, torch.zeros(len(ids), dtype=torch.bool))
+        positions = [len(p) + t for p in prompts]
+        hidden.append(runner.backend.decode(embeds, positions, [tb[: q // BLOCK + 1] for tb, q in zip(tables, positions)]))
+    return runner.embed.code_logits(torch.stack(hidden, 1).float().flatten(0, 1))
