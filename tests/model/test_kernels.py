@@ -170,7 +170,9 @@ def test_paged_decode_attention_kernel_on_int8_pools_matches_the_dequantising_to
     expected = paged_decode_attention(q, k_cache, v_cache, meta).float()  # dequantises in fp32
     out = torch.ops.chattts_velocity_cpu.paged_decode_attention(q, k_cache, v_cache, tables, lens, head_dim**-0.5)
     assert out.dtype == torch.bfloat16 and out.shape == q.shape
-    assert ((out.float() - expected).abs() <= 2**-7 * expected.abs() + 1e-5).all()
+    # one bf16 rounding step apart, plus q's int16 rounding (2^-16 of its absmax) moving scores of up to ~6 by ~1e-4:
+    # a few 1e-4 of |V| ~ 1 (measured max 1.3e-4 beyond the bf16 step)
+    assert ((out.float() - expected).abs() <= 2**-7 * expected.abs() + 5e-4).all()
     for b in range(1, 6):  # one position's V exactly, for a zero row and for any other
         one = torch.ops.chattts_velocity_cpu.paged_decode_attention(q[b:b + 1], k_cache, v_cache, tables[b:b + 1],
                                                                     torch.tensor([1]), head_dim**-0.5)
