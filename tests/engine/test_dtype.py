@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from chattts_velocity import load_pretrained
-from chattts_velocity.model import PackedLinear, build_attention_metadata
+from chattts_velocity.model import PackedLinear, build_attention_metadata, kernels
 from chattts_velocity.params import InferCodeParams
 from chattts_velocity.text import Tokenizer, sample_random_speaker
 
@@ -66,15 +66,17 @@ def _params(steps: int):
                            show_tqdm=False).to_sampling_params("code", 625, return_hidden=True)
 
 
-def teacher_forced_agreement(assets, dtype: str, num_seqs: int, steps: int, decode_steps: bool = False) -> float:
-    """Share of (position, codebook) argmaxes of `dtype` equal to fp32's along fp32's own trajectory.
+def teacher_forced_agreement(assets, dtype: str, num_seqs: int, steps: int, decode_steps: bool = False,
+                             reference: str = "float32", **options) -> float:
+    """Share of (position, codebook) argmaxes of `dtype` (with engine `options`) equal to the `reference` precision's
+    along the reference's own trajectory.
 
     The trajectory is scored by one prefill per sequence, or (decode_steps) by the engine's decode path, one
     batched step per position (the fused C++ layers where they are in use).
     """
     tok = Tokenizer(assets / "asset" / "tokenizer")
-    ref = load_pretrained(assets, is_vllm=True)
-    fast = load_pretrained(assets, is_vllm=True, dtype=dtype)
+    ref = load_pretrained(assets, is_vllm=True, dtype=reference)
+    fast = load_pretrained(assets, is_vllm=True, dtype=dtype, **options)
     torch.manual_seed(0)
     speaker = sample_random_speaker(ref.config.hidden_size)
     prompts = [tok.code_prompt(f"Sentence number {i} for the agreement test.", speaker) for i in range(num_seqs)]
@@ -136,4 +138,15 @@ def test_reduced_precision_codes_agree_with_float32_tiny(tiny_assets, dtype, dec
 def test_reduced_precision_codes_agree_with_float32_full_size(full_assets, dtype, decode_steps) -> None:
     agreement = teacher_forced_agreement(full_assets, dtype, num_seqs=8, steps=100, decode_steps=decode_steps)
     print(f"{dtype}: {agreement:.2%} of codes agree with float32")
+    assert agreement >= 0.95
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(kernels.unsupported() is not None, reason="int8 KV runs on the cpu backend's C++ kernels only")
+@pytest.mark.parametrize("dtype", ["bfloat16", "int8"])
+@pytest.mark.parametrize("decode_steps", [False, True], ids=["prefill", "decode"])
+def test_int8_kv_codes_agree_with_bf16_kv_full_size(full_assets, dtype, decode_steps) -> None:
+    agreement = teacher_forced_agreement(full_assets, dtype, num_seqs=8, steps=100, decode_steps=decode_steps,
+                                         reference=dtype, kv_cache_dtype="int8")
+    print(f"{dtype} weights: {agreement:.2%} of codes with int8 KV agree with bf16 KV")
     assert agreement >= 0.95
