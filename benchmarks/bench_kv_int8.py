@@ -4,7 +4,8 @@ Two engines over the same weights (dtype bfloat16 by default, the cpu backend's 
 steps of `--seqs` sequences whose context is `--context` positions long; turns of a few steps alternate between the
 engines, so host noise hits both alike. Each turn feeds the same positions again (context .. context + steps - 1):
 the pools' contents do not change the work, so nothing is prefilled. Full-size random weights by default.
-Usage: python benchmarks/bench_kv_int8.py [--dtype bfloat16] [--seqs 32] [--context 300] [--rounds 5] [--name kv_int8]
+Usage: python benchmarks/bench_kv_int8.py [--dtype bfloat16] [--seqs 32] [--context 300] [--rounds 5] [--threads 1,2]
+                                         [--name kv_int8]
 """
 from __future__ import annotations
 
@@ -34,29 +35,40 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seqs", type=int, default=32)
     parser.add_argument("--context", type=int, default=300, help="positions already in each sequence's KV cache")
     parser.add_argument("--rounds", type=int, default=5, help="turns per KV dtype (default 5)")
+    parser.add_argument("--threads", type=lambda v: [int(t) for t in v.split(",")], default=[torch.get_num_threads()],
+                        help="torch threads, one A/B per count (default: torch's)")
     parser.add_argument("--name", default="kv_int8", help="results/<name>.json")
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "results"))
     args = parser.parse_args(argv)
     steps = {kv: _decode_turn(_engine(args, kv), args.seqs, args.context) for kv in KV_DTYPES}
+    report = {"dtype": args.dtype, "seqs": args.seqs, "context": args.context, "steps_per_turn": STEPS_PER_TURN,
+              "rounds": args.rounds, "threads": {}}
+    for threads in args.threads:
+        torch.set_num_threads(threads)
+        report["threads"][str(threads)] = result = _ab(steps, args.rounds)
+        median = result["ms_per_step_median"]
+        print(f"{threads} thread(s), {args.seqs} x {args.context} positions, {args.dtype} weights: bf16 KV "
+              f"{median['auto']:.1f} ms/step ({1e3 / median['auto']:.2f} steps/s), int8 KV {median['int8']:.1f} "
+              f"ms/step ({1e3 / median['int8']:.2f} steps/s): {result['int8_speedup']:.2f}x")
+    path = Path(args.out) / f"{args.name}.json"
+    path.write_text(json.dumps(report, indent=2), encoding="utf-8")
+    print(f"results written to {path}")
+
+
+def _ab(steps: dict, rounds: int) -> dict:
+    """Turns alternating between the KV dtypes: ms per step of each turn, medians, steps/s and the speed-up."""
     for turn in steps.values():  # warm-up: first touches of the pools and the kernels' scratch
         turn()
-    ms: dict[str, list[float]] = {kv: [] for kv in KV_DTYPES}
-    for _ in range(args.rounds):
+    ms: dict[str, list[float]] = {kv: [] for kv in steps}
+    for _ in range(rounds):
         for kv, turn in steps.items():
             start = time.perf_counter()
             turn()
             ms[kv].append((time.perf_counter() - start) / STEPS_PER_TURN * 1e3)
     median = {kv: statistics.median(t) for kv, t in ms.items()}
-    report = {"dtype": args.dtype, "threads": torch.get_num_threads(), "seqs": args.seqs, "context": args.context,
-              "steps_per_turn": STEPS_PER_TURN, "rounds": args.rounds, "ms_per_step": ms,
-              "ms_per_step_median": median, "steps_per_s_median": {kv: 1e3 / t for kv, t in median.items()},
-              "int8_speedup": median["auto"] / median["int8"]}
-    print(f"{args.seqs} x {args.context} positions, {args.dtype} weights: bf16 KV {median['auto']:.1f} ms/step "
-          f"({1e3 / median['auto']:.2f} steps/s), int8 KV {median['int8']:.1f} ms/step ({1e3 / median['int8']:.2f} "
-          f"steps/s): {report['int8_speedup']:.2f}x")
-    path = Path(args.out) / f"{args.name}.json"
-    path.write_text(json.dumps(report, indent=2), encoding="utf-8")
-    print(f"results written to {path}")
+    return {"ms_per_step": ms, "ms_per_step_median": median,
+            "steps_per_s_median": {kv: 1e3 / t for kv, t in median.items()},
+            "int8_speedup": median["auto"] / median["int8"]}
 
 
 def _engine(args: argparse.Namespace, kv_cache_dtype: str):
