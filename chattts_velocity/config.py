@@ -100,12 +100,13 @@ class EngineConfig:
 
     def _check_kv_cache_dtype(self) -> None:
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
-            raise ValueError(f"kv_cache_dtype: must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}")
+            raise ValueError(f"kv_cache_dtype: must be one of {', '.join(KV_CACHE_DTYPES)}, "
+                             f"got {self.kv_cache_dtype!r}")
         cpu_backend = self.device.split(":")[0] == "cpu" and self.backend in ("auto", "cpu")
         if self.kv_cache_dtype == "int8" and not (cpu_backend and self.dtype in ("bfloat16", "int8")):
             raise ValueError("kv_cache_dtype: 'int8' runs only on the cpu backend (device 'cpu', backend 'auto' or "
-                             f"'cpu', dtype 'bfloat16' or 'int8'), got device={self.device!r}, backend={self.backend!r},"
-                             f" dtype={self.dtype!r}")
+                             f"'cpu', dtype 'bfloat16' or 'int8'), got device={self.device!r}, "
+                             f"backend={self.backend!r}, dtype={self.dtype!r}")
 
     @classmethod
     def from_kwargs(cls, **kwargs) -> "EngineConfig":

@@ -171,7 +171,8 @@ def test_audio_precision_is_bf16_on_cuda_or_for_fast_engines_and_float32_on_requ
 
 
 def test_kv_cache_dtype_reaches_the_engine_and_only_the_engine(tiny_assets) -> None:
-    # the tiny model's head_dim 16 rules out the cpu backend, the only one reading int8 pools: the error shows it arrived
+    # the tiny model's head_dim 16 rules out the cpu backend, the only one reading int8 pools: the error shows
+    # that the option arrived
     with pytest.raises(ValueError, match="kv_cache_dtype: 'int8' needs the cpu backend, which cannot run here"):
         Chat().load(source="custom", custom_path=tiny_assets, verify=False, use_vllm=True, dtype="bfloat16",
                     kv_cache_dtype="int8")

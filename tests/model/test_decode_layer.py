@@ -263,5 +263,6 @@ def _forced_logits(engine: LLMEngine, prompts: list[Prompt], codes: list[torch.T
         ids = torch.stack([c[t] for c in codes])  # [B, 4]
         embeds = runner.embed.embed(ids, torch.zeros(len(ids), dtype=torch.bool))
         positions = [len(p) + t for p in prompts]
-        hidden.append(runner.backend.decode(embeds, positions, [tb[: q // BLOCK + 1] for tb, q in zip(tables, positions)]))
+        trimmed = [table[: q // BLOCK + 1] for table, q in zip(tables, positions)]
+        hidden.append(runner.backend.decode(embeds, positions, trimmed))
     return runner.embed.code_logits(torch.stack(hidden, 1).float().flatten(0, 1))

@@ -97,7 +97,8 @@ void store_v(const T* x, uint8_t* slot, int64_t heads, int64_t D) {
 }
 
 // qkv [B, 3H] -> q rotated into q_out [B, H] (bf16); K rotated and V written to their pool slots (pools
-// [num_blocks, block_size, heads, R] of P: bf16 with R = D, or int8 with R = D + kKvScaleBytes; slot s at s * heads * R).
+// [num_blocks, block_size, heads, R] of P: bf16 with R = D, or int8 with R = D + kKvScaleBytes; slot s at
+// s * heads * R).
 template <typename T, typename P>
 void rope_and_store(const T* qkv, const int64_t* positions, const float* cos, const float* sin, const int64_t* slots,
                     uint16_t* q_out, P* k_pool, P* v_pool, int64_t B, int64_t heads, int64_t D) {
