@@ -50,9 +50,10 @@ def _run(engine: LLMEngine, which: list[int]) -> dict[int, tuple[torch.Tensor, t
     return {i: (torch.cat([c for c, _ in codes[f"r{i}"]]), torch.cat([h for _, h in codes[f"r{i}"]])) for i in which}
 
 
+@pytest.mark.parametrize("kv", ["auto", "int8"])  # EngineConfig.kv_cache_dtype
 @pytest.mark.parametrize("mode", ["bfloat16", "int8"])
-def test_a_seeded_request_is_the_same_alone_in_any_batch_and_after_preemption(mode: str) -> None:
-    engine = _engine(mode)
+def test_a_seeded_request_is_the_same_alone_in_any_batch_and_after_preemption(mode: str, kv: str) -> None:
+    engine = _engine(mode, kv_cache_dtype=kv)
     alone = {i: _run(engine, [i])[i] for i in (0, 5)}
     batches = [[0, 1, 2], [3, 4, 0, 5, 6, 7, 1, 2], [*range(15, 5, -1), 5, 0, 1, 2, 3, 4]]  # 3, 8 and 16 requests
     for which in batches:
@@ -62,8 +63,9 @@ def test_a_seeded_request_is_the_same_alone_in_any_batch_and_after_preemption(mo
                 assert torch.equal(together[i][0], alone[i][0]), (mode, which, i)
                 assert torch.equal(together[i][1], alone[i][1])
     # 24 blocks of 4 positions cannot hold 8 sequences of ~50: the scheduler preempts and recomputes
-    tight = _engine(mode, kv_cache_memory=24 * kv_cache_bytes_per_block(LAYERS, BLOCK, HEADS, HIDDEN // HEADS,
-                                                                        torch.bfloat16), max_model_len=96)
+    block_bytes = kv_cache_bytes_per_block(LAYERS, BLOCK, HEADS, HIDDEN // HEADS,
+                                           torch.int8 if kv == "int8" else torch.bfloat16)
+    tight = _engine(mode, kv_cache_dtype=kv, kv_cache_memory=24 * block_bytes, max_model_len=96)
     crowded = _run(tight, [5, 0, *range(1, 5), 6, 7])
     assert tight.scheduler.num_preemptions > 0
     for i in (0, 5):
