@@ -16,7 +16,7 @@ from chattts_velocity.model.llama import KVPair
 class PagedKV:
     """The engine's KV pool as the backends see it."""
 
-    pairs: list[KVPair]  # per layer (K, V), each [num_blocks + 1, block_size, heads, head_dim]
+    pairs: list[KVPair]  # per layer (K, V), each [num_blocks + 1, block_size, heads, head_dim (+ 4 if int8)]
     block_size: int
     pad_block: int  # the extra last block, never handed out: write target of padding rows in compiled steps
     device: torch.device
