@@ -58,7 +58,7 @@ def test_every_model_command_has_the_same_model_flags() -> None:
     commands = parser._subparsers._group_actions[0].choices  # argparse keeps subparsers here
     for name in ("say", "demo", "export", "serve", "webui"):
         flags = {opt for action in commands[name]._actions for opt in action.option_strings}
-        assert {"--model", "--tiny", "--no-verify", "--dtype", "--backend"} <= flags, name
+        assert {"--model", "--tiny", "--no-verify", "--dtype", "--backend", "--kv-cache-dtype"} <= flags, name
 
 
 @pytest.mark.parametrize("reason,want", [(None, "bfloat16"), ("this CPU lacks avx512_bf16", "float32")])
@@ -99,3 +99,14 @@ def test_backend_flag_reaches_the_engine_and_bad_choices_are_one_line(demo_dir: 
         cli.main(["say", "x", "-o", str(tmp_path / "x.wav"), "--model", str(demo_dir), "--dtype", "float32",
                   "--backend", "cpu"])
     assert str(err.value).startswith("error: backend: 'cpu' cannot run here") and "\n" not in str(err.value)
+
+
+def test_kv_cache_dtype_flag_reaches_the_engine_config_and_refusals_are_one_line(demo_dir: Path, tmp_path: Path) -> None:
+    from chattts_velocity.cli import common
+
+    args = cli.build_parser().parse_args(["say", "x", "--model", str(demo_dir), "--kv-cache-dtype", "int8"])
+    assert common.engine_options(args) == {"backend": "auto", "kv_cache_dtype": "int8"}
+    with pytest.raises(SystemExit) as err:  # float32 engines keep a float32 cache
+        cli.main(["say", "x", "-o", str(tmp_path / "x.wav"), "--model", str(demo_dir), "--dtype", "float32",
+                  "--kv-cache-dtype", "int8"])
+    assert str(err.value).startswith("error: kv_cache_dtype:") and "\n" not in str(err.value)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ..assets import AssetError
 from ..chat import Chat
-from ..config import BACKENDS
+from ..config import BACKENDS, KV_CACHE_DTYPES
 from ..demo import ensure_model
 
 DTYPES = ["auto", "float32", "bfloat16", "int8"]
@@ -33,7 +33,8 @@ def resolve_dtype(args: argparse.Namespace) -> str:
 
 
 def add_model_flags(p: argparse.ArgumentParser, default_dtype: str = "auto") -> None:
-    """--model, --tiny, --no-verify and --dtype: the same on every command that loads a model."""
+    """--model, --tiny, --no-verify, --dtype, --backend and --kv-cache-dtype: the same on every command that loads
+    a model."""
     p.add_argument("--model", default="demo", help="asset folder (the one that contains asset/), or 'demo' for "
                                                     "random demo weights")
     p.add_argument("--tiny", action="store_true", help="with --model demo: test-size weights")
@@ -44,6 +45,14 @@ def add_model_flags(p: argparse.ArgumentParser, default_dtype: str = "auto") -> 
     p.add_argument("--backend", default="auto", choices=BACKENDS,
                    help="the engine's decode backend: auto (triton on CUDA, the fused C++ layers on capable CPUs, "
                         "else torch), or one of them (an error where it cannot run)")
+    p.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES,
+                   help="auto: the KV cache in the engine's precision; int8: about half the bytes per cached position "
+                        "(bfloat16/int8 engines on the fused C++ layers; docs/performance.md section 9)")
+
+
+def engine_options(args: argparse.Namespace) -> dict:
+    """The engine's options among the model flags, as Chat.load takes them (here or in a Ray worker)."""
+    return {"backend": args.backend, "kv_cache_dtype": args.kv_cache_dtype}
 
 
 def model_folder(args: argparse.Namespace) -> tuple[Path, bool]:
@@ -56,7 +65,7 @@ def load_chat(args: argparse.Namespace, use_vllm: bool = True, **kwargs) -> Chat
     root, verify = model_folder(args)
     resolve_dtype(args)
     chat = Chat()
-    engine = {"backend": args.backend} if use_vllm else {}  # the plain path has no backends
+    engine = engine_options(args) if use_vllm else {}  # the plain path has no backends
     try:
         chat.load(source="custom", custom_path=root, verify=verify, use_vllm=use_vllm, dtype=args.dtype,
                   **engine, **kwargs)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..audio.wav import SAMPLE_RATE
 from ..demo import DEMO_MAX_NEW_TOKEN
-from .common import add_model_flags, add_webui_flags, load_chat, model_folder, resolve_dtype
+from .common import add_model_flags, add_webui_flags, engine_options, load_chat, model_folder, resolve_dtype
 from .serve import add_serve_parser
 
 DEMO_TEXTS = [
@@ -102,7 +102,7 @@ def _export_with_ray(args: argparse.Namespace, plan, params) -> None:
     options = ray_export.RayExportOptions(actors=args.actors, cpus_per_actor=args.cpus_per_actor,
                                           gpus_per_actor=args.gpus_per_actor, batch_size=args.batch_size)
     ray_export.run_export_ray(root, plan, params, options, verify=verify, dtype=resolve_dtype(args),
-                              backend=args.backend)
+                              **engine_options(args))
 
 
 def _add_export_ray_flags(p: argparse.ArgumentParser) -> None:

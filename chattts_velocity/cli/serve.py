@@ -9,7 +9,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from ..demo import DEMO_MAX_NEW_TOKEN
-from .common import add_model_flags, check_port_free, load_chat, model_folder, resolve_dtype
+from .common import add_model_flags, check_port_free, engine_options, load_chat, model_folder, resolve_dtype
 
 if TYPE_CHECKING:
     from ..serve.openai_api import ServerConfig
@@ -62,7 +62,7 @@ def _serve_with_ray(args: argparse.Namespace, config) -> None:
                                            num_cpus=args.replica_cpus, num_gpus=args.replica_gpus,
                                            max_ongoing_requests=args.max_ongoing_requests)
         app = ray_serve.build_app(root, config, options, verify=verify, dtype=resolve_dtype(args),
-                                  compile=args.compile, backend=args.backend)
+                                  compile=args.compile, **engine_options(args))
         ray_serve.serve_on_ray(app, host=args.host, port=args.port)
     except ray_stop.StopRequested as stop:
         print(f"serve: {stop}: shutting the Ray cluster down", file=sys.stderr)
