@@ -22,6 +22,8 @@ if str(REPO) not in sys.path:
 
 from chattts_velocity import load_pretrained
 from chattts_velocity.engine.backends import CompiledTorchBackend
+from chattts_velocity.model import kernels
+from chattts_velocity.model.fused import FusedLayerWeights
 from chattts_velocity.params import InferCodeParams
 from chattts_velocity.text import Tokenizer, sample_random_speaker
 
@@ -59,22 +61,20 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _variants(runner, cpu, compiled) -> dict[str, callable]:
-    """name -> a function that switches the runner to that decode backend ("compiled, no AMX" is session 2's).
+    """name -> a function that switches the runner to that decode backend and kernel layout.
 
-    Without the AMX panels bf16 batches of 5+ rows go to oneDNN, int8 ones to the int8 tile kernel.
+    "no AMX" is the route of CPUs without AMX: every linear on the AVX-512 tiles (rebuilt from the AMX panels).
     """
-    fused = cpu.fused.layers
-    packed = [m for m in runner.model.modules() if getattr(m, "panels", None) is not None]
-    own = {id(m): m.panels for m in packed}
-    own_fused = [layer.panels for layer in fused]
+    packed = [m for m in runner.model.modules() if getattr(m, "kernel", None) == "amx"]
+    layouts = {id(m): {True: m.packed, False: kernels.to_tiles(kernels.from_panels(m.packed),
+                                                               16 if m.mode == "int8" else 32)} for m in packed}
 
     def use(backend, amx: bool):
         def switch() -> None:
             runner.backend = backend
             for m in packed:
-                m.panels = own[id(m)] if amx else None
-            for layer, panels in zip(fused, own_fused):
-                layer.panels = panels if amx else [None] * len(panels)
+                m.packed = layouts[id(m)][amx]
+            cpu.fused.layers = [FusedLayerWeights.of(layer) for layer in runner.model.layers]
         return switch
 
     if not packed:  # no AMX on this CPU
