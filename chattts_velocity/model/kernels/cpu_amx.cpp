@@ -87,6 +87,34 @@ void amx_panel(const uint16_t* x, const W* panel, float* out, int64_t K) {
   if constexpr (G > 3) _tile_stored(3, out + 768, 64);
 }
 
+// Two panels at once for up to 32 rows: C tiles 0..G-1 for panel a, 2..G+1 for panel b, B tiles 7 and 5, A tile 6.
+// Two weight streams in flight keep the memory busier when there are too few rows to hide a B tile's load; every
+// C element still sums over k in amx_panel's order (the same bits).
+template <int G, typename W>
+void amx_panel_pair(const uint16_t* x, const W* a, const W* b, float* out_a, float* out_b, int64_t K) {
+  static_assert(G <= 2, "4 C tiles, A and two B tiles fill 7 of the 8 tiles");
+  alignas(64) uint16_t buffer_a[512], buffer_b[512];
+  _tile_zero(0);
+  _tile_zero(2);
+  if constexpr (G > 1) { _tile_zero(1); _tile_zero(3); }
+  const int64_t row_bytes = K * 2;
+  for (int64_t k = 0; k < K; k += 32) {
+    _tile_loadd(7, b_tile(a, k, buffer_a), 64);
+    _tile_loadd(5, b_tile(b, k, buffer_b), 64);
+    _tile_loadd(6, x + k, row_bytes);
+    _tile_dpbf16ps(0, 6, 7);
+    _tile_dpbf16ps(2, 6, 5);
+    if constexpr (G > 1) {
+      _tile_loadd(6, x + 16 * K + k, row_bytes);
+      _tile_dpbf16ps(1, 6, 7);
+      _tile_dpbf16ps(3, 6, 5);
+    }
+  }
+  _tile_stored(0, out_a, 64);
+  _tile_stored(2, out_b, 64);
+  if constexpr (G > 1) { _tile_stored(1, out_a + 256, 64); _tile_stored(3, out_b + 256, 64); }
+}
+
 // y [M, N] bf16 = x [M, K] bf16 @ W.T (times per-column scales for int8 weights). Threads take panels; each panel
 // (16 columns, 24-96 KB) stays in cache while every 64-row pass of x goes over it, so W streams from memory once
 // at any M. A row's sums do not depend on M (the batch-invariance contract of cpu_linear.cpp).
@@ -100,21 +128,33 @@ void amx_linear(const uint16_t* x, const W* panels, const float* scales, uint16_
   std::memset(xpad + M * K, 0, (padded - M) * K * sizeof(uint16_t));
   at::parallel_for(0, N / 16, 4, [&](int64_t p0, int64_t p1) {
     configure_tiles();
-    alignas(64) float out[kAmxMaxRows * 16];
-    for (int64_t p = p0; p < p1; ++p) {
-      const W* panel = panels + p * 16 * K;
+    alignas(64) float out[2][kAmxMaxRows * 16];
+    auto store = [&](const float* sums, int64_t p, int64_t m0, int64_t rows) {
       const __m512 scale = scales ? _mm512_loadu_ps(scales + p * 16) : _mm512_set1_ps(1.0f);
+      for (int64_t m = 0; m < rows; ++m)
+        store16(y + (m0 + m) * N + p * 16, _mm512_mul_ps(_mm512_load_ps(sums + m * 16), scale));
+    };
+    for (int64_t p = p0; p < p1;) {
+      const W* panel = panels + p * 16 * K;
+      if (M <= 2 * kTileRows && p + 1 < p1) {  // one pass of at most two row groups: two panels at a time
+        if (M <= kTileRows) amx_panel_pair<1>(xpad, panel, panel + 16 * K, out[0], out[1], K);
+        else amx_panel_pair<2>(xpad, panel, panel + 16 * K, out[0], out[1], K);
+        store(out[0], p, 0, M);
+        store(out[1], p + 1, 0, M);
+        p += 2;
+        continue;
+      }
       for (int64_t m0 = 0; m0 < M; m0 += kAmxMaxRows) {
         const int64_t rows = std::min(M - m0, kAmxMaxRows);
         switch ((rows + kTileRows - 1) / kTileRows) {
-          case 1: amx_panel<1>(xpad + m0 * K, panel, out, K); break;
-          case 2: amx_panel<2>(xpad + m0 * K, panel, out, K); break;
-          case 3: amx_panel<3>(xpad + m0 * K, panel, out, K); break;
-          default: amx_panel<4>(xpad + m0 * K, panel, out, K); break;
+          case 1: amx_panel<1>(xpad + m0 * K, panel, out[0], K); break;
+          case 2: amx_panel<2>(xpad + m0 * K, panel, out[0], K); break;
+          case 3: amx_panel<3>(xpad + m0 * K, panel, out[0], K); break;
+          default: amx_panel<4>(xpad + m0 * K, panel, out[0], K); break;
         }
-        for (int64_t m = 0; m < rows; ++m)
-          store16(y + (m0 + m) * N + p * 16, _mm512_mul_ps(_mm512_load_ps(out + m * 16), scale));
+        store(out[0], p, m0, rows);
       }
+      ++p;
     }
     _tile_release();
   });
