@@ -11,6 +11,11 @@ from torch import nn
 from chattts_velocity.audio.loading import count_indexed, shape_of
 
 
+def masked(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:  # [B, C, T] * [B, 1, T] -> [B, C, T]
+    """Zero each row's frames past its end, so the next conv reads the zeros its own padding gives a row alone."""
+    return x if mask is None else x * mask.to(x.dtype)
+
+
 class ConvNeXtBlock(nn.Module):
     """Depthwise conv -> LayerNorm -> Linear -> GELU -> Linear -> per-channel scale -> + residual."""
 
@@ -70,8 +75,10 @@ class ConvNeXtStack(nn.Module):
         inter = shape_of(sd, f"{prefix}decoder_block.0.pwconv1.weight", what)[0]
         return cls(idim, odim, bn_dim, hidden, inter, n_layer, kernel, dilation)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, idim, T] -> [B, odim, T]
-        y = self.conv_in(x)  # [B, hidden, T]
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:  # [B, idim, T] -> [B, odim, T]
+        """mask [B, 1, T] (1 inside a row, 0 past its end) makes each row's frames what they are decoded alone."""
+        conv0, gelu, conv1 = self.conv_in
+        y = conv1(masked(gelu(conv0(masked(x, mask))), mask))  # [B, hidden, T]
         for block in self.decoder_block:
-            y = block(y)
+            y = block(masked(y, mask))
         return self.conv_out(y)

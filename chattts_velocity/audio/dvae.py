@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from chattts_velocity.audio.convnext import ConvNeXtStack
+from chattts_velocity.audio.convnext import ConvNeXtStack, masked
 from chattts_velocity.audio.gfsq import GFSQ, FSQVariant
 from chattts_velocity.audio.loading import load_strict, shape_of
 from chattts_velocity.audio.mel import MelSpectrogramFeatures
@@ -45,11 +45,12 @@ class Decoder(nn.Module):
         n_mels = shape_of(sd, "out_conv.weight", "Decoder")[0]
         return cls(ConvNeXtStack.sized_like(sd, "decoder.", "Decoder"), n_mels)
 
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:  # [B, H, T] -> [B, n_mels, 2T]
+    def forward(self, hidden: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """[B, H, T] -> [B, n_mels, 2T]; mask [B, 1, 2T] decodes right-padded rows as if each were alone."""
         expected = 2 * self.decoder.idim
         if hidden.dim() != 3 or hidden.shape[1] != expected:
             raise ValueError(f"hidden: expected [B, {expected}, T] (channels first), got {tuple(hidden.shape)}")
-        return self.out_conv(self.decoder(interleave(hidden))) * self.coef
+        return self.out_conv(masked(self.decoder(interleave(hidden), mask), mask)) * self.coef
 
     @torch.inference_mode()
     def decode(self, hidden: torch.Tensor) -> torch.Tensor:  # [B, H, T] -> [B, n_mels, 2T]
@@ -89,9 +90,10 @@ class DVAE(nn.Module):
             MelSpectrogramFeatures.sized_like(sd, "preprocessor_mel.", "DVAE"),
         )
 
-    def forward(self, codes: torch.Tensor) -> torch.Tensor:  # [B, 4, T] int -> [B, n_mels, 2T]
+    def forward(self, codes: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """[B, 4, T] int -> [B, n_mels, 2T]; mask [B, 1, 2T] as in Decoder.forward."""
         feats = self.vq_layer.decode(codes)  # [B, dim, T]
-        return self.out_conv(self.decoder(interleave(feats))) * self.coef
+        return self.out_conv(masked(self.decoder(interleave(feats), mask), mask)) * self.coef
 
     @torch.inference_mode()
     def decode(self, codes: torch.Tensor) -> torch.Tensor:  # [B, 4, T] int -> [B, n_mels, 2T]

@@ -1,7 +1,9 @@
 """Audio stage: batch decoding for the pipeline (per-request hiddens/codes -> per-request waveforms).
 
-Rows are zero-padded to the longest one (as upstream), decoded in one batch, and each row is cut to
-exactly (2*T_i - 1) * 256 samples, so a row's audio never carries the padding of longer rows.
+Rows of equal length share one batch; rows of other lengths are sorted into groups whose padding wastes at most
+a quarter of a group's frames (`length_groups`), and a group of unequal rows is masked (`Vocos.decode_rows`) so
+that every row's audio is what the row gives decoded alone: exactly (2*T_i - 1) * 256 samples that the padding
+of longer rows never reaches (upstream's one padded batch changes the last ~100 frames of its shorter rows).
 `dtype=torch.bfloat16` runs the convolutions and GEMMs under autocast on the modules' device (on CPU about 2x
 faster; the iSTFT and the output stay float32); the default None is the exact float32 path. Everything stays on
 the modules' device until the final waveforms, copied to the host once per batch.
@@ -12,7 +14,7 @@ import numpy as np
 import torch
 
 from chattts_velocity.audio.dvae import DVAE, Decoder
-from chattts_velocity.audio.vocos import Vocos
+from chattts_velocity.audio.vocos import Vocos, frame_mask
 
 
 def audio_precision(choice: str | None, gpt_dtype: str, device: torch.device) -> torch.dtype | None:
@@ -39,21 +41,49 @@ def pad_batch(rows: list[torch.Tensor], device: torch.device) -> torch.Tensor:  
     return batch
 
 
+def length_groups(lengths: list[int], slack: float = 0.25) -> list[list[int]]:
+    """Indices of the non-empty rows, longest first, in groups whose rows are at least (1 - slack) x the group's
+    longest: padding wastes at most `slack` of a group's frames. Equal lengths always share a group."""
+    order = sorted((i for i, t in enumerate(lengths) if t > 0), key=lambda i: -lengths[i])
+    groups: list[list[int]] = []
+    for i in order:
+        if groups and lengths[i] >= (1 - slack) * lengths[groups[-1][0]]:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups
+
+
+def _decode_group(mel_model: Decoder | DVAE, vocos: Vocos, rows: list[torch.Tensor]) -> list[torch.Tensor]:
+    lengths = [r.shape[0] for r in rows]
+    batch = pad_batch(rows, mel_model.coef.device)  # [B, C, T_max]
+    to_vocos = vocos.head.istft.window.device
+    if len(set(lengths)) == 1:  # nothing padded: one plain batch
+        wavs = vocos(mel_model(batch).float().to(to_vocos)).float()  # [B, (2*T - 1)*hop]
+        return list(wavs)
+    frames = [2 * t for t in lengths]
+    mel = mel_model(batch, frame_mask(frames, 2 * batch.shape[2], batch.device)).float()  # [B, n_mels, 2*T_max]
+    return [w.float() for w in vocos.decode_rows(mel.to(to_vocos), frames)]
+
+
 def _decode_rows(
     mel_model: Decoder | DVAE, vocos: Vocos, rows: list[torch.Tensor], dtype: torch.dtype | None = None
 ) -> list[np.ndarray]:
-    lengths = [r.shape[0] for r in rows]
-    if not rows:
-        return []
-    if max(lengths) == 0:
-        return [np.zeros(0, dtype=np.float32) for _ in rows]
-    hop = vocos.head.istft.hop_length
-    batch = pad_batch(rows, mel_model.coef.device)  # [B, C, T_max]
-    device_type = batch.device.type
+    wavs: list[torch.Tensor | None] = [None] * len(rows)
+    device_type = mel_model.coef.device.type
     with torch.autocast(device_type, dtype=dtype or torch.float32, enabled=dtype not in (None, torch.float32)):
-        mel = mel_model(batch).float()  # [B, n_mels, 2*T_max]
-        wavs = vocos(mel.to(vocos.head.istft.window.device)).float().cpu().numpy()  # [B, (2*T_max-1)*hop]
-    return [wavs[i, : max(2 * t - 1, 0) * hop].copy() for i, t in enumerate(lengths)]
+        for group in length_groups([r.shape[0] for r in rows]):
+            wavs_of_group = _decode_group(mel_model, vocos, [rows[i] for i in group])
+            for i, wav in zip(group, wavs_of_group):
+                wavs[i] = wav
+    done = [w for w in wavs if w is not None]
+    flat = torch.cat(done).cpu().numpy() if done else np.zeros(0, dtype=np.float32)  # one copy to the host
+    out, start = [], 0
+    for w in wavs:
+        n = 0 if w is None else w.shape[0]
+        out.append(flat[start: start + n].copy())
+        start += n
+    return out
 
 
 @torch.inference_mode()

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from chattts_velocity.audio.convnext import ConvNeXtBlock
+from chattts_velocity.audio.convnext import ConvNeXtBlock, masked
 from chattts_velocity.audio.loading import count_indexed, load_strict, shape_of
 from chattts_velocity.audio.mel import MelSpectrogramFeatures
 from chattts_velocity.audio.wav import HOP_LENGTH
@@ -26,10 +26,11 @@ class VocosBackbone(nn.Module):
         )
         self.final_layer_norm = nn.LayerNorm(dim, eps=1e-6)
 
-    def forward(self, mel: torch.Tensor) -> torch.Tensor:  # [B, n_mels, T] -> [B, T, dim]
-        x = self.norm(self.embed(mel).transpose(1, 2)).transpose(1, 2)  # [B, dim, T]
+    def forward(self, mel: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:  # [B, n_mels, T] -> [B, T, dim]
+        """mask [B, 1, T] (1 inside a row) makes each row's frames what they are decoded alone."""
+        x = self.norm(self.embed(masked(mel, mask)).transpose(1, 2)).transpose(1, 2)  # [B, dim, T]
         for block in self.convnext:
-            x = block(x)
+            x = block(masked(x, mask))
         return self.final_layer_norm(x.transpose(1, 2))
 
 
@@ -55,10 +56,12 @@ class ISTFTHead(nn.Module):
         self.istft = ISTFT(n_fft, hop_length)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, dim] -> [B, (T-1)*hop]
+        return self.istft(self.spectrum(x))
+
+    def spectrum(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, dim] -> [B, n_fft//2+1, T] complex
         mag, phase = self.out(x).transpose(1, 2).chunk(2, dim=1)  # 2 x [B, n_fft//2+1, T]
         mag = torch.clip(torch.exp(mag), max=1e2)
-        spec = mag * (torch.cos(phase) + 1j * torch.sin(phase))
-        return self.istft(spec)
+        return mag * (torch.cos(phase) + 1j * torch.sin(phase))
 
 
 class Vocos(nn.Module):
@@ -100,3 +103,15 @@ class Vocos(nn.Module):
     @torch.inference_mode()
     def decode(self, mel: torch.Tensor) -> torch.Tensor:  # [B, n_mels, T] -> [B, (T-1)*hop]
         return self(mel)
+
+    def decode_rows(self, mel: torch.Tensor, frames: list[int]) -> list[torch.Tensor]:  # -> [(frames_i - 1)*hop]
+        """Right-padded rows [B, n_mels, T] of frames[i] frames each, every one as if decoded alone: masked
+        before each conv, and each row's iSTFT overlap-adds only its own frames."""
+        mask = frame_mask(frames, mel.shape[2], mel.device)
+        spec = self.head.spectrum(self.backbone(mel, mask))  # [B, n_fft//2+1, T]
+        return [self.head.istft(spec[i: i + 1, :, :f])[0] for i, f in enumerate(frames)]
+
+
+def frame_mask(frames: list[int], width: int, device: torch.device) -> torch.Tensor:  # -> [B, 1, width] float
+    """1.0 on each row's first frames[i] frames, 0.0 after."""
+    return (torch.arange(width, device=device) < torch.tensor(frames, device=device)[:, None]).float()[:, None]

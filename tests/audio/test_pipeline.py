@@ -1,4 +1,5 @@
-"""Batch decode: per-row lengths (2*T_i - 1)*256, rows cut (never padded tails), empty inputs."""
+"""Batch decode: per-row lengths (2*T_i - 1)*256; equal rows are today's one plain batch bit for bit; rows of
+other lengths decode as if alone (padding never reaches them); length groups; empty inputs."""
 from __future__ import annotations
 
 import numpy as np
@@ -6,6 +7,7 @@ import pytest
 import torch
 
 from chattts_velocity.audio import DVAE, Decoder, Vocos, decode_codes_batch, decode_hidden_batch
+from chattts_velocity.audio.pipeline import length_groups
 
 
 @pytest.fixture
@@ -13,21 +15,54 @@ def models(dvae_sd: dict, decoder_sd: dict, vocos_sd: dict) -> tuple[DVAE, Decod
     return DVAE.from_state_dict(dvae_sd), Decoder.from_state_dict(decoder_sd), Vocos.from_state_dict(vocos_sd)
 
 
+def alone(decoder: Decoder, vocos: Vocos, hidden: torch.Tensor) -> np.ndarray:  # [T, H] -> the row's own decode
+    return vocos.decode(decoder(hidden.T[None]))[0].numpy()
+
+
 def test_hidden_batch_lengths_and_content(models: tuple[DVAE, Decoder, Vocos]) -> None:
     _, decoder, vocos = models
-    lengths = [5, 2, 9, 0]
+    lengths = [5, 2, 9, 0, 8, 1]
     hiddens = [torch.randn(t, 64) for t in lengths]
     wavs = decode_hidden_batch(decoder, vocos, hiddens)
     assert [w.shape[0] for w in wavs] == [max(2 * t - 1, 0) * 256 for t in lengths]
     assert all(w.dtype == np.float32 for w in wavs)
-    padded = torch.zeros(4, 64, 9)  # the batch upstream decodes: zero-padded, channels first
-    for i, h in enumerate(hiddens):
-        padded[i, :, : h.shape[0]] = h.T
-    full = vocos.decode(decoder(padded)).numpy()  # [4, 17*256]
-    for w, t, row in zip(wavs, lengths, full):
-        np.testing.assert_array_equal(w, row[: len(w)])
-        assert len(w) < full.shape[1] or t == 9  # shorter rows carry no padded tail
+    for w, h in zip(wavs, hiddens):
+        if len(h):
+            np.testing.assert_allclose(w, alone(decoder, vocos, h), rtol=0, atol=1e-5)
     assert not np.allclose(wavs[1], 0)
+
+
+@pytest.mark.parametrize("dtype", [None, torch.bfloat16])
+def test_equal_rows_are_one_plain_batch(models: tuple[DVAE, Decoder, Vocos], dtype: torch.dtype | None) -> None:
+    """Equal lengths (every forced-length benchmark): bit for bit the one padded batch decoded before."""
+    _, decoder, vocos = models
+    hiddens = [torch.randn(7, 64) for _ in range(3)]
+    with torch.inference_mode(), torch.autocast("cpu", dtype=dtype or torch.float32, enabled=dtype is not None):
+        batch = vocos(decoder(torch.stack(hiddens).transpose(1, 2)).float()).float().numpy()
+    for w, row in zip(decode_hidden_batch(decoder, vocos, hiddens, dtype), batch):
+        np.testing.assert_array_equal(w, row)
+
+
+def test_padding_does_not_reach_shorter_rows(models: tuple[DVAE, Decoder, Vocos]) -> None:
+    """The one zero-padded batch of upstream changes a shorter row's last frames; the masked groups do not."""
+    _, decoder, vocos = models
+    short, long = torch.randn(6, 64), torch.randn(30, 64)
+    padded = torch.zeros(2, 64, 30)
+    padded[0, :, :6], padded[1] = short.T, long.T
+    upstream = vocos.decode(decoder(padded))[0, : 11 * 256].numpy()
+    own = alone(decoder, vocos, short)
+    assert np.abs(upstream - own).max() > 1e-3
+    np.testing.assert_allclose(decode_hidden_batch(decoder, vocos, [short, long])[0], own, rtol=0, atol=1e-5)
+
+
+def test_length_groups() -> None:
+    assert length_groups([]) == []
+    assert length_groups([0, 0]) == []
+    assert length_groups([64] * 4) == [[0, 1, 2, 3]]
+    assert length_groups([10, 40, 0, 31, 30, 9, 8]) == [[1, 3, 4], [0, 5, 6]]
+    groups = length_groups(list(range(1, 200)))
+    assert sorted(i for g in groups for i in g) == list(range(199))
+    assert all(min(g) + 1 >= 0.75 * (max(g) + 1) for g in groups)  # lengths are index + 1
 
 
 def test_codes_batch_lengths(models: tuple[DVAE, Decoder, Vocos]) -> None:
@@ -35,8 +70,8 @@ def test_codes_batch_lengths(models: tuple[DVAE, Decoder, Vocos]) -> None:
     codes = [torch.randint(0, 625, (t, 4)) for t in (3, 7)]
     wavs = decode_codes_batch(dvae, vocos, codes)
     assert [len(w) for w in wavs] == [5 * 256, 13 * 256]
-    alone = decode_codes_batch(dvae, vocos, codes[1:])[0]
-    np.testing.assert_allclose(wavs[1], alone, atol=1e-6)  # the longest row sees no padding
+    for w, c in zip(wavs, codes):  # each row as if decoded alone
+        np.testing.assert_allclose(w, decode_codes_batch(dvae, vocos, [c])[0], rtol=0, atol=1e-5)
 
 
 def test_empty_inputs(models: tuple[DVAE, Decoder, Vocos]) -> None:
