@@ -60,8 +60,9 @@ class ISTFTHead(nn.Module):
 
     def spectrum(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, dim] -> [B, n_fft//2+1, T] complex
         mag, phase = self.out(x).transpose(1, 2).chunk(2, dim=1)  # 2 x [B, n_fft//2+1, T]
-        mag = torch.clip(torch.exp(mag), max=1e2)
-        return mag * (torch.cos(phase) + 1j * torch.sin(phase))
+        mag = torch.clip(torch.exp(mag), max=1e2).float()
+        # = mag * (cos + 1j * sin) bit for bit (the imaginary zero adds exact zeros), without complex temporaries
+        return torch.complex(mag * torch.cos(phase).float(), mag * torch.sin(phase).float())
 
 
 class Vocos(nn.Module):
