@@ -100,7 +100,8 @@ def batch_run(chat: Chat, n: int, steps: int) -> BatchRun:
         start = time.perf_counter()
         outputs = chat.gpt(True).generate(reqs.prompts, reqs.sampling, False)
         gpt = time.perf_counter() - start
-        decode_hidden_batch(chat.decoder, chat.vocos, [o.hidden for o in outputs], chat.decode_dtype)
+        decoder, _, vocos = chat.audio_modules()
+        decode_hidden_batch(decoder, vocos, [o.hidden for o in outputs], chat.decode_dtype)
     return BatchRun(n, steps, gpt, time.perf_counter() - start - gpt)
 
 

@@ -41,7 +41,7 @@ class Chat:
         self._gpts: dict[bool, GPTBackend] = {}  # use_vllm -> the backend load_pretrained chose
         self.dvae = self.decoder = self.vocos = None
         self.default_use_vllm, self.dtype, self.decode_dtype = False, "float32", None
-        self._load_kwargs: dict = {}
+        self._decoding, self._load_kwargs = (), {}  # _decoding: audio_modules()
 
     # ---- loading -------------------------------------------------------------------------
     def load(
@@ -86,6 +86,7 @@ class Chat:
         self.vocos = audio.Vocos.from_state_dict(audio.load_safetensors(paths.vocos)).to(self.device).eval()
         self.default_use_vllm, self.dtype = use_vllm, dtype
         self.decode_dtype = audio.audio_precision(decode_dtype, dtype, self.device)
+        self._decoding = audio.cast_for_autocast((self.decoder, self.dvae, self.vocos), self.decode_dtype)
         self.gpt(use_vllm)
         return self.has_loaded()
 
@@ -101,6 +102,10 @@ class Chat:
     def engine(self) -> LLMEngine:
         """The velocity engine (loaded on first use) for callers that step it themselves: the server, Ray export."""
         return self.gpt(True).engine
+
+    def audio_modules(self) -> tuple[audio.Decoder, audio.DVAE, audio.Vocos]:
+        """(Decoder, DVAE, Vocos) to run under decode_dtype autocast; with bf16, copies whose weights are cast once."""
+        return self._decoding
 
     @property
     def config(self) -> ModelConfig:
@@ -239,11 +244,10 @@ class Chat:
 
     # ---- GPT outputs -> audio ------------------------------------------------------------------------
     def _decode(self, outputs: list[GenerationOutput], use_decoder: bool) -> list[np.ndarray]:
-        with torch.inference_mode():
-            if use_decoder:
-                return audio.decode_hidden_batch(self.decoder, self.vocos, [o.hidden for o in outputs],
-                                                 self.decode_dtype)
-            return audio.decode_codes_batch(self.dvae, self.vocos, [o.token_ids for o in outputs], self.decode_dtype)
+        decoder, dvae, vocos = self._decoding
+        if use_decoder:
+            return audio.decode_hidden_batch(decoder, vocos, [o.hidden for o in outputs], self.decode_dtype)
+        return audio.decode_codes_batch(dvae, vocos, [o.token_ids for o in outputs], self.decode_dtype)
 
     def _clip(self, outputs: list[GenerationOutput], use_decoder: bool, texts: list[str] | None):
         """One text's pieces -> its waveform (and, given the piece texts, a Spoken with their timestamps)."""
@@ -260,8 +264,7 @@ class Chat:
         """
         from .speech import StreamOptions, StreamSet, stream_texts
 
-        streams = StreamSet(self.decoder, self.dvae, self.vocos, StreamOptions(chunk_steps=chunk_steps),
-                            self.decode_dtype)
+        streams = StreamSet(*self._decoding, StreamOptions(chunk_steps=chunk_steps), self.decode_dtype)
         return stream_texts(streams, gpt, requests, use_decoder, self._stop.is_set)
 
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from chattts_velocity.audio import DVAE, Decoder, Vocos, decode_codes_batch, decode_hidden_batch
+from chattts_velocity.audio import DVAE, Decoder, Vocos, cast_for_autocast, decode_codes_batch, decode_hidden_batch
 from chattts_velocity.audio.pipeline import length_groups
 
 
@@ -88,3 +88,22 @@ def test_bad_rows_raise(models: tuple[DVAE, Decoder, Vocos]) -> None:
         decode_codes_batch(dvae, vocos, [torch.zeros(3, 5, dtype=torch.long)])
     with pytest.raises(ValueError, match="channel count"):
         decode_hidden_batch(decoder, vocos, [torch.randn(3, 64), torch.randn(3, 32)])
+
+
+@pytest.mark.parametrize("use_decoder", [True, False])
+def test_weights_cast_once_give_autocasts_numbers(models: tuple[DVAE, Decoder, Vocos], use_decoder: bool) -> None:
+    dvae, decoder, vocos = models
+    decoder16, dvae16, vocos16 = cast_for_autocast((decoder, dvae, vocos), torch.bfloat16)
+    assert decoder16.out_conv.weight.dtype == torch.bfloat16 and decoder.out_conv.weight.dtype == torch.float32
+    assert decoder16.coef.dtype == torch.float32 and vocos16.backbone.norm.weight.dtype == torch.float32
+    assert cast_for_autocast((decoder, vocos), None) == (decoder, vocos)
+    if use_decoder:
+        rows = [torch.randn(t, 64) for t in (9, 9, 4)]
+        got, expected = (decode_hidden_batch(d, v, rows, torch.bfloat16) for d, v in ((decoder16, vocos16),
+                                                                                       (decoder, vocos)))
+    else:
+        rows = [torch.randint(0, 625, (t, 4)) for t in (9, 9, 4)]
+        got, expected = (decode_codes_batch(d, v, rows, torch.bfloat16) for d, v in ((dvae16, vocos16),
+                                                                                      (dvae, vocos)))
+    for a, b in zip(got, expected):
+        np.testing.assert_array_equal(a, b)
