@@ -107,3 +107,28 @@ def test_weights_cast_once_give_autocasts_numbers(models: tuple[DVAE, Decoder, V
                                                                                       (dvae, vocos)))
     for a, b in zip(got, expected):
         np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.slow
+def test_full_size_rows_match_the_plain_batch_and_the_row_alone(full_assets) -> None:
+    """Full size: equal rows give the plain batch's bits in both precisions (also with the weights cast once);
+    rows of mixed lengths give each row alone within 1e-4 (fp32; bf16 moves with the row count, see the docs)."""
+    from chattts_velocity.assets import AssetPaths
+    from chattts_velocity.audio import load_safetensors
+
+    paths = AssetPaths.from_root(full_assets)
+    decoder = Decoder.from_state_dict(load_safetensors(paths.decoder))
+    vocos = Vocos.from_state_dict(load_safetensors(paths.vocos))
+    g = torch.Generator().manual_seed(0)
+    equal = [torch.randn(40, 768, generator=g) for _ in range(4)]
+    for dtype in (None, torch.bfloat16):
+        with torch.inference_mode(), torch.autocast("cpu", dtype=dtype or torch.float32, enabled=dtype is not None):
+            plain = vocos(decoder(torch.stack(equal).transpose(1, 2)).float()).float().numpy()
+        decoder_cast, vocos_cast = cast_for_autocast((decoder, vocos), dtype)
+        for got in (decode_hidden_batch(decoder, vocos, equal, dtype),
+                    decode_hidden_batch(decoder_cast, vocos_cast, equal, dtype)):
+            for w, row in zip(got, plain):
+                np.testing.assert_array_equal(w, row)
+    mixed = [h[:n] for h, n in zip(equal, (40, 9, 33, 1))]
+    for w, h in zip(decode_hidden_batch(decoder, vocos, mixed), mixed):
+        np.testing.assert_allclose(w, decode_hidden_batch(decoder, vocos, [h])[0], rtol=0, atol=1e-4)
