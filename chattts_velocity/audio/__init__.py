@@ -6,8 +6,8 @@ from chattts_velocity.audio.dvae import DVAE, Decoder, interleave
 from chattts_velocity.audio.gfsq import GFSQ, FSQVariant
 from chattts_velocity.audio.loading import load_safetensors, load_strict
 from chattts_velocity.audio.mel import MelSpectrogram, MelSpectrogramFeatures, htk_mel_filterbank
-from chattts_velocity.audio.pipeline import (audio_precision, cast_for_autocast, decode_codes_batch, decode_hidden_batch,
-                                             pad_batch)
+from chattts_velocity.audio.pipeline import (audio_precision, cast_for_autocast, decode_codes_batch,
+                                             decode_hidden_batch, pad_batch)
 from chattts_velocity.audio.streaming import StreamDecoder, receptive_field
 from chattts_velocity.audio.timestamps import Spoken, Timestamp, piece_timestamps
 from chattts_velocity.audio.vocos import Vocos

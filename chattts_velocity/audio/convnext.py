@@ -75,8 +75,9 @@ class ConvNeXtStack(nn.Module):
         inter = shape_of(sd, f"{prefix}decoder_block.0.pwconv1.weight", what)[0]
         return cls(idim, odim, bn_dim, hidden, inter, n_layer, kernel, dilation)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:  # [B, idim, T] -> [B, odim, T]
-        """mask [B, 1, T] (1 inside a row, 0 past its end) makes each row's frames what they are decoded alone."""
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """[B, idim, T] -> [B, odim, T]; mask [B, 1, T] (1 inside a row, 0 past its end) makes each row's frames
+        what they are decoded alone."""
         conv0, gelu, conv1 = self.conv_in
         y = conv1(masked(gelu(conv0(masked(x, mask))), mask))  # [B, hidden, T]
         for block in self.decoder_block:

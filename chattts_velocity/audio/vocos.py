@@ -26,8 +26,9 @@ class VocosBackbone(nn.Module):
         )
         self.final_layer_norm = nn.LayerNorm(dim, eps=1e-6)
 
-    def forward(self, mel: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:  # [B, n_mels, T] -> [B, T, dim]
-        """mask [B, 1, T] (1 inside a row) makes each row's frames what they are decoded alone."""
+    def forward(self, mel: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """[B, n_mels, T] -> [B, T, dim]; mask [B, 1, T] (1 inside a row) makes each row's frames what they are
+        decoded alone."""
         x = self.norm(self.embed(masked(mel, mask)).transpose(1, 2)).transpose(1, 2)  # [B, dim, T]
         for block in self.convnext:
             x = block(masked(x, mask))
