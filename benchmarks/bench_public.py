@@ -100,7 +100,7 @@ def batch_run(chat: Chat, n: int, steps: int) -> BatchRun:
         start = time.perf_counter()
         outputs = chat.gpt(True).generate(reqs.prompts, reqs.sampling, False)
         gpt = time.perf_counter() - start
-        decoder, _, vocos = chat.audio_modules()
+        decoder, _, vocos = chat.audio_modules
         decode_hidden_batch(decoder, vocos, [o.hidden for o in outputs], chat.decode_dtype)
     return BatchRun(n, steps, gpt, time.perf_counter() - start - gpt)
 

@@ -41,7 +41,8 @@ class Chat:
         self._gpts: dict[bool, GPTBackend] = {}  # use_vllm -> the backend load_pretrained chose
         self.dvae = self.decoder = self.vocos = None
         self.default_use_vllm, self.dtype, self.decode_dtype = False, "float32", None
-        self._decoding, self._load_kwargs = (), {}  # _decoding: audio_modules()
+        self._load_kwargs: dict = {}
+        self.audio_modules: tuple = ()  # (Decoder, DVAE, Vocos) for decode_dtype: bf16 weights cast once, at load
 
     # ---- loading -------------------------------------------------------------------------
     def load(
@@ -86,7 +87,7 @@ class Chat:
         self.vocos = audio.Vocos.from_state_dict(audio.load_safetensors(paths.vocos)).to(self.device).eval()
         self.default_use_vllm, self.dtype = use_vllm, dtype
         self.decode_dtype = audio.audio_precision(decode_dtype, dtype, self.device)
-        self._decoding = audio.cast_for_autocast((self.decoder, self.dvae, self.vocos), self.decode_dtype)
+        self.audio_modules = audio.cast_for_autocast((self.decoder, self.dvae, self.vocos), self.decode_dtype)
         self.gpt(use_vllm)
         return self.has_loaded()
 
@@ -102,10 +103,6 @@ class Chat:
     def engine(self) -> LLMEngine:
         """The velocity engine (loaded on first use) for callers that step it themselves: the server, Ray export."""
         return self.gpt(True).engine
-
-    def audio_modules(self) -> tuple[audio.Decoder, audio.DVAE, audio.Vocos]:
-        """(Decoder, DVAE, Vocos) to run under decode_dtype autocast; with bf16, copies whose weights are cast once."""
-        return self._decoding
 
     @property
     def config(self) -> ModelConfig:
@@ -244,7 +241,7 @@ class Chat:
 
     # ---- GPT outputs -> audio ------------------------------------------------------------------------
     def _decode(self, outputs: list[GenerationOutput], use_decoder: bool) -> list[np.ndarray]:
-        decoder, dvae, vocos = self._decoding
+        decoder, dvae, vocos = self.audio_modules
         if use_decoder:
             return audio.decode_hidden_batch(decoder, vocos, [o.hidden for o in outputs], self.decode_dtype)
         return audio.decode_codes_batch(dvae, vocos, [o.token_ids for o in outputs], self.decode_dtype)
@@ -264,7 +261,7 @@ class Chat:
         """
         from .speech import StreamOptions, StreamSet, stream_texts
 
-        streams = StreamSet(*self._decoding, StreamOptions(chunk_steps=chunk_steps), self.decode_dtype)
+        streams = StreamSet(*self.audio_modules, StreamOptions(chunk_steps=chunk_steps), self.decode_dtype)
         return stream_texts(streams, gpt, requests, use_decoder, self._stop.is_set)
 
 

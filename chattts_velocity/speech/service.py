@@ -152,7 +152,7 @@ class SpeechService:
 
     def __init__(self, chat: Chat, engine: AsyncLLMEngine, options: StreamOptions | None = None) -> None:
         self.chat, self.engine, self.options = chat, engine, options or StreamOptions()
-        self.worker = DecodeWorker(StreamSet(*chat.audio_modules(), self.options, chat.decode_dtype))
+        self.worker = DecodeWorker(StreamSet(*chat.audio_modules, self.options, chat.decode_dtype))
         self._keys = itertools.count()
 
     def prompts(self, text: str, params: InferCodeParams, use_decoder: bool = True, lang: str | None = None,
