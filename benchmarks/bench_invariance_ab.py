@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -44,6 +45,11 @@ print(json.dumps(out))
 """
 
 
+def _env(noamx: bool) -> dict:
+    """Without AMX, oneDNN (the old tree's batch kernel) must not use it either: AVX-512 BF16 at most."""
+    return {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"} if noamx else dict(os.environ)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trees", nargs=2, required=True, help="old and new checkouts of this repository")
@@ -52,7 +58,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sizes", default="1,16,64")
     parser.add_argument("--steps", type=int, default=48)
     parser.add_argument("--pairs", type=int, default=2)
-    parser.add_argument("--noamx", action="store_true", help="both trees take the route of CPUs without AMX")
+    parser.add_argument("--noamx", action="store_true",
+                        help="both trees take the route of CPUs without AMX (oneDNN too: ONEDNN_MAX_CPU_ISA)")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "invariance_ab.json"))
     args = parser.parse_args(argv)
     results = {}
@@ -62,7 +69,7 @@ def main(argv: list[str] | None = None) -> None:
             for tree in args.trees:
                 done = subprocess.run([sys.executable, "-c", CHILD, str(Path(tree).resolve()), args.model, dtype,
                                        args.sizes, str(args.steps), "noamx" if args.noamx else "amx"],
-                                      capture_output=True, text=True, check=True)
+                                      capture_output=True, text=True, check=True, env=_env(args.noamx))
                 runs[tree].append(json.loads(done.stdout.strip().splitlines()[-1]))
                 print(dtype, tree, runs[tree][-1], flush=True)
         old, new = (runs[t] for t in args.trees)

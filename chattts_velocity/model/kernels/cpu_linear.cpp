@@ -29,11 +29,22 @@ constexpr int64_t kBlockTiles = 8;  // tiles per cache-resident weight block (32
 
 // Rows x[0, M) times `tiles` consecutive weight tiles from w: y[m * N + 4 t + r] = (scales[4 t + r] *) the sum.
 // Every row has its own accumulators and the same summation order whatever M is (the batch-invariance contract).
-template <int M>
-void bf16_tiles(const uint16_t* x, const uint16_t* w, const float* scales, at::BFloat16* y, int64_t K, int64_t N,
+// 32 weights of row r at the 32-wide step wt as bf16: loaded (bf16 tiles), or widened exactly from the two 16-wide
+// int8 chunks of that step (int8 tiles, [.., 4, 16] per chunk), so both layouts feed the same products.
+inline __m512i weights32(const uint16_t* wt, int r) { return _mm512_loadu_si512(wt + 32 * r); }
+
+inline __m512i weights32(const int8_t* wt, int r) {
+  const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wt + 16 * r))));
+  const __m512 hi = _mm512_cvtepi32_ps(
+      _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wt + 16 * kRows + 16 * r))));
+  return reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo));
+}
+
+template <int M, typename W>
+void bf16_tiles(const uint16_t* x, const W* w, const float* scales, at::BFloat16* y, int64_t K, int64_t N,
                 int64_t tiles) {
   for (int64_t t = 0; t < tiles; ++t) {
-    const uint16_t* wt = w + t * kRows * K;
+    const W* wt = w + t * kRows * K;
     __m512 acc[M][kRows];
     for (int m = 0; m < M; ++m)
       for (int r = 0; r < kRows; ++r) acc[m][r] = _mm512_setzero_ps();
@@ -43,7 +54,7 @@ void bf16_tiles(const uint16_t* x, const uint16_t* w, const float* scales, at::B
       _mm_prefetch(reinterpret_cast<const char*>(wt) + kPrefetch + 128, _MM_HINT_T0);
       _mm_prefetch(reinterpret_cast<const char*>(wt) + kPrefetch + 192, _MM_HINT_T0);
       __m512i wv[kRows];
-      for (int r = 0; r < kRows; ++r) wv[r] = _mm512_loadu_si512(wt + 32 * r);
+      for (int r = 0; r < kRows; ++r) wv[r] = weights32(wt, r);
       for (int m = 0; m < M; ++m) {
         __m512i xv = _mm512_loadu_si512(x + m * K + k);
         for (int r = 0; r < kRows; ++r)
@@ -63,27 +74,22 @@ void bf16_tiles(const uint16_t* x, const uint16_t* w, const float* scales, at::B
 void int8_block_to_bf16(const int8_t* w, uint16_t* out, int64_t K, int64_t tiles) {
   for (int64_t t = 0; t < tiles; ++t, w += kRows * K, out += kRows * K)
     for (int64_t k = 0; k < K; k += 32) {
-      const int8_t* lo = w + k * kRows;  // chunk k/16 of the 4 rows, then chunk k/16 + 1
-      for (int r = 0; r < kRows; ++r) {
-        const __m512 a = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(lo + 16 * r))));
-        const __m512 b = _mm512_cvtepi32_ps(
-            _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(lo + 16 * kRows + 16 * r))));
-        _mm512_storeu_si512(out + k * kRows + 32 * r, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(b, a)));
-      }
+      for (int r = 0; r < kRows; ++r) _mm512_storeu_si512(out + k * kRows + 32 * r, weights32(w + k * kRows, r));
     }
 }
 
 // All M rows of x times tiles [0, n) of a weight block, 4 rows at a time (the block stays in cache meanwhile).
-void rows_times_block(const uint16_t* x, int64_t M, const uint16_t* w, const float* scales, at::BFloat16* y, int64_t K,
+template <typename W>
+void rows_times_block(const uint16_t* x, int64_t M, const W* w, const float* scales, at::BFloat16* y, int64_t K,
                       int64_t N, int64_t n) {
   for (int64_t m0 = 0; m0 < M; m0 += 4) {
     const uint16_t* xm = x + m0 * K;
     at::BFloat16* ym = y + m0 * N;
     switch (std::min<int64_t>(4, M - m0)) {
-      case 1: bf16_tiles<1>(xm, w, scales, ym, K, N, n); break;
-      case 2: bf16_tiles<2>(xm, w, scales, ym, K, N, n); break;
-      case 3: bf16_tiles<3>(xm, w, scales, ym, K, N, n); break;
-      default: bf16_tiles<4>(xm, w, scales, ym, K, N, n); break;
+      case 1: bf16_tiles<1, W>(xm, w, scales, ym, K, N, n); break;
+      case 2: bf16_tiles<2, W>(xm, w, scales, ym, K, N, n); break;
+      case 3: bf16_tiles<3, W>(xm, w, scales, ym, K, N, n); break;
+      default: bf16_tiles<4, W>(xm, w, scales, ym, K, N, n); break;
     }
   }
 }
@@ -98,15 +104,22 @@ at::Tensor tiles_linear(const at::Tensor& x, const at::Tensor& tiles, const floa
   const auto* xp = reinterpret_cast<const uint16_t*>(xb.data_ptr());
   auto* yp = y.data_ptr<at::BFloat16>();
   at::parallel_for(0, num_tiles, kBlockTiles, [&](int64_t t0, int64_t t1) {
-    std::vector<uint16_t> buffer(int8 ? kBlockTiles * kRows * K : 0);
+    // int8: widened in registers for a single row group, else once per block into a bf16 buffer (the same values)
+    const bool widen_once = int8 && M > 4;
+    std::vector<uint16_t> buffer(widen_once ? kBlockTiles * kRows * K : 0);
     for (int64_t b0 = t0; b0 < t1; b0 += kBlockTiles) {
-      const int64_t n = std::min(kBlockTiles, t1 - b0);
-      const uint16_t* w = reinterpret_cast<const uint16_t*>(tiles.data_ptr()) + b0 * kRows * K;
-      if (int8) {
-        int8_block_to_bf16(tiles.data_ptr<int8_t>() + b0 * kRows * K, buffer.data(), K, n);
+      const int64_t n = std::min(kBlockTiles, t1 - b0), offset = b0 * kRows * K;
+      const float* block_scales = scales ? scales + b0 * kRows : nullptr;
+      if (int8 && !widen_once) {
+        rows_times_block(xp, M, tiles.data_ptr<int8_t>() + offset, block_scales, yp + b0 * kRows, K, N, n);
+        continue;
+      }
+      const uint16_t* w = reinterpret_cast<const uint16_t*>(tiles.data_ptr()) + offset;
+      if (widen_once) {
+        int8_block_to_bf16(tiles.data_ptr<int8_t>() + offset, buffer.data(), K, n);
         w = buffer.data();
       }
-      rows_times_block(xp, M, w, scales ? scales + b0 * kRows : nullptr, yp + b0 * kRows, K, N, n);
+      rows_times_block(xp, M, w, block_scales, yp + b0 * kRows, K, N, n);
     }
   });
   return y;
