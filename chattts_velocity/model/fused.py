@@ -1,7 +1,8 @@
-"""Model stage: a decode step with every layer one C++ op (kernels/cpu_decode_layer.cpp: norms, RoPE, KV store,
+"""Model stage: the GPT with every layer one C++ op (kernels/cpu_decode_layer.cpp: norms, RoPE, KV store,
 attention, MLP) over the packed bf16 or int8 weights.
 
-In: inputs_embeds [B, H] (one new position per sequence), positions [B], DecodeMetadata, bf16 (K, V) pools.
+In: inputs_embeds [B, H] (one row per position: a decode step's new positions, or a prefill chunk's), positions [B],
+DecodeMetadata (a row's context_lens = its position + 1), (K, V) pools in bf16 or int8 (kv_cache_dtype).
 Out: hidden [B, H] after the final norm, as ChatTTSLlama.forward would give.
 """
 from __future__ import annotations
@@ -64,7 +65,7 @@ class FusedDecoder:
 
     def __call__(self, inputs_embeds: torch.Tensor, positions: torch.Tensor, kv_caches: Sequence[KVPair],
                  meta: DecodeMetadata) -> torch.Tensor:
-        """inputs_embeds [B, H], positions [B] -> hidden [B, H]; kv_caches are (K, V) pairs of bf16 pools."""
+        """inputs_embeds [B, H], positions [B] -> hidden [B, H]; kv_caches are the layers' (K, V) pools."""
         op = torch.ops.chattts_velocity_cpu.decode_layer
         rotary, eps = self.model.rotary_emb, self.model.config.rms_norm_eps
         cos, sin = rotary.cos_cache, rotary.sin_cache
