@@ -90,7 +90,10 @@ def measure_llamacpp(args, plan: dict, chats: dict) -> dict:
                            "CMAKE_ARGS=\"-DGGML_NATIVE=ON\" pip install -e '.[bench]'"}
     from benchmarks.bench_llamacpp import compare
 
-    return compare(args.model, plan["sizes"], plan["steps"], args.threads, chats, 1)  # 24 cells: one run each
+    try:
+        return compare(args.model, plan["sizes"], plan["steps"], args.threads, chats, 1)  # 24 cells: one run each
+    except RuntimeError as exc:  # llama.cpp itself crashed (in a child process): the rest of the run stands
+        return {"skipped": str(exc)}
 
 
 def target(label: str, measured, met) -> dict:

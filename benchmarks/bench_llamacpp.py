@@ -19,6 +19,7 @@ import argparse
 import ctypes
 import functools
 import json
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -164,6 +165,19 @@ def llama_rate(path: Path, n: int, steps: int, threads: int = 2) -> float:
         L.llama_model_free(model)
 
 
+def check_decodes(path: Path, threads: int) -> None:
+    """llama.cpp's first decodes of `path` in a child process, so that a crash inside llama.cpp (0.3.36 built with
+    GGML_NATIVE on a Sapphire Rapids guest segfaults in its AMX int8 path) is a RuntimeError here, not the end of
+    the benchmark and of everything it measured before."""
+    code = (f"import sys; sys.path.insert(0, {str(REPO)!r}); from pathlib import Path; "
+            f"from benchmarks.bench_llamacpp import llama_rate; llama_rate(Path({str(path)!r}), 1, 4, {threads})")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900)
+    if done.returncode != 0:
+        raise RuntimeError(f"llama.cpp fails on its first decode of {path.name} (exit {done.returncode}: "
+                           f"{done.stderr.strip()[-300:] or 'no message'}); try a build without -march=native, "
+                           "e.g. CMAKE_ARGS=\"-DGGML_NATIVE=OFF -DGGML_AVX512=ON -DGGML_AVX512_BF16=ON\"")
+
+
 @functools.cache  # the ctypes callback must outlive every llama.cpp call
 def _quiet_callback():
     import llama_cpp
@@ -196,6 +210,8 @@ def compare(model: str, sizes: list[int], steps: int, threads: int = 2, chats: d
     from benchmarks.bench_public import decode_rate, load_chat
 
     paths = gguf_paths(shape_of(model))
+    for path in paths.values():
+        check_decodes(path, threads)
     llama = {name: {n: max(llama_rate(path, n, steps, threads) for _ in range(repeats)) for n in sizes}
              for name, path in paths.items()}
     ours = {}
