@@ -66,7 +66,8 @@ def test_refine_levels_change_the_refined_text(webui_page) -> None:
         refined[prompt] = page.locator("#refined textarea").input_value()
     assert len(set(refined.values())) == 2, refined
     page.locator("#refine input").uncheck()
-    assert page.locator("#oral input[type=range]").is_disabled()  # levels only matter to the refine pass
+    # levels only matter to the refine pass; the page disables them after a server round trip, so wait for it
+    page.wait_for_function("() => document.querySelector('#oral input[type=range]').disabled", timeout=10_000)
     page.locator("#refine input").check()
 
 
