@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from chattts_velocity.text.speaker import decode_prompt, decode_spk_emb
+from chattts_velocity.text.speaker import MAX_CLIP_CHARS, MAX_SPEAKER_CHARS, decode_prompt, decode_spk_emb
 
 logger = logging.getLogger("chattts_velocity.voices")
 VOICES_ENV = "CHATTTS_VELOCITY_VOICES"
@@ -30,8 +30,6 @@ PRESET_SEEDS = {
 }
 # letters, digits, space, "_", "-", "."; starts with a letter or digit (no hidden files, no ".."), <= 64 chars
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_. -]{0,63}")
-MAX_SPEAKER_CHARS = 4096  # a 768-wide fp16 speaker is ~900 characters
-MAX_CLIP_CODE_CHARS = 65536  # ~40 s of clip codes
 MAX_TRANSCRIPT_CHARS = 2000
 
 
@@ -78,7 +76,7 @@ def check_voice_fields(speaker: object, clip_code: object, transcript: object) -
     if speaker is None and clip_code is None:
         raise ValueError("speaker: give a speaker string, a clip code (with its transcript), or both")
     _check_string("speaker", speaker, MAX_SPEAKER_CHARS, decode_spk_emb)
-    _check_string("clip_code", clip_code, MAX_CLIP_CODE_CHARS, decode_prompt)
+    _check_string("clip_code", clip_code, MAX_CLIP_CHARS, decode_prompt)
     if clip_code is not None and not (isinstance(transcript, str) and transcript.strip()):
         raise ValueError("transcript: a clip code needs the words spoken in the clip")
     if transcript is not None and clip_code is None:
