@@ -17,6 +17,8 @@ _deadline: ContextVar[tuple[float, float] | None] = ContextVar("text_deadline", 
 class TextBudgetExceeded(ValueError):
     """The text work of one request ran past its budget (HTTP 400 naming `input`)."""
 
+    code = "input_too_complex"
+
 
 @contextmanager
 def time_budget(seconds: float | None) -> Iterator[None]:
