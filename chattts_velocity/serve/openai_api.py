@@ -85,8 +85,9 @@ class ServerState:
             check_loudness(body.loudness)
             if body.stream or body.stream_format == "sse":
                 raise ValueError("loudness: is measured on the whole clip; ask for it with stream=false")
+        voice = self.voices.params(body.voice)  # a speaker string is decoded (bounded) before the text is read
         plan = speech_input(body.input, body.speed, body.instructions, sampling.get("manual_seed"))
-        return plan, code_params(plan, self.voices.params(body.voice), sampling), self.voices.kind(body.voice)
+        return plan, code_params(plan, voice, sampling), self.voices.kind(body.voice)
 
     async def observed(self, stream: SpeechStream, labels: metrics.Labels) -> AsyncIterator[np.ndarray]:
         """The stream's chunks, counted into the metrics; an early exit (client gone) aborts the rest."""
