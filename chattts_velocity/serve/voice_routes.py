@@ -123,7 +123,7 @@ async def _fields(request: Request, state) -> dict:
         raise api_error(400, f"body: {kind!r} is not accepted; send JSON {{name, speaker}} or multipart/form-data "
                              "{name, file, transcript}", code="unsupported_media_type")
     try:
-        body = json.loads(await request.body())
+        body = await asyncio.to_thread(json.loads, await request.body())
     except ValueError:
         raise api_error(400, "body: is not valid JSON", code="invalid_json") from None
     if not isinstance(body, dict):
