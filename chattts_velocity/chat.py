@@ -6,6 +6,7 @@ waveform per input text, no mutation of params, and the velocity engine behind `
 from __future__ import annotations
 
 import logging
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
 
@@ -33,6 +34,7 @@ class Chat:
         self.logger = logger or logging.getLogger("chattts_velocity")
         self.normalizer = text.Normalizer()
         self._gate = CallGate()  # inference calls run one at a time, whichever thread makes them
+        self._loading = threading.Lock()
         self._reset_modules()
 
     def _reset_modules(self) -> None:
@@ -96,8 +98,9 @@ class Chat:
         if self.paths is None:
             raise RuntimeError("Chat: call load() before infer()")
         is_vllm = self.default_use_vllm if use_vllm is None else bool(use_vllm)
-        if is_vllm not in self._gpts:
-            self._gpts[is_vllm] = load_pretrained(self.paths, is_vllm=is_vllm, **self._load_kwargs)
+        with self._loading:  # two threads asking for a backend not loaded yet load it once
+            if is_vllm not in self._gpts:
+                self._gpts[is_vllm] = load_pretrained(self.paths, is_vllm=is_vllm, **self._load_kwargs)
         return self._gpts[is_vllm]
 
     def engine(self) -> LLMEngine:
