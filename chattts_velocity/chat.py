@@ -20,6 +20,7 @@ from .config import ModelConfig
 from .engine.gpt import GPTBackend, load_pretrained
 from .params import InferCodeParams, RefineTextParams
 from .schema import GenerationOutput, Prompt, SamplingParams, SpeechRequests, TextPieces
+from .speech.calls import CallGate, Jobs, Stop
 
 if TYPE_CHECKING:
     from .engine.llm_engine import LLMEngine
@@ -32,7 +33,8 @@ class Chat:
     def __init__(self, logger: logging.Logger | None = None) -> None:
         self.logger = logger or logging.getLogger("chattts_velocity")
         self.normalizer = text.Normalizer()
-        self._stop = threading.Event()
+        self._gate = CallGate()  # inference calls run one at a time, whichever thread makes them
+        self._loading = threading.Lock()
         self._reset_modules()
 
     def _reset_modules(self) -> None:
@@ -96,8 +98,9 @@ class Chat:
         if self.paths is None:
             raise RuntimeError("Chat: call load() before infer()")
         is_vllm = self.default_use_vllm if use_vllm is None else bool(use_vllm)
-        if is_vllm not in self._gpts:
-            self._gpts[is_vllm] = load_pretrained(self.paths, is_vllm=is_vllm, **self._load_kwargs)
+        with self._loading:  # two threads asking for a backend not loaded yet load it once
+            if is_vllm not in self._gpts:
+                self._gpts[is_vllm] = load_pretrained(self.paths, is_vllm=is_vllm, **self._load_kwargs)
         return self._gpts[is_vllm]
 
     def engine(self) -> LLMEngine:
@@ -119,8 +122,9 @@ class Chat:
         self._reset_modules()
 
     def interrupt(self) -> None:
-        """Stop the running infer() after the current step; it returns what it has."""
-        self._stop.set()
+        """Stop the inference calls in flight now (any thread's, the ones waiting for their turn included) after
+        their current step; each returns what it has. A call made afterwards is not affected."""
+        self._gate.interrupt()
 
     # ---- speakers ------------------------------------------------------------------------
     def sample_random_speaker(self) -> str:
@@ -150,21 +154,27 @@ class Chat:
         params_infer_code: InferCodeParams | None = None,
         use_vllm: bool | None = None,
     ):
-        """One float32 24 kHz waveform per input text (a str input gives a one-element list)."""
-        self._stop.clear()
+        """One float32 24 kHz waveform per input text (a str input gives a one-element list).
+
+        Safe to call from several threads: calls take the model one at a time (a stream holds it until it is
+        exhausted or closed). Texts are checked (lengths, then normalised content) before the call waits for it.
+        """
         gpt, code_params = self.gpt(use_vllm), params_infer_code or InferCodeParams()
         pieces = self.split(text, lang, do_text_normalization, do_homophone_replacement, split_text)
-        if not skip_refine_text:
-            pieces = self._refine(gpt, pieces, params_refine_text or RefineTextParams(), max_split_batch)
-            if refine_text_only:
-                joined = ["\n".join(g) for g in pieces.group(pieces.texts)]
-                return joined[0] if isinstance(text, str) else joined
-        requests = self.speech_requests(pieces, code_params, use_decoder)
-        if stream:
-            return self._stream(gpt, requests, use_decoder, code_params.stream_batch)
-        outputs = gpt.generate(requests.prompts, requests.sampling, code_params.show_tqdm, self._stop.is_set,
-                               max_batch=max_split_batch)
-        return _join_audio(pieces.group(self._decode(outputs, use_decoder)))
+        requests = self.speech_requests(pieces, code_params, use_decoder) if skip_refine_text else None
+        refine = params_refine_text or RefineTextParams()
+        if stream and not (refine_text_only and not skip_refine_text):
+            return self._streamed(gpt, pieces, requests, refine, code_params, use_decoder, max_split_batch)
+        with self._gate.call() as stop:
+            if requests is None:
+                pieces = self._refine(gpt, pieces, refine, max_split_batch, stop)
+                if refine_text_only:
+                    joined = ["\n".join(g) for g in pieces.group(pieces.texts)]
+                    return joined[0] if isinstance(text, str) else joined
+                requests = self.speech_requests(pieces, code_params, use_decoder)
+            outputs = gpt.generate(requests.prompts, requests.sampling, code_params.show_tqdm, stop,
+                                   max_batch=max_split_batch)
+            return _join_audio(pieces.group(self._decode(outputs, use_decoder)))
 
     def infer_many(
         self,
@@ -188,26 +198,31 @@ class Chat:
         """
         if not isinstance(params, (list, tuple)) or len(params) != len(text.check_texts(texts)):
             raise ValueError(f"params: expected one InferCodeParams per text ({len(texts)})")
-        self._stop.clear()
-        pieces = self.split(texts, lang, do_text_normalization, do_homophone_replacement, split_text)
-        jobs = _Jobs()
+        pieces = self.split(texts, lang, do_text_normalization, do_homophone_replacement, split_text,
+                            allow_empty=True)
+        jobs = Jobs()
         for i, item_params in enumerate(params):
             try:
+                if not pieces.of_text(i).texts:
+                    raise text.empty_text(i)
                 jobs.add(i, self.speech_requests(pieces.of_text(i), item_params, use_decoder))
             except ValueError as exc:
                 yield i, exc
-        for k, output in self.gpt(use_vllm).generate_iter(jobs.prompts, jobs.sampling, progress, self._stop.is_set):
-            for i, outputs in jobs.done(k, output):
-                texts = pieces.of_text(i).texts if timestamps else None
-                yield i, outputs if isinstance(outputs, Exception) else self._clip(outputs, use_decoder, texts)
+        with self._gate.call() as stop:
+            for k, output in self.gpt(use_vllm).generate_iter(jobs.prompts, jobs.sampling, progress, stop):
+                for i, outputs in jobs.done(k, output):
+                    texts = pieces.of_text(i).texts if timestamps else None
+                    yield i, outputs if isinstance(outputs, Exception) else self._clip(outputs, use_decoder, texts)
 
     # ---- text -> requests (public: the server, export and streaming build their requests here) ------------
     def split(self, texts: str | list[str], lang: str | None = None, do_text_normalization: bool = True,
-              do_homophone_replacement: bool = True, split_text: bool = True) -> TextPieces:
-        """Checked texts -> normalised sentence pieces."""
+              do_homophone_replacement: bool = True, split_text: bool = True, allow_empty: bool = False) -> TextPieces:
+        """Checked texts (lengths first) -> the normalised sentence pieces that hold speech; a text left with none
+        is a text.EmptyText naming it (with `allow_empty`, it has no pieces)."""
         pieces = text.split_pieces(text.check_texts(texts), split_text)
-        return pieces.replace([self.normalizer(p, do_text_normalization, do_homophone_replacement, lang)
-                               for p in pieces.texts])
+        pieces = pieces.replace([self.normalizer(p, do_text_normalization, do_homophone_replacement, lang)
+                                 for p in pieces.texts])
+        return text.spoken_pieces(pieces, allow_empty)
 
     def speech_requests(self, pieces: TextPieces, params: InferCodeParams | list[InferCodeParams],
                         use_decoder: bool = True) -> SpeechRequests:
@@ -234,9 +249,10 @@ class Chat:
         """A refine request's generated ids [T, 1] -> the text the code pass reads."""
         return self.tokenizer.refined_text(token_ids[:, 0].tolist())
 
-    def _refine(self, gpt: GPTBackend, pieces: TextPieces, params: RefineTextParams, batch: int) -> TextPieces:
+    def _refine(self, gpt: GPTBackend, pieces: TextPieces, params: RefineTextParams, batch: int,
+                stop: Stop) -> TextPieces:
         prompts, sampling = self.refine_requests(pieces, params)
-        outs = gpt.generate(prompts, sampling, params.show_tqdm, self._stop.is_set, max_batch=batch)
+        outs = gpt.generate(prompts, sampling, params.show_tqdm, stop, max_batch=batch)
         return pieces.replace([self.refined_text(o.token_ids) for o in outs])
 
     # ---- GPT outputs -> audio ------------------------------------------------------------------------
@@ -252,48 +268,24 @@ class Chat:
         wav = np.concatenate(waves).astype(np.float32)
         return wav if texts is None else audio.Spoken(wav, audio.piece_timestamps(texts, [len(w) for w in waves]))
 
-    def _stream(self, gpt: GPTBackend, requests: SpeechRequests, use_decoder: bool,
-                chunk_steps: int) -> Iterator[list[np.ndarray]]:
+    def _streamed(self, gpt: GPTBackend, pieces: TextPieces, requests: SpeechRequests | None,
+                  refine: RefineTextParams, code_params: InferCodeParams, use_decoder: bool,
+                  batch: int) -> Iterator[list[np.ndarray]]:
         """Audio as the GPT generates it: each yield holds one new (maybe empty) chunk per text.
 
         A text's chunks concatenate to its non-stream waveform; its pieces play in order. The decoder
-        sees chunk_steps new steps per chunk plus exact context on both sides (audio/streaming.py).
+        sees stream_batch new steps per chunk plus exact context on both sides (audio/streaming.py).
+        The call holds the model from its first chunk until it is exhausted or closed.
         """
         from .speech import StreamOptions, StreamSet, stream_texts
 
-        streams = StreamSet(*self.audio_modules, StreamOptions(chunk_steps=chunk_steps), self.decode_dtype)
-        return stream_texts(streams, gpt, requests, use_decoder, self._stop.is_set)
-
-
-class _Jobs:
-    """infer_many's bookkeeping: every text's pieces in one flat request list, and which text is complete."""
-
-    def __init__(self) -> None:
-        self.prompts: list[Prompt] = []
-        self.sampling: list = []
-        self.owner: list[int] = []  # [P] text index of each flat piece
-        self.outputs: dict[int, dict[int, GenerationOutput]] = {}  # text -> {piece: output}
-        self.size: dict[int, int] = {}
-
-    def add(self, i: int, requests: SpeechRequests) -> None:
-        self.prompts += requests.prompts
-        self.sampling += requests.sampling
-        self.owner += [i] * len(requests.prompts)
-        self.outputs[i], self.size[i] = {}, len(requests.prompts)
-
-    def done(self, k: int, output: GenerationOutput) -> list[tuple[int, list[GenerationOutput] | Exception]]:
-        """Record piece k; returns its text once complete (its outputs in piece order), or at its first error."""
-        i = self.owner[k]
-        if i not in self.outputs:
-            return []  # this text already failed
-        if output.error is not None:
-            del self.outputs[i]
-            return [(i, output.error)]
-        self.outputs[i][k] = output
-        if len(self.outputs[i]) < self.size[i]:
-            return []
-        pieces = self.outputs.pop(i)
-        return [(i, [pieces[key] for key in sorted(pieces)])]
+        with self._gate.call() as stop:
+            if requests is None:
+                pieces = self._refine(gpt, pieces, refine, batch, stop)
+                requests = self.speech_requests(pieces, code_params, use_decoder)
+            options = StreamOptions(chunk_steps=code_params.stream_batch)
+            streams = StreamSet(*self.audio_modules, options, self.decode_dtype)
+            yield from stream_texts(streams, gpt, requests, use_decoder, stop)
 
 
 def _join_audio(groups: list[list[np.ndarray]]) -> list[np.ndarray]:

@@ -135,10 +135,14 @@ def test_lengths_beyond_the_model_are_clear_errors_on_both_paths(chat: Chat, use
     huge = InferCodeParams(max_new_token=10**9, show_tqdm=False)
     with pytest.raises(ValueError, match="max_new_token"):
         chat.infer(["Hello."], skip_refine_text=True, params_infer_code=huge, use_vllm=use_vllm)
-    long_text = "word " * 5000  # one piece of ~5000 prompt positions
+    long_text = "w " * 8000  # one piece of ~8000 prompt positions, under the character limit
     with pytest.raises(ValueError, match="max_new_token|max_model_len|max_position_embeddings"):
         chat.infer([long_text], skip_refine_text=True, split_text=False, use_vllm=use_vllm,
                    params_infer_code=InferCodeParams(max_new_token=8, show_tqdm=False))
+    with pytest.raises(ValueError, match=r"^text\[0\]: a sentence of 25000 characters is over the limit"):
+        chat.infer(["word " * 5000], skip_refine_text=True, split_text=False, use_vllm=use_vllm)
+    with pytest.raises(ValueError, match=r"^text: 1000000 characters is over the limit"):
+        chat.infer("a b " * 250000, skip_refine_text=True, use_vllm=use_vllm)  # refused before normalisation
 
 
 def test_a_fast_engine_decodes_audio_in_bf16_too(tiny_assets) -> None:

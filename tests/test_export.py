@@ -1,7 +1,9 @@
 """Batch export on tiny weights: naming, bad lines, resume without re-synthesis, seeds, atomic writes."""
 from __future__ import annotations
 
+
 import dataclasses
+import hashlib
 import io
 import json
 import wave
@@ -89,10 +91,11 @@ def test_fifty_lines_two_bad_then_second_run_skips_the_finished(chat: Chat, tmp_
     assert sorted(first) == list(range(1, 51))
     assert first[7]["status"] == "error" and "invalid JSON" in first[7]["error"]
     assert first[31]["status"] == "error" and first[31]["error"].startswith("speaker:")
-    assert first[1] | {"seed": None, "request": None} == {
+    assert first[1] | {"seed": None, "request": None, "audio": None} == {
         "line": 1, "text": say(0), "id": None, "output": "00001.wav", "seed": None, "speaker": None, "voice": None,
         "status": "ok",
-        "error": None, "duration": CLIP / 24000, "request": None, "reason": None}
+        "error": None, "duration": CLIP / 24000, "request": None, "reason": None, "audio": None}
+    assert first[1]["audio"] == hashlib.sha256((out / "00001.wav").read_bytes()).hexdigest()[:32]
     assert all(isinstance(first[k]["seed"], int) for k in first if k not in (7, 31))
     stamps = {p.name: p.stat().st_mtime_ns for p in wavs}
 

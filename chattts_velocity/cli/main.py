@@ -75,8 +75,7 @@ def cmd_export(args: argparse.Namespace) -> None:
 
     plan = plan_export(args.input, args.output_dir, seed=args.seed, speaker=args.speaker or None, params=params,
                        voice=args.voice, voices=VoiceLibrary(args.voices) if args.voices else None,
-                       loudness=args.loudness)
-    plan.timestamps = args.timestamps
+                       loudness=args.loudness, timestamps=args.timestamps)
     signal.signal(signal.SIGTERM, _interrupt)  # a kill ends like Ctrl-C: finished lines stay on record
     for flag, given in (("--timestamps", args.timestamps), ("--loudness", args.loudness is not None)):
         if args.ray and given:

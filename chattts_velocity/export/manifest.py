@@ -3,7 +3,8 @@
 manifest.json: the whole plan (every input line, its status, seed, hash) plus the run's model, precision and
 sampling parameters; rewritten atomically after each batch. manifest.journal: one JSON line per finished WAV,
 appended and fsync'd as the WAV lands; the next manifest write folds it in and empties it. A re-run trusts a WAV
-only when the record holds it with the same request hash (text, speaker, seed asked for, sampling parameters).
+only when the record holds it with the same request hash (text, speaker, seed asked for, sampling parameters) and
+the file still has the digest recorded when it was written.
 """
 from __future__ import annotations
 
@@ -11,9 +12,12 @@ import dataclasses
 import hashlib
 import json
 import os
+import tempfile
+import wave
 from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
+
 MANIFEST = "manifest.json"
 JOURNAL = "manifest.journal"
 # InferCodeParams fields that are per line (speaker, seed) or do not change the audio
@@ -69,9 +73,12 @@ def write_record(out_dir: Path, doc: dict) -> Path:
 
 
 def replace_atomically(path: Path, write: Callable[[Path], None]) -> None:
-    """write() a hidden temp file, fsync, rename: a crash never leaves a partial file under `path`."""
+    """write() a hidden temp file (a unique name per call), fsync, rename: a crash never leaves a partial file under
+    `path`, and two writers never share a temp file."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    tmp = Path(name)
     try:
         write(tmp)
         with open(tmp, "r+b") as f:
@@ -83,3 +90,22 @@ def replace_atomically(path: Path, write: Callable[[Path], None]) -> None:
 
 def now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def file_digest(path: Path) -> str | None:
+    """sha256 of a file's bytes (32 hex digits), None if it cannot be read."""
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()[:32]
+    except OSError:
+        return None
+
+
+def wav_seconds(path: Path) -> float | None:
+    """Length of a complete, non-empty 16-bit mono WAV, or None if missing, cut short or not one."""
+    try:
+        with wave.open(str(path), "rb") as w:
+            n = w.getnframes()
+            complete = w.getnchannels() == 1 and w.getsampwidth() == 2 and len(w.readframes(n)) == 2 * n
+            return n / w.getframerate() if complete and n > 0 else None
+    except (OSError, EOFError, wave.Error):
+        return None

@@ -5,22 +5,32 @@ Checks and names every line, skips outputs an earlier run made from the same req
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
-import re
 import sys
-import wave
-import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..audio.formats import WAV
 from ..audio.loudness import check_loudness
 from ..params import InferCodeParams
 from ..schema import check_sampling
 from ..text import decode_spk_emb
 from ..text.voices import VoiceLibrary, voice_params
-from .manifest import MANIFEST, append_journal, now, params_record, read_record, request_hash, write_record
+from .lock import lock_folder
+from .names import output_name
+from .manifest import (
+    MANIFEST,
+    append_journal,
+    file_digest,
+    now,
+    params_record,
+    read_record,
+    request_hash,
+    wav_seconds,
+    write_record,
+)
 
 FIELDS = ("text", "id", "speaker", "voice", "seed", "output")
 EMPTY = "empty line"
@@ -42,6 +52,7 @@ class ExportLine:
     duration: float | None = None  # seconds of audio
     request: str | None = None  # hash of what the line asks for (manifest.request_hash)
     reason: str | None = None  # why a line was skipped: an empty line, or already exported
+    audio: str | None = None  # digest of the WAV file as written (manifest.file_digest); a resume checks it
 
 
 @dataclass
@@ -53,6 +64,7 @@ class ExportPlan:
     meta: dict = field(default_factory=dict)  # the run's model, precision, sampling parameters and times
     voice_clips: dict[str, dict] = field(default_factory=dict, repr=False)  # voice name -> {spk_smp, txt_smp}
     timestamps: bool = False  # also write each WAV's sentence spans to <output>.timestamps.json (not kept in the manifest)
+    release: Callable[[], None] = field(default=lambda: None, repr=False)  # drops the output folder's lock
 
     @property
     def todo(self) -> list[ExportLine]:
@@ -112,13 +124,16 @@ def read_input(path: str | Path) -> tuple[list[tuple[int, str]], bool]:
 
 def plan_export(input_path: str | Path, out_dir: str | Path, seed: int | None = None,
                 speaker: str | None = None, params: InferCodeParams | None = None, voice: str | None = None,
-                voices: VoiceLibrary | None = None, loudness: float | None = None) -> ExportPlan:
+                voices: VoiceLibrary | None = None, loudness: float | None = None,
+                timestamps: bool = False) -> ExportPlan:
     """Parse and name every line, skip the outputs an earlier run made for the same request, fix seeds.
 
     With `seed` S, line k uses S + k - 1 unless it gives its own; without, each line to run draws a
     random seed (recorded in the manifest). `voice` names a saved voice of `voices` (None: the default library)
     for lines without their own speaker or voice. `params` is the sampling template the run will use (part of each
     line's request hash), and so is `loudness`, the LUFS target every WAV is normalised to (None: as generated).
+    With `timestamps`, a finished WAV without its timestamps file is made again. The output folder is created and
+    locked first (export/lock.py): an unwritable folder or another export into it is a ValueError before any work.
     Bad lines get status "error"; a bad argument raises ValueError.
     """
     widths: dict[str, int] = {}
@@ -132,7 +147,9 @@ def plan_export(input_path: str | Path, out_dir: str | Path, seed: int | None = 
     if loudness is not None:
         record["loudness"] = check_loudness(loudness)
     rows, jsonl = read_input(input_path)
-    plan = ExportPlan(str(input_path), Path(out_dir), [], widths, {"params": record})
+    release = lock_folder(Path(out_dir))
+    plan = ExportPlan(str(input_path), Path(out_dir), [], widths, {"params": record}, timestamps=timestamps,
+                      release=release)
     plan.lines = [_parse(n, raw, jsonl, speaker, plan) for n, raw in rows]
     resolve_voices(plan, voice, voices)
     _reject_duplicates(plan.lines)
@@ -151,7 +168,7 @@ def _parse(number: int, raw: str, jsonl: bool, speaker: str | None, plan: Export
     try:
         if jsonl:
             _fill_from_json(line, raw, plan.speaker_widths)
-        line.output = _output_name(line, plan.out_dir)
+        line.output = output_name(line.output, line.id, line.line, plan.out_dir)
     except ValueError as exc:
         line.status, line.error = "error", str(exc)
     return line
@@ -225,33 +242,6 @@ def _needs_the_model(seed: int) -> str:
     raise ValueError("voice: presets and seeds are drawn by the model; the export takes saved voices (or a speaker)")
 
 
-def _output_name(line: ExportLine, root: Path) -> str:
-    """An explicit output (inside the folder) wins, then the sanitised id, then the line number."""
-    if line.output is not None:
-        return _checked_output(line.output, root)
-    if line.id is None:
-        return f"{line.line:05d}{WAV.extension}"
-    # Word characters (any script), dot and dash; no leading dot, so no hidden file and no "..".
-    name = re.sub(r"[^\w.\-]+", "_", line.id).lstrip("._")[:120]
-    if not name:
-        raise ValueError(f'id: {line.id!r} has no characters usable in a file name; add an "output"')
-    return name + WAV.extension
-
-
-def _checked_output(value: object, root: Path) -> str:
-    if not isinstance(value, str) or not value.strip():
-        raise ValueError(f"output: must be a non-empty path relative to the output folder, got {value!r}")
-    if Path(value).is_absolute():
-        raise ValueError(f"output: {value!r} is absolute; give a path relative to the output folder")
-    if Path(value).suffix.lower() != WAV.extension:
-        raise ValueError(f"output: {value!r} must end in {WAV.extension} (the export writes {WAV.name.upper()} files)")
-    base = root.resolve()
-    target = (base / value).resolve()
-    if not target.is_relative_to(base) or target == base:
-        raise ValueError(f"output: {value!r} escapes the output folder {root}; keep it inside")
-    return target.relative_to(base).as_posix()
-
-
 def _reject_duplicates(lines: list[ExportLine]) -> None:
     owner: dict[str, int] = {}
     for line in (x for x in lines if x.output is not None):
@@ -263,15 +253,20 @@ def _reject_duplicates(lines: list[ExportLine]) -> None:
 
 
 def _mark_finished(plan: ExportPlan) -> None:
-    """Skip lines whose WAV is complete and recorded for the same request; any other WAV is made again."""
+    """Skip lines whose WAV is complete, recorded for the same request, unchanged since (its digest) and with every
+    sidecar the run asks for; any other WAV is made again."""
     record = read_record(plan.out_dir)
     for line in plan.todo:
-        before = record.get(line.output, {})
-        seconds = wav_seconds(plan.out_dir / line.output)
+        before, path = record.get(line.output, {}), plan.out_dir / line.output
+        seconds = wav_seconds(path)
         if seconds is None or before.get("status") not in ("ok", "skipped") or before.get("request") != line.request:
             continue
+        if before.get("audio") is not None and file_digest(path) != before["audio"]:
+            continue  # another run's audio under this name
+        if plan.timestamps and not path.with_suffix(".timestamps.json").is_file():
+            continue
         line.status, line.reason, line.duration = "skipped", "already exported", round(seconds, 3)
-        line.seed = before.get("seed")  # the seed that made the file on disk
+        line.seed, line.audio = before.get("seed"), before.get("audio")  # what made the file on disk
 
 
 def _base_seeds(plan: ExportPlan, base: int | None) -> None:
@@ -285,14 +280,3 @@ def _draw_seeds(plan: ExportPlan) -> None:
     for line in plan.todo:
         if line.seed is None:
             line.seed = draw.randrange(2**31)
-
-
-def wav_seconds(path: Path) -> float | None:
-    """Length of a complete, non-empty 16-bit mono WAV, or None if missing, cut short or not one."""
-    try:
-        with wave.open(str(path), "rb") as w:
-            n = w.getnframes()
-            complete = w.getnchannels() == 1 and w.getsampwidth() == 2 and len(w.readframes(n)) == 2 * n
-            return n / w.getframerate() if complete and n > 0 else None
-    except (OSError, EOFError, wave.Error):
-        return None

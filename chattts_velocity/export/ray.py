@@ -26,7 +26,7 @@ from ..params import InferCodeParams
 from ..serve.ray_serve import init_ray, load_worker_chat
 from ..speech.service import SpeechService
 from .plan import ExportLine, ExportPlan
-from .manifest import now, replace_atomically
+from .manifest import file_digest, now, replace_atomically
 from .run import Log, report_done, report_plan
 
 NO_AUDIO = "the model produced no audio (it stopped at the first step); try another seed"
@@ -114,6 +114,7 @@ def run_export_ray(model_dir: str | Path, plan: ExportPlan, params: InferCodePar
         for line in plan.todo:  # never silently lost: Ray returned no row for it (job stopped early)
             line.status, line.error = "error", "no result: the Ray job stopped before this line ran; run again"
         plan.save()
+        plan.release()
     report_done(plan, log)
     return plan
 
@@ -179,4 +180,5 @@ def store_row(plan: ExportPlan, line: ExportLine, row: dict[str, Any], log: Log)
         return
     line.status, line.error = "ok", None
     line.duration = round(int(row["samples"]) / SAMPLE_RATE, 3)
+    line.audio = file_digest(plan.out_dir / line.output)
     plan.journal(line)

@@ -16,7 +16,7 @@ from ..audio.wav import SAMPLE_RATE
 from ..engine.progress import Progress, progress_bar
 from ..params import InferCodeParams
 from ..text.voices import VoiceLibrary
-from .manifest import now, replace_atomically
+from .manifest import file_digest, now, replace_atomically
 from .plan import ExportLine, ExportPlan, plan_export
 
 if TYPE_CHECKING:
@@ -28,7 +28,7 @@ Log = Callable[[str], None]
 
 def timestamps_path(wav_path: Path) -> Path:
     """Where a WAV's sentence timestamps go ([{"text", "start", "end"}], seconds): NAME.timestamps.json, a name no
-    WAV's sidecar shares with manifest.json."""
+    WAV's sidecar shares with manifest.json (plan._mark_finished looks for it there too)."""
     return wav_path.with_suffix(".timestamps.json")
 
 
@@ -52,6 +52,7 @@ def run_export(chat: Chat | None, plan: ExportPlan, params: InferCodeParams | No
                 plan.save()
         finally:
             plan.save()  # also on Ctrl-C, so the finished lines are on record
+            plan.release()
     report_done(plan, log)
     return plan
 
@@ -125,6 +126,7 @@ def _save(plan: ExportPlan, line: ExportLine, result: np.ndarray | Spoken, log: 
     except Exception as exc:  # noqa: BLE001 - a full disk or a blocked path fails this line only
         return _fail(line, f"could not write {line.output}: {exc}", log)
     line.status, line.duration = "ok", round(len(wav) / SAMPLE_RATE, 3)
+    line.audio = file_digest(plan.out_dir / line.output)
     plan.journal(line)
     log(f"{plan.out_dir / line.output}  {line.duration:.2f} s")
 

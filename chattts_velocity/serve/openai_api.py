@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager, suppress
 from functools import partial
-from dataclasses import dataclass, field
 
 import numpy as np
 from fastapi import FastAPI, Request
@@ -29,8 +27,9 @@ from ..chat import Chat
 from ..engine.async_engine import AsyncLLMEngine
 from ..params import InferCodeParams
 from ..speech.service import SpeechService, SpeechStream
-from ..speech.streams import StreamOptions
+from ..speech.text_work import TextWorker
 from . import metrics
+from .config import API_KEY_ENV, ServerConfig  # noqa: F401 -- the names this module has always offered
 from .audio_stream import encoded_chunks
 from .cache import AudioCache, recorded
 from .edge import Edge
@@ -52,42 +51,14 @@ from .voices import VoiceBook
 logger = logging.getLogger("chattts_velocity.serve")
 MODEL_ALIASES = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")
 DISCONNECT_POLL = 0.5  # seconds between client-disconnect checks of a non-streamed request
-API_KEY_ENV = "CHATTTS_VELOCITY_API_KEY"  # the key need not appear on the command line (or in `ps`)
-
-
-@dataclass
-class ServerConfig:
-    model_name: str = "chattts"
-    api_key: str | None = field(default_factory=lambda: os.environ.get(API_KEY_ENV) or None)  # Bearer key on /v1/*
-    max_input_chars: int = 4096
-    max_body_bytes: int = 1 << 20  # larger bodies get 413 before they are read
-    max_pieces: int = 128  # sentence pieces one input may split into
-    max_new_token: int = 2048  # per sentence piece; a request's max_new_tokens may only lower it
-    split_text: bool = True  # sentence pieces generate concurrently and play in order
-    warmup_steps: int = 16  # one short request at startup, so the first user does not pay first-call costs
-    stream_options: StreamOptions = field(default_factory=StreamOptions)
-    cache_mb: int = 64  # finished audio of seeded requests kept for identical repeats (serve/cache.py); 0: off
-    voices_dir: str | None = None  # the voice library's folder; None: $CHATTTS_VELOCITY_VOICES or ~/.cache/...
-    max_voices: int = 1000
-    max_upload_bytes: int = 16 << 20  # a voice clip upload (POST /v1/audio/voices) may be this large
-
-    def __post_init__(self) -> None:
-        for name in ("max_input_chars", "max_body_bytes", "max_pieces", "max_new_token", "max_voices",
-                     "max_upload_bytes"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name}: must be an integer >= 1, got {value!r}")
-        if isinstance(self.cache_mb, bool) or not isinstance(self.cache_mb, int) or self.cache_mb < 0:
-            raise ValueError(f"cache_mb: must be an integer >= 0 (0 turns the cache off), got {self.cache_mb!r}")
-
-
 class ServerState:
     """Everything a route needs, built once per process (or Ray Serve replica) in the lifespan."""
 
     def __init__(self, chat: Chat, config: ServerConfig) -> None:
         self.chat, self.config = chat, config
         self.engine = AsyncLLMEngine(chat.engine())
-        self.service = SpeechService(chat, self.engine, config.stream_options)
+        self.service = SpeechService(chat, self.engine, config.stream_options,
+                                     TextWorker(config.text_workers, config.text_budget_s))
         self.library = VoiceLibrary(config.voices_dir, config.max_voices)
         self.voices = VoiceBook(chat.sample_random_speaker, chat.config.hidden_size, self.library)
         self.cache = AudioCache(config.cache_mb << 20)
@@ -106,15 +77,17 @@ class ServerState:
             params = InferCodeParams(manual_seed=0, max_new_token=steps, min_new_token=steps, show_tqdm=False)
             await self.service.synthesize("Warm up.", params)
 
-    def speech(self, body: SpeechBody) -> tuple[SpeechInput, InferCodeParams]:
-        """The body's text, refine pass and code params; a ValueError names the body's field."""
+    def speech(self, body: SpeechBody) -> tuple[SpeechInput, InferCodeParams, str]:
+        """The body's text, refine pass, code params and voice kind; a ValueError names the body's field.
+        Runs on a text thread (SSML and speaker strings are decoded here)."""
         sampling = sampling_kwargs(body, self.config.max_new_token)  # checked before any voice is drawn
         if body.loudness is not None:
             check_loudness(body.loudness)
             if body.stream or body.stream_format == "sse":
                 raise ValueError("loudness: is measured on the whole clip; ask for it with stream=false")
+        voice = self.voices.params(body.voice)  # a speaker string is decoded (bounded) before the text is read
         plan = speech_input(body.input, body.speed, body.instructions, sampling.get("manual_seed"))
-        return plan, code_params(plan, self.voices.params(body.voice), sampling)
+        return plan, code_params(plan, voice, sampling), self.voices.kind(body.voice)
 
     async def observed(self, stream: SpeechStream, labels: metrics.Labels) -> AsyncIterator[np.ndarray]:
         """The stream's chunks, counted into the metrics; an early exit (client gone) aborts the rest."""
@@ -191,7 +164,8 @@ def create_app(chat: Chat | Callable[[], Chat], config: ServerConfig | None = No
     _add_info_routes(app, config)
     add_voice_routes(app)
     app.add_middleware(Edge, api_key=config.api_key, max_body_bytes=config.max_body_bytes,
-                       on_refuse=lambda: _count_error(app, 400), path_limits={VOICES_PATH: config.max_upload_bytes})
+                       on_refuse=lambda: _count_error(app, 400), path_limits={VOICES_PATH: config.max_upload_bytes},
+                       body_timeout=config.body_timeout_s)
     return app
 
 
@@ -204,8 +178,8 @@ def _add_speech_route(app: FastAPI, config: ServerConfig) -> None:
         request.state.labels = metrics.Labels(fmt)  # what an error response is counted under
         check_model(body.model, (config.model_name, *MODEL_ALIASES))
         try:
-            plan, params = state.speech(body)
-            request.state.labels = labels = metrics.Labels(fmt, state.voices.kind(body.voice))
+            plan, params, kind = await state.service.text.run(state.speech, body)
+            request.state.labels = labels = metrics.Labels(fmt, kind)
             key, data = state.cached(body, plan, params, fmt)
             if data is not None:
                 state.metrics.outcome("ok", labels)
@@ -282,4 +256,8 @@ def run_server(chat: Chat | Callable[[], Chat], config: ServerConfig | None = No
     """Serve the API with uvicorn (blocking). Binds loopback unless host says otherwise."""
     import uvicorn
 
-    uvicorn.run(create_app(chat, config), host=host, port=port, log_level=log_level)
+    from .timeouts import header_timeout_protocol
+
+    config = config or ServerConfig()
+    uvicorn.run(create_app(chat, config), host=host, port=port, log_level=log_level,
+                http=header_timeout_protocol(config.header_timeout_s))

@@ -25,7 +25,7 @@ class SpeechBody(BaseModel):
     input: str
     voice: SkipValidation[str | int | dict | None] = None  # checked by text.voice_params (bools are no seeds)
     response_format: str = "mp3"
-    speed: float = 1.0
+    speed: SkipValidation[float] = 1.0  # checked by serve/voices.speed_prompt (true is not 1.0)
     stream: bool = False
     stream_format: str = "audio"
     timestamps: bool = False  # with stream_format "sse": a speech.audio.timestamp event per sentence piece
@@ -83,12 +83,19 @@ def error_detail(message: str, param: str | None = None, code: str | None = None
     return {"message": message, "type": kind, "param": param, "code": code}
 
 
+# the names our ValueErrors start with -> the body field they are about
+PARAM_NAMES = {"text[0]": "input", "text": "input", "speaker": "voice", "spk_emb": "voice", "spk_smp": "voice",
+               "txt_smp": "voice", **BODY_NAMES}
+
+
 def bad_request(exc: ValueError) -> HTTPException:
-    """Our ValueErrors start with the field name ("temperature: ..."): that is OpenAI's `param`."""
+    """Our ValueErrors start with the field name ("temperature: ..."): that is OpenAI's `param` (a prompt too
+    long for the model is about `input`); an error with a `code` attribute (text.EmptyText) gives it."""
     message = str(exc)
     head = message.split(":", 1)[0]
-    param = {"text[0]": "input", "speaker": "voice"}.get(head, head)
-    return api_error(400, message, param=param if head != message and " " not in head else None)
+    param = "input" if head == "max_new_token" and "prompt" in message else PARAM_NAMES.get(head, head)
+    return api_error(400, message, param=param if head != message and " " not in head else None,
+                     code=getattr(exc, "code", None))
 
 
 def validation_detail(errors: list[dict]) -> dict:

@@ -18,12 +18,17 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from ..audio.wav import SAMPLE_RATE
-from ..text.voices import UnknownVoice, Voice, VoiceExists
+from ..text import decode_prompt
+from ..text.voices import UnknownVoice, Voice, VoiceExists, check_voice_fields
 from .request import api_error
 
 VOICES_PATH = "/v1/audio/voices"
 MAX_CLIP_SECONDS = 30.0
 MIN_CLIP_SECONDS = 0.5
+MAX_CLIP_CHANNELS = 8
+CLIP_RATES = (8000, 96000)  # Hz
+FRAMES_PER_SECOND = SAMPLE_RATE / 512  # clip-code frames a second (the DVAE's hop of 256, halved)
+CLIP_PEAK_RANGE = (1e-3, 8.0)  # a sample's magnitude: below is silence, above is no recording (float files hold any)
 FIELDS = ("name", "speaker", "clip_code", "transcript", "overwrite")
 
 
@@ -55,10 +60,8 @@ def add_voice_routes(app: FastAPI) -> None:
     async def create_voice(request: Request) -> JSONResponse:
         state = request.app.state.server
         fields = await _fields(request, state)
-        if fields.get("speaker") is not None:
-            _checked(state.voices.check_speaker, fields["speaker"], "speaker")
         try:
-            voice = await asyncio.to_thread(state.library.save, fields.pop("name", None), **fields)
+            voice = await asyncio.to_thread(_save, state, fields)
         except VoiceExists as exc:
             raise api_error(409, str(exc), "name", "voice_exists") from None
         except ValueError as exc:
@@ -73,11 +76,24 @@ async def _known(action, name: str):
         raise api_error(404, str(exc), "voice", "voice_not_found") from None
 
 
-def _checked(check, value: object, field: str) -> None:
-    try:
-        check(value, field)
-    except ValueError as exc:
-        raise _field_error(exc) from None
+def _save(state, fields: dict) -> Voice:
+    """Check what the voice holds against this model (lengths before decoding), then save it (a text thread)."""
+    if fields.get("speaker") is not None:
+        check_voice_fields(fields["speaker"], None, None)
+        state.voices.check_speaker(fields["speaker"], "speaker")
+    if fields.get("clip_code") is not None:
+        check_voice_fields(None, fields["clip_code"], fields.get("transcript"))
+        _check_clip_fits(state, fields["clip_code"])
+    return state.library.save(fields.pop("name", None), **fields)
+
+
+def _check_clip_fits(state, clip_code: str) -> None:
+    """A clip that fills half the engine's positions leaves too little room for the text and its audio."""
+    frames = decode_prompt(clip_code).shape[1]
+    limit = state.engine.engine.engine_config.max_model_len // 2
+    if frames > limit:
+        raise ValueError(f"clip_code: holds {frames} frames; a voice clip on this server holds at most {limit} "
+                         f"(about {limit / FRAMES_PER_SECOND:.0f} s)")
 
 
 def _field_error(exc: ValueError) -> Exception:
@@ -107,7 +123,7 @@ async def _fields(request: Request, state) -> dict:
         raise api_error(400, f"body: {kind!r} is not accepted; send JSON {{name, speaker}} or multipart/form-data "
                              "{name, file, transcript}", code="unsupported_media_type")
     try:
-        body = json.loads(await request.body())
+        body = await asyncio.to_thread(json.loads, await request.body())
     except ValueError:
         raise api_error(400, "body: is not valid JSON", code="invalid_json") from None
     if not isinstance(body, dict):
@@ -134,7 +150,8 @@ async def _upload_fields(request: Request, state) -> dict:
     upload = form.get("file")
     if upload is None or isinstance(upload, str):
         return fields
-    clip = _clip(await upload.read())
+    data = await upload.read()
+    clip = await asyncio.to_thread(_clip, data)
     try:
         fields["clip_code"] = await asyncio.to_thread(state.chat.sample_audio_speaker, clip, SAMPLE_RATE)
     except ValueError as exc:
@@ -143,21 +160,53 @@ async def _upload_fields(request: Request, state) -> dict:
 
 
 def _clip(data: bytes) -> np.ndarray:
-    """An uploaded audio file -> mono float32 at the model's rate; 400/413 naming `file`."""
+    """An uploaded audio file -> mono float32 at the model's rate; 400/413 naming `file`.
+
+    The container's header (length, channels, rate) is checked before a sample is decoded, and decoding stops
+    one block past MAX_CLIP_SECONDS whatever the header said, so a 387 KiB file of 1000 s x 8 channels costs a
+    header read, not gigabytes.
+    """
     import soundfile as sf
 
     try:
-        samples, rate = sf.read(io.BytesIO(data), dtype="float32", always_2d=True)  # [N, channels]
-    except Exception as exc:  # noqa: BLE001 -- libsndfile's errors vary by format and version
+        with sf.SoundFile(io.BytesIO(data)) as f:  # reads the header only
+            _check_header(f.frames, f.channels, f.samplerate)
+            blocks = []
+            for block in f.blocks(blocksize=f.samplerate, dtype="float32", always_2d=True):  # [<=rate, channels]
+                blocks.append(block.mean(axis=1))
+                _check_seconds(sum(map(len, blocks)) / f.samplerate)
+            rate = f.samplerate
+    except sf.LibsndfileError as exc:
         raise api_error(400, f"file: is not audio this server can read ({exc})", "file") from None
-    seconds = len(samples) / rate
+    mono = np.concatenate(blocks) if blocks else np.zeros(0, np.float32)
+    if len(mono) / rate < MIN_CLIP_SECONDS:
+        raise api_error(400, f"file: the clip is {len(mono) / rate:.2f} s; give at least {MIN_CLIP_SECONDS} s of "
+                             "speech", "file")
+    _check_samples(mono)
+    return _resample(mono, rate, SAMPLE_RATE)
+
+
+def _check_header(frames: int, channels: int, rate: int) -> None:
+    _check_seconds(frames / max(rate, 1))
+    if not 1 <= channels <= MAX_CLIP_CHANNELS or not CLIP_RATES[0] <= rate <= CLIP_RATES[1]:
+        raise api_error(400, f"file: {channels} channels at {rate} Hz; a voice clip has 1-{MAX_CLIP_CHANNELS} channels "
+                             f"at {CLIP_RATES[0]}-{CLIP_RATES[1]} Hz", "file")
+
+
+def _check_seconds(seconds: float) -> None:
     if seconds > MAX_CLIP_SECONDS:
-        raise api_error(413, f"file: the clip is {seconds:.1f} s; keep it under {MAX_CLIP_SECONDS:.0f} s",
-                        "file", "clip_too_long")
-    if seconds < MIN_CLIP_SECONDS:
-        raise api_error(400, f"file: the clip is {seconds:.2f} s; give at least {MIN_CLIP_SECONDS} s of speech",
-                        "file")
-    return _resample(samples.mean(axis=1), rate, SAMPLE_RATE)
+        raise api_error(413, f"file: the clip is over {MAX_CLIP_SECONDS:.0f} s ({seconds:.1f} s or more); keep it "
+                             f"under {MAX_CLIP_SECONDS:.0f} s", "file", "clip_too_long")
+
+
+def _check_samples(mono: np.ndarray) -> None:
+    """Finite samples of a recording's loudness (not silence, not 1e30)."""
+    if not np.isfinite(mono).all():
+        raise api_error(400, "file: holds NaN or infinite samples; upload a recording", "file")
+    peak, (low, high) = float(np.abs(mono).max()), CLIP_PEAK_RANGE
+    if not low <= peak <= high:
+        raise api_error(400, f"file: its loudest sample is {peak:.3g}; a recording peaks between {low:g} and {high:g} "
+                             "(full scale is 1.0)", "file")
 
 
 def _resample(x: np.ndarray, rate: int, target: int) -> np.ndarray:

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from ..text import decode_spk_emb, seed_context
 from ..text.speaker import VOICE_SEED_MAX
-from ..text.voices import PRESET_SEEDS, VoiceLibrary, voice_params
+from ..text.voices import PRESET_SEEDS, VoiceLibrary, is_seed_text, voice_params
 
 VOICE_SEEDS = PRESET_SEEDS  # the name the server has always used
 SPEED_RANGE = (0.25, 4.0)
@@ -24,7 +24,7 @@ def speed_prompt(speed: float) -> str:
     N = 5 + 2.5 * log2(speed), rounded and clipped: 0.5 -> 2, 0.75 -> 4, 1.0 -> 5, 1.5 -> 6, 2.0 -> 8, >= 2.6 -> 9.
     """
     low, high = SPEED_RANGE
-    if not isinstance(speed, (int, float)) or not low <= speed <= high:
+    if isinstance(speed, bool) or not isinstance(speed, (int, float)) or not low <= speed <= high:
         raise ValueError(f"speed: must be a number in [{low}, {high}] (1.0 is normal), got {speed!r}")
     return f"[speed_{min(9, max(0, round(5 + 2.5 * math.log2(speed))))}]"
 
@@ -60,7 +60,7 @@ class VoiceBook:
         voice = voice.get("id") if isinstance(voice, dict) else voice
         if voice is None or (isinstance(voice, str) and voice.strip().lower() in self.presets):
             return "preset"
-        if isinstance(voice, int) or voice.strip().isdigit():
+        if isinstance(voice, int) or is_seed_text(voice):
             return "seed"
         if self.library is not None and voice in self.library:
             return "clone" if self.library.get(voice).clip_code else "saved"

@@ -23,6 +23,7 @@ from ..engine.async_engine import AsyncLLMEngine, RequestStream
 from ..params import InferCodeParams, RefineTextParams
 from ..schema import Prompt, SamplingParams, TextPieces
 from .streams import EMPTY, StreamOptions, StreamSet, delta_rows
+from .text_work import TextWorker
 
 if TYPE_CHECKING:
     from ..chat import Chat
@@ -150,8 +151,10 @@ class DecodeWorker:
 class SpeechService:
     """Many concurrent texts on one AsyncLLMEngine; each text's audio streams as its pieces are generated."""
 
-    def __init__(self, chat: Chat, engine: AsyncLLMEngine, options: StreamOptions | None = None) -> None:
+    def __init__(self, chat: Chat, engine: AsyncLLMEngine, options: StreamOptions | None = None,
+                 text: TextWorker | None = None) -> None:
         self.chat, self.engine, self.options = chat, engine, options or StreamOptions()
+        self.text = text or TextWorker()  # normalising and tokenising run here, never on the event loop
         self.worker = DecodeWorker(StreamSet(*chat.audio_modules, self.options, chat.decode_dtype))
         self._keys = itertools.count()
 
@@ -174,14 +177,14 @@ class SpeechService:
 
     async def refine(self, pieces: TextPieces, params: RefineTextParams) -> TextPieces:
         """The refine-text pass on the shared engine: every piece at once, as Chat.infer's refine does."""
-        prompts, sampling = self.chat.refine_requests(pieces, params)
+        prompts, sampling = await self.text.run(self.chat.refine_requests, pieces, params)
         tasks = [asyncio.ensure_future(self._text_ids(prompt, sampling)) for prompt in prompts]
         try:
             refined = await asyncio.gather(*tasks)
         finally:  # one failed (or the caller left): abort the others' engine requests
             for task in tasks:
                 task.cancel()
-        return pieces.replace([self.chat.refined_text(ids) for ids in refined])
+        return pieces.replace(await self.text.run(lambda: [self.chat.refined_text(ids) for ids in refined]))
 
     async def _text_ids(self, prompt: Prompt, sampling: SamplingParams) -> torch.Tensor:
         rows = [delta.token_ids async for delta in self.engine.generate(prompt, sampling)]
@@ -193,10 +196,10 @@ class SpeechService:
         ValueError here, before any audio."""
         stream = SpeechStream(self, time.perf_counter())
         try:
-            pieces = self.pieces(text, **text_options)
+            pieces = await self.text.run(self.pieces, text, **text_options)
             if refine is not None:
                 pieces = await self.refine(pieces, refine)
-            requests = self.chat.speech_requests(pieces, params, use_decoder)
+            requests = await self.text.run(self.chat.speech_requests, pieces, params, use_decoder)
             for piece, prompt, sampling in zip(pieces.texts, requests.prompts, requests.sampling, strict=True):
                 await stream.add(piece, prompt, sampling, use_decoder)
         except BaseException:
@@ -212,6 +215,7 @@ class SpeechService:
 
     def shutdown(self) -> None:
         self.worker.shutdown()
+        self.text.shutdown()
 
 
 class SpeechStream:

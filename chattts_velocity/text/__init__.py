@@ -3,7 +3,7 @@
 In: user text, speaker strings, voice-sample codes. Out: schema.Prompt for the engine.
 """
 from chattts_velocity.text.normalizer import Normalizer, detect_language, split_text
-from chattts_velocity.text.pieces import check_texts, split_pieces
+from chattts_velocity.text.pieces import EmptyText, check_texts, empty_text, split_pieces, spoken_pieces
 from chattts_velocity.text.speaker import (
     decode_prompt,
     decode_spk_emb,
@@ -18,6 +18,7 @@ from chattts_velocity.text.tokenizer import Tokenizer, pad_left
 from chattts_velocity.text.voices import Voice, VoiceLibrary, voice_params
 
 __all__ = [
+    "EmptyText",
     "Normalizer",
     "Tokenizer",
     "Voice",
@@ -26,6 +27,7 @@ __all__ = [
     "decode_prompt",
     "decode_spk_emb",
     "detect_language",
+    "empty_text",
     "encode_prompt",
     "encode_spk_emb",
     "normalize_spk_emb",
@@ -35,5 +37,6 @@ __all__ = [
     "speaker_tensor",
     "split_pieces",
     "split_text",
+    "spoken_pieces",
     "voice_params",
 ]

@@ -4,11 +4,12 @@ Strings are bit-compatible with ChatTTS 0.2.5: base16384(raw LZMA2(little-endian
 """
 from __future__ import annotations
 
+import functools
 import lzma
 import struct
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 import pybase16384 as b14
@@ -19,6 +20,12 @@ SPK_STAT_PATH = Path(__file__).parent / "res" / "spk_stat.npy"
 VOICE_SEED_MAX = 2**32 - 1  # seeds that name a random voice (server voices, the web UI's dice)
 SPEAKER_PREFIX = "蘁淰"  # b14 of the LZMA2 chunk header every speaker string starts with
 _LZMA_FILTERS = [{"id": lzma.FILTER_LZMA2, "preset": 9 | lzma.PRESET_EXTREME}]
+MAX_SPEAKER_CHARS = 4096  # a 768-wide fp16 speaker is ~900 characters
+MAX_SPEAKER_VALUES = 4096  # the widest speaker decoded (the official model's is 768)
+MAX_CLIP_CHARS = 65536  # a clip code of MAX_CLIP_FRAMES compresses to well under this
+CLIP_ROWS = 4  # num_vq: one row of codes per DVAE codebook
+MAX_CLIP_FRAMES = 4096  # the GPT's max_position_embeddings: a longer clip could never fit in a prompt
+MAX_CLIP_CODE = 625  # the GPT has 626 audio tokens (the DVAE's 625 codes and EOS); larger ids index past it
 _SPK_HINT = f"(expected a string from sample_random_speaker(), starting with {SPEAKER_PREFIX})"
 _SMP_HINT = "(expected a string from Chat.sample_audio_speaker() or encode_prompt())"
 # base16384 alphabet: 14-bit payload characters, plus one optional trailing marker U+3D01..U+3D06
@@ -31,21 +38,40 @@ def _compress(data: bytes) -> bytes:
     return lzma.compress(data, format=lzma.FORMAT_RAW, filters=_LZMA_FILTERS)
 
 
-def _unpack(s: object, field: str, hint: str, *, header: int = 0) -> tuple[bytes, bytes]:
-    """b14-decode `s`, split off `header` raw bytes, LZMA2-decompress the rest -> (header, payload)."""
+def _unpack(s: object, field: str, hint: str, max_chars: int, max_bytes: int | Callable[[bytes], int], *,
+            header: int = 0) -> tuple[bytes, bytes]:
+    """b14-decode `s`, split off `header` raw bytes, LZMA2-decompress the rest -> (header, payload).
+
+    Bounded before any work: at most `max_chars` characters in, at most `max_bytes` decompressed bytes out (a
+    callable gets the header and gives the exact size it announces); a string that would decode to more is refused
+    as soon as the decompressor has produced one byte too many, so a compression bomb costs microseconds.
+    """
     if not isinstance(s, str) or not s:
         raise ValueError(f"{field}: got {type(s).__name__} {s!r:.40}, not a non-empty string {hint}")
+    if len(s) > max_chars:
+        raise ValueError(f"{field}: {len(s)} characters is over the limit of {max_chars} {hint}")
     body = s[:-1] if ord(s[-1]) in _B14_MARKERS else s
     if not all(_B14_FIRST <= ord(c) <= _B14_LAST for c in body):
         raise ValueError(f"{field}: {s[:12]!r}... contains characters outside base16384 {hint}")
     raw = b14.decode_from_string(s)
     if len(raw) <= header:
         raise ValueError(f"{field}: the string is too short ({len(raw)} bytes decoded) {hint}")
+    limit = max_bytes(raw[:header]) if callable(max_bytes) else max_bytes
+    return raw[:header], _decompress(raw[header:], limit, field, hint)
+
+
+def _decompress(data: bytes, limit: int, field: str, hint: str) -> bytes:
+    """Raw LZMA2 -> at most `limit` bytes; a stream that is longer, cut short or damaged is a ValueError."""
+    decompressor = lzma.LZMADecompressor(format=lzma.FORMAT_RAW, filters=_LZMA_FILTERS)
     try:
-        payload = lzma.decompress(raw[header:], format=lzma.FORMAT_RAW, filters=_LZMA_FILTERS)
+        payload = decompressor.decompress(data, max_length=limit + 1)
     except lzma.LZMAError as e:
         raise ValueError(f"{field}: the string is corrupt ({e}) {hint}") from None
-    return raw[:header], payload
+    if len(payload) > limit:
+        raise ValueError(f"{field}: decodes to more than {limit} bytes, the most a valid one holds {hint}")
+    if not decompressor.eof:
+        raise ValueError(f"{field}: the string is corrupt (the compressed data ends early) {hint}")
+    return payload
 
 
 def encode_spk_emb(x: torch.Tensor) -> str:
@@ -57,11 +83,19 @@ def encode_spk_emb(x: torch.Tensor) -> str:
 
 
 def decode_spk_emb(s: str) -> torch.Tensor:
-    """Upstream speaker string -> float16 [D]. Malformed strings raise ValueError."""
-    _, raw = _unpack(s, "speaker", _SPK_HINT)
+    """Upstream speaker string -> float16 [D]. Malformed or oversized strings raise ValueError."""
+    return torch.from_numpy(_speaker_values(s).copy())  # [D]
+
+
+@functools.lru_cache(maxsize=256)
+def _speaker_values(s: str) -> np.ndarray:
+    """A speaker string's values, decoded once per distinct string (read-only; callers copy)."""
+    _, raw = _unpack(s, "speaker", _SPK_HINT, MAX_SPEAKER_CHARS, 2 * MAX_SPEAKER_VALUES)
     if not raw or len(raw) % 2:
         raise ValueError(f"speaker: decoded to {len(raw)} bytes, not a float16 vector {_SPK_HINT}")
-    return torch.from_numpy(np.frombuffer(raw, dtype="<f2").astype(np.float16))  # [D]
+    values = np.frombuffer(raw, dtype="<f2").astype(np.float16)
+    values.flags.writeable = False
+    return values
 
 
 # a speaker is normalised in float16: a (nearly) zero vector has no direction (NaN audio), and fp16 ends at 65504
@@ -142,13 +176,32 @@ def encode_prompt(codes: torch.Tensor) -> str:
 
 
 def decode_prompt(s: str) -> torch.Tensor:
-    """Upstream spk_smp string -> int32 [num_vq, T]. Malformed strings raise ValueError."""
-    head, raw = _unpack(s, "spk_smp", _SMP_HINT, header=4)
+    """Upstream spk_smp string -> int32 [4, T], T <= MAX_CLIP_FRAMES. Malformed or oversized strings raise ValueError;
+    the shape in the header is checked before anything is decompressed."""
+    return torch.from_numpy(_clip_codes(s).copy())  # [num_vq, T]
+
+
+@functools.lru_cache(maxsize=64)
+def _clip_codes(s: str) -> np.ndarray:
+    """A clip code's codes, decoded once per distinct string (read-only; callers copy)."""
+    head, raw = _unpack(s, "spk_smp", _SMP_HINT, MAX_CLIP_CHARS, _clip_bytes, header=4)
     rows, cols = struct.unpack("<HH", head)
     if len(raw) != 2 * rows * cols:
         raise ValueError(f"spk_smp: header says [{rows}, {cols}] but {len(raw)} bytes follow {_SMP_HINT}")
-    arr = np.frombuffer(raw, dtype="<u2").astype(np.int32).reshape(rows, cols)
-    return torch.from_numpy(arr)  # [num_vq, T]
+    codes = np.frombuffer(raw, dtype="<u2").astype(np.int32).reshape(rows, cols)
+    if int(codes.max()) > MAX_CLIP_CODE:
+        raise ValueError(f"spk_smp: holds the code {int(codes.max())}; clip codes are 0..{MAX_CLIP_CODE} {_SMP_HINT}")
+    codes.flags.writeable = False
+    return codes
+
+
+def _clip_bytes(head: bytes) -> int:
+    """The payload size a clip code's header announces, once its shape is known to be one a model can use."""
+    rows, cols = struct.unpack("<HH", head)
+    if rows != CLIP_ROWS or not 1 <= cols <= MAX_CLIP_FRAMES:
+        raise ValueError(f"spk_smp: the codes are [{rows}, {cols}]; a clip code is [{CLIP_ROWS}, 1..{MAX_CLIP_FRAMES}] "
+                         f"{_SMP_HINT}")
+    return 2 * rows * cols
 
 
 @contextmanager

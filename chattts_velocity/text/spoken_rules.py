@@ -35,7 +35,7 @@ _EN_NUMBER_WORDS = set(DIGITS["en"] + "ten eleven twelve thirteen fourteen fifte
 
 _WIDE = re.compile(r"[０-９Ａ-Ｚａ-ｚ％＋＝＠＆＃＄\u2460-\u2473\u3380-\u33df]")  # full-width, ①-⑳, ㎡ ㎞ ...
 _SQUARED = {"㎡": "m²", "㎥": "m³", "㎢": "km²", "㎠": "cm²"}  # NFKC would give "m2"
-_EMAIL = re.compile(r"[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+")
+_EMAIL = re.compile(r"(?<![A-Za-z0-9._%+-])[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+")
 _CODE = re.compile(r"(?<=[A-Za-z])\d{5,}")  # "SF1234567890": a code, read digit by digit
 _MAH = re.compile(r"(?<=\d) ?mAh(?![A-Za-z])")
 _PHONE = re.compile(r"(?<![A-Za-z0-9+])\+(\d{1,3}(?:[ -]\d{1,5}){2,5})(?![\d-])")
@@ -43,8 +43,8 @@ _AMOUNT_THEN_SIGN = re.compile(r"(?<![\d.])(\d+(?:\.\d+)?) ?([$€£])(?!\w)")
 _WORD_HYPHEN = re.compile(r"(?<=[A-Za-z])-(?=[A-Za-z0-9])|(?<=\d)-(?=[A-Za-z])")
 _RANGE_TILDE = re.compile(r"(?<=\d) ?[~～] ?(?=\d)")
 _ABOUT_TILDE = re.compile(r"(?<!\d)约?[~～] ?(?=\d)")
-_FEET_INCHES = re.compile(r"(\d+)'(\d+)\"")
-_PER_MILLE = re.compile(r"(\d+(?:\.\d+)?) ?‰")
+_FEET_INCHES = re.compile(r"(?<!\d)(\d+)'(\d+)\"")
+_PER_MILLE = re.compile(r"(?<![\d.])(\d+(?:\.\d+)?) ?‰")
 _NUMBER_SIGN = re.compile(r"(?:#|\b[Nn]o\. ?)(\d+)")
 _SCALE = r" ?(?:[KkMmBb]n?\b|thousand|million|billion|trillion)"
 _CENTS = re.compile(rf"([$€£])(\d+)\.(\d\d)(?!\d)(?!{_SCALE})")  # "$3.50", not "$3.50 million"
@@ -55,6 +55,8 @@ _LEADING_PLUS = re.compile(r"(?<![A-Za-z0-9)])\+(?=\d)")
 _THOUSAND = re.compile(r"(\b\w+ +)?\bthousand\b")
 _MERIDIEM = re.compile(r"\b([AP])M\b")
 _DIGIT = re.compile(r"\d")
+# NOTE: a pattern that starts with a repeated class has a lookbehind excluding that class: otherwise every position
+# of a long run (4096 digits, say) starts a match attempt that scans to the run's end, and the search is quadratic.
 
 
 def before_wetext(text: str, lang: str, say: Say) -> str:

@@ -28,6 +28,7 @@ STRENGTHS = {"none": "", "x-weak": "[uv_break]", "weak": "[uv_break]", "medium":
              "strong": "[lbreak]", "x-strong": "[lbreak]"}
 LONG_BREAK_MS = 1000
 SAY_AS = ("characters", "spell-out", "cardinal", "number", "date")
+MAX_CARDINAL_DIGITS = 36  # "undecillion" is the last name of a number; a longer one has no reading
 _TIME = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(ms|s)\s*")
 _INTEGER = re.compile(r"[+-]?\d{1,3}(?:,\d{3})+|[+-]?\d+")
 _DATE = re.compile(r"(\d{1,4})[-/.](\d{1,2})[-/.](\d{1,4})")
@@ -160,7 +161,11 @@ class _Reader:
             return spell_digits(" ".join(c for c in content if not c.isspace()), lang)
         if kind in ("cardinal", "number"):
             if not _INTEGER.fullmatch(content):
-                self.fail(f"<say-as interpret-as={kind!r}> holds {content!r}, not an integer")
+                self.fail(f"<say-as interpret-as={kind!r}> holds {content[:40]!r}, not an integer")
+            if sum(c.isdigit() for c in content) > MAX_CARDINAL_DIGITS:
+                self.fail(f"<say-as interpret-as={kind!r}> holds a {sum(c.isdigit() for c in content)}-digit number; "
+                          f"numbers of up to {MAX_CARDINAL_DIGITS} digits are read as numbers (spell longer ones "
+                          "out with interpret-as='characters')")
             return _spoken(f"{int(content.replace(',', '')):,}" if lang == "en" else content.replace(",", ""), lang)
         return _spoken(self._iso_date(content, attrs.get("format", "ymd")), lang)
 

@@ -18,7 +18,13 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from chattts_velocity.text.speaker import decode_prompt, decode_spk_emb
+from chattts_velocity.text.speaker import (
+    MAX_CLIP_CHARS,
+    MAX_SPEAKER_CHARS,
+    VOICE_SEED_MAX,
+    decode_prompt,
+    decode_spk_emb,
+)
 
 logger = logging.getLogger("chattts_velocity.voices")
 VOICES_ENV = "CHATTTS_VELOCITY_VOICES"
@@ -29,9 +35,8 @@ PRESET_SEEDS = {
     "onyx": 7777, "nova": 8888, "sage": 9999, "shimmer": 1234, "verse": 4321,
 }
 # letters, digits, space, "_", "-", "."; starts with a letter or digit (no hidden files, no ".."), <= 64 chars
+_SEED_TEXT = re.compile(r"[0-9]+")
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_. -]{0,63}")
-MAX_SPEAKER_CHARS = 4096  # a 768-wide fp16 speaker is ~900 characters
-MAX_CLIP_CODE_CHARS = 65536  # ~40 s of clip codes
 MAX_TRANSCRIPT_CHARS = 2000
 
 
@@ -78,7 +83,7 @@ def check_voice_fields(speaker: object, clip_code: object, transcript: object) -
     if speaker is None and clip_code is None:
         raise ValueError("speaker: give a speaker string, a clip code (with its transcript), or both")
     _check_string("speaker", speaker, MAX_SPEAKER_CHARS, decode_spk_emb)
-    _check_string("clip_code", clip_code, MAX_CLIP_CODE_CHARS, decode_prompt)
+    _check_string("clip_code", clip_code, MAX_CLIP_CHARS, decode_prompt)
     if clip_code is not None and not (isinstance(transcript, str) and transcript.strip()):
         raise ValueError("transcript: a clip code needs the words spoken in the clip")
     if transcript is not None and clip_code is None:
@@ -208,8 +213,8 @@ def voice_params(voice: object, library: VoiceLibrary | None,
     voice = "default" if voice is None else voice
     if isinstance(voice, bool) or not isinstance(voice, (str, int)):
         raise ValueError(f"voice: expected a voice name, a seed or a speaker string, got {voice!r}")
-    if isinstance(voice, int) or voice.strip().isdigit():
-        return _speaker_only(speaker_for_seed(int(voice)))
+    if isinstance(voice, int) or is_seed_text(voice):
+        return _speaker_only(speaker_for_seed(_seed(voice)))
     if voice.strip().lower() in PRESET_SEEDS:
         return _speaker_only(speaker_for_seed(PRESET_SEEDS[voice.strip().lower()]))
     if library is not None and voice in library:
@@ -218,6 +223,17 @@ def voice_params(voice: object, library: VoiceLibrary | None,
         return _speaker_only(voice)
     raise ValueError(f"voice: unknown voice {voice[:40]!r}; use a saved voice, one of {sorted(PRESET_SEEDS)}, an "
                      "integer seed, or a speaker string from sample_random_speaker() (GET /v1/audio/voices)")
+
+
+def is_seed_text(voice: str) -> bool:
+    """An integer seed written as text: ASCII digits only ("²" and "٣" are digits to str.isdigit, not to int)."""
+    return _SEED_TEXT.fullmatch(voice.strip()) is not None
+
+
+def _seed(voice: int | str) -> int:
+    if isinstance(voice, str) and len(voice.strip()) > len(str(VOICE_SEED_MAX)):
+        raise ValueError(f"voice: a seed must be in 0..{VOICE_SEED_MAX}, got {len(voice.strip())} digits")
+    return int(voice)
 
 
 def _is_speaker(voice: str) -> bool:

@@ -21,7 +21,7 @@ from chattts_velocity.text.voices import (
 
 with seed_context(7):
     SPEAKER = sample_random_speaker(64)
-CLIP = encode_prompt(torch.randint(0, 1024, (4, 30)))
+CLIP = encode_prompt(torch.randint(0, 625, (4, 30)))
 
 
 def test_a_saved_voice_survives_a_new_library_on_the_same_folder(tmp_path) -> None:

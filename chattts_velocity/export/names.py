@@ -1,0 +1,34 @@
+"""Batch export, output names: where each line's WAV goes inside the output folder (never outside it)."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from ..audio.formats import WAV
+
+
+def output_name(output: object, ident: str | None, number: int, root: Path) -> str:
+    """An explicit output (inside the folder) wins, then the sanitised id, then the line number."""
+    if output is not None:
+        return _checked_output(output, root)
+    if ident is None:
+        return f"{number:05d}{WAV.extension}"
+    # Word characters (any script), dot and dash; no leading dot, so no hidden file and no "..".
+    name = re.sub(r"[^\w.\-]+", "_", ident).lstrip("._")[:120]
+    if not name:
+        raise ValueError(f'id: {ident!r} has no characters usable in a file name; add an "output"')
+    return name + WAV.extension
+
+
+def _checked_output(value: object, root: Path) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"output: must be a non-empty path relative to the output folder, got {value!r}")
+    if Path(value).is_absolute():
+        raise ValueError(f"output: {value!r} is absolute; give a path relative to the output folder")
+    if Path(value).suffix.lower() != WAV.extension:
+        raise ValueError(f"output: {value!r} must end in {WAV.extension} (the export writes {WAV.name.upper()} files)")
+    base = root.resolve()
+    target = (base / value).resolve()
+    if not target.is_relative_to(base) or target == base:
+        raise ValueError(f"output: {value!r} escapes the output folder {root}; keep it inside")
+    return target.relative_to(base).as_posix()

@@ -1,0 +1,43 @@
+"""Serving stage: the server's settings (limits, budgets, timeouts), checked when made."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from ..speech.streams import StreamOptions
+
+API_KEY_ENV = "CHATTTS_VELOCITY_API_KEY"  # the key need not appear on the command line (or in `ps`)
+
+
+@dataclass
+class ServerConfig:
+    model_name: str = "chattts"
+    api_key: str | None = field(default_factory=lambda: os.environ.get(API_KEY_ENV) or None)  # Bearer key on /v1/*
+    max_input_chars: int = 4096
+    max_body_bytes: int = 1 << 20  # larger bodies get 413 before they are read
+    max_pieces: int = 128  # sentence pieces one input may split into
+    max_new_token: int = 2048  # per sentence piece; a request's max_new_tokens may only lower it
+    split_text: bool = True  # sentence pieces generate concurrently and play in order
+    warmup_steps: int = 16  # one short request at startup, so the first user does not pay first-call costs
+    stream_options: StreamOptions = field(default_factory=StreamOptions)
+    cache_mb: int = 64  # finished audio of seeded requests kept for identical repeats (serve/cache.py); 0: off
+    voices_dir: str | None = None  # the voice library's folder; None: $CHATTTS_VELOCITY_VOICES or ~/.cache/...
+    max_voices: int = 1000
+    max_upload_bytes: int = 16 << 20  # a voice clip upload (POST /v1/audio/voices) may be this large
+    text_workers: int = 2  # threads doing requests' text work (SSML, normalising, tokenising) off the event loop
+    text_budget_s: float = 10.0  # one request's text work ends with a 400 after this long (4096 chars take ~1 s)
+    header_timeout_s: float = 10.0  # a connection must send a request's headers within this (serve/timeouts.py)
+    body_timeout_s: float = 30.0  # and then its whole body within this
+
+    def __post_init__(self) -> None:
+        for name in ("max_input_chars", "max_body_bytes", "max_pieces", "max_new_token", "max_voices",
+                     "max_upload_bytes", "text_workers"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}: must be an integer >= 1, got {value!r}")
+        if isinstance(self.cache_mb, bool) or not isinstance(self.cache_mb, int) or self.cache_mb < 0:
+            raise ValueError(f"cache_mb: must be an integer >= 0 (0 turns the cache off), got {self.cache_mb!r}")
+        for name in ("text_budget_s", "header_timeout_s", "body_timeout_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+                raise ValueError(f"{name}: must be a number of seconds > 0, got {value!r}")

@@ -1,0 +1,80 @@
+"""Chat's inference calls: one at a time through the model, each with its own interrupt flag.
+
+`CallGate` serialises the calls of every thread (the engine, the plain path's generator and the audio modules
+are one set of state) and lets `interrupt()` stop every call in flight when it is made, the ones still waiting
+for their turn included; a call that starts later is not affected. `Jobs` is infer_many's bookkeeping.
+"""
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+from ..schema import GenerationOutput, SpeechRequests, Prompt
+
+Stop = Callable[[], bool]
+
+
+class CallGate:
+    def __init__(self) -> None:
+        self._turn = threading.Lock()  # held by the call that uses the model
+        self._owner: int | None = None  # thread id of that call
+        self._guard = threading.Lock()  # guards _flags
+        self._flags: set[threading.Event] = set()
+
+    @contextmanager
+    def call(self) -> Iterator[Stop]:
+        """Wait for the model, then yield this call's stop flag (set by interrupt())."""
+        if self._owner == threading.get_ident():
+            raise RuntimeError("Chat: this thread's earlier call (an open stream or infer_many) still holds the "
+                               "model; finish or close() it before the next call")
+        flag = threading.Event()
+        with self._guard:
+            self._flags.add(flag)
+        try:
+            with self._turn:
+                self._owner = threading.get_ident()
+                try:
+                    yield flag.is_set
+                finally:
+                    self._owner = None
+        finally:
+            with self._guard:
+                self._flags.discard(flag)
+
+    def interrupt(self) -> None:
+        """Stop every call in flight (running or waiting) after its current step."""
+        with self._guard:
+            for flag in self._flags:
+                flag.set()
+
+
+class Jobs:
+    """infer_many's bookkeeping: every text's pieces in one flat request list, and which text is complete."""
+
+    def __init__(self) -> None:
+        self.prompts: list[Prompt] = []
+        self.sampling: list = []
+        self.owner: list[int] = []  # [P] text index of each flat piece
+        self.outputs: dict[int, dict[int, GenerationOutput]] = {}  # text -> {piece: output}
+        self.size: dict[int, int] = {}
+
+    def add(self, i: int, requests: SpeechRequests) -> None:
+        self.prompts += requests.prompts
+        self.sampling += requests.sampling
+        self.owner += [i] * len(requests.prompts)
+        self.outputs[i], self.size[i] = {}, len(requests.prompts)
+
+    def done(self, k: int, output: GenerationOutput) -> list[tuple[int, list[GenerationOutput] | Exception]]:
+        """Record piece k; returns its text once complete (its outputs in piece order), or at its first error."""
+        i = self.owner[k]
+        if i not in self.outputs:
+            return []  # this text already failed
+        if output.error is not None:
+            del self.outputs[i]
+            return [(i, output.error)]
+        self.outputs[i][k] = output
+        if len(self.outputs[i]) < self.size[i]:
+            return []
+        pieces = self.outputs.pop(i)
+        return [(i, [pieces[key] for key in sorted(pieces)])]

@@ -1,0 +1,272 @@
+"""Hostile clients against the real server process (`run_server`, tiny random weights, loopback).
+
+Every case gets its answer quickly, /health keeps answering throughout (the longest gap between its answers is
+asserted under HEALTH_GAP_S), the server's memory does not grow past MEMORY_GROWTH_BYTES, and a normal request
+still works afterwards. Budgets are generous (a loaded 2-core host); what they catch is a stall of seconds.
+"""
+from __future__ import annotations
+
+import io
+import json
+import lzma
+import os
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+import pytest
+
+httpx = pytest.importorskip("httpx")
+pytest.importorskip("uvicorn")
+sf = pytest.importorskip("soundfile")
+b14 = pytest.importorskip("pybase16384")
+
+pytestmark = pytest.mark.e2e
+REPO = Path(__file__).resolve().parents[2]
+HEALTH_GAP_S = 0.5  # the longest time /health may go unanswered while hostile requests are handled
+ANSWER_S = 15.0  # the longest any hostile request may take to be answered (its text budget is 10 s)
+MEMORY_GROWTH_BYTES = 300 << 20  # resident memory after every hostile case vs after the first normal request
+TIMEOUT_S = 2.0  # the server's header and body timeouts in this test
+LZMA2 = [{"id": lzma.FILTER_LZMA2, "preset": 9 | lzma.PRESET_EXTREME}]
+
+
+class Server(NamedTuple):
+    url: str
+    port: int
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+SERVE = """
+import sys
+from chattts_velocity import Chat
+from chattts_velocity.serve import ServerConfig, run_server
+def load():
+    chat = Chat()
+    chat.load(source="custom", custom_path=sys.argv[1], verify=False, use_vllm=True)
+    return chat
+run_server(load, ServerConfig(cache_mb=0, voices_dir=sys.argv[3], header_timeout_s={t}, body_timeout_s={t},
+                              warmup_steps=4), port=int(sys.argv[2]), log_level="warning")
+"""
+
+
+@pytest.fixture(scope="module")
+def server(tiny_assets, tmp_path_factory) -> Iterator[Server]:
+    port, tmp = _free_port(), tmp_path_factory.mktemp("hostile")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    log = open(tmp / "server.log", "w")
+    proc = subprocess.Popen([sys.executable, "-c", SERVE.format(t=TIMEOUT_S), str(tiny_assets), str(port),
+                             str(tmp / "voices")], stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 240
+        while True:
+            assert proc.poll() is None, (tmp / "server.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "the server did not start"
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.5)
+        yield Server(url, port)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+class HealthWatch:
+    """Polls /health from a thread; `gap` is the longest time between two answers (or since the last one)."""
+
+    def __init__(self, url: str) -> None:
+        self.url, self.gap, self.failures = url, 0.0, []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+
+    def __enter__(self) -> "HealthWatch":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+    def _poll(self) -> None:
+        with httpx.Client(timeout=30) as client:
+            last = time.monotonic()
+            while not self._stop.is_set():
+                answer = client.get(self.url + "/health")
+                now = time.monotonic()
+                if answer.status_code != 200:
+                    self.failures.append(answer.status_code)
+                self.gap, last = max(self.gap, now - last), now
+                time.sleep(0.02)
+
+
+def resident_bytes(server: Server) -> float:
+    text = httpx.get(server.url + "/metrics").text
+    return float(next(line.split()[-1] for line in text.splitlines()
+                      if line.startswith("process_resident_memory_bytes")))
+
+
+def speak(server: Server, timeout: float = ANSWER_S, **body) -> httpx.Response:
+    body = {"input": "Hello there.", "voice": "alloy", "response_format": "wav", "max_new_tokens": 4, **body}
+    return httpx.post(server.url + "/v1/audio/speech", json=body, timeout=timeout)
+
+
+def error(response: httpx.Response) -> dict:
+    assert 400 <= response.status_code < 500, (response.status_code, response.text[:300])
+    return response.json()["error"]
+
+
+def speaker_bomb() -> str:
+    """32 MiB of zeros as a speaker string (about 3,000 characters: under the length limit, so the decoder's output
+    bound is what refuses it)."""
+    return b14.encode_to_string(lzma.compress(bytes(32 << 20), format=lzma.FORMAT_RAW, filters=LZMA2))
+
+
+def clip_code(rows: int, cols: int) -> str:
+    """A clip code whose header says [rows, cols] (zeros; compresses to almost nothing)."""
+    payload = lzma.compress(bytes(2 * rows * cols), format=lzma.FORMAT_RAW, filters=LZMA2)
+    return b14.encode_to_string(struct.pack("<HH", rows, cols) + payload)
+
+
+def flac_claiming(seconds: int, channels: int = 8, rate: int = 48000) -> bytes:
+    """A one-second FLAC whose STREAMINFO says `seconds` long (a header a bomb would carry)."""
+    buffer = io.BytesIO()
+    sf.write(buffer, np.zeros((rate, channels), np.float32), rate, format="FLAC")
+    data = bytearray(buffer.getvalue())
+    info = 8  # "fLaC", then the STREAMINFO block header; total samples are the low 36 bits of bytes 13..17
+    field = int.from_bytes(data[info + 10: info + 18], "big")
+    field = (field & ~((1 << 36) - 1)) | (seconds * rate)
+    data[info + 10: info + 18] = field.to_bytes(8, "big")
+    return bytes(data)
+
+
+def float_wav(samples: np.ndarray, rate: int = 24000) -> bytes:
+    buffer = io.BytesIO()
+    sf.write(buffer, samples.astype(np.float32), rate, format="WAV", subtype="FLOAT")
+    return buffer.getvalue()
+
+
+TEXT_CASES = {  # the server's maximum input (4096 characters) of what used to take seconds each on the loop
+    "nines": "9 " * 2048,
+    "dashes": "-" * 4096,
+    "phones": "+1-555-555-5555 " * 256,
+    "cardinal": '<speak><say-as interpret-as="cardinal">' + "7" * 4000 + "</say-as></speak>",
+}
+
+
+def test_text_work_never_stalls_health(server: Server) -> None:
+    assert speak(server).status_code == 200
+    with HealthWatch(server.url) as watch, ThreadPoolExecutor(4) as pool:
+        for name, text in TEXT_CASES.items():  # one at a time, then four at once
+            started = time.monotonic()
+            answer = speak(server, input=text)
+            assert answer.status_code in (200, 400), (name, answer.text[:300])
+            assert time.monotonic() - started < ANSWER_S, name
+        answers = list(pool.map(lambda text: speak(server, input=text), TEXT_CASES.values()))
+        assert all(a.status_code in (200, 400) for a in answers)
+    print(f"longest /health gap {watch.gap:.3f} s")
+    assert not watch.failures and watch.gap < HEALTH_GAP_S, watch.gap
+
+
+def test_decoder_bombs_are_refused_at_once(server: Server) -> None:
+    assert speak(server).status_code == 200
+    before = resident_bytes(server)
+    bomb = speaker_bomb()
+    with HealthWatch(server.url) as watch:
+        for voice in (bomb, bomb * 8):  # the decoder's bound, then the length check
+            started = time.monotonic()
+            assert error(speak(server, voice=voice))["param"] == "voice"
+            assert time.monotonic() - started < 1.0 + ANSWER_S / 15
+        saved = httpx.post(server.url + "/v1/audio/voices", json={"name": "bomb", "speaker": bomb}, timeout=ANSWER_S)
+        assert error(saved)["param"] == "speaker"
+        upload = httpx.post(server.url + "/v1/audio/voices", data={"name": "clip", "transcript": "hi"},
+                            files={"file": ("bomb.flac", flac_claiming(1000), "audio/flac")}, timeout=ANSWER_S)
+        assert upload.status_code == 413 and error(upload)["code"] == "clip_too_long"
+    print(f"longest /health gap {watch.gap:.3f} s")
+    assert not watch.failures and watch.gap < HEALTH_GAP_S, watch.gap
+    assert resident_bytes(server) - before < MEMORY_GROWTH_BYTES
+
+
+@pytest.mark.parametrize("fields, param", [
+    ({"clip_code": clip_code(1000, 65535), "transcript": "hi"}, "clip_code"),
+    ({"clip_code": clip_code(4, 65535), "transcript": "hi"}, "clip_code"),
+    ({"clip_code": clip_code(4, 3000), "transcript": "hi"}, "clip_code"),  # over the engine's positions
+])
+def test_unusable_clip_codes_are_not_saved(server: Server, fields: dict, param: str) -> None:
+    response = httpx.post(server.url + "/v1/audio/voices", json={"name": "unusable", **fields}, timeout=ANSWER_S)
+    assert error(response)["param"] == param
+    assert httpx.get(server.url + "/v1/audio/voices/unusable").status_code == 404
+
+
+@pytest.mark.parametrize("samples", [np.full(24000, np.nan), np.full(24000, np.inf), np.full(24000, 1e30),
+                                     np.zeros(24000)])
+def test_unusable_recordings_are_not_saved(server: Server, samples: np.ndarray) -> None:
+    response = httpx.post(server.url + "/v1/audio/voices", data={"name": "odd", "transcript": "hi"},
+                          files={"file": ("odd.wav", float_wav(samples), "audio/wav")}, timeout=ANSWER_S)
+    assert response.status_code == 400 and error(response)["param"] == "file"
+
+
+@pytest.mark.parametrize("text", ["\u200b\u200c", "\x00", "e\u0301"[1:] * 3, "\u00ad", "\u202e\u202c", "\ufe0f",
+                                  '<speak><say-as interpret-as="characters">🙂</say-as></speak>'])
+def test_text_with_nothing_to_say_is_empty_input(server: Server, text: str) -> None:
+    found = error(speak(server, input=text))
+    assert (found["code"], found["param"]) == ("empty_input", "input")
+
+
+@pytest.mark.parametrize("raw, param", [
+    (b"[" * 100_000 + b"]" * 100_000, None),
+    (b'{"input": "hi", "seed": ' + b"9" * 5001 + b"}", None),
+    (json.dumps({"input": "hi", "voice": "\u00b2"}).encode(), "voice"),
+    (json.dumps({"input": "hi", "voice": "9" * 10_000}).encode(), "voice"),
+    (json.dumps({"input": "hi", "speed": True}).encode(), "speed"),
+    (json.dumps({"input": "中" * 2100, "max_new_tokens": 2048}).encode(), "input"),  # prompt + tokens > positions
+])
+def test_error_bodies_name_their_field(server: Server, raw: bytes, param: str | None) -> None:
+    found = error(httpx.post(server.url + "/v1/audio/speech", content=raw, timeout=ANSWER_S,
+                             headers={"Content-Type": "application/json"}))
+    assert found["param"] == param, found
+    if param is None:
+        assert found["code"] == "invalid_json"
+    assert "Traceback" not in found["message"] and "int()" not in found["message"]
+
+
+def _closed_within(sock: socket.socket, seconds: float) -> tuple[bool, bytes]:
+    sock.settimeout(seconds)
+    data = b""
+    try:
+        while chunk := sock.recv(4096):
+            data += chunk
+        return True, data
+    except socket.timeout:
+        return False, data
+
+
+def test_slow_clients_are_timed_out(server: Server) -> None:
+    with socket.create_connection(("127.0.0.1", server.port)) as sock:
+        sock.sendall(b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\n")  # the headers never end
+        closed, _ = _closed_within(sock, TIMEOUT_S + 5)
+        assert closed
+    with socket.create_connection(("127.0.0.1", server.port)) as sock:
+        sock.sendall(b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 100\r\n\r\n{\"input\": ")  # 10 of 100 bytes
+        closed, data = _closed_within(sock, TIMEOUT_S + 5)
+        assert data.startswith(b"HTTP/1.1 408") and b"request_timeout" in data
+    assert speak(server).status_code == 200  # and everyone else is served
