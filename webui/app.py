@@ -14,7 +14,8 @@ if __package__ in (None, ""):  # run as `python webui/app.py` from a source chec
 import gradio as gr
 
 from chattts_velocity import Chat
-from chattts_velocity.cli.common import add_webui_flags, check_port_free, load_chat
+from chattts_velocity.cli.common import (add_webui_flags, check_port_free, load_chat, max_new_token,
+                                         package_warnings_in_one_line)
 from chattts_velocity.text.voices import VoiceLibrary
 from webui import layout
 from webui.controls import DEFAULT_PRESET, VOICE_PRESETS, refine_prompt
@@ -137,14 +138,29 @@ def build_parser() -> argparse.ArgumentParser:
 
 def serve(args: argparse.Namespace) -> None:
     """Load the model and serve the UI until Ctrl-C; args from add_webui_flags (here or `chattts-velocity webui`)."""
+    package_warnings_in_one_line()
     try:
         check_port_free(args.host, args.port)
         chat = load_chat(args, use_vllm=not args.plain)
     except (ValueError, FileNotFoundError) as exc:
         raise SystemExit(f"error: {exc}") from None
-    demo = build_ui(chat, use_vllm=not args.plain, max_new_token=args.max_new_token,
+    demo = build_ui(chat, use_vllm=not args.plain, max_new_token=max_new_token(args),
                     voices=VoiceLibrary(args.voices))  # None: $CHATTTS_VELOCITY_VOICES or ~/.cache
-    demo.queue().launch(server_name=args.host, server_port=args.port, share=args.share, theme=THEME, css=CSS)
+    # quiet: gradio's own banner tells a user to edit launch(); ours names this command's flags
+    demo.queue().launch(server_name=args.host, server_port=args.port, share=args.share, theme=THEME, css=CSS,
+                        quiet=True, prevent_thread_lock=True)
+    print(served_at(args, demo.local_url, demo.share_url), flush=True)
+    demo.block_thread()
+
+
+def served_at(args: argparse.Namespace, local_url: str, share_url: str | None) -> str:
+    """Where the page is, and the flags that change who can reach it."""
+    lines = [f"web UI on {local_url} (Ctrl-C stops it)"]
+    if share_url:
+        lines.append(f"public link: {share_url} (anyone with it can use the page)")
+    else:
+        lines.append("--share adds a public gradio.live link; --host 0.0.0.0 serves this network")
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> None:
