@@ -251,3 +251,16 @@ def test_bench_has_no_verify_and_picks_the_auto_precision(monkeypatch, demo_dir:
     with pytest.raises(AssetError, match="no-verify"):
         load_suite(parser.parse_args(["--model", str(custom)]))
     assert parser.parse_args(["--no-verify"]).no_verify
+
+
+def test_the_demo_texts_normalise_without_a_warning(caplog) -> None:
+    import logging
+
+    from chattts_velocity.cli.main import DEMO_TEXTS
+    from chattts_velocity.text.normalizer import Normalizer, invalid_characters
+
+    normalize = Normalizer()
+    with caplog.at_level(logging.WARNING):
+        spoken = [normalize(text) for text in DEMO_TEXTS]
+    assert caplog.records == [] and not any(invalid_characters(text) for text in spoken)
+    assert any("!" in text for text in DEMO_TEXTS)  # the punctuation a reader expects stays in the examples
