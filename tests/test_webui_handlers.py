@@ -206,3 +206,22 @@ def test_a_clip_upload_answers_in_the_stats(tmp_path: Path) -> None:
         w.writeframes(b"\0\1" * 36000)
     code, stats = handlers.encode_clip(str(clip))
     assert code == "codes of 36000" and stats.startswith("clip encoded: 1.5 s")
+
+
+class StreamingChat(RecordingChat):
+    """infer(stream=True) yields an engine stream's chunks: a 0.1 s first chunk, then 0.5 s ones."""
+
+    def infer(self, text: str, **kwargs):
+        if not kwargs.get("stream"):
+            return super().infer(text, **kwargs)
+        return iter([[np.full(n, 0.1, np.float32)] for n in (2400, 12000, 12000)])
+
+
+def test_the_live_player_opens_on_enough_audio_for_a_segment() -> None:
+    from webui.handlers import FIRST_LIVE_SAMPLES
+
+    updates = list(Handlers(StreamingChat()).generate_stream(*_request(refine=False)))
+    live = [u[0][1] for u in updates if isinstance(u[0], tuple)]
+    assert updates[0][0].get("__type__") == "update"  # not None: no empty playlist for the browser to poll
+    assert len(live[0]) >= FIRST_LIVE_SAMPLES and sum(map(len, live)) == 2400 + 12000 + 12000
+    assert updates[-1][4].startswith("audio: 1.10 s")

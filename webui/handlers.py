@@ -28,6 +28,9 @@ from .controls import (VOICE_PRESETS, Request, batch_size, check_seed, preset_fo
 
 Update = tuple  # (live chunk, full audio, download file, spoken text, stats)
 PROGRESS_EVERY_S = 0.5  # how often a run's progress line in the stats box is refreshed
+# The live player's first chunk: gradio's AAC encoder emits no frame for the 0.1 s first chunk of an engine
+# stream, and a player opened on a playlist without segments logs HLS "No Segments" errors until one comes.
+FIRST_LIVE_SAMPLES = SAMPLE_RATE // 2
 
 
 def ffmpeg_available() -> bool:
@@ -113,8 +116,9 @@ class Handlers:
 
     def _run(self, r: Request, stream: bool) -> Iterator[Update]:
         stats, skip = RunStats(time.perf_counter()), gr.skip()
-        # None (not skip) opens this run's live stream; gradio closes it when the generator stops.
-        yield None, None, None, "", "running..."
+        # The live player is left alone until the first chunk: a stream opened empty has the browser poll a
+        # playlist without segments (HLS "No Segments" errors) through the refine pass and the first chunk.
+        yield skip, None, None, "", "running..."
         try:
             if not (r.text or "").strip():
                 raise ValueError("text: the text box is empty; type something to say or pick an example")
@@ -180,15 +184,22 @@ class Handlers:
                                     daemon=True)
         producer.start()
         pieces: list[np.ndarray] = []
+        pending: list[np.ndarray] = []  # not yet sent to the live player
         try:
             for batch in _batches(ready):
                 pieces += batch
-                live = (SAMPLE_RATE, float_to_int16(np.concatenate(batch)))
+                pending += batch
+                live = gr.skip()
+                player_open = len(pieces) > len(pending)  # an earlier chunk went out: send each one as it comes
+                if pending and (player_open or sum(map(len, pending)) >= FIRST_LIVE_SAMPLES):
+                    live, pending = _live(pending), []
                 yield live, gr.skip(), gr.skip(), gr.skip(), stats.progress("streaming")
         finally:
             producer.join(timeout=0.5)
             if producer.is_alive():  # the browser went away: stop the engine (one TTS run at a time)
                 self.chat.interrupt()
+        if pending:  # a run shorter than FIRST_LIVE_SAMPLES
+            yield _live(pending), gr.skip(), gr.skip(), gr.skip(), stats.progress("streaming")
         full = np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
         yield gr.skip(), *self._results(full, fmt), gr.skip(), self._final(stats)
 
@@ -250,6 +261,10 @@ class Handlers:
         return speaker, None, None
 
 
+def _live(chunks: list[np.ndarray]) -> tuple[int, np.ndarray]:
+    return SAMPLE_RATE, float_to_int16(np.concatenate(chunks))
+
+
 def _outcome(work: Callable[[], object]) -> object:
     """work()'s result, or the exception it raised (handed to the UI thread, which re-raises it)."""
     try:
@@ -259,9 +274,14 @@ def _outcome(work: Callable[[], object]) -> object:
 
 
 def _batches(ready: queue.Queue) -> Iterator[list[np.ndarray]]:
-    """Block for the next chunk, then take every chunk already waiting; re-raise a producer error."""
+    """Wait for the next chunk, then take every chunk already waiting; re-raise a producer error. An empty
+    batch every PROGRESS_EVERY_S without a chunk keeps the progress line moving."""
     while True:
-        batch = [ready.get()]
+        try:
+            batch = [ready.get(timeout=PROGRESS_EVERY_S)]
+        except queue.Empty:
+            yield []
+            continue
         while not ready.empty():
             batch.append(ready.get())
         done = batch[-1] is None or isinstance(batch[-1], Exception)
