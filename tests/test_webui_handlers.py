@@ -198,13 +198,14 @@ def test_a_clip_upload_answers_in_the_stats(tmp_path: Path) -> None:
     notes = tmp_path / "notes.wav"
     notes.write_text("not audio\n" * 20)
     with pytest.warns(UserWarning, match="^clip: notes.wav is not audio"):
-        code, stats = handlers.encode_clip(str(notes))
+        code, stats, player = handlers.encode_clip(str(notes))
     assert code == "" and stats.startswith("error: clip: notes.wav is not audio") and "/" not in stats
+    assert player is None  # the file is taken out of the clip player
     clip = tmp_path / "voice.wav"
     with wave.open(str(clip), "wb") as w:
         w.setnchannels(1), w.setsampwidth(2), w.setframerate(24000)
         w.writeframes(b"\0\1" * 36000)
-    code, stats = handlers.encode_clip(str(clip))
+    code, stats, _ = handlers.encode_clip(str(clip))
     assert code == "codes of 36000" and stats.startswith("clip encoded: 1.5 s")
 
 

@@ -62,7 +62,7 @@ def _wire_voice(c: Controls, handlers: Handlers) -> None:
     c["audio_dice"].click(random_seed, None, c["audio_seed"], queue=False)
     c["text_dice"].click(random_seed, None, c["text_seed"], queue=False)
     c["audio_seed"].change(handlers.speaker_for_seed, c["audio_seed"], [c["speaker"], c["preset"]])
-    c["clip"].change(handlers.encode_clip, c["clip"], [c["clip_code"], c["stats"]])
+    c["clip"].change(handlers.encode_clip, c["clip"], [c["clip_code"], c["stats"], c["clip"]])
 
 
 def _wire_library(c: Controls, library: LibraryHandlers) -> None:
@@ -91,16 +91,17 @@ def _wire_runs(c: Controls, handlers: Handlers) -> None:
     results = [c[k] for k in ("download", "refined", "stats")]
     state, streamed = [c[k] for k in RUN_STATE], gr.State()
     progress = {"show_progress": "minimal", "show_progress_on": c["stats"]}
-    c["generate"].click(lambda: _running(False), None, state, queue=False) \
+    switch = {"queue": False, "show_progress": "hidden"}  # a run's start and end flip buttons and the live player
+    c["generate"].click(lambda: _running(False), None, state, **switch) \
         .then(handlers.generate, inputs, [c["audio"], *results], concurrency_id="tts", concurrency_limit=1,
               **progress) \
-        .then(_stopped, None, state, queue=False) \
+        .then(_stopped, None, state, **switch) \
         .then(None, c["autoplay"], None, js=PLAY_RESULT)
-    c["generate_stream"].click(lambda: _running(True), None, state, queue=False) \
+    c["generate_stream"].click(lambda: _running(True), None, state, **switch) \
         .then(handlers.generate_stream, inputs, [c["live"], streamed, *results], concurrency_id="tts",
               concurrency_limit=1, **progress) \
         .then(lambda audio: audio, streamed, c["audio"], queue=False) \
-        .then(_stopped, None, state, queue=False)
+        .then(_stopped, None, state, **switch)
     c["interrupt"].click(handlers.interrupt, None, None, queue=False)
 
 

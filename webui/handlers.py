@@ -84,20 +84,21 @@ class Handlers:
             return gr.skip(), gr.skip()
         return VOICE_PRESETS[name], self.speaker_for_seed(VOICE_PRESETS[name])[0]
 
-    def encode_clip(self, path: str | None) -> tuple[str, str]:
-        """Uploaded or recorded voice clip -> (spk_smp string, stats line); ("", ...) when cleared or unreadable."""
+    def encode_clip(self, path: str | None) -> tuple:
+        """Uploaded or recorded voice clip -> (spk_smp string, stats line, clip player); a file that is not audio
+        is named in the stats and removed from the player."""
         if not path:
-            return "", gr.skip()
+            return "", gr.skip(), gr.skip()
         try:
             clip = read_clip(path)
             with self._lock:
                 code = self.chat.sample_audio_speaker(clip, sample_rate=SAMPLE_RATE)
         except ValueError as exc:
             warn(exc)
-            return "", f"error: {exc}"
+            return "", f"error: {exc}", None
         done = f"clip encoded: {len(clip) / SAMPLE_RATE:.1f} s; type its transcript, then Generate"
         gr.Info(done, duration=3)
-        return code, done
+        return code, done, gr.skip()
 
     def interrupt(self) -> None:
         self._interrupted.set()

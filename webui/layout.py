@@ -120,7 +120,7 @@ def style_controls() -> Controls:
 
 def run_controls(can_stream: bool) -> Controls:
     c: Controls = {}
-    with gr.Accordion("Options: streaming, long text, sampling, download format", open=False,
+    with gr.Accordion("Options: stream, long text, sampling, format", open=False,
                       elem_id="group-options"):
         with gr.Row(elem_classes=["stack-on-phone"]):
             c["split_text"] = gr.Checkbox(True, label="Split long text", info="sentence pieces, batched",
