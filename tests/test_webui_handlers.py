@@ -226,3 +226,12 @@ def test_the_live_player_opens_on_enough_audio_for_a_segment() -> None:
     assert updates[0][0].get("__type__") == "update"  # not None: no empty playlist for the browser to poll
     assert len(live[0]) >= FIRST_LIVE_SAMPLES and sum(map(len, live)) == 2400 + 12000 + 12000
     assert updates[-1][4].startswith("audio: 1.10 s")
+
+
+def test_the_start_up_line_names_this_commands_flags_not_gradios_launch() -> None:
+    from webui.app import served_at
+
+    local = served_at("http://127.0.0.1:7860/", None)
+    assert "http://127.0.0.1:7860/" in local and "--share" in local and "share=True" not in local
+    shared = served_at("http://127.0.0.1:7860/", "https://x.gradio.live")
+    assert "public link: https://x.gradio.live" in shared

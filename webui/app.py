@@ -158,11 +158,11 @@ def serve(args: argparse.Namespace) -> None:
     # quiet: gradio's own banner tells a user to edit launch(); ours names this command's flags
     demo.queue().launch(server_name=args.host, server_port=args.port, share=args.share, theme=THEME, css=CSS,
                         quiet=True, prevent_thread_lock=True)
-    print(served_at(args, demo.local_url, demo.share_url), flush=True)
+    print(served_at(demo.local_url, demo.share_url), flush=True)
     demo.block_thread()
 
 
-def served_at(args: argparse.Namespace, local_url: str, share_url: str | None) -> str:
+def served_at(local_url: str, share_url: str | None) -> str:
     """Where the page is, and the flags that change who can reach it."""
     lines = [f"web UI on {local_url} (Ctrl-C stops it)"]
     if share_url:
