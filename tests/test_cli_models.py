@@ -172,7 +172,7 @@ def test_say_needs_an_output_file_and_words(monkeypatch, tmp_path: Path, capsys)
         assert str(err.value).startswith("error: text: empty")
 
 
-def test_demo_weights_live_in_one_per_user_folder(monkeypatch, tmp_path: Path) -> None:
+def test_demo_weights_live_in_one_per_user_folder(monkeypatch, tmp_path: Path, capsys) -> None:
     from chattts_velocity.demo import demo_model_dir, ensure_model
 
     monkeypatch.setenv("CHATTTS_VELOCITY_CACHE", str(tmp_path / "cache"))
@@ -181,6 +181,9 @@ def test_demo_weights_live_in_one_per_user_folder(monkeypatch, tmp_path: Path) -
     root, verify = ensure_model("demo", tiny=True)
     assert root == tmp_path / "cache" / "demo-tiny" and is_demo_folder(root) and not verify
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cache"]  # nothing in the working directory
+    assert f"writing random demo weights to {root}" in capsys.readouterr().err
+    assert ensure_model("demo", tiny=True) == (root, False)  # written once; later runs say where it is
+    assert f"random demo weights from {root}" in capsys.readouterr().err
     monkeypatch.delenv("CHATTTS_VELOCITY_CACHE")
     assert demo_model_dir() == Path.home() / ".cache" / "chattts_velocity" / "demo"
 

@@ -49,7 +49,10 @@ def ensure_model(model: str, tiny: bool = False, no_verify: bool = False, seed: 
     """
     if model == "demo":
         root = demo_model_dir(tiny)
-        if not is_demo_folder(root):
+        if is_demo_folder(root):
+            print(f"note: --model demo: random demo weights from {root} (noise-like audio; see models/README.md)",
+                  file=sys.stderr)
+        else:
             print(f"writing random demo weights to {root} (noise-like audio; see models/README.md)", file=sys.stderr)
             write_demo_assets(root, seed=seed, tiny=tiny)
         return root, False
