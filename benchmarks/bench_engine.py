@@ -42,7 +42,11 @@ TARGETS = (  # (label, velocity concurrency, plain concurrency, metric, target r
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of `python benchmarks/bench_engine.py` and of `chattts-velocity bench`."""
     parser.add_argument("--model", default="demo", help="asset folder, or 'demo' (random full-size weights)")
-    parser.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "int8"])
+    parser.add_argument("--no-verify", action="store_true",
+                        help="load custom or fine-tuned weights without the official sha256 check")
+    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "int8"],
+                        help="the engine's precision (auto: bfloat16 where the fast kernels run, else float32, "
+                             "as on every other command)")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
                         help="where the engine, the plain path and the Decoder+Vocos run (cuda: see docs/gpu.md)")
     parser.add_argument("--backend", default="auto", choices=["auto", "torch", "cpu", "triton"],
@@ -86,6 +90,10 @@ def resolve(args: argparse.Namespace) -> argparse.Namespace:
     args.plain_list = _ints(args.plain_sizes)
     args.ttfa_list = _ints(args.ttfa_sizes)
     args.compile_on = args.compile != "off"
+    if args.dtype == "auto":
+        from chattts_velocity.cli.common import resolve_dtype
+
+        resolve_dtype(args)
     if args.decode_dtype == "auto":
         args.decode_dtype = "float32" if args.dtype == "float32" else "bfloat16"
     if args.steps < 1 or args.repeats < 1 or not args.concurrency_list:

@@ -18,7 +18,7 @@ import torch
 
 from benchmarks import bench_probe as probe
 from chattts_velocity import audio, load_pretrained, text
-from chattts_velocity.assets import AssetPaths
+from chattts_velocity.assets import AssetPaths, verify_assets
 from chattts_velocity.params import InferCodeParams
 
 STEPS_PER_AUDIO_SECOND = audio.SAMPLE_RATE / (2 * audio.HOP_LENGTH)  # 46.875: 2 mel frames per code step
@@ -126,8 +126,9 @@ def texts(n: int) -> list[str]:
 def load_suite(args: argparse.Namespace) -> Suite:
     from chattts_velocity.demo import ensure_model
 
-    root, _ = ensure_model(args.model)
+    root, verify = ensure_model(args.model, no_verify=getattr(args, "no_verify", False))
     paths = AssetPaths.from_root(root)
+    verify_assets(paths, check_sha256=verify)  # load_pretrained reads the files as they are
     loads: dict[str, float] = {}
     start = time.perf_counter()
     device = getattr(args, "device", "cpu")

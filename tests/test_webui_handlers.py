@@ -1,6 +1,7 @@
 """Web UI handlers without a browser: control values -> the prompts, params and files Chat receives."""
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -51,7 +52,7 @@ def _request(**changes) -> list:
 def _final(handlers: Handlers, **changes) -> list:
     """Each output's last value, as the page shows it after the run: [audio, download, spoken, stats]."""
     shown: list = [None] * 4
-    for update in handlers.generate(None, *_request(**changes)):
+    for update in handlers.generate(*_request(**changes)):
         shown = [old if isinstance(new, dict) and new.get("__type__") == "update" else new
                  for old, new in zip(shown, update, strict=True)]
     return shown
@@ -126,3 +127,111 @@ def test_seed_gives_the_speaker_and_the_preset_name() -> None:
         want = sample_random_speaker(HIDDEN)
     assert handlers.speaker_for_seed(1111) == (want, "alloy")
     assert handlers.speaker_for_seed(77)[1] == CUSTOM
+
+
+class InterruptedChat(RecordingChat):
+    """A person presses Interrupt while the code pass runs; the pass returns the audio made so far."""
+
+    handlers: Handlers
+
+    def infer(self, text: str, **kwargs):
+        if "params_infer_code" in kwargs:
+            self.handlers.interrupt()
+        return super().infer(text, **kwargs)
+
+
+def test_an_interrupted_run_says_so_in_the_stats() -> None:
+    chat = InterruptedChat()
+    handlers = chat.handlers = Handlers(chat)
+    *_, stats = _final(handlers, refine=False)
+    assert stats.startswith("interrupted:") and "audio: " in stats
+    *_, stats = _final(Handlers(RecordingChat()), refine=False)
+    assert stats.startswith("audio: ")  # a normal finish does not
+
+
+class GatedChat(RecordingChat):
+    """infer() waits until the test has seen the page's progress line."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = threading.Event()
+
+    def infer(self, text: str, **kwargs):
+        assert self.gate.wait(10), "no progress line was shown while the model worked"
+        return super().infer(text, **kwargs)
+
+
+def test_a_run_shows_one_progress_line_while_it_works(monkeypatch) -> None:
+    from webui import handlers as module
+
+    monkeypatch.setattr(module, "PROGRESS_EVERY_S", 0.01)
+    chat = GatedChat()
+    shown = []
+    for update in Handlers(chat).generate(*_request(refine=True)):
+        if isinstance(update[3], str):
+            shown.append(update[3])
+            if shown[-1].startswith(("refining the text...", "generating...")):
+                chat.gate.set()
+    progress = [s for s in shown if "..." in s.splitlines()[0]]
+    assert any(s.startswith("refining the text... ") for s in progress)
+    assert all(len(s.splitlines()) == 1 and "step" not in s for s in progress)  # no "47/2.0k step" bounds
+    assert shown[-1].startswith("audio: ")
+
+
+def test_an_empty_audio_seed_keeps_the_speaker_and_samples_freely() -> None:
+    chat = RecordingChat()
+    handlers = Handlers(chat)
+    assert all(isinstance(v, dict) and v.get("__type__") == "update" for v in handlers.speaker_for_seed(None))
+    speaker = sample_random_speaker(HIDDEN)
+    *_, stats = _final(handlers, audio_seed=None, speaker=speaker, refine=False)
+    assert stats.startswith("audio: ")
+    params = chat.calls[-1]["params_infer_code"]
+    assert params.manual_seed is None and params.spk_emb == speaker
+
+
+def test_a_clip_upload_answers_in_the_stats(tmp_path: Path) -> None:
+    import wave
+
+    chat = RecordingChat()
+    chat.sample_audio_speaker = lambda clip, sample_rate: f"codes of {len(clip)}"
+    handlers = Handlers(chat)
+    notes = tmp_path / "notes.wav"
+    notes.write_text("not audio\n" * 20)
+    with pytest.warns(UserWarning, match="^clip: notes.wav is not audio"):
+        code, stats, player = handlers.encode_clip(str(notes))
+    assert code == "" and stats.startswith("error: clip: notes.wav is not audio") and "/" not in stats
+    assert player is None  # the file is taken out of the clip player
+    clip = tmp_path / "voice.wav"
+    with wave.open(str(clip), "wb") as w:
+        w.setnchannels(1), w.setsampwidth(2), w.setframerate(24000)
+        w.writeframes(b"\0\1" * 36000)
+    code, stats, _ = handlers.encode_clip(str(clip))
+    assert code == "codes of 36000" and stats.startswith("clip encoded: 1.5 s")
+
+
+class StreamingChat(RecordingChat):
+    """infer(stream=True) yields an engine stream's chunks: a 0.1 s first chunk, then 0.5 s ones."""
+
+    def infer(self, text: str, **kwargs):
+        if not kwargs.get("stream"):
+            return super().infer(text, **kwargs)
+        return iter([[np.full(n, 0.1, np.float32)] for n in (2400, 12000, 12000)])
+
+
+def test_the_live_player_opens_on_enough_audio_for_a_segment() -> None:
+    from webui.handlers import FIRST_LIVE_SAMPLES
+
+    updates = list(Handlers(StreamingChat()).generate_stream(*_request(refine=False)))
+    live = [u[0][1] for u in updates if isinstance(u[0], tuple)]
+    assert updates[0][0].get("__type__") == "update"  # not None: no empty playlist for the browser to poll
+    assert len(live[0]) >= FIRST_LIVE_SAMPLES and sum(map(len, live)) == 2400 + 12000 + 12000
+    assert updates[-1][4].startswith("audio: 1.10 s")
+
+
+def test_the_start_up_line_names_this_commands_flags_not_gradios_launch() -> None:
+    from webui.app import served_at
+
+    local = served_at("http://127.0.0.1:7860/", None)
+    assert "http://127.0.0.1:7860/" in local and "--share" in local and "share=True" not in local
+    shared = served_at("http://127.0.0.1:7860/", "https://x.gradio.live")
+    assert "public link: https://x.gradio.live" in shared

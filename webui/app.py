@@ -14,7 +14,9 @@ if __package__ in (None, ""):  # run as `python webui/app.py` from a source chec
 import gradio as gr
 
 from chattts_velocity import Chat
-from chattts_velocity.cli.common import add_webui_flags, check_port_free, load_chat
+from chattts_velocity.cli.common import (add_webui_flags, check_port_free, load_chat, max_new_token,
+                                         package_warnings_in_one_line)
+from chattts_velocity.demo import uses_demo_weights
 from chattts_velocity.text.voices import VoiceLibrary
 from webui import layout
 from webui.controls import DEFAULT_PRESET, VOICE_PRESETS, refine_prompt
@@ -54,19 +56,20 @@ def _stopped() -> tuple:
     return on, on, off, gr.update(elem_classes=[HIDDEN])
 
 
+# Events that may answer with a toast go through the queue: gradio shows gr.Info / gr.Warning only there.
 def _wire_voice(c: Controls, handlers: Handlers) -> None:
     c["preset"].change(handlers.voice_for_preset, c["preset"], [c["audio_seed"], c["speaker"]], queue=False)
     c["audio_dice"].click(random_seed, None, c["audio_seed"], queue=False)
     c["text_dice"].click(random_seed, None, c["text_seed"], queue=False)
-    c["audio_seed"].change(handlers.speaker_for_seed, c["audio_seed"], [c["speaker"], c["preset"]], queue=False)
-    c["clip"].change(handlers.encode_clip, c["clip"], c["clip_code"])
+    c["audio_seed"].change(handlers.speaker_for_seed, c["audio_seed"], [c["speaker"], c["preset"]])
+    c["clip"].change(handlers.encode_clip, c["clip"], [c["clip_code"], c["stats"], c["clip"]])
 
 
 def _wire_library(c: Controls, library: LibraryHandlers) -> None:
     voice = [c["speaker"], c["clip_code"], c["transcript"]]
-    c["save_voice"].click(library.save, [c["voice_name"], *voice], [c["saved"], c["voice_name"]], queue=False)
-    c["saved"].input(library.pick, c["saved"], [*voice, c["preset"]], queue=False)  # a person's pick only
-    c["delete_voice"].click(library.delete, c["saved"], c["saved"], queue=False)
+    c["save_voice"].click(library.save, [c["voice_name"], *voice], [c["saved"], c["voice_name"], c["stats"]])
+    c["saved"].input(library.pick, c["saved"], [*voice, c["preset"], c["audio_seed"], c["stats"]])  # a person's
+    c["delete_voice"].click(library.delete, c["saved"], [c["saved"], c["stats"]])
 
 
 def _wire_style(c: Controls) -> None:
@@ -82,40 +85,46 @@ def _wire_runs(c: Controls, handlers: Handlers) -> None:
     # Two Generate buttons, so the live player is only an output of streaming runs. A streaming event
     # plays every audio output it sets, so a stream's full audio goes through a State into the player
     # after the event (and is not auto-played: the listener heard it live, and may still be hearing it).
+    # The stats box is the one progress display: the handlers write elapsed time and audio made into it, and
+    # gradio's own indicator (its timer only) shows on it alone, not on every output.
     inputs = [c[k] for k in REQUEST_INPUTS]
     results = [c[k] for k in ("download", "refined", "stats")]
     state, streamed = [c[k] for k in RUN_STATE], gr.State()
-    c["generate"].click(lambda: _running(False), None, state, queue=False) \
-        .then(handlers.generate, inputs, [c["audio"], *results], concurrency_id="tts", concurrency_limit=1) \
-        .then(_stopped, None, state, queue=False) \
+    progress = {"show_progress": "minimal", "show_progress_on": c["stats"]}
+    switch = {"queue": False, "show_progress": "hidden"}  # a run's start and end flip buttons and the live player
+    c["generate"].click(lambda: _running(False), None, state, **switch) \
+        .then(handlers.generate, inputs, [c["audio"], *results], concurrency_id="tts", concurrency_limit=1,
+              **progress) \
+        .then(_stopped, None, state, **switch) \
         .then(None, c["autoplay"], None, js=PLAY_RESULT)
-    c["generate_stream"].click(lambda: _running(True), None, state, queue=False) \
+    c["generate_stream"].click(lambda: _running(True), None, state, **switch) \
         .then(handlers.generate_stream, inputs, [c["live"], streamed, *results], concurrency_id="tts",
-              concurrency_limit=1) \
+              concurrency_limit=1, **progress) \
         .then(lambda audio: audio, streamed, c["audio"], queue=False) \
-        .then(_stopped, None, state, queue=False)
+        .then(_stopped, None, state, **switch)
     c["interrupt"].click(handlers.interrupt, None, None, queue=False)
 
 
 def build_ui(chat: Chat, use_vllm: bool = True, max_new_token: int = 2048,
-             voices: VoiceLibrary | None = None) -> gr.Blocks:
-    """The whole page around one loaded Chat and a voice library (default: $CHATTTS_VELOCITY_VOICES).
-    Launch with `.queue().launch(theme=THEME, css=CSS)`: streaming needs the queue, and CSS hides the
-    live player outside streaming runs."""
+             voices: VoiceLibrary | None = None, demo_weights: bool = False) -> gr.Blocks:
+    """The whole page around one loaded Chat and a voice library (default: $CHATTTS_VELOCITY_VOICES);
+    demo_weights shows a notice that the audio is random. Launch with `.queue().launch(theme=THEME, css=CSS)`:
+    streaming needs the queue, and CSS hides the live player outside streaming runs."""
     handlers = Handlers(chat, use_vllm=use_vllm, max_new_token=max_new_token)
     library = LibraryHandlers(voices or VoiceLibrary())
     with gr.Blocks(title="ChatTTS velocity", analytics_enabled=False) as demo:
         gr.Markdown("## ChatTTS velocity\nType some Chinese or English text, pick a voice and press Generate.")
+        if demo_weights:
+            gr.Markdown(layout.DEMO_NOTICE, elem_id="demo-notice")
         with gr.Row():
             with gr.Column(scale=3, min_width=300):
-                c = {"text": gr.Textbox(label="Text", lines=5, max_lines=12, elem_id="input-text",
-                                        placeholder="Text to speak (Chinese and/or English)")}
+                c = layout.primary_controls()
                 examples_slot = gr.Column()  # filled below: examples need the controls they set
                 c.update(layout.voice_controls(handlers.speaker_for_seed(VOICE_PRESETS[DEFAULT_PRESET])[0]))
                 c.update(layout.library_controls(library.names()))
                 c.update(layout.style_controls())
-            with gr.Column(scale=2, min_width=300):
                 c.update(layout.run_controls(ffmpeg_available()))
+            with gr.Column(scale=2, min_width=300):
                 c.update(layout.output_controls())
         with examples_slot:
             gr.Examples([values for _, values in layout.EXAMPLES], [c[k] for k in layout.EXAMPLE_INPUTS],
@@ -137,14 +146,30 @@ def build_parser() -> argparse.ArgumentParser:
 
 def serve(args: argparse.Namespace) -> None:
     """Load the model and serve the UI until Ctrl-C; args from add_webui_flags (here or `chattts-velocity webui`)."""
+    package_warnings_in_one_line()
     try:
         check_port_free(args.host, args.port)
         chat = load_chat(args, use_vllm=not args.plain)
     except (ValueError, FileNotFoundError) as exc:
         raise SystemExit(f"error: {exc}") from None
-    demo = build_ui(chat, use_vllm=not args.plain, max_new_token=args.max_new_token,
-                    voices=VoiceLibrary(args.voices))  # None: $CHATTTS_VELOCITY_VOICES or ~/.cache
-    demo.queue().launch(server_name=args.host, server_port=args.port, share=args.share, theme=THEME, css=CSS)
+    demo = build_ui(chat, use_vllm=not args.plain, max_new_token=max_new_token(args),
+                    voices=VoiceLibrary(args.voices),  # None: $CHATTTS_VELOCITY_VOICES or ~/.cache
+                    demo_weights=uses_demo_weights(args.model))
+    # quiet: gradio's own banner tells a user to edit launch(); ours names this command's flags
+    demo.queue().launch(server_name=args.host, server_port=args.port, share=args.share, theme=THEME, css=CSS,
+                        quiet=True, prevent_thread_lock=True)
+    print(served_at(demo.local_url, demo.share_url), flush=True)
+    demo.block_thread()
+
+
+def served_at(local_url: str, share_url: str | None) -> str:
+    """Where the page is, and the flags that change who can reach it."""
+    lines = [f"web UI on {local_url} (Ctrl-C stops it)"]
+    if share_url:
+        lines.append(f"public link: {share_url} (anyone with it can use the page)")
+    else:
+        lines.append("--share adds a public gradio.live link; --host 0.0.0.0 serves this network")
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> None:

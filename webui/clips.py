@@ -63,8 +63,8 @@ def read_clip(path: str | Path) -> np.ndarray:
     try:
         data, rate = sf.read(str(path), dtype="float32", always_2d=True)  # [N, channels]
     except (RuntimeError, sf.LibsndfileError) as exc:
-        raise ValueError(f"clip: cannot read {Path(path).name} ({exc}); "
-                         "upload a WAV, FLAC, OGG or MP3 file") from None
+        raise ValueError(f"clip: {Path(path).name} is not audio this page can read; "  # libsndfile's text names
+                         "upload a WAV, FLAC, OGG or MP3 file") from None  # the server's temp path, not the cause
     if data.shape[0] == 0:
         raise ValueError("clip: the uploaded file has no samples")
     return resample(to_mono(data), rate, SAMPLE_RATE)
@@ -84,8 +84,9 @@ class RunStats:
             self.first_audio = now
         self.samples += num_samples
 
-    def summary(self, now: float | None = None, live: bool = False) -> str:
-        """Stats text up to `now` (default: `end`, else the current time); `live` marks a running stream."""
+    def summary(self, now: float | None = None, head: str | None = None) -> str:
+        """Stats text up to `now` (default: `end`, else the current time); `head` is a first line (a running
+        stream, an interrupted run)."""
         now = now if now is not None else self.end if self.end is not None else time.perf_counter()
         audio_s = self.samples / SAMPLE_RATE
         wall = now - self.start
@@ -93,4 +94,10 @@ class RunStats:
         rtf = f"{wall / audio_s:.3f}" if audio_s > 0 else "n/a"
         lines = [f"audio: {audio_s:.2f} s", f"wall: {wall:.2f} s", f"time to first audio: {ttfa}",
                  f"real-time factor: {rtf} (wall / audio; < 1 is faster than real time)"]
-        return "\n".join((["streaming..."] if live else []) + lines)
+        return "\n".join(([head] if head else []) + lines)
+
+    def progress(self, doing: str, now: float | None = None) -> str:
+        """The one progress line a run shows while it works: what it does, the time so far, the audio made."""
+        wall = (now if now is not None else time.perf_counter()) - self.start
+        audio = f", {self.samples / SAMPLE_RATE:.1f} s of audio so far" if self.samples else ""
+        return f"{doing}... {wall:.1f} s{audio}"

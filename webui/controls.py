@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import math
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from chattts_velocity.audio import SAMPLE_RATE, wav_bytes
 from chattts_velocity.audio.formats import audio_format
+from chattts_velocity.schema import check_sampling
 from chattts_velocity.text.voices import PRESET_SEEDS
 
 # name -> audio seed, the server's presets (OpenAI's voice names): the same name is the same voice on the page
@@ -24,6 +26,29 @@ CUSTOM = "Custom"  # the preset shown for a seed no preset names (a dice roll, a
 # [break_0..7]; the defaults are upstream's (InferCodeParams "[speed_5]", web UI "[oral_2][laugh_0][break_6]").
 LEVELS = {"speed": (9, 5), "oral": (9, 2), "laugh": (2, 0), "break": (7, 6)}
 BATCH_SIZE = (1, 16, 4)  # (lowest, highest, default) pieces per batch when long text is split
+
+
+@dataclass(frozen=True)
+class Request:
+    """The Generate inputs, in the order the UI passes them."""
+
+    text: str
+    speaker: str
+    clip_code: str
+    transcript: str
+    refine: bool
+    oral: float
+    laugh: float
+    pause: float  # the [break_N] level
+    text_seed: float
+    audio_seed: float
+    speed: float
+    temperature: float
+    top_p: float
+    top_k: float
+    split_text: bool
+    batch_size: float
+    fmt: str  # the download's format, a name from audio.formats.available_formats()
 
 
 def whole(value: float | None, field: str, low: int, high: int) -> int:
@@ -67,3 +92,11 @@ def write_download(wav: np.ndarray, fmt: str, folder: str | Path) -> Path:
     path = Path(tempfile.mkdtemp(dir=folder)) / f"speech{spec.extension}"
     path.write_bytes(wav_bytes(wav, SAMPLE_RATE, fmt))
     return path
+
+
+def check_seed(value: float | None, field: str) -> int:
+    """A seed box's value (gradio gives floats) as an int, under the library's one seed rule."""
+    if not (isinstance(value, (int, float)) and math.isfinite(value) and value == int(value)):
+        raise ValueError(f"{field}: must be a whole number, got {value!r}")
+    check_sampling({"seed": int(value)}, {"seed": field})
+    return int(value)

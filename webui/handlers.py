@@ -5,15 +5,13 @@ helpers). Bad input surfaces as a gr.Warning toast plus an "error:" line in the 
 """
 from __future__ import annotations
 
-import math
 import queue
 import random
 import shutil
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable, Iterator
 
 import gradio as gr
 import numpy as np
@@ -21,37 +19,18 @@ import numpy as np
 from chattts_velocity import Chat, InferCodeParams, RefineTextParams
 from chattts_velocity.audio import SAMPLE_RATE, float_to_int16
 from chattts_velocity.audio.formats import available_formats
-from chattts_velocity.schema import check_sampling
 from chattts_velocity.text import decode_prompt, decode_spk_emb, seed_context
 from chattts_velocity.text.speaker import VOICE_SEED_MAX
 
 from .clips import RunStats, read_clip
-from .controls import VOICE_PRESETS, batch_size, preset_for_seed, refine_prompt, speed_prompt, write_download
+from .controls import (VOICE_PRESETS, Request, batch_size, check_seed, preset_for_seed, refine_prompt, speed_prompt,
+                       write_download)
 
 Update = tuple  # (live chunk, full audio, download file, spoken text, stats)
-
-
-@dataclass(frozen=True)
-class Request:
-    """The Generate inputs, in the order the UI passes them."""
-
-    text: str
-    speaker: str
-    clip_code: str
-    transcript: str
-    refine: bool
-    oral: float
-    laugh: float
-    pause: float  # the [break_N] level
-    text_seed: float
-    audio_seed: float
-    speed: float
-    temperature: float
-    top_p: float
-    top_k: float
-    split_text: bool
-    batch_size: float
-    fmt: str  # the download's format, a name from audio.formats.available_formats()
+PROGRESS_EVERY_S = 0.5  # how often a run's progress line in the stats box is refreshed
+# The live player's first chunk: gradio's AAC encoder emits no frame for the 0.1 s first chunk of an engine
+# stream, and a player opened on a playlist without segments logs HLS "No Segments" errors until one comes.
+FIRST_LIVE_SAMPLES = SAMPLE_RATE // 2
 
 
 def ffmpeg_available() -> bool:
@@ -66,14 +45,6 @@ def warn(exc: Exception) -> None:
 
 def random_seed() -> int:
     return random.randint(1, VOICE_SEED_MAX)
-
-
-def check_seed(value: float | None, field: str) -> int:
-    """A seed box's value (gradio gives floats) as an int, under the library's one seed rule."""
-    if not (isinstance(value, (int, float)) and math.isfinite(value) and value == int(value)):
-        raise ValueError(f"{field}: must be a whole number, got {value!r}")
-    check_sampling({"seed": int(value)}, {"seed": field})
-    return int(value)
 
 
 class Handlers:
@@ -97,6 +68,8 @@ class Handlers:
     def speaker_for_seed(self, seed: float | None) -> tuple:
         """Seed -> (speaker string, preset name): the same seed gives the same voice on every run, and
         the preset box follows the seed (a dice roll or a typed seed shows Custom)."""
+        if seed is None:  # cleared (a saved voice was picked): the speaker string stands on its own
+            return gr.skip(), gr.skip()
         try:
             seed = check_seed(seed, "audio seed")
             with self._lock, seed_context(seed):
@@ -111,30 +84,30 @@ class Handlers:
             return gr.skip(), gr.skip()
         return VOICE_PRESETS[name], self.speaker_for_seed(VOICE_PRESETS[name])[0]
 
-    def encode_clip(self, path: str | None) -> str:
-        """Uploaded or recorded voice clip -> spk_smp string ("" when the clip is cleared)."""
+    def encode_clip(self, path: str | None) -> tuple:
+        """Uploaded or recorded voice clip -> (spk_smp string, stats line, clip player); a file that is not audio
+        is named in the stats and removed from the player."""
         if not path:
-            return ""
+            return "", gr.skip(), gr.skip()
         try:
             clip = read_clip(path)
             with self._lock:
-                return self.chat.sample_audio_speaker(clip, sample_rate=SAMPLE_RATE)
+                code = self.chat.sample_audio_speaker(clip, sample_rate=SAMPLE_RATE)
         except ValueError as exc:
             warn(exc)
-            return ""
+            return "", f"error: {exc}", None
+        done = f"clip encoded: {len(clip) / SAMPLE_RATE:.1f} s; type its transcript, then Generate"
+        gr.Info(done, duration=3)
+        return code, done, gr.skip()
 
     def interrupt(self) -> None:
         self._interrupted.set()
         self.chat.interrupt()
 
     # ---- generate -------------------------------------------------------------------------
-    def generate(self, progress: gr.Progress = gr.Progress(track_tqdm=True),  # noqa: B008
-                 *values: object) -> Iterator[tuple]:
-        """Stream off: Request values -> (full audio, download, spoken text, stats) updates.
-
-        `progress` comes first because gradio looks for it only before `*values`; it is never called:
-        gradio sees the default and mirrors the engine's tqdm bars.
-        """
+    def generate(self, *values: object) -> Iterator[tuple]:
+        """Stream off: Request values -> (full audio, download, spoken text, stats) updates. The stats box is
+        the run's one progress display (elapsed time, audio made), refreshed every PROGRESS_EVERY_S."""
         for update in self._run(Request(*values), stream=False):
             yield update[1:]
 
@@ -144,14 +117,17 @@ class Handlers:
 
     def _run(self, r: Request, stream: bool) -> Iterator[Update]:
         stats, skip = RunStats(time.perf_counter()), gr.skip()
-        # None (not skip) opens this run's live stream; gradio closes it when the generator stops.
-        yield None, None, None, "", "running..."
+        # The live player is left alone until the first chunk: a stream opened empty has the browser poll a
+        # playlist without segments (HLS "No Segments" errors) through the refine pass and the first chunk.
+        yield skip, None, None, "", "running..."
         try:
             if not (r.text or "").strip():
                 raise ValueError("text: the text box is empty; type something to say or pick an example")
             params, options = self._code_params(r), self._split_options(r)
             self._interrupted.clear()
-            spoken = self._refine(r, options) if r.refine else r.text
+            spoken = r.text
+            if r.refine:
+                spoken = yield from self._wait(lambda: self._refine(r, options), stats, "refining the text")
             yield skip, skip, skip, spoken, skip
             if self._interrupted.is_set():  # pressed during the refine pass
                 yield skip, skip, skip, skip, "interrupted before audio"
@@ -159,15 +135,42 @@ class Handlers:
             if stream:
                 yield from self._stream(spoken, params, options, stats, r.fmt)
                 return
-            with self._lock:
-                wav = self.chat.infer(spoken, skip_refine_text=True, params_infer_code=params,
-                                      use_vllm=self.use_vllm, **options)[0]
+            wav = yield from self._wait(lambda: self._infer(spoken, params, options), stats, "generating")
             stats.add(len(wav), time.perf_counter())
             stats.end = time.perf_counter()
-            yield skip, *self._results(wav, r.fmt), skip, stats.summary()
+            yield skip, *self._results(wav, r.fmt), skip, self._final(stats)
         except ValueError as exc:
             warn(exc)
             yield skip, skip, skip, skip, f"error: {exc}"
+
+    def _wait(self, work: Callable[[], object], stats: RunStats, doing: str) -> Iterator[Update]:
+        """Run work() in a thread; meanwhile show the progress line every PROGRESS_EVERY_S. Returns its result."""
+        done: queue.Queue = queue.Queue()
+        worker = threading.Thread(target=lambda: done.put(_outcome(work)), daemon=True)
+        worker.start()
+        try:
+            while True:
+                try:
+                    result = done.get(timeout=PROGRESS_EVERY_S)
+                    break
+                except queue.Empty:
+                    yield gr.skip(), gr.skip(), gr.skip(), gr.skip(), stats.progress(doing)
+        finally:
+            if worker.is_alive():  # the browser went away: stop the engine (one TTS run at a time)
+                self.chat.interrupt()
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    def _infer(self, spoken: str, params: InferCodeParams, options: dict) -> np.ndarray:
+        with self._lock:
+            return self.chat.infer(spoken, skip_refine_text=True, params_infer_code=params, use_vllm=self.use_vllm,
+                                   **options)[0]
+
+    def _final(self, stats: RunStats) -> str:
+        """The stats box after a run: an interrupted run says so in its first line."""
+        head = "interrupted: the audio made before Interrupt is kept" if self._interrupted.is_set() else None
+        return stats.summary(head=head)
 
     def _results(self, wav: np.ndarray, fmt: str) -> tuple:
         """-> (player audio, download file): the player always gets WAV, the download the chosen format."""
@@ -182,17 +185,24 @@ class Handlers:
                                     daemon=True)
         producer.start()
         pieces: list[np.ndarray] = []
+        pending: list[np.ndarray] = []  # not yet sent to the live player
         try:
             for batch in _batches(ready):
                 pieces += batch
-                live = (SAMPLE_RATE, float_to_int16(np.concatenate(batch)))
-                yield live, gr.skip(), gr.skip(), gr.skip(), stats.summary(live=True)
+                pending += batch
+                live = gr.skip()
+                player_open = len(pieces) > len(pending)  # an earlier chunk went out: send each one as it comes
+                if pending and (player_open or sum(map(len, pending)) >= FIRST_LIVE_SAMPLES):
+                    live, pending = _live(pending), []
+                yield live, gr.skip(), gr.skip(), gr.skip(), stats.progress("streaming")
         finally:
             producer.join(timeout=0.5)
             if producer.is_alive():  # the browser went away: stop the engine (one TTS run at a time)
                 self.chat.interrupt()
+        if pending:  # a run shorter than FIRST_LIVE_SAMPLES
+            yield _live(pending), gr.skip(), gr.skip(), gr.skip(), stats.progress("streaming")
         full = np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
-        yield gr.skip(), *self._results(full, fmt), gr.skip(), stats.summary()
+        yield gr.skip(), *self._results(full, fmt), gr.skip(), self._final(stats)
 
     def _produce(self, spoken: str, params: InferCodeParams, options: dict, stats: RunStats,
                  ready: queue.Queue) -> None:
@@ -214,7 +224,7 @@ class Handlers:
         # Same sliders for both passes, as in the upstream web UI (users compare the two).
         params = RefineTextParams(prompt=refine_prompt(r.oral, r.laugh, r.pause), temperature=float(r.temperature),
                                   top_P=float(r.top_p), top_K=int(r.top_k),
-                                  manual_seed=check_seed(r.text_seed, "text seed"), show_tqdm=True)
+                                  manual_seed=check_seed(r.text_seed, "text seed"), show_tqdm=False)
         with self._lock:
             return self.chat.infer(r.text, refine_text_only=True, params_refine_text=params,
                                    use_vllm=self.use_vllm, **options)
@@ -223,8 +233,8 @@ class Handlers:
         spk_emb, spk_smp, txt_smp = self._check_voice(r.speaker, r.clip_code, r.transcript)
         return InferCodeParams(prompt=speed_prompt(r.speed), spk_emb=spk_emb, spk_smp=spk_smp, txt_smp=txt_smp,
                                temperature=float(r.temperature), top_P=float(r.top_p), top_K=int(r.top_k),
-                               manual_seed=check_seed(r.audio_seed, "audio seed"),
-                               max_new_token=self.max_new_token, show_tqdm=True)
+                               manual_seed=None if r.audio_seed is None else check_seed(r.audio_seed, "audio seed"),
+                               max_new_token=self.max_new_token, show_tqdm=False)
 
     @staticmethod
     def _split_options(r: Request) -> dict:
@@ -252,10 +262,27 @@ class Handlers:
         return speaker, None, None
 
 
+def _live(chunks: list[np.ndarray]) -> tuple[int, np.ndarray]:
+    return SAMPLE_RATE, float_to_int16(np.concatenate(chunks))
+
+
+def _outcome(work: Callable[[], object]) -> object:
+    """work()'s result, or the exception it raised (handed to the UI thread, which re-raises it)."""
+    try:
+        return work()
+    except Exception as exc:
+        return exc
+
+
 def _batches(ready: queue.Queue) -> Iterator[list[np.ndarray]]:
-    """Block for the next chunk, then take every chunk already waiting; re-raise a producer error."""
+    """Wait for the next chunk, then take every chunk already waiting; re-raise a producer error. An empty
+    batch every PROGRESS_EVERY_S without a chunk keeps the progress line moving."""
     while True:
-        batch = [ready.get()]
+        try:
+            batch = [ready.get(timeout=PROGRESS_EVERY_S)]
+        except queue.Empty:
+            yield []
+            continue
         while not ready.empty():
             batch.append(ready.get())
         done = batch[-1] is None or isinstance(batch[-1], Exception)

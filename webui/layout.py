@@ -1,6 +1,8 @@
 """Web UI layout: the page's components, built inside the caller's gr.Blocks; app.py wires their events.
 
-Each builder returns {name: component}; elem_ids are the names the browser tests drive.
+Each builder returns {name: component}; elem_ids are the names the browser tests drive. The primary controls
+(text, voice preset, Generate) come first; everything else sits in collapsed groups, so Generate is on a phone's
+first screen.
 """
 from __future__ import annotations
 
@@ -40,6 +42,8 @@ EXAMPLES = [
      ["欢迎使用这个语音合成引擎 [laugh]，它可以同时为很多用户服务。", 7, 6, 2, 5, 3333, 42]),
 ]
 EXAMPLE_INPUTS = ("text", "speed", "oral", "laugh", "pause", "audio_seed", "text_seed")
+DEMO_NOTICE = ("**Demo weights: random audio.** These random weights make noise, and the refined text is "
+               "gibberish; start the page with `--model DIR` on the official files (models/README.md) for speech.")
 
 
 def _seed_row(value: int, label: str, button: str, box_id: str, button_id: str) -> tuple:
@@ -49,29 +53,42 @@ def _seed_row(value: int, label: str, button: str, box_id: str, button_id: str) 
     return box, dice
 
 
-def voice_controls(default_speaker: str) -> Controls:
+def primary_controls() -> Controls:
+    """Text, voice preset, Generate / Interrupt: what a first run needs."""
     c: Controls = {}
+    c["text"] = gr.Textbox(label="Text", lines=4, max_lines=12, elem_id="input-text",
+                           placeholder="Text to speak (Chinese and/or English)")
     c["preset"] = gr.Dropdown([*VOICE_PRESETS, CUSTOM], value=DEFAULT_PRESET, label="Voice preset",
                               info="a bookmark for an audio seed; Custom for any other seed", elem_id="voice-preset")
-    c["audio_seed"], c["audio_dice"] = _seed_row(VOICE_PRESETS[DEFAULT_PRESET], "Audio seed (voice)",
-                                                 "🎲 Random voice", "audio-seed", "audio-dice")
-    c["speaker"] = gr.Textbox(default_speaker, label="Speaker string", lines=2, max_lines=4, buttons=["copy"],
-                              info="made from the audio seed; paste one to reuse a voice, clear it for the "
-                                   "model's default voice", elem_id="speaker")
-    with gr.Accordion("Clone a voice (optional)", open=False):
-        c["clip"] = gr.Audio(sources=["upload", "microphone"], type="filepath", buttons=[], elem_id="clip",
-                             label="Voice clip: upload or record (any rate; mixed to mono)")
-        c["transcript"] = gr.Textbox(label="Clip transcript", placeholder="the words spoken in the clip",
-                                     elem_id="transcript")
-        c["clip_code"] = gr.Textbox(label="Clip code (spk_smp)", lines=2, max_lines=4, buttons=["copy"],
-                                    info="filled from the clip; a clip code wins over the speaker string",
-                                    elem_id="clip-code")
+    with gr.Row():
+        c["generate"] = gr.Button("Generate", variant="primary", elem_id="generate")
+        c["generate_stream"] = gr.Button("Generate", variant="primary", visible=False, elem_id="generate-stream")
+        c["interrupt"] = gr.Button("Interrupt", variant="stop", interactive=False, elem_id="interrupt")
+    return c
+
+
+def voice_controls(default_speaker: str) -> Controls:
+    c: Controls = {}
+    with gr.Accordion("Voice: seed, speaker string, cloning", open=False, elem_id="group-voice"):
+        c["audio_seed"], c["audio_dice"] = _seed_row(VOICE_PRESETS[DEFAULT_PRESET], "Audio seed (voice)",
+                                                     "🎲 Random voice", "audio-seed", "audio-dice")
+        c["speaker"] = gr.Textbox(default_speaker, label="Speaker string", lines=2, max_lines=4, buttons=["copy"],
+                                  info="made from the audio seed; paste one to reuse a voice, clear it for the "
+                                       "model's default voice", elem_id="speaker")
+        with gr.Accordion("Clone a voice (optional)", open=False, elem_id="group-clone"):
+            c["clip"] = gr.Audio(sources=["upload", "microphone"], type="filepath", buttons=[], elem_id="clip",
+                                 label="Voice clip: upload or record (any rate; mixed to mono)")
+            c["transcript"] = gr.Textbox(label="Clip transcript", placeholder="the words spoken in the clip",
+                                         elem_id="transcript")
+            c["clip_code"] = gr.Textbox(label="Clip code (spk_smp)", lines=2, max_lines=4, buttons=["copy"],
+                                        info="filled from the clip; a clip code wins over the speaker string",
+                                        elem_id="clip-code")
     return c
 
 
 def library_controls(names: list[str]) -> Controls:
     c: Controls = {}
-    with gr.Accordion("Voice library", open=False, elem_id="library"):
+    with gr.Accordion("Voice library", open=False, elem_id="group-library"):
         c["saved"] = gr.Dropdown(names, value=None, label="Saved voices", info="picking one fills the voice fields",
                                  elem_id="saved-voices")
         c["voice_name"] = gr.Textbox(label="Name", placeholder="a name for the current voice",
@@ -85,41 +102,42 @@ def library_controls(names: list[str]) -> Controls:
 
 def style_controls() -> Controls:
     c: Controls = {}
-    c["speed"] = gr.Slider(0, _SPEED[0], _SPEED[1], step=1, label="Speed", info="[speed_N]: 0 slow, 9 fast",
-                           elem_id="speed")
-    c["refine"] = gr.Checkbox(True, label="Refine text", info="the model rewrites the text first, adding "
-                              "pauses and laughs by these levels", elem_id="refine")
-    with gr.Row(elem_classes=["stack-on-phone"]):
-        c["oral"] = gr.Slider(0, _ORAL[0], _ORAL[1], step=1, label="Oral", elem_id="oral")
-        c["laugh"] = gr.Slider(0, _LAUGH[0], _LAUGH[1], step=1, label="Laugh", elem_id="laugh")
-        c["pause"] = gr.Slider(0, _BREAK[0], _BREAK[1], step=1, label="Break", elem_id="break")
-    c["refine_prompt"] = gr.Textbox(refine_prompt(_ORAL[1], _LAUGH[1], _BREAK[1]), label="Refine prompt",
-                                    interactive=False, elem_id="refine-prompt")
-    c["text_seed"], c["text_dice"] = _seed_row(42, "Text seed (refine)", "🎲 Random seed", "text-seed",
-                                               "text-dice")
+    with gr.Accordion("Speed and refine", open=False, elem_id="group-style"):
+        c["speed"] = gr.Slider(0, _SPEED[0], _SPEED[1], step=1, label="Speed", info="[speed_N]: 0 slow, 9 fast",
+                               elem_id="speed")
+        c["refine"] = gr.Checkbox(True, label="Refine text", info="the model rewrites the text first, adding "
+                                  "pauses and laughs by these levels", elem_id="refine")
+        with gr.Row(elem_classes=["stack-on-phone"]):
+            c["oral"] = gr.Slider(0, _ORAL[0], _ORAL[1], step=1, label="Oral", elem_id="oral")
+            c["laugh"] = gr.Slider(0, _LAUGH[0], _LAUGH[1], step=1, label="Laugh", elem_id="laugh")
+            c["pause"] = gr.Slider(0, _BREAK[0], _BREAK[1], step=1, label="Break", elem_id="break")
+        c["refine_prompt"] = gr.Textbox(refine_prompt(_ORAL[1], _LAUGH[1], _BREAK[1]), label="Refine prompt",
+                                        interactive=False, elem_id="refine-prompt")
+        c["text_seed"], c["text_dice"] = _seed_row(42, "Text seed (refine)", "🎲 Random seed", "text-seed",
+                                                   "text-dice")
     return c
 
 
 def run_controls(can_stream: bool) -> Controls:
     c: Controls = {}
-    with gr.Row(elem_classes=["stack-on-phone"]):
-        c["split_text"] = gr.Checkbox(True, label="Split long text", info="sentence pieces, batched",
-                                      elem_id="split-text")
-        c["stream"] = gr.Checkbox(False, label="Stream", interactive=can_stream, elem_id="stream",
-                                  info="play while generating" if can_stream
-                                  else "streaming needs ffmpeg on the server")
-        c["autoplay"] = gr.Checkbox(True, label="Auto-play", info="play the result when it is ready (not after a stream)",
-                                    elem_id="autoplay")
-    c["batch_size"] = gr.Slider(*BATCH_SIZE, step=1, label="Batch size", info="pieces generated together",
-                                elem_id="batch-size")
-    c["temperature"] = gr.Slider(1e-5, 1.0, 0.3, step=1e-5, label="Temperature")
-    c["top_p"] = gr.Slider(0.1, 1.0, 0.7, step=0.05, label="top_P")
-    c["top_k"] = gr.Slider(1, 20, 20, step=1, label="top_K")
-    c["fmt"] = gr.Dropdown(list(available_formats()), value=WAV.name, label="Download format", elem_id="format")
-    with gr.Row():
-        c["generate"] = gr.Button("Generate", variant="primary", elem_id="generate")
-        c["generate_stream"] = gr.Button("Generate", variant="primary", visible=False, elem_id="generate-stream")
-        c["interrupt"] = gr.Button("Interrupt", variant="stop", interactive=False, elem_id="interrupt")
+    with gr.Accordion("Options: stream, long text, sampling, format", open=False,
+                      elem_id="group-options"):
+        with gr.Row(elem_classes=["stack-on-phone"]):
+            c["split_text"] = gr.Checkbox(True, label="Split long text", info="sentence pieces, batched",
+                                          elem_id="split-text")
+            c["stream"] = gr.Checkbox(False, label="Stream", interactive=can_stream, elem_id="stream",
+                                      info="play while generating" if can_stream
+                                      else "streaming needs ffmpeg on the server")
+            c["autoplay"] = gr.Checkbox(True, label="Auto-play",
+                                        info="play the result when it is ready (not after a stream)",
+                                        elem_id="autoplay")
+        c["batch_size"] = gr.Slider(*BATCH_SIZE, step=1, label="Batch size", info="pieces generated together",
+                                    elem_id="batch-size")
+        c["temperature"] = gr.Slider(1e-5, 1.0, 0.3, step=1e-5, label="Temperature", elem_id="temperature")
+        c["top_p"] = gr.Slider(0.1, 1.0, 0.7, step=0.05, label="top_P", elem_id="top-p")
+        c["top_k"] = gr.Slider(1, 20, 20, step=1, label="top_K", elem_id="top-k")
+        c["fmt"] = gr.Dropdown(list(available_formats()), value=WAV.name, label="Download format",
+                               elem_id="format")
     return c
 
 

@@ -22,35 +22,45 @@ class LibraryHandlers:
         return gr.update(choices=self.names())
 
     def save(self, name: str, speaker: str, clip_code: str, transcript: str) -> tuple:
-        """Save what Generate would speak with (a clip code wins over the speaker string) -> (dropdown, name box)."""
+        """Save what Generate would speak with (a clip code wins over the speaker string) -> (dropdown, name box,
+        stats line); the answer is a toast and a line in the stats box, success or not."""
         clip_code, speaker = (clip_code or "").strip(), (speaker or "").strip()
         fields = {"clip_code": clip_code, "transcript": (transcript or "").strip()} if clip_code else \
             {"speaker": speaker or None}
         try:
             voice = self.library.save(name or "", **fields)
         except ValueError as exc:
-            warn(exc)
-            return gr.skip(), gr.skip()
-        gr.Info(f"saved voice {voice.name!r}", duration=3)
-        return gr.update(choices=self.names(), value=voice.name), ""
+            return gr.skip(), gr.skip(), _refused(exc)
+        return gr.update(choices=self.names(), value=voice.name), "", _done(f"saved voice {voice.name!r}")
 
     def pick(self, name: str | None) -> tuple:
-        """A saved voice -> (speaker, clip code, transcript, preset): fills the fields Generate reads."""
+        """A saved voice -> (speaker, clip code, transcript, preset, audio seed, stats line). The seed box is
+        cleared: a seed makes its own speaker string, which would replace the picked one."""
         if not name:
-            return (gr.skip(),) * 4
+            return (gr.skip(),) * 6
         try:
             voice = self.library.get(name)
         except ValueError as exc:
-            warn(exc)
-            return (gr.skip(),) * 4
-        return voice.speaker or "", voice.clip_code or "", voice.transcript or "", CUSTOM
+            return (*(gr.skip(),) * 5, _refused(exc))
+        return (voice.speaker or "", voice.clip_code or "", voice.transcript or "", CUSTOM, None,
+                _done(f"voice {voice.name!r} picked; a new audio seed would replace it"))
 
-    def delete(self, name: str | None) -> dict:
+    def delete(self, name: str | None) -> tuple:
+        """-> (dropdown, stats line)."""
         try:
             if not name:
                 raise ValueError("voice: pick a saved voice to delete")
             self.library.delete(name)
         except ValueError as exc:
-            warn(exc)
-            return gr.skip()
-        return gr.update(choices=self.names(), value=None)
+            return gr.skip(), _refused(exc)
+        return gr.update(choices=self.names(), value=None), _done(f"deleted voice {name!r}")
+
+
+def _done(message: str) -> str:
+    gr.Info(message, duration=3)
+    return message
+
+
+def _refused(exc: ValueError) -> str:
+    warn(exc)
+    return f"error: {exc}"

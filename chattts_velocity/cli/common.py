@@ -4,12 +4,16 @@ from __future__ import annotations
 import argparse
 import socket
 import sys
+import warnings
 from pathlib import Path
 
 from ..assets import AssetError
 from ..chat import Chat
 from ..config import BACKENDS, KV_CACHE_DTYPES
-from ..demo import ensure_model
+from ..demo import DEMO_MAX_NEW_TOKEN, default_max_new_token, ensure_model
+from ..params import InferCodeParams
+
+PACKAGE_DIR = Path(__file__).resolve().parents[1]
 
 DTYPES = ["auto", "float32", "bfloat16", "int8"]
 
@@ -35,8 +39,9 @@ def resolve_dtype(args: argparse.Namespace) -> str:
 def add_model_flags(p: argparse.ArgumentParser, default_dtype: str = "auto") -> None:
     """--model, --tiny, --no-verify, --dtype, --backend and --kv-cache-dtype: the same on every command that loads
     a model."""
-    p.add_argument("--model", default="demo", help="asset folder (the one that contains asset/), or 'demo' for "
-                                                    "random demo weights")
+    p.add_argument("--model", default="demo", metavar="DIR|demo",
+                   help="asset folder (the one that contains asset/), or 'demo' (default): random demo weights, "
+                        "written on first use to $CHATTTS_VELOCITY_CACHE/demo (default ~/.cache/chattts_velocity/demo)")
     p.add_argument("--tiny", action="store_true", help="with --model demo: test-size weights")
     p.add_argument("--no-verify", action="store_true",
                    help="load custom or fine-tuned weights without the official sha256 check")
@@ -48,6 +53,47 @@ def add_model_flags(p: argparse.ArgumentParser, default_dtype: str = "auto") -> 
     p.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES,
                    help="auto: the KV cache in the engine's precision; int8: about half the bytes per cached position "
                         "(bfloat16/int8 engines on the fused C++ layers; docs/performance.md section 9)")
+
+
+def add_step_cap_flag(p: argparse.ArgumentParser) -> None:
+    """--max-new-token, the same default on every command (max_new_token(args) resolves it)."""
+    p.add_argument("--max-new-token", type=int, default=None, metavar="N",
+                   help=f"cap on audio steps per sentence (default {InferCodeParams.max_new_token}; "
+                        f"{DEMO_MAX_NEW_TOKEN} on demo weights, which rarely stop by themselves)")
+
+
+def max_new_token(args: argparse.Namespace) -> int:
+    """--max-new-token, else the cap for the weights --model names (demo weights by their marker)."""
+    return default_max_new_token(args.model) if args.max_new_token is None else args.max_new_token
+
+
+def check_backend(args: argparse.Namespace) -> None:
+    """--backend cpu where it cannot run: one line naming the real cause and the fix, before the model loads."""
+    if args.backend != "cpu":
+        return
+    from ..model import kernels
+
+    reason = kernels.unsupported()
+    if reason is not None:
+        raise ValueError(f"--backend cpu: its fused C++ layers cannot run on this machine ({reason}); "
+                         "use --backend auto or torch")
+    if args.dtype == "float32":
+        raise ValueError("--backend cpu: its fused C++ layers run in bfloat16 or int8; add --dtype bfloat16 "
+                         "(or int8), or use --backend torch for float32")
+
+
+_SHOW_WARNING = warnings.formatwarning  # Python's own, for warnings raised outside the package
+
+
+def _format_warning(message, category, filename, lineno, line=None) -> str:
+    if Path(filename).resolve().is_relative_to(PACKAGE_DIR):
+        return f"warning: {message}\n"
+    return _SHOW_WARNING(message, category, filename, lineno, line)
+
+
+def package_warnings_in_one_line() -> None:
+    """The package's own warnings print as `warning: ...` (no category, no source line); others as usual."""
+    warnings.formatwarning = _format_warning
 
 
 def engine_options(args: argparse.Namespace) -> dict:
@@ -62,8 +108,9 @@ def model_folder(args: argparse.Namespace) -> tuple[Path, bool]:
 
 def load_chat(args: argparse.Namespace, use_vllm: bool = True, **kwargs) -> Chat:
     """A loaded Chat from the model flags; a folder that is not the official files is refused in one line."""
-    root, verify = model_folder(args)
     resolve_dtype(args)
+    check_backend(args)
+    root, verify = model_folder(args)
     chat = Chat()
     engine = engine_options(args) if use_vllm else {}  # the plain path has no backends
     try:
@@ -92,9 +139,10 @@ def add_webui_flags(p: argparse.ArgumentParser) -> None:
     """The flags of `chattts-velocity webui` and `python webui/app.py` (webui.app.serve reads them)."""
     add_model_flags(p)
     p.add_argument("--host", default="127.0.0.1", help="bind address (0.0.0.0 exposes the UI on the network)")
-    p.add_argument("--port", type=int, default=7860)
-    p.add_argument("--share", action="store_true", help="create a public gradio.live link")
+    p.add_argument("--port", type=int, default=7860, help="port to listen on (default 7860)")
+    p.add_argument("--share", action="store_true", help="also create a public gradio.live link (anyone with it "
+                                                        "can use the page)")
     p.add_argument("--plain", action="store_true", help="use the plain transformers path, not the engine")
-    p.add_argument("--max-new-token", type=int, default=2048, help="cap on audio tokens per sentence")
+    add_step_cap_flag(p)
     p.add_argument("--voices", metavar="DIR", help="the voice library folder, shared with the server (default "
                                                    "$CHATTTS_VELOCITY_VOICES or ~/.cache/chattts_velocity/voices)")

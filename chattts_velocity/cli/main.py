@@ -8,8 +8,9 @@ import time
 from pathlib import Path
 
 from ..audio.wav import SAMPLE_RATE
-from ..demo import DEMO_MAX_NEW_TOKEN
-from .common import add_model_flags, add_webui_flags, engine_options, load_chat, model_folder, resolve_dtype
+from ..demo import uses_demo_weights
+from .common import (add_model_flags, add_step_cap_flag, add_webui_flags, engine_options, load_chat, max_new_token,
+                     model_folder, package_warnings_in_one_line, resolve_dtype)
 from .serve import add_serve_parser
 
 DEMO_TEXTS = [
@@ -20,8 +21,9 @@ DEMO_TEXTS = [
 
 
 def cmd_demo_assets(args: argparse.Namespace) -> None:
-    from ..demo import write_demo_assets
+    from ..demo import check_demo_target, write_demo_assets
 
+    check_demo_target(args.dir, args.force)
     paths = write_demo_assets(args.dir, seed=args.seed, tiny=args.tiny)
     print(f"demo assets written to {paths.root}")
 
@@ -29,13 +31,15 @@ def cmd_demo_assets(args: argparse.Namespace) -> None:
 def cmd_say(args: argparse.Namespace) -> None:
     from ..audio import write_wav
 
+    if not args.text.strip():
+        raise ValueError("text: empty; give the words to say, e.g. chattts-velocity say \"Hello.\" -o hello.wav")
     out = Path(args.output)
     if not out.parent.is_dir() or out.is_dir():
         raise ValueError(f"--output: {out} cannot be written (is {out.parent} an existing folder?); nothing was "
                          "synthesised")
     chat = load_chat(args, use_vllm=not args.plain)
     params = chat.InferCodeParams(manual_seed=args.seed, spk_emb=args.speaker or None,
-                                  max_new_token=args.max_new_token)
+                                  max_new_token=max_new_token(args))
     wav = chat.infer(args.text, skip_refine_text=not args.refine, params_infer_code=params)[0]
     write_wav(args.output, wav)
     print(f"wrote {args.output} ({len(wav) / SAMPLE_RATE:.2f} s of audio)")
@@ -48,7 +52,7 @@ def cmd_demo(args: argparse.Namespace) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     speaker = chat.sample_random_speaker()
-    params = chat.InferCodeParams(spk_emb=speaker, manual_seed=args.seed, max_new_token=args.max_new_token)
+    params = chat.InferCodeParams(spk_emb=speaker, manual_seed=args.seed, max_new_token=max_new_token(args))
     start = time.perf_counter()
     wavs = chat.infer(DEMO_TEXTS, skip_refine_text=True, params_infer_code=params)
     wall = time.perf_counter() - start
@@ -59,7 +63,7 @@ def cmd_demo(args: argparse.Namespace) -> None:
         print(f"{path}  {len(wav) / SAMPLE_RATE:.2f} s")
     print(f"{seconds:.2f} s of audio in {wall:.2f} s wall: real-time factor {wall / max(seconds, 1e-9):.3f} "
           f"({seconds / wall:.2f}x real time)")
-    if args.model == "demo":
+    if uses_demo_weights(args.model):
         print("note: demo weights are random, so the audio is noise-like; see models/README.md for real voices")
     print(f"next: chattts-velocity say \"Your text.\" -o hello.wav --model {args.model}  |  chattts-velocity serve "
           f"--model {args.model}  |  chattts-velocity webui --model {args.model}  (each takes --help)")
@@ -69,8 +73,7 @@ def cmd_export(args: argparse.Namespace) -> None:
     from ..export import plan_export, run_export
     from ..params import InferCodeParams
 
-    max_new_token = args.max_new_token or (DEMO_MAX_NEW_TOKEN if args.model == "demo" else 2048)
-    params = InferCodeParams(max_new_token=max_new_token, show_tqdm=False)
+    params = InferCodeParams(max_new_token=max_new_token(args), show_tqdm=False)
     from ..text.voices import VoiceLibrary
 
     plan = plan_export(args.input, args.output_dir, seed=args.seed, speaker=args.speaker or None, params=params,
@@ -108,10 +111,10 @@ def _add_export_ray_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("Ray Data (needs the [ray] extra)")
     g.add_argument("--ray", action="store_true", help="synthesise on a Ray actor pool; this process writes the files")
     g.add_argument("--ray-address", default=None, help="join this Ray cluster; default: a private loopback cluster")
-    g.add_argument("--actors", type=int, default=2)
+    g.add_argument("--actors", type=int, default=2, help="engines synthesising at once, one per actor (default 2)")
     g.add_argument("--cpus-per-actor", type=float, default=0.5, help="keep actors x this below the cluster's CPUs")
-    g.add_argument("--gpus-per-actor", type=float, default=0.0)
-    g.add_argument("--batch-size", type=int, default=16)
+    g.add_argument("--gpus-per-actor", type=float, default=0.0, help="GPUs Ray reserves per actor (default 0)")
+    g.add_argument("--batch-size", type=int, default=16, help="lines handed to an actor at a time (default 16)")
 
 
 def _bench_module():
@@ -161,8 +164,7 @@ def _add_export(sub) -> None:
     p.add_argument("--voices", metavar="DIR", default=None,
                    help="the voice library folder (default $CHATTTS_VELOCITY_VOICES or "
                         "~/.cache/chattts_velocity/voices)")
-    p.add_argument("--max-new-token", type=int, default=None,
-                   help=f"steps per sentence (default 2048; {DEMO_MAX_NEW_TOKEN} for demo)")
+    add_step_cap_flag(p)
     p.add_argument("--timestamps", action="store_true",
                    help="also write each WAV's sentence spans to NAME.timestamps.json ([{text, start, end}], seconds)")
     p.add_argument("--loudness", type=float, default=None, metavar="LUFS",
@@ -179,23 +181,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("dir", help="folder to write; the files go to DIR/asset/... (load it with --model DIR)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights (default 0)")
     p.add_argument("--tiny", action="store_true", help="test-size dimensions (fast; for tests and trials)")
+    p.add_argument("--force", action="store_true",
+                   help="write even into a folder that holds other files (they may be overwritten)")
     p.set_defaults(func=cmd_demo_assets)
 
     for name, func, help_ in (("say", cmd_say, "synthesise one text to a WAV file"),
                               ("demo", cmd_demo, "synthesise the example texts with demo weights")):
         p = sub.add_parser(name, help=help_)
         if name == "say":
-            p.add_argument("text")
-            p.add_argument("-o", "--output", default="out.wav")
+            p.add_argument("text", help="the text to speak (Chinese and/or English)")
+            p.add_argument("-o", "--output", required=True, metavar="FILE.wav",
+                           help="the WAV file to write (its folder must exist)")
             p.add_argument("--speaker", default="", help="speaker string from sample_random_speaker()")
             p.add_argument("--refine", action="store_true", help="run the refine-text pass first")
             p.add_argument("--plain", action="store_true", help="use the plain transformers path")
         else:
-            p.add_argument("--out", default="out/demo")
+            p.add_argument("--out", default="out/demo", metavar="DIR",
+                           help="folder for the WAVs, created if missing (default out/demo)")
         add_model_flags(p)
-        p.add_argument("--seed", type=int, default=0 if name == "demo" else None, help="sampling seed")
-        p.add_argument("--max-new-token", type=int, default=DEMO_MAX_NEW_TOKEN if name == "demo" else 2048,
-                       help="cap on audio steps per sentence")
+        p.add_argument("--seed", type=int, default=0 if name == "demo" else None,
+                       help="sampling seed (default: 0 for demo, random for say)")
+        add_step_cap_flag(p)
         p.set_defaults(func=func)
     _add_export(sub)
     add_serve_parser(sub)
@@ -206,6 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
+    package_warnings_in_one_line()
     if argv[:1] == ["bench"]:
         _bench_module().main(argv[1:])
         return

@@ -8,8 +8,8 @@ import argparse
 import sys
 from typing import TYPE_CHECKING
 
-from ..demo import DEMO_MAX_NEW_TOKEN
-from .common import add_model_flags, check_port_free, engine_options, load_chat, model_folder, resolve_dtype
+from .common import (add_model_flags, add_step_cap_flag, check_port_free, engine_options, load_chat, max_new_token,
+                     model_folder, resolve_dtype)
 
 if TYPE_CHECKING:
     from ..serve.openai_api import ServerConfig
@@ -21,12 +21,11 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
     from ..speech.streams import StreamOptions
 
     stream = {k: getattr(args, k) for k in ("chunk_steps", "first_chunk_steps", "first_lookahead_steps")}
-    max_new_token = args.max_new_token or (DEMO_MAX_NEW_TOKEN if args.model == "demo" else 2048)
     try:  # None keeps the defaults (for streaming: the exact receptive-field context)
         key = {"api_key": args.api_key} if args.api_key else {}  # else $CHATTTS_VELOCITY_API_KEY
         voices = {"voices_dir": args.voices} if args.voices else {}  # else $CHATTTS_VELOCITY_VOICES or ~/.cache
         cache = {} if args.cache_mb is None else {"cache_mb": args.cache_mb}
-        return ServerConfig(**key, **voices, **cache, max_new_token=max_new_token,
+        return ServerConfig(**key, **voices, **cache, max_new_token=max_new_token(args),
                             stream_options=StreamOptions(**{k: v for k, v in stream.items() if v is not None}),
                             max_input_chars=ServerConfig.max_input_chars if args.max_input_chars is None
                             else args.max_input_chars)
@@ -81,12 +80,12 @@ def add_serve_parser(sub) -> None:
     p = sub.add_parser("serve", help="OpenAI-compatible speech API (pip install -e '.[server]')")
     add_model_flags(p)
     p.add_argument("--host", default="127.0.0.1", help="bind address (0.0.0.0 exposes the API on the network)")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/* (better: set "
                                                    "CHATTTS_VELOCITY_API_KEY, which `ps` does not show)")
     p.add_argument("--compile", action="store_true",
                    help="torch.compile the decode step (float32, or bf16/int8 where the C++ kernels are unavailable)")
-    p.add_argument("--max-new-token", type=int, default=None, help="steps per sentence (default 2048; 150 for demo)")
+    add_step_cap_flag(p)
     p.add_argument("--max-input-chars", type=int, metavar="N", help="longest input text (default 4096)")
     p.add_argument("--voices", metavar="DIR", help="the voice library folder (default $CHATTTS_VELOCITY_VOICES or "
                                                    "~/.cache/chattts_velocity/voices)")
@@ -103,7 +102,8 @@ def add_serve_parser(sub) -> None:
     scale.add_argument("--replicas", type=int, default=1, help="a fixed number of replicas")
     scale.add_argument("--autoscale", type=_min_max, default=None, metavar="MIN:MAX",
                        help="scale between MIN and MAX replicas on ongoing requests")
-    g.add_argument("--replica-cpus", type=float, default=1.0)
-    g.add_argument("--replica-gpus", type=float, default=0.0)
-    g.add_argument("--max-ongoing-requests", type=int, default=256)
+    g.add_argument("--replica-cpus", type=float, default=1.0, help="CPUs Ray reserves per replica (default 1)")
+    g.add_argument("--replica-gpus", type=float, default=0.0, help="GPUs Ray reserves per replica (default 0)")
+    g.add_argument("--max-ongoing-requests", type=int, default=256,
+                   help="requests one replica takes at once; more wait in Ray's queue (default 256)")
     p.set_defaults(func=cmd_serve)

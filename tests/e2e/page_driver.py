@@ -12,6 +12,22 @@ REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "test-artifacts"
 TINY_HIDDEN = 64  # tiny checkpoint width (team brief): speaker strings hold 64 values
 FINISHED = r"^(audio|error):|^interrupted"  # the stats box once a run has ended
+# The collapsed groups of the page, outer before inner; closed ones do not render their controls.
+GROUPS = ("group-voice", "group-clone", "group-library", "group-style", "group-options")
+
+
+def open_group(page, group: str) -> None:
+    """Open one collapsed group, as a person clicks its title; an open one stays open."""
+    title = page.locator(f"#{group} > button.label-wrap")
+    if "open" not in (title.get_attribute("class") or "").split():
+        title.click()
+    page.wait_for_function("(g) => document.querySelector(`#${g} > button.label-wrap`).classList.contains('open')",
+                           arg=group)
+
+
+def open_groups(page) -> None:
+    for group in GROUPS:
+        open_group(page, group)
 
 
 def stats(page) -> str:

@@ -23,10 +23,12 @@ def cli(cwd: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture()
-def workdir(tmp_path: Path, tiny_assets: Path) -> Path:
-    """A folder where `--model demo --tiny` finds the cached tiny checkpoint instead of writing one."""
-    (tmp_path / "models").mkdir()
-    (tmp_path / "models" / "demo-tiny").symlink_to(tiny_assets, target_is_directory=True)
+def workdir(tmp_path: Path, tiny_assets: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A folder whose cache ($CHATTTS_VELOCITY_CACHE, inherited by the subprocess) holds the tiny checkpoint, so
+    `--model demo --tiny` finds it instead of writing one."""
+    monkeypatch.setenv("CHATTTS_VELOCITY_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache" / "demo-tiny").symlink_to(tiny_assets, target_is_directory=True)
     return tmp_path
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from page_driver import (
     ARTIFACTS, assert_no_traceback, audio_seconds, browser_duration, expected_speaker, fetch_output_wav,
-    generate,
+    generate, open_group, open_groups,
 )
 
 from chattts_velocity.audio import float_to_int16
@@ -50,6 +50,13 @@ def test_run_stats_real_time_factor() -> None:
 
 
 # ---- browser (e2e) ------------------------------------------------------------------------------
+@pytest.fixture(autouse=True)
+def _groups_open(request) -> None:
+    """Browser tests drive every control, so the page's collapsed groups are opened first."""
+    if "webui_page" in request.fixturenames:
+        open_groups(request.getfixturevalue("webui_page"))
+
+
 @pytest.mark.e2e
 def test_page_shows_controls_examples_and_seeded_speaker(webui_page) -> None:
     page = webui_page
@@ -138,7 +145,14 @@ def test_stream_plays_chunks_then_gives_the_full_wav(webui_page, webui_server) -
     page.locator("#refine input").uncheck()
     page.locator("#input-text textarea").fill("Streaming sends audio as soon as it is ready.")
     assert page.locator("#live-audio").is_hidden()  # shown only while a stream runs
-    stats = generate(page, "#generate-stream")
+    errors: list[str] = []
+    log_errors = lambda message: message.type == "error" and errors.append(message.text)  # noqa: E731
+    page.on("console", log_errors)
+    try:
+        stats = generate(page, "#generate-stream")
+    finally:
+        page.remove_listener("console", log_errors)
+    assert errors == []  # e.g. no HLS "No Segments found in Playlist" while the first chunk is made
     assert stats.startswith("audio:"), stats
     # Chromium's live player (HLS of AAC segments in a blob-backed <audio>) received every chunk:
     # its media duration reaches the streamed length (AAC adds a little padding, never less).
@@ -156,6 +170,21 @@ def test_stream_plays_chunks_then_gives_the_full_wav(webui_page, webui_server) -
 
 
 @pytest.mark.e2e
+def test_a_file_that_is_not_audio_is_named_in_the_page(webui_page, webui_server, tmp_path: Path) -> None:
+    page = webui_page
+    notes = tmp_path / "notes.wav"
+    notes.write_text("these are notes, not audio\n" * 40)
+    page.locator("#clip input[type=file]").set_input_files(str(notes))
+    page.wait_for_function("() => document.querySelector('#stats textarea').value.startsWith('error: clip:')")
+    stats = page.locator("#stats textarea").input_value()
+    assert stats.startswith("error: clip: notes.wav is not audio") and "object at 0x" not in stats
+    assert str(tmp_path) not in stats and page.locator("#clip-code textarea").input_value() == ""
+    page.locator(".toast-body").filter(has_text="notes.wav is not audio").first.wait_for()
+    page.locator("#clip input[type=file]").wait_for(state="attached")  # the player is empty again
+    assert_no_traceback(page, webui_server)
+
+
+@pytest.mark.e2e
 def test_clone_a_voice_from_an_uploaded_clip(webui_page, webui_server, tmp_path: Path) -> None:
     from chattts_velocity.text import decode_prompt
 
@@ -167,14 +196,16 @@ def test_clone_a_voice_from_an_uploaded_clip(webui_page, webui_server, tmp_path:
     with wave.open(str(clip), "wb") as w:
         w.setnchannels(2), w.setsampwidth(2), w.setframerate(rate)
         w.writeframes(float_to_int16(stereo).tobytes())
-    page.get_by_text("Clone a voice (optional)").click()
+    open_group(page, "group-clone")
     page.locator("#clip input[type=file]").set_input_files(str(clip))
     page.wait_for_function("() => document.querySelector('#clip-code textarea').value.length > 0")
     codes = decode_prompt(page.locator("#clip-code textarea").input_value())
     assert tuple(codes.shape) == (4, (1 + 36000 // 256) // 2)  # DVAE: one code per 2 mel frames (hop 256)
+    page.wait_for_function("() => document.querySelector('#stats textarea').value.startsWith('clip encoded: 1.5 s')")
     page.locator("#input-text textarea").fill("A cloned voice.")
     assert generate(page).startswith("error: clip transcript:")
     page.locator("#transcript textarea").fill("some words")
     stats = generate(page)
     assert stats.startswith("audio:"), stats
     assert_no_traceback(page, webui_server)
+

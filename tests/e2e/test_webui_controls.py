@@ -2,15 +2,23 @@
 (audio, refined text, the downloaded file), not only render; screenshots at desktop and phone width."""
 from __future__ import annotations
 
+import re
+
 import pytest
 from page_driver import (
-    ARTIFACTS, assert_no_traceback, browser_duration, expected_speaker, fetch_download, fetch_output_wav, generate,
-    pick, set_slider, type_number,
+    ARTIFACTS, FINISHED, GROUPS, assert_no_traceback, browser_duration, expected_speaker, fetch_download, fetch_output_wav,
+    generate, open_group, open_groups, pick, set_slider, type_number,
 )
 
 pytestmark = pytest.mark.e2e
 MAGIC = {"wav": b"RIFF", "flac": b"fLaC", "ogg": b"OggS", "opus": b"OggS"}
 PHONE = {"width": 390, "height": 844}
+
+
+@pytest.fixture(autouse=True)
+def _groups_open(webui_page) -> None:
+    """These tests drive every control, so the page's collapsed groups are opened first."""
+    open_groups(webui_page)
 
 
 def _voice(page, text: str, refine: bool) -> None:
@@ -107,7 +115,7 @@ def test_autoplay_follows_its_checkbox(webui_page) -> None:
 def test_interrupt_is_enabled_only_while_generating(webui_page, webui_server) -> None:
     page = webui_page
     assert page.locator("#interrupt").is_disabled()
-    _voice(page, " ".join(["This long text keeps the engine busy for a while."] * 12), refine=True)
+    _voice(page, " ".join(["This long text keeps the engine busy for a while."] * 40), refine=True)
     page.evaluate("() => { document.querySelector('#stats textarea').value = ''; }")
     page.locator("#generate").click()
     page.wait_for_function("() => !document.querySelector('#interrupt').disabled")
@@ -115,9 +123,33 @@ def test_interrupt_is_enabled_only_while_generating(webui_page, webui_server) ->
     page.locator("#interrupt").click()
     page.wait_for_function("() => /^(audio|error):|^interrupted/.test(document.querySelector('#stats textarea')"
                            ".value)")
+    assert page.locator("#stats textarea").input_value().startswith("interrupted")  # not a normal finish
     page.wait_for_function("() => document.querySelector('#interrupt').disabled")
     assert page.locator("#generate").is_enabled()
     assert_no_traceback(page, webui_server)
+
+
+# Every status tracker that leaves its hidden state during a run, by the id of the block it sits in.
+WATCH_PROGRESS = """() => { window.progressShownOn = new Set();
+  const note = () => document.querySelectorAll('[data-testid=status-tracker]').forEach(t => {
+    if (!t.classList.contains('hide')) window.progressShownOn.add((t.closest('[id]') || {}).id); });
+  window.progressWatch = new MutationObserver(note);
+  window.progressWatch.observe(document.body, {subtree: true, attributes: true, attributeFilter: ['class']}); }"""
+
+
+def test_a_run_shows_one_progress_display(webui_page) -> None:
+    page = webui_page
+    _voice(page, " ".join(["One progress display, in the stats box."] * 6), refine=True)
+    page.evaluate(WATCH_PROGRESS)
+    shown: list[str] = []
+    page.evaluate("() => { document.querySelector('#stats textarea').value = ''; }")
+    page.locator("#generate").click()
+    while not re.match(FINISHED, text := page.locator("#stats textarea").input_value()):
+        shown.append(text)
+        page.wait_for_timeout(50)
+    page.evaluate("() => window.progressWatch.disconnect()")
+    assert set(page.evaluate("() => [...window.progressShownOn]")) <= {"stats"}  # not on audio, download, text
+    assert not any(re.search(r"\d+/\d", line) for line in shown)  # no "47/2.0k step" bound
 
 
 def _same_row(page, box: str, button: str) -> bool:
@@ -143,6 +175,28 @@ def test_layout_at_desktop_and_phone_width(webui_page) -> None:
         page.set_viewport_size(desktop)
 
 
+def test_a_phone_sees_generate_and_the_demo_notice_on_its_first_screen(webui_page) -> None:
+    page = webui_page
+    desktop = page.viewport_size
+    try:
+        page.set_viewport_size(PHONE)
+        page.reload()
+        page.wait_for_selector("#generate")
+        for group in GROUPS[:1] + GROUPS[2:]:  # the options start collapsed (the clone group sits in voice)
+            assert "open" not in page.locator(f"#{group} > button.label-wrap").get_attribute("class").split()
+        for primary in ("#input-text", "#voice-preset", "#generate", "#demo-notice"):
+            box = page.locator(primary).bounding_box()
+            assert box["y"] + box["height"] <= PHONE["height"], primary  # no scrolling past the options
+        assert "random audio" in page.locator("#demo-notice").inner_text()
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "webui-phone-first-screen.png"))
+    finally:
+        page.set_viewport_size(desktop)
+        page.reload()
+        page.wait_for_selector("#generate")
+        open_groups(page)
+
+
 def test_error_toast_stays_clear_of_the_controls(webui_page) -> None:
     page = webui_page
     page.locator("#input-text textarea").fill("  ")
@@ -160,6 +214,12 @@ def test_error_toast_stays_clear_of_the_controls(webui_page) -> None:
         assert not overlap, control
 
 
+def _answered(page, line: str) -> None:
+    """A page action answers in the page: the line in Run stats, and a toast with its message."""
+    page.wait_for_function("(s) => document.querySelector('#stats textarea').value.startsWith(s)", arg=line)
+    page.locator(".toast-body").filter(has_text=line.removeprefix("error: ").split(": ", 1)[-1]).first.wait_for()
+
+
 def test_voice_library_save_pick_and_delete(webui_page, webui_server) -> None:
     from chattts_velocity.text.voices import VoiceLibrary
 
@@ -167,7 +227,7 @@ def test_voice_library_save_pick_and_delete(webui_page, webui_server) -> None:
     VoiceLibrary(webui_server.voices).save("From the API", speaker=expected_speaker(4444))  # made elsewhere
     page.reload()
     page.wait_for_selector("#generate")
-    page.get_by_text("Voice library").click()
+    open_groups(page)
     pick(page, "voice-preset", "alloy")
     alloy = expected_speaker(1111)
     page.wait_for_function("(s) => document.querySelector('#speaker textarea').value === s", arg=alloy)
@@ -175,6 +235,10 @@ def test_voice_library_save_pick_and_delete(webui_page, webui_server) -> None:
     page.locator("#save-voice").click()
     page.wait_for_function("() => document.querySelector('#saved-voices input').value === 'Narrator'")
     assert VoiceLibrary(webui_server.voices).get("Narrator").speaker == alloy  # on disk for the server too
+    _answered(page, "saved voice 'Narrator'")
+    page.locator("#voice-name textarea").fill("NARRATOR")  # a taken name, in other letters
+    page.locator("#save-voice").click()
+    _answered(page, "error: name: a voice named 'NARRATOR' exists")
     pick(page, "voice-preset", "default")
     page.wait_for_function("(s) => document.querySelector('#speaker textarea').value === s",
                            arg=expected_speaker(2))
@@ -182,11 +246,16 @@ def test_voice_library_save_pick_and_delete(webui_page, webui_server) -> None:
         pick(page, "saved-voices", name)
         page.wait_for_function("(s) => document.querySelector('#speaker textarea').value === s", arg=speaker)
         assert page.locator("#voice-preset input").input_value() == "Custom"
+        page.wait_for_function("() => document.querySelector('#audio-seed input').value === ''")  # not default's 2
+        _answered(page, f"voice '{name}' picked")
+    page.wait_for_timeout(500)  # the cleared seed must not bring a seed's speaker back
+    assert page.locator("#speaker textarea").input_value() == expected_speaker(4444)
     page.locator("#input-text textarea").fill("A saved voice speaks.")
     assert generate(page).startswith("audio:")
     pick(page, "saved-voices", "Narrator")
     page.locator("#delete-voice").click()
     page.wait_for_function("() => document.querySelector('#saved-voices input').value === ''")
+    _answered(page, "deleted voice 'Narrator'")
     assert "Narrator" not in VoiceLibrary(webui_server.voices)
     page.locator("#saved-voices input").click()
     assert page.get_by_role("option", name="Narrator", exact=True).count() == 0
@@ -198,7 +267,7 @@ def test_clone_a_voice_from_the_microphone(webui_page, webui_server) -> None:
     from chattts_velocity.text import decode_prompt
 
     page = webui_page  # Chromium's fake microphone (conftest flags) plays a beeping tone
-    page.get_by_text("Clone a voice (optional)").click()
+    open_group(page, "group-clone")
     page.locator('#clip button[aria-label="Record audio"]').click()
     page.locator("#clip button", has_text="Record").click()
     page.wait_for_timeout(2000)
