@@ -11,7 +11,7 @@ from ..chat import Chat
 from ..config import BACKENDS, KV_CACHE_DTYPES
 from ..demo import ensure_model
 
-DTYPES = ["auto", "float32", "bfloat16", "int8"]
+DTYPES = ["auto", "float32", "bfloat16", "int8", "int4"]
 
 
 def fastest_dtype() -> str:
