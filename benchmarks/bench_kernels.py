@@ -44,7 +44,7 @@ def timed(variants: dict[str, Callable[[], object]], repeats: int) -> dict[str, 
 
 
 def linear_variants(rows: int) -> tuple[dict[str, Callable[[], object]], float]:
-    ops = torch.ops.chattts_velocity_cpu
+    ops = kernels.ops()
     weights = [[torch.randn(n, k) * 0.02 for n, k in SHAPES] for _ in range(LAYERS)]
     bf16 = [[w.bfloat16() for w in layer] for layer in weights]
     onednn = [[torch.ops.mkldnn._reorder_linear_weight(w) for w in layer] for layer in bf16]
@@ -80,7 +80,7 @@ def attention_variants(batch: int, context: int) -> tuple[dict[str, Callable[[],
     q = torch.randn(batch, HEADS, HEAD_DIM).bfloat16()
     meta = DecodeMetadata(torch.zeros(batch, dtype=torch.long), tables, lens)
     compiled = torch.compile(paged_decode_attention, dynamic=False)
-    kernel = torch.ops.chattts_velocity_cpu.paged_decode_attention
+    kernel = kernels.ops().paged_decode_attention
     variants = {
         "kernel": lambda: [kernel(q, k, v, tables, lens, HEAD_DIM**-0.5) for k, v in caches],
         "compiled torch": lambda: [compiled(q, k, v, meta) for k, v in caches],

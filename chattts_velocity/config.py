@@ -80,7 +80,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     scheduling: str = "fcfs"  # or "priority"
     device: str = "cpu"
-    dtype: str = "float32"  # "float32" (exact), "bfloat16" (fast), "int8" (dynamic quantised linears)
+    dtype: str = "float32"  # "float32" (exact), "bfloat16" (fast), "int8" / "int4" (weight-only quantised linears)
     backend: str = "auto"  # decode backend: "auto", "torch", "cpu" or "triton" (engine/backends.py)
     kv_cache_dtype: str = "auto"  # "auto": the weights' dtype; "int8": one fp32 scale per (slot, head), cpu backend
     compile: bool = False  # torch.compile the decode step (torch backend)
@@ -92,8 +92,8 @@ class EngineConfig:
             raise ValueError("block_size, max_num_seqs and max_num_batched_tokens must be >= 1")
         if self.scheduling not in ("fcfs", "priority"):
             raise ValueError(f"scheduling: must be 'fcfs' or 'priority', got {self.scheduling!r}")
-        if self.dtype not in ("float32", "bfloat16", "float16", "int8"):
-            raise ValueError(f"dtype: must be float32, bfloat16, float16 or int8, got {self.dtype!r}")
+        if self.dtype not in ("float32", "bfloat16", "float16", "int8", "int4"):
+            raise ValueError(f"dtype: must be float32, bfloat16, float16, int8 or int4, got {self.dtype!r}")
         if self.backend not in BACKENDS:
             raise ValueError(f"backend: must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
         self._check_kv_cache_dtype()
@@ -103,7 +103,7 @@ class EngineConfig:
             raise ValueError(f"kv_cache_dtype: must be one of {', '.join(KV_CACHE_DTYPES)}, "
                              f"got {self.kv_cache_dtype!r}")
         cpu_backend = self.device.split(":")[0] == "cpu" and self.backend in ("auto", "cpu")
-        if self.kv_cache_dtype == "int8" and not (cpu_backend and self.dtype in ("bfloat16", "int8")):
+        if self.kv_cache_dtype == "int8" and not (cpu_backend and self.dtype in ("bfloat16", "int8", "int4")):
             raise ValueError("kv_cache_dtype: 'int8' runs only on the cpu backend (device 'cpu', backend 'auto' or "
                              f"'cpu', dtype 'bfloat16' or 'int8'), got device={self.device!r}, "
                              f"backend={self.backend!r}, dtype={self.dtype!r}")

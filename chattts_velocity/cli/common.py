@@ -15,7 +15,7 @@ from ..params import InferCodeParams
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
 
-DTYPES = ["auto", "float32", "bfloat16", "int8"]
+DTYPES = ["auto", "float32", "bfloat16", "int8", "int4"]
 
 
 def fastest_dtype() -> str:

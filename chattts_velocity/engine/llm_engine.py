@@ -34,6 +34,7 @@ PRECISIONS: dict[str, tuple[torch.dtype, str | None]] = {
     "bfloat16": (torch.bfloat16, "bfloat16"),  # oneDNN-prepacked bf16 GEMMs, bf16 KV cache
     "float16": (torch.float16, "float16"),
     "int8": (torch.bfloat16, "int8"),  # weight-only int8 GEMMs (bf16 activations), bf16 KV cache
+    "int4": (torch.bfloat16, "int4"),  # weight-only int4, a scale per 32 columns (cpu kernels), bf16 KV cache
 }
 
 

@@ -13,6 +13,8 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
+from chattts_velocity.model import kernels
+
 
 @dataclass
 class AttentionMetadata:
@@ -266,5 +268,5 @@ def kernel_decode_attention(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: DecodeMetadata
 ) -> torch.Tensor:
     """paged_decode_attention through kernels/cpu_attention.cpp: bf16 or int8 pools, head_dim % 32, kernels loaded."""
-    return torch.ops.chattts_velocity_cpu.paged_decode_attention(
+    return kernels.active_ops.paged_decode_attention(
         q, k_cache, v_cache, meta.block_tables, meta.context_lens, q.shape[-1] ** -0.5)

@@ -1,5 +1,5 @@
 """Model stage: the GPT with every layer one C++ op (kernels/cpu_decode_layer.cpp: norms, RoPE, KV store,
-attention, MLP) over the packed bf16 or int8 weights.
+attention, MLP) over the packed bf16, int8 or int4 weights, on the ISA whose library packed them.
 
 In: inputs_embeds [B, H] (one row per position: a decode step's new positions, or a prefill chunk's), positions [B],
 DecodeMetadata (a row's context_lens = its position + 1), (K, V) pools in bf16 or int8 (kv_cache_dtype).
@@ -22,8 +22,9 @@ class FusedLayerWeights:
     """One layer's weights as kernels/cpu_decode_layer.cpp takes them."""
 
     norms: torch.Tensor  # [2, H] fp32: input_layernorm, post_attention_layernorm
-    weights: list[torch.Tensor]  # the qkv, o, gate_up and down projections in kernel layout (all bf16 or all int8)
-    scales: list[torch.Tensor | None]  # per projection: int8 scales, or None
+    weights: list[torch.Tensor]  # the qkv, o, gate_up and down projections in kernel layout (one mode for all)
+    scales: list[torch.Tensor | None]  # per projection: int8 / int4 scales, or None
+    ops: object  # the torch.ops namespace of the library that packed them
 
     @classmethod
     def of(cls, layer: LlamaDecoderLayer) -> FusedLayerWeights | None:
@@ -33,7 +34,7 @@ class FusedLayerWeights:
         if any(p is None or p.packed is None for p in packed):
             return None
         norms = torch.stack([layer.input_layernorm.weight.detach(), layer.post_attention_layernorm.weight.detach()])
-        return cls(norms.float().contiguous(), [p.packed for p in packed], [p.scales for p in packed])
+        return cls(norms.float().contiguous(), [p.packed for p in packed], [p.scales for p in packed], packed[0].ops)
 
 
 def fused_unavailable(model: ChatTTSLlama) -> str | None:
@@ -41,7 +42,7 @@ def fused_unavailable(model: ChatTTSLlama) -> str | None:
     device = next(model.parameters()).device
     if device.type != "cpu":
         return f"the model is on {device}; the fused layers run on CPU"
-    reason = kernels._unsupported()
+    reason = kernels.unsupported()
     if reason is not None:
         return f"the C++ kernels do not run here: {reason}"
     if not kernels.load():
@@ -49,7 +50,7 @@ def fused_unavailable(model: ChatTTSLlama) -> str | None:
     if model.config.head_dim % 32:
         return f"head_dim {model.config.head_dim} is not a multiple of 32"
     if any(FusedLayerWeights.of(layer) is None for layer in model.layers):
-        return "not every projection is in kernel layout (pack_linears('bfloat16' or 'int8') first)"
+        return "not every projection is in kernel layout (pack_linears('bfloat16', 'int8' or 'int4') first)"
     return None
 
 
@@ -66,11 +67,10 @@ class FusedDecoder:
     def __call__(self, inputs_embeds: torch.Tensor, positions: torch.Tensor, kv_caches: Sequence[KVPair],
                  meta: DecodeMetadata) -> torch.Tensor:
         """inputs_embeds [B, H], positions [B] -> hidden [B, H]; kv_caches are the layers' (K, V) pools."""
-        op = torch.ops.chattts_velocity_cpu.decode_layer
         rotary, eps = self.model.rotary_emb, self.model.config.rms_norm_eps
         cos, sin = rotary.cos_cache, rotary.sin_cache
         x = inputs_embeds.float().contiguous()
         for fused, (k_cache, v_cache) in zip(self.layers, kv_caches):
-            x = op(x, positions, cos, sin, fused.norms, fused.weights, fused.scales, k_cache, v_cache,
-                   meta.slot_mapping, meta.block_tables, meta.context_lens, eps)
+            x = fused.ops.decode_layer(x, positions, cos, sin, fused.norms, fused.weights, fused.scales, k_cache,
+                                       v_cache, meta.slot_mapping, meta.block_tables, meta.context_lens, eps)
         return self.model.norm(x)

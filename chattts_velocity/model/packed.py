@@ -1,4 +1,4 @@
-"""Model stage: frozen Linear weights in the layouts fast CPU kernels want (bf16 / int8 tiles or AMX panels).
+"""Model stage: frozen Linear weights in the layouts fast CPU kernels want (bf16 / int8 / int4 tiles or AMX panels).
 
 In: x [N, in_features] activations. Out: [N, out_features] (dtype per mode, see PackedLinear).
 The checkpoint's nn.Linear modules stay untouched (their names are the state-dict keys); a model's
@@ -12,7 +12,7 @@ from torch import Tensor, nn
 
 from chattts_velocity.model import kernels
 
-MODES = ("float32", "bfloat16", "float16", "int8")
+MODES = ("float32", "bfloat16", "float16", "int8", "int4")
 
 
 # NOTE: oneDNN's prepacked weight is an opaque MKLDNN tensor. Called directly, torch.compile's
@@ -35,13 +35,16 @@ def onednn_bf16_available() -> bool:
 class PackedLinear(nn.Module):
     """y = x @ W.T without bias, W frozen. Holds no parameters, so it never enters a state dict.
 
-    On CPUs where our kernels build (AVX-512 BF16), modes "bfloat16" and "int8" keep W in one kernel layout, chosen
-    from the CPU once: AMX panels (kernels/cpu_amx.cpp) on AMX CPUs, else tiles (kernels/cpu_linear.cpp). Either
-    kernel streams W once per call and is batch-invariant: a row's output does not depend on the other rows, so a
-    seeded request decodes the same alone, in any batch and after preemption. x and y are bf16 in both modes;
-    "int8" is weight-only int8 (symmetric, per output channel), half the bytes of bf16.
+    On CPUs where our kernels build (kernels.isa(): AVX-512 BF16, AVX2 + FMA, aarch64 NEON), modes "bfloat16",
+    "int8" and "int4" keep W in one kernel layout, chosen from the CPU once: AMX panels (kernels/cpu_amx.cpp) on
+    AMX CPUs for bf16 / int8, else tiles (kernels/cpu_linear.cpp). Either kernel streams W once per call and is
+    batch-invariant: a row's output does not depend on the other rows, so a seeded request decodes the same alone,
+    in any batch and after preemption. x and y are bf16 in these modes; "int8" is weight-only int8 (symmetric, per
+    output channel), half the bytes of bf16; "int4" is weight-only int4 (symmetric, one fp32 scale per 32 input
+    columns of a row), 0.625 bytes per weight.
     Elsewhere: bf16 through oneDNN (or a plain bf16 GEMM), int8 through torch's int8-weight kernel with bf16
-    activations; "float32" and "float16" through F.linear. These torch paths may depend on the batch.
+    activations, int4 dequantised to bf16; "float32" and "float16" through F.linear. These torch paths may depend
+    on the batch.
     """
 
     def __init__(self, weight: Tensor, mode: str) -> None:
@@ -56,8 +59,15 @@ class PackedLinear(nn.Module):
         self.packed: Tensor | None = None  # our kernels' layout: kernels.to_panels (AMX) or kernels.to_tiles
         self.onednn = None  # opaque oneDNN bf16 weight
         self.qweight: Tensor | None = None  # int8 [out, in] for torch's int8-weight kernel
-        self.scales: Tensor | None = None  # int8: [out] per-channel scales
-        if mode == "int8":
+        self.scales: Tensor | None = None  # int8: [out] per-channel scales; int4: [out/4, in/32, 4] per group
+        self.ops = None  # the kernels' torch.ops namespace (its ISA's library) when packed
+        if mode == "int4":
+            q, scales = _quantize_int4(weight.float())
+            if _kernels_fit(q):
+                self.packed, self.scales = kernels.to_int4_tiles(q, scales)
+            else:
+                self.weight = (q.float() * scales.repeat_interleave(kernels.INT4_GROUP, dim=1)).to(torch.bfloat16)
+        elif mode == "int8":
             qweight, self.scales = _quantize_int8(weight.float())
             self.packed = _kernel_layout(qweight, chunk=16)
             if self.packed is None:
@@ -73,10 +83,12 @@ class PackedLinear(nn.Module):
                 self.weight = weight
         else:
             self.weight = weight.to(getattr(torch, mode)).contiguous()
+        if self.packed is not None:
+            self.ops = kernels.ops()
 
     @property
     def kernel(self) -> str:
-        """Which kernel runs: "amx", "tiles", "onednn", "int8mm" or "torch"."""
+        """Which kernel runs: "amx", "tiles", "onednn", "int8mm" or "torch" (kernels.kernel_path() names the ISA)."""
         if self.packed is not None:
             return "amx" if _is_panels(self.packed) else "tiles"
         if self.weight is not None:
@@ -92,8 +104,10 @@ class PackedLinear(nn.Module):
         x = x.to(torch.bfloat16)  # in a compiled step this cast fuses into the op that produced x
         if self.packed is not None:
             if self.mode == "int8":
-                return torch.ops.chattts_velocity_cpu.linear_int8(x, self.packed, self.scales)
-            return torch.ops.chattts_velocity_cpu.linear_bf16(x, self.packed)
+                return self.ops.linear_int8(x, self.packed, self.scales)
+            if self.mode == "int4":
+                return self.ops.linear_int4(x, self.packed, self.scales)
+            return self.ops.linear_bf16(x, self.packed)
         if self.mode == "int8":
             return torch._weight_int8pack_mm(x, self.qweight, self.scales)
         if torch.compiler.is_compiling():
@@ -101,9 +115,14 @@ class PackedLinear(nn.Module):
         return torch.ops.mkldnn._linear_pointwise(x, self.onednn, None, "none", [], "")  # the custom op costs ~0.1 ms
 
     def dequantized(self) -> Tensor:
-        """int8 mode: the weight the kernels multiply with, [out, in] float32."""
+        """int8 / int4 mode: the weight the kernels multiply with, [out, in] float32."""
+        if self.mode == "int4" and self.packed is not None:
+            q, scales = kernels.from_int4_tiles(self.packed, self.scales)
+            return q.float() * scales.repeat_interleave(kernels.INT4_GROUP, dim=1)
+        if self.mode == "int4":
+            return self.weight.float()
         if self.mode != "int8":
-            raise ValueError(f"dequantized: only for int8 mode, this is {self.mode}")
+            raise ValueError(f"dequantized: only for int8 and int4 modes, this is {self.mode}")
         if self.packed is None:
             qweight = self.qweight
         elif _is_panels(self.packed):
@@ -115,11 +134,16 @@ class PackedLinear(nn.Module):
 
 def _kernel_layout(weight: Tensor, chunk: int) -> Tensor | None:
     """weight [out, in] (bf16 or int8, on CPU) in our kernels' layout for this CPU, or None where they cannot run."""
-    if weight.device.type != "cpu" or not kernels.fits_tiles(weight, chunk) or not kernels.load():
+    if not _kernels_fit(weight):
         return None
     if kernels.fits_panels(weight) and kernels.amx_ready():
         return kernels.to_panels(weight)
     return kernels.to_tiles(weight, chunk)
+
+
+def _kernels_fit(weight: Tensor) -> bool:
+    """Our kernels run here and take this shape ([out, in] with out % 4 == in % 32 == 0, on CPU)."""
+    return weight.device.type == "cpu" and kernels.fits_tiles(weight, 32) and kernels.load()
 
 
 def _is_panels(packed: Tensor) -> bool:
@@ -131,6 +155,18 @@ def _quantize_int8(weight: Tensor) -> tuple[Tensor, Tensor]:
     scales = (weight.abs().amax(dim=1) / 127).clamp(min=1e-12)  # [out]
     qweight = torch.round(weight / scales[:, None]).clamp(-127, 127).to(torch.int8).contiguous()
     return qweight, scales
+
+
+def _quantize_int4(weight: Tensor) -> tuple[Tensor, Tensor]:
+    """weight [out, in] fp32 (in % 32 == 0) -> q [out, in] int8 in [-7, 7] and fp32 scales [out, in/32]:
+    weight ~= q * scale of its 32-column group, scale = absmax / 7 (symmetric)."""
+    out, cols = weight.shape
+    if cols % kernels.INT4_GROUP:
+        raise ValueError(f"PackedLinear: int4 needs in_features % {kernels.INT4_GROUP} == 0, got {cols}")
+    groups = weight.reshape(out, cols // kernels.INT4_GROUP, kernels.INT4_GROUP)
+    scales = (groups.abs().amax(dim=2) / 7).clamp(min=1e-12)  # [out, in/32]
+    q = torch.round(groups / scales[..., None]).clamp(-7, 7).to(torch.int8).reshape(out, cols)
+    return q, scales
 
 
 def fuse_rows(*linears: nn.Linear) -> Tensor:

@@ -48,7 +48,7 @@ def test_int8_packed_linear_is_within_quantisation_error() -> None:
 
 def test_unknown_mode_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match="mode"):
-        PackedLinear(WEIGHT, "int4")
+        PackedLinear(WEIGHT, "int3")
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "int8"])

@@ -1,6 +1,7 @@
 """The seed contract in the fast modes: a seeded request gives the same codes and hidden states alone, in any batch,
-at any position in it and after preemption, with the engine's bf16 and int8 cpu backend (batch-invariant kernels,
-prefill rows through the decode op). The model is small but has head_dim 32, which the fused C++ layers need."""
+at any position in it and after preemption, with the engine's bf16, int8 and int4 cpu backend (batch-invariant
+kernels, prefill rows through the decode op), on every kernel ISA this CPU can run (AVX2 on any x86 CPU with AVX2 +
+FMA). The model is small but has head_dim 32, which the fused C++ layers need."""
 from __future__ import annotations
 
 import pytest
@@ -16,6 +17,14 @@ pytestmark = pytest.mark.skipif(UNSUPPORTED is not None, reason=f"CPU kernels un
 HIDDEN, HEADS, LAYERS, BLOCK, STEPS = 128, 4, 2, 4, 40
 CONFIG = ModelConfig(hidden_size=HIDDEN, intermediate_size=256, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
                      max_position_embeddings=512, num_audio_tokens=626, num_text_tokens=50)
+
+
+@pytest.fixture(params=list(kernels.ISAS))
+def isa(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.setenv(kernels.ENV_SWITCH, request.param)
+    if kernels.unsupported() is not None:
+        pytest.skip(f"the {request.param} kernels cannot run here: {kernels.unsupported()}")
+    return request.param
 
 
 def _engine(mode: str, **options) -> LLMEngine:
@@ -51,9 +60,10 @@ def _run(engine: LLMEngine, which: list[int]) -> dict[int, tuple[torch.Tensor, t
 
 
 @pytest.mark.parametrize("kv", ["auto", "int8"])  # EngineConfig.kv_cache_dtype
-@pytest.mark.parametrize("mode", ["bfloat16", "int8"])
-def test_a_seeded_request_is_the_same_alone_in_any_batch_and_after_preemption(mode: str, kv: str) -> None:
+@pytest.mark.parametrize("mode", ["bfloat16", "int8", "int4"])
+def test_a_seeded_request_is_the_same_alone_in_any_batch_and_after_preemption(isa: str, mode: str, kv: str) -> None:
     engine = _engine(mode, kv_cache_dtype=kv)
+    assert engine.runner.backend.fused.layers[0].ops is kernels.ops(isa)
     alone = {i: _run(engine, [i])[i] for i in (0, 5)}
     batches = [[0, 1, 2], [3, 4, 0, 5, 6, 7, 1, 2], [*range(15, 5, -1), 5, 0, 1, 2, 3, 4]]  # 3, 8 and 16 requests
     for which in batches:

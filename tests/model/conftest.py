@@ -1,4 +1,5 @@
-"""Fixtures for the model-stage tests: the tiny GPT config, a random HF LlamaModel and a minimal paged runner."""
+"""Fixtures for the model-stage tests: the tiny GPT config, a random HF LlamaModel, a minimal paged runner and the
+CPU kernels' ISA (every test that takes `isa` runs once per ISA this host can run)."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -9,7 +10,7 @@ import torch
 from transformers import LlamaConfig, LlamaModel
 
 from chattts_velocity.config import ModelConfig
-from chattts_velocity.model import ChatTTSLlama, allocate_kv_pairs, build_attention_metadata
+from chattts_velocity.model import ChatTTSLlama, allocate_kv_pairs, build_attention_metadata, kernels
 
 TINY = ModelConfig(
     hidden_size=64,
@@ -110,3 +111,14 @@ def make_runner(paged_llama: ChatTTSLlama) -> Callable[..., PagedRunner]:
 @pytest.fixture
 def tiny_config() -> ModelConfig:
     return TINY
+
+
+@pytest.fixture(params=list(kernels.ISAS))
+def isa(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The C++ kernels of one ISA in use (CHATTTS_VELOCITY_CPU_KERNELS), skipped where this CPU cannot run them."""
+    monkeypatch.setenv(kernels.ENV_SWITCH, request.param)
+    reason = kernels.unsupported()
+    if reason is not None:
+        pytest.skip(f"the {request.param} kernels cannot run here: {reason}")
+    assert kernels.isa() == request.param and kernels.load()
+    return request.param

@@ -1,5 +1,5 @@
 """The fused C++ decode layer (model/fused.py, kernels/cpu_decode_layer.cpp) against the layer-by-layer Python path,
-and the engine's cpu backend. The model is small but has head_dim 32, which the C++ attention needs."""
+and the engine's cpu backend (tests taking `isa` run on every ISA this CPU can run). The model is small but has head_dim 32, which the C++ attention needs."""
 from __future__ import annotations
 
 import pytest
@@ -67,9 +67,9 @@ def _decode_inputs(lens: list[int], tables: list[list[int]]):
     return pos, DecodeMetadata(slots, padded, pos + 1)
 
 
-@pytest.mark.parametrize("mode", ["bfloat16", "int8"])
+@pytest.mark.parametrize("mode", ["bfloat16", "int8", "int4"])
 @pytest.mark.parametrize("lens", [[7], [5, 9, 2], [3, 11, 6, 1, 8, 4]])
-def test_fused_decode_matches_the_layer_by_layer_path(mode: str, lens: list[int]) -> None:
+def test_fused_decode_matches_the_layer_by_layer_path(isa: str, mode: str, lens: list[int]) -> None:
     model = _model(mode)
     kv, tables = _prefilled(model, lens)
     _check_fused_against_layer_by_layer(model, lens, kv, tables, mode)
@@ -77,7 +77,7 @@ def test_fused_decode_matches_the_layer_by_layer_path(mode: str, lens: list[int]
 
 @pytest.mark.parametrize("mode", ["bfloat16", "int8"])
 @pytest.mark.parametrize("lens", [[7], [3, 11, 6, 1, 8, 4]])
-def test_fused_decode_over_int8_kv_matches_the_layer_by_layer_path(mode: str, lens: list[int]) -> None:
+def test_fused_decode_over_int8_kv_matches_the_layer_by_layer_path(isa: str, mode: str, lens: list[int]) -> None:
     model = _model(mode)
     kv, tables = _prefilled(model, lens, torch.int8)
     _check_fused_against_layer_by_layer(model, lens, kv, tables, mode)
@@ -114,20 +114,19 @@ def test_fused_decode_on_the_avx512_tiles_is_close_to_amx(mode: str, monkeypatch
     outputs = []
     for switch in ("1", "noamx"):
         monkeypatch.setenv(kernels.ENV_SWITCH, switch)
-        kernels.amx_ready.cache_clear()
         model = _model(mode)
         assert model.layers[0].mlp.down_packed.kernel == ("amx" if switch == "1" else "tiles")
         kv, tables = _prefilled(model, lens)
         pos, meta = _decode_inputs(lens, tables)
         with torch.inference_mode():
             outputs.append(FusedDecoder(model)(x, pos, kv, meta))
-    kernels.amx_ready.cache_clear()
     with_amx, without = outputs
     assert (with_amx - without).abs().max().item() <= 1e-2 * with_amx.abs().max().item()
 
 
-def test_fused_decode_rows_do_not_depend_on_the_batch_in_int8() -> None:
-    model = _model("int8")
+@pytest.mark.parametrize("mode", ["int8", "int4"])
+def test_fused_decode_rows_do_not_depend_on_the_batch(isa: str, mode: str) -> None:
+    model = _model(mode)
     lens = [5, 9, 2]
     kv, tables = _prefilled(model, lens)
     x = torch.randn(len(lens), HIDDEN)
@@ -211,8 +210,8 @@ def test_engine_decodes_with_fused_layers_and_compiles_nothing(mode: str) -> Non
     assert same >= 5  # a near-tie may flip once: both round q/K/V to bf16 after differently ordered sums
 
 
-@pytest.mark.parametrize("mode", ["bfloat16", "int8"])
-def test_fused_engine_recomputes_preempted_sequences(mode: str) -> None:
+@pytest.mark.parametrize("mode", ["bfloat16", "int8", "int4"])
+def test_fused_engine_recomputes_preempted_sequences(isa: str, mode: str) -> None:
     free = _generate(_engine(mode), 6, steps=30)
     # 16 blocks of 4 positions (2 layers x K/V x 4 x 128 bf16 = 4 KB each) cannot hold 6 sequences of ~40
     block_bytes = LAYERS * 2 * BLOCK * HIDDEN * 2

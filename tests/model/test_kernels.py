@@ -1,5 +1,5 @@
-"""CPU linear kernels (model/kernels/cpu_linear.cpp, cpu_amx.cpp) against float64 formulas, their batch invariance,
-and the fallback to torch's kernels."""
+"""CPU linear and attention kernels (model/kernels/) against float64 formulas, their batch invariance and the
+fallback to torch's kernels; every kernel test runs on each ISA this CPU can run (the `isa` fixture)."""
 from __future__ import annotations
 
 import os
@@ -34,7 +34,7 @@ def _layout(weight: torch.Tensor, layout: str, chunk: int) -> torch.Tensor:
 
 
 @needs_kernels
-def test_kernels_build_and_the_layout_follows_the_cpu() -> None:
+def test_kernels_build_and_the_layout_follows_the_cpu(isa: str) -> None:
     assert kernels.load()
     expected = "amx" if kernels.amx_ready() else "tiles"
     assert f"kernel={expected}" in repr(PackedLinear(WIDE, "bfloat16"))
@@ -43,11 +43,16 @@ def test_kernels_build_and_the_layout_follows_the_cpu() -> None:
 
 @needs_kernels
 @pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("mode", ["bfloat16", "int8"])
-def test_linears_within_bf16_rounding_and_batch_invariant(mode: str, layout: str) -> None:
+@pytest.mark.parametrize("mode", ["bfloat16", "int8", "int4"])
+def test_linears_within_bf16_rounding_and_batch_invariant(isa: str, mode: str, layout: str) -> None:
     lin = PackedLinear(WIDE, mode)
-    op = torch.ops.chattts_velocity_cpu
-    if mode == "int8":
+    op = kernels.ops()
+    if mode == "int4":
+        if layout == "panels":
+            pytest.skip("int4 has the tile layout only")
+        w = lin.dequantized().double()
+        run = lambda x: op.linear_int4(x.bfloat16(), lin.packed, lin.scales)
+    elif mode == "int8":
         q = (lin.dequantized() / lin.scales[:, None]).round().to(torch.int8)
         weight, w = _layout(q, layout, 16), lin.dequantized().double()
         run = lambda x: op.linear_int8(x.bfloat16(), weight, lin.scales)
@@ -63,8 +68,8 @@ def test_linears_within_bf16_rounding_and_batch_invariant(mode: str, layout: str
 
 
 @needs_kernels
-def test_packed_linear_runs_its_layout_at_every_batch_size() -> None:
-    for mode in ("bfloat16", "int8"):
+def test_packed_linear_runs_its_layout_at_every_batch_size(isa: str) -> None:
+    for mode in ("bfloat16", "int8", "int4"):
         lin = PackedLinear(WIDE, mode)
         x = torch.randn(70, 96, generator=gen)
         whole = lin(x)
@@ -75,14 +80,9 @@ def test_packed_linear_runs_its_layout_at_every_batch_size() -> None:
 
 def test_noamx_switch_keeps_the_avx512_tiles(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(kernels.ENV_SWITCH, "noamx")
-    kernels.amx_ready.cache_clear()
-    try:
-        assert not kernels.amx_ready()
-        if UNSUPPORTED is None:
-            assert PackedLinear(WIDE, "bfloat16").kernel == "tiles"
-    finally:
-        monkeypatch.undo()
-        kernels.amx_ready.cache_clear()
+    assert not kernels.amx_ready()
+    if kernels.unsupported() is None:
+        assert PackedLinear(WIDE, "bfloat16").kernel == "tiles" and kernels.kernel_path() == "avx512"
 
 
 def test_to_panels_is_a_pure_reordering() -> None:
@@ -94,7 +94,7 @@ def test_to_panels_is_a_pure_reordering() -> None:
 
 
 @needs_kernels
-def test_shapes_that_do_not_fit_tiles_use_torch_kernels() -> None:
+def test_shapes_that_do_not_fit_tiles_use_torch_kernels(isa: str) -> None:
     odd = torch.randn(30, 40, generator=gen) * 0.05  # 30 % 4 != 0, 40 % 32 != 0
     for mode in ("bfloat16", "int8"):
         lin = PackedLinear(odd, mode)
@@ -104,10 +104,10 @@ def test_shapes_that_do_not_fit_tiles_use_torch_kernels() -> None:
 
 
 @needs_kernels
-def test_kernel_rejects_mismatched_inputs_clearly() -> None:
+def test_kernel_rejects_mismatched_inputs_clearly(isa: str) -> None:
     lin = PackedLinear(WEIGHT, "bfloat16")
     with pytest.raises(RuntimeError, match="features"):
-        torch.ops.chattts_velocity_cpu.linear_bf16(torch.randn(2, 64).bfloat16(), kernels.to_tiles(WEIGHT.bfloat16(), 32))
+        kernels.ops().linear_bf16(torch.randn(2, 64).bfloat16(), kernels.to_tiles(WEIGHT.bfloat16(), 32))
 
 
 def test_switch_off_keeps_torch_kernels_without_a_warning() -> None:
@@ -133,7 +133,7 @@ def test_to_tiles_is_a_pure_reordering() -> None:
 
 @needs_kernels
 @pytest.mark.parametrize("head_dim", [32, 64, 128])
-def test_paged_decode_attention_kernel_matches_the_torch_formula(head_dim: int) -> None:
+def test_paged_decode_attention_kernel_matches_the_torch_formula(isa: str, head_dim: int) -> None:
     num_blocks, block_size, heads = 30, 16, 3
     k_cache = torch.randn(num_blocks, block_size, heads, head_dim, generator=gen).bfloat16()
     v_cache = torch.randn(num_blocks, block_size, heads, head_dim, generator=gen).bfloat16()
@@ -142,20 +142,21 @@ def test_paged_decode_attention_kernel_matches_the_torch_formula(head_dim: int) 
     lens = torch.tensor([1, 16, 17, 80, 45, 2])  # block edges, a full table, a single position
     meta = DecodeMetadata(torch.zeros(6, dtype=torch.long), tables, lens)
     expected = paged_decode_attention(q, k_cache, v_cache, meta).float()
-    out = torch.ops.chattts_velocity_cpu.paged_decode_attention(q, k_cache, v_cache, tables, lens, head_dim**-0.5)
+    out = kernels.ops().paged_decode_attention(q, k_cache, v_cache, tables, lens, head_dim**-0.5)
     assert out.dtype == torch.bfloat16 and out.shape == q.shape
     # same fp32 arithmetic up to summation order and a 2e-7 exp: at most one bf16 rounding step apart
     assert ((out.float() - expected).abs() <= 2**-7 * expected.abs() + 1e-6).all()
     assert torch.equal(out[0].float(), v_cache[tables[0, 0], 0].float())  # one position: its V exactly
     # alone, a sequence's heads are split across threads: every head still sums in the same order
-    alone = torch.ops.chattts_velocity_cpu.paged_decode_attention(q[3:4], k_cache, v_cache, tables[3:4], lens[3:4],
+    alone = kernels.ops().paged_decode_attention(q[3:4], k_cache, v_cache, tables[3:4], lens[3:4],
                                                                   head_dim**-0.5)
     assert torch.equal(alone[0], out[3])
 
 
 @needs_kernels
 @pytest.mark.parametrize("head_dim", [32, 64])
-def test_paged_decode_attention_kernel_on_int8_pools_matches_the_dequantising_torch_formula(head_dim: int) -> None:
+def test_paged_decode_attention_kernel_on_int8_pools_matches_the_dequantising_torch_formula(isa: str,
+                                                                                             head_dim: int) -> None:
     num_blocks, block_size, heads = 30, 16, 3
     shape = (num_blocks, block_size, heads, head_dim)
     k_cache = quantize_kv(torch.randn(shape, generator=gen) * torch.rand(shape[:3] + (1,), generator=gen) * 3)
@@ -168,33 +169,33 @@ def test_paged_decode_attention_kernel_on_int8_pools_matches_the_dequantising_to
     lens = torch.tensor([1, 16, 17, 80, 45, 2])
     meta = DecodeMetadata(torch.zeros(6, dtype=torch.long), tables, lens)
     expected = paged_decode_attention(q, k_cache, v_cache, meta).float()  # dequantises in fp32
-    out = torch.ops.chattts_velocity_cpu.paged_decode_attention(q, k_cache, v_cache, tables, lens, head_dim**-0.5)
+    out = kernels.ops().paged_decode_attention(q, k_cache, v_cache, tables, lens, head_dim**-0.5)
     assert out.dtype == torch.bfloat16 and out.shape == q.shape
     # one bf16 rounding step apart, plus q's int16 rounding (2^-16 of its absmax) moving scores of up to ~6 by ~1e-4:
     # a few 1e-4 of |V| ~ 1 (measured max 1.3e-4 beyond the bf16 step)
     assert ((out.float() - expected).abs() <= 2**-7 * expected.abs() + 5e-4).all()
     for b in range(1, 6):  # one position's V exactly, for a zero row and for any other
-        one = torch.ops.chattts_velocity_cpu.paged_decode_attention(q[b:b + 1], k_cache, v_cache, tables[b:b + 1],
+        one = kernels.ops().paged_decode_attention(q[b:b + 1], k_cache, v_cache, tables[b:b + 1],
                                                                     torch.tensor([1]), head_dim**-0.5)
         assert torch.equal(one[0], dequantize_kv(v_cache[tables[b, 0], 0], torch.bfloat16))
     assert not out[0].any()
-    alone = torch.ops.chattts_velocity_cpu.paged_decode_attention(q[3:4], k_cache, v_cache, tables[3:4], lens[3:4],
+    alone = kernels.ops().paged_decode_attention(q[3:4], k_cache, v_cache, tables[3:4], lens[3:4],
                                                                   head_dim**-0.5)
     assert torch.equal(alone[0], out[3])
 
 
 @needs_kernels
-def test_paged_decode_attention_kernel_rejects_bad_lengths() -> None:
+def test_paged_decode_attention_kernel_rejects_bad_lengths(isa: str) -> None:
     cache = torch.zeros(4, 16, 2, 32, dtype=torch.bfloat16)
     q = torch.zeros(1, 2, 32, dtype=torch.bfloat16)
     with pytest.raises(RuntimeError, match="context_lens"):
-        torch.ops.chattts_velocity_cpu.paged_decode_attention(q, cache, cache, torch.zeros(1, 2, dtype=torch.long),
+        kernels.ops().paged_decode_attention(q, cache, cache, torch.zeros(1, 2, dtype=torch.long),
                                                               torch.tensor([33]), 1.0)
 
 
 @needs_kernels
 @torch.inference_mode()
-def test_packed_model_decode_steps_with_the_attention_kernel_give_the_same_numbers() -> None:
+def test_packed_model_decode_steps_with_the_attention_kernel_give_the_same_numbers(isa: str) -> None:
     from chattts_velocity.config import ModelConfig
     from chattts_velocity.model import ChatTTSLlama, allocate_kv_pairs, kernel_decode_attention, paged_decode_attention
 
@@ -216,3 +217,14 @@ def test_packed_model_decode_steps_with_the_attention_kernel_give_the_same_numbe
     model.use_decode_attention(paged_decode_attention)
     reference = model(x, lens - 1, pools, meta)
     assert (with_kernel - reference).abs().max().item() < 0.05 * reference.abs().max().item()
+
+
+def test_int4_tiles_are_a_pure_reordering_of_values_and_scales() -> None:
+    q = torch.randint(-8, 8, (8, 64), generator=gen, dtype=torch.int8)
+    scales = torch.rand(8, 2, generator=gen)
+    tiles, tile_scales = kernels.to_int4_tiles(q, scales)
+    assert tiles.shape == (2, 2, 4, 16) and tiles.dtype == torch.uint8 and tile_scales.shape == (2, 2, 4)
+    # tile t, group g, row r, byte j = (q[4t + r, 32g + j] + 8) | (q[4t + r, 32g + 16 + j] + 8) << 4
+    assert tiles[1, 1, 2, 3].item() == (q[6, 35].item() + 8) | (q[6, 51].item() + 8) << 4
+    back, back_scales = kernels.from_int4_tiles(tiles, tile_scales)
+    assert torch.equal(back, q) and torch.equal(back_scales, scales)

@@ -1,12 +1,16 @@
-"""Model stage: optional C++ CPU kernels (cpu_*.cpp), built with the system's C++ compiler on first use.
+"""Model stage: optional C++ CPU kernels, built with the system's C++ compiler on first use, one library per ISA.
 
-cpu_linear.cpp (batch-invariant bf16 / int8 linears), cpu_amx.cpp (the same with AMX, used on AMX CPUs),
-cpu_attention.cpp (paged decode attention), cpu_decode_layer.cpp (a whole decode layer as one op).
+Drivers shared by every ISA: cpu_linear.cpp (batch-invariant bf16 / int8 / int4 linears over one tile layout),
+cpu_attention.cpp + attention_rows.h (paged decode attention), cpu_decode_layer.cpp (a whole decode layer as one
+op). Their inner loops come from one micro-kernel header per ISA: isa_avx512.h (AVX-512 BF16, plus cpu_amx.cpp on
+AMX CPUs), isa_avx2.h (AVX2 + FMA), isa_neon.h (aarch64 NEON; dotprod / bf16 / i8mm where the compiler targets them).
 
-`load()` -> True when `torch.ops.chattts_velocity_cpu.*` are ready. It never raises: on a CPU without AVX-512
-BF16, without g++, or with CHATTTS_VELOCITY_CPU_KERNELS=0, callers keep torch's own kernels (and a warning
-says why once); CHATTTS_VELOCITY_CPU_KERNELS=noamx keeps the AVX-512 kernels on an AMX CPU. The build takes about a minute and is cached per source, torch and Python version in
-$CHATTTS_VELOCITY_CACHE/kernels (default ~/.cache/chattts_velocity/kernels).
+The ISA is chosen once from the CPU flags (isa(); CHATTTS_VELOCITY_CPU_KERNELS overrides it: "avx2" runs the AVX2
+kernels on any x86 CPU with AVX2 + FMA, "noamx" the AVX-512 tiles on an AMX CPU, "0" none). `load()` -> True when
+`ops()` (torch.ops.chattts_velocity_<isa>) is ready. It never raises: without a supported ISA, without g++, or
+with the switch at 0, callers keep torch's own kernels (and a warning says why once). A build takes about a minute
+and is cached per ISA, source, flags, torch and Python version in $CHATTTS_VELOCITY_CACHE/kernels (default
+~/.cache/chattts_velocity/kernels).
 """
 from __future__ import annotations
 
@@ -19,25 +23,109 @@ import sys
 import sysconfig
 import tempfile
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-SOURCES = sorted(Path(__file__).parent.glob("cpu_*.cpp"))  # linked into one library
-HEADERS = sorted(Path(__file__).parent.glob("cpu_*.h"))
+DRIVERS = [Path(__file__).parent / f"cpu_{name}.cpp" for name in ("linear", "attention", "decode_layer")]
+HEADERS = sorted(Path(__file__).parent.glob("*.h"))
 ENV_SWITCH = "CHATTTS_VELOCITY_CPU_KERNELS"
-CPU_FLAGS = ("avx512f", "avx512bw", "avx512_bf16")
-COMPILER_FLAGS = ["-O3", "-std=c++17", "-shared", "-fPIC", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl",
-                  "-mavx512bf16", "-mfma", "-mamx-tile", "-mamx-bf16"]
+SWITCH_VALUES = ("1", "0", "noamx", "avx512", "avx2", "neon")  # unset = "1": the best ISA of this CPU
+BASE_FLAGS = ["-O3", "-std=c++17", "-shared", "-fPIC", "-fopenmp", "-fvisibility=hidden"]
+
+
+@dataclass(frozen=True)
+class Isa:
+    """One build of the kernels: the CPU flags it needs (/proc/cpuinfo names), its compiler flags, extra sources."""
+
+    cpu_flags: tuple[str, ...]
+    compiler_flags: tuple[str, ...]
+    extra_sources: tuple[str, ...] = ()
+
+
+ISAS = {
+    "avx512": Isa(("avx512f", "avx512bw", "avx512_bf16"),
+                  ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mfma", "-mamx-tile", "-mamx-bf16"),
+                  ("cpu_amx.cpp",)),
+    "avx2": Isa(("avx2", "fma"), ("-mavx2", "-mfma")),  # no -mavx512*: runs on any x86 CPU with AVX2 + FMA
+    "neon": Isa((), ("-mcpu=native",)),  # the host's extensions (dotprod, bf16, i8mm) where present
+}
+CPU_FLAGS = ISAS["avx512"].cpu_flags  # kept for callers that name the AVX-512 requirement
+
+
+def isa() -> str | None:
+    """The kernels' ISA in this process: CHATTTS_VELOCITY_CPU_KERNELS ("avx2", "avx512", "noamx" = AVX-512 without
+    AMX, "0" = none) or else the best this CPU has; None when none can run (unsupported() says why)."""
+    return _choice()[0]
+
+
+def unsupported() -> str | None:
+    """Why the C++ CPU kernels cannot run on this machine (from its OS, architecture and CPU flags), or None."""
+    return _choice()[1]
+
+
+_unsupported = unsupported
+
+
+def kernel_path() -> str:
+    """What runs a bf16 / int8 / int4 projection here: "amx", "avx512", "avx2", "neon", or "torch"."""
+    chosen = isa()
+    if chosen is None or not load():
+        return "torch"
+    return "amx" if amx_ready() else chosen
+
+
+def ops(which: str | None = None):
+    """torch.ops namespace of the ISA's library (loaded on first use): linear_bf16, decode_layer, ..."""
+    which = which or isa()
+    if which is None or not load(which):
+        raise RuntimeError(f"the C++ CPU kernels are unavailable: {unsupported()}")
+    return getattr(torch.ops, f"chattts_velocity_{which}")
+
+
+def _choice() -> tuple[str | None, str | None]:
+    switch = os.environ.get(ENV_SWITCH, "1")
+    if switch == "0":
+        return None, f"{ENV_SWITCH}=0"
+    if switch not in SWITCH_VALUES:
+        return None, f"{ENV_SWITCH}={switch!r} is none of {', '.join(SWITCH_VALUES)}"
+    machine = platform.machine()
+    if platform.system() != "Linux" or machine not in ("x86_64", "AMD64", "aarch64", "arm64"):
+        return None, f"they need Linux on x86-64 or aarch64, this is {platform.system()} {machine}"
+    if machine in ("aarch64", "arm64"):
+        return ("neon", None) if switch in ("1", "neon") else (None, f"{ENV_SWITCH}={switch} names an x86 ISA")
+    if switch == "neon":
+        return None, f"{ENV_SWITCH}=neon needs an aarch64 CPU, this is {machine}"
+    flags = _cpu_flags()
+    wanted = {"avx2": ["avx2"], "avx512": ["avx512"], "noamx": ["avx512"]}.get(switch, ["avx512", "avx2"])
+    for name in wanted:
+        if set(ISAS[name].cpu_flags) <= flags:
+            return name, None
+    missing = [f for f in ISAS[wanted[-1]].cpu_flags if f not in flags]
+    return None, f"this CPU lacks {', '.join(missing)}"
+
+
+active_ops = None  # ops() of the ISA in use once load() succeeded: a module global, so compiled graphs can read it
+
+
+def load(which: str | None = None) -> bool:
+    """Build (once, cached on disk) and load the library of `which` ISA (default: isa()); never raises."""
+    global active_ops
+    chosen = isa()
+    ready = _load(which or chosen)
+    if ready and (which or chosen) == chosen:
+        active_ops = getattr(torch.ops, f"chattts_velocity_{chosen}")
+    return ready
 
 
 @functools.cache
-def load() -> bool:
-    reason = _unsupported()
+def _load(which: str | None) -> bool:
+    reason = unsupported() if which is None else None
     if reason is None:
         try:
-            torch.ops.load_library(str(_build()))
-            _register_fakes()
+            torch.ops.load_library(str(_build(which)))
+            _register_fakes(f"chattts_velocity_{which}")
             return True
         except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
             reason = f"building them failed ({str(exc).strip()[-600:]})"
@@ -47,41 +135,28 @@ def load() -> bool:
     return False
 
 
-def unsupported() -> str | None:
-    """Why the C++ CPU kernels cannot run on this machine (from its OS, architecture and CPU flags), or None."""
-    return _unsupported()
-
-
-def _unsupported() -> str | None:
-    if os.environ.get(ENV_SWITCH, "1") == "0":
-        return f"{ENV_SWITCH}=0"
-    if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
-        return f"they need Linux on x86-64, this is {platform.system()} {platform.machine()}"
-    flags = _cpu_flags()
-    missing = [f for f in CPU_FLAGS if f not in flags]
-    if missing:
-        return f"this CPU lacks {', '.join(missing)}"
-    return None
-
-
+@functools.cache
 def _cpu_flags() -> set[str]:
     try:
         text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
     except OSError:
         return set()
-    line = next((line for line in text.splitlines() if line.startswith("flags")), "")
+    line = next((line for line in text.splitlines() if line.startswith(("flags", "Features"))), "")
     return set(line.partition(":")[2].split())
 
 
-def _build() -> Path:
-    """Compile the sources once per (sources, torch, python); concurrent builders each write a temporary
+def _build(which: str) -> Path:
+    """Compile the sources once per (ISA, sources, flags, torch, python); concurrent builders each write a temporary
     file and rename it into place, so readers only ever see a complete library."""
     from torch.utils import cpp_extension
 
-    source = b"".join(path.read_bytes() for path in SOURCES + HEADERS)
+    spec = ISAS[which]
+    sources = DRIVERS + [Path(__file__).parent / name for name in spec.extra_sources]
+    flags = [*BASE_FLAGS, *spec.compiler_flags, f"-DCV_OPS=chattts_velocity_{which}"]
+    source = b"".join(path.read_bytes() for path in sources + HEADERS) + " ".join(flags).encode()
     key = hashlib.sha256(source + torch.__version__.encode() + sys.version.encode()).hexdigest()[:16]
     cache = Path(os.environ.get("CHATTTS_VELOCITY_CACHE") or Path.home() / ".cache" / "chattts_velocity")
-    target = cache / "kernels" / key / "cpu_kernels.so"
+    target = cache / "kernels" / key / f"cpu_kernels_{which}.so"
     if target.is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -89,9 +164,9 @@ def _build() -> Path:
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         built = Path(tmp) / target.name
-        command = [os.environ.get("CXX", "g++"), *COMPILER_FLAGS, f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+        command = [os.environ.get("CXX", "g++"), *flags, f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
                    *(f"-I{p}" for p in cpp_extension.include_paths()), f"-I{sysconfig.get_paths()['include']}",
-                   *map(str, SOURCES), "-o", str(built), *(f"-L{p}" for p in libs), *(f"-Wl,-rpath,{p}" for p in libs),
+                   *map(str, sources), "-o", str(built), *(f"-L{p}" for p in libs), *(f"-Wl,-rpath,{p}" for p in libs),
                    "-lc10", "-ltorch_cpu"]
         done = subprocess.run(command, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
         if done.returncode != 0:
@@ -100,18 +175,22 @@ def _build() -> Path:
     return target
 
 
-def _register_fakes() -> None:
+def _register_fakes(namespace: str) -> None:
     """Output shapes for torch.compile's tracing (the batch dimension stays symbolic)."""
 
-    @torch.library.register_fake("chattts_velocity_cpu::linear_bf16")
+    @torch.library.register_fake(f"{namespace}::linear_bf16")
     def _bf16(x, weight):
         return x.new_empty(x.shape[0], weight.shape[0] * weight.shape[2])
 
-    @torch.library.register_fake("chattts_velocity_cpu::linear_int8")
+    @torch.library.register_fake(f"{namespace}::linear_int8")
     def _int8(x, weight, scales):
         return x.new_empty(x.shape[0], scales.shape[0])
 
-    @torch.library.register_fake("chattts_velocity_cpu::paged_decode_attention")
+    @torch.library.register_fake(f"{namespace}::linear_int4")
+    def _int4(x, weight, scales):
+        return x.new_empty(x.shape[0], weight.shape[0] * 4)
+
+    @torch.library.register_fake(f"{namespace}::paged_decode_attention")
     def _attention(q, k_cache, v_cache, block_tables, context_lens, scale):
         return torch.empty_like(q)
 
@@ -127,13 +206,17 @@ def fits_tiles(weight: torch.Tensor, chunk: int) -> bool:
     return n % 4 == 0 and k % chunk == 0
 
 
-@functools.cache
 def amx_ready() -> bool:
-    """True when the kernels are loaded and cpu_amx.cpp can run here (AMX-BF16, and Linux granted its state),
-    unless CHATTTS_VELOCITY_CPU_KERNELS=noamx asks for the AVX-512 kernels (to test them on an AMX CPU)."""
-    if os.environ.get(ENV_SWITCH, "1") == "noamx":
+    """True when the AVX-512 kernels are the ones in use and cpu_amx.cpp can run here (AMX-BF16, and Linux granted
+    its state), unless CHATTTS_VELOCITY_CPU_KERNELS=noamx asks for the AVX-512 tiles (to test them on an AMX CPU)."""
+    if os.environ.get(ENV_SWITCH, "1") == "noamx" or isa() != "avx512":
         return False
-    return load() and {"amx_tile", "amx_bf16"} <= _cpu_flags() and torch.ops.chattts_velocity_cpu.amx_ready()
+    return _amx_granted()
+
+
+@functools.cache
+def _amx_granted() -> bool:
+    return load("avx512") and {"amx_tile", "amx_bf16"} <= _cpu_flags() and ops("avx512").amx_ready()
 
 
 def from_panels(panels: torch.Tensor) -> torch.Tensor:
@@ -157,3 +240,26 @@ def to_panels(weight: torch.Tensor) -> torch.Tensor:
 def fits_panels(weight: torch.Tensor) -> bool:
     n, k = weight.shape
     return n % 16 == 0 and k % 32 == 0
+
+
+INT4_GROUP = 32  # columns per int4 scale
+
+
+def to_int4_tiles(q: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """int4 values q [N, K] (int8 in [-8, 7]) and fp32 scales [N, K/32] -> the layout cpu_linear.cpp's linear_int4
+    streams: uint8 [N/4, K/32, 4, 16] (byte j of a group: column j + 8 in the low nibble, column j + 16 + 8 in the
+    high one) and scales [N/4, K/32, 4] (N % 4 == K % 32 == 0)."""
+    n, k = q.shape
+    groups = (q.to(torch.int16) + 8).to(torch.uint8).reshape(n, k // 32, 2, 16)
+    packed = groups[:, :, 0] | (groups[:, :, 1] << 4)  # [N, K/32, 16]
+    tiles = packed.reshape(n // 4, 4, k // 32, 16).transpose(1, 2).contiguous()
+    return tiles, scales.float().reshape(n // 4, 4, k // 32).transpose(1, 2).contiguous()
+
+
+def from_int4_tiles(tiles: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The inverse of to_int4_tiles: (q [N, K] int8, scales [N, K/32] fp32)."""
+    n4, groups = tiles.shape[:2]
+    packed = tiles.transpose(1, 2).reshape(n4 * 4, groups, 16)
+    low, high = (packed & 0x0F).to(torch.int8) - 8, (packed >> 4).to(torch.int8) - 8
+    q = torch.stack([low, high], dim=2).reshape(n4 * 4, groups * 32)
+    return q, scales.transpose(1, 2).reshape(n4 * 4, groups)

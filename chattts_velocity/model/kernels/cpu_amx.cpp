@@ -197,6 +197,6 @@ at::Tensor linear_int8_amx(const at::Tensor& x, const at::Tensor& panels, const 
 
 }  // namespace chattts_velocity_cpu
 
-TORCH_LIBRARY_FRAGMENT(chattts_velocity_cpu, m) {
+CV_LIBRARY_FRAGMENT(CV_OPS, m) {
   m.def("amx_ready() -> bool", &chattts_velocity_cpu::amx_ready);
 }

@@ -1,12 +1,12 @@
-// One Llama decoder layer as a single op, for the engine's bfloat16 and int8 modes on x86 CPUs with AVX-512 BF16.
+// One Llama decoder layer as a single op, for the engine's bfloat16, int8 and int4 modes (any ISA: V16 helpers).
 // Every row is one position of some sequence: a decode step has one row per sequence, a prefill or recompute chunk
 // one row per position (its context_lens = position + 1). All rows' K/V are stored before any row attends, so a
 // chunk's rows see each other causally, and a row gets the same bits whether it comes in a decode step, a prefill
 // chunk or a recompute after preemption, alone or in any batch (the linears are batch-invariant, the rest per row).
 //
 //   decode_layer(x [B, H] fp32, positions [B], cos, sin [max_positions, D] fp32, norms [2, H] fp32,
-//                weights [qkv, o, gate_up, down] in the tile or the AMX panel layout, all bf16 or all int8,
-//                scales (per weight: fp32 [N] for int8, None for bf16),
+//                weights [qkv, o, gate_up, down] in the tile or the AMX panel layout, all bf16, int8 or int4,
+//                scales (per weight: fp32 [N] for int8, fp32 [N/4, K/32, 4] for int4, None for bf16),
 //                k_cache, v_cache (mutated: the new K/V rows), slot_mapping [B], block_tables [B, n],
 //                context_lens [B], eps) -> x' [B, H] fp32
 //
@@ -28,13 +28,18 @@ namespace {
 
 struct Projection {
   at::Tensor weight;                 // the tile or AMX panel layout (see cpu_linear.cpp)
-  std::optional<at::Tensor> scales;  // int8 weights: fp32 [N]
-  int64_t out_features() const { return weight.size(2) == 16 ? weight.size(0) * 16 : weight.size(0) * 4; }
-  int64_t in_features() const { return weight.size(2) == 16 ? weight.size(1) * 2 : weight.size(1) * weight.size(3); }
+  std::optional<at::Tensor> scales;  // int8 weights: fp32 [N]; int4: fp32 [N/4, K/32, 4]
+  bool panels() const { return weight.size(2) == 16; }
+  bool int4() const { return weight.scalar_type() == at::kByte; }
+  int64_t out_features() const { return panels() ? weight.size(0) * 16 : weight.size(0) * 4; }
+  int64_t in_features() const {
+    return panels() ? weight.size(1) * 2 : weight.size(1) * (int4() ? 32 : weight.size(3));
+  }
 };
 
 at::Tensor project(const Projection& p, const at::Tensor& x) {  // [M, K] -> [M, N], bf16
   if (p.weight.scalar_type() == at::kChar) return linear_int8(x, p.weight, *p.scales);
+  if (p.int4()) return linear_int4(x, p.weight, *p.scales);
   return linear_bf16(x, p.weight);
 }
 
@@ -53,11 +58,10 @@ template <typename T>
 void rms_norm(const float* x, const float* w, T* y, int64_t B, int64_t H, float eps) {
   for (int64_t b = 0; b < B; ++b) {
     const float* row = x + b * H;
-    __m512 squares = _mm512_setzero_ps();
-    for (int64_t h = 0; h < H; h += 16) squares = _mm512_fmadd_ps(load16(row + h), load16(row + h), squares);
-    const __m512 inv = _mm512_set1_ps(1.0f / std::sqrt(_mm512_reduce_add_ps(squares) / H + eps));
-    for (int64_t h = 0; h < H; h += 16)
-      store16(y + b * H + h, _mm512_mul_ps(load16(w + h), _mm512_mul_ps(load16(row + h), inv)));
+    V16 squares = v_zero();
+    for (int64_t h = 0; h < H; h += 16) squares = v_fmadd(load16(row + h), load16(row + h), squares);
+    const V16 inv = v_set1(1.0f / std::sqrt(reduce_add(squares) / H + eps));
+    for (int64_t h = 0; h < H; h += 16) store16(y + b * H + h, v_mul(load16(w + h), v_mul(load16(row + h), inv)));
   }
 }
 
@@ -65,10 +69,9 @@ void rms_norm(const float* x, const float* w, T* y, int64_t B, int64_t H, float 
 template <typename T, typename O>
 void rotate(const T* x, const float* cos, const float* sin, O* out, int64_t half) {
   for (int64_t i = 0; i < half; i += 16) {
-    const __m512 x1 = load16(x + i), x2 = load16(x + half + i);
-    store16(out + i, _mm512_sub_ps(_mm512_mul_ps(x1, load16(cos + i)), _mm512_mul_ps(x2, load16(sin + i))));
-    store16(out + half + i,
-            _mm512_add_ps(_mm512_mul_ps(x2, load16(cos + half + i)), _mm512_mul_ps(x1, load16(sin + half + i))));
+    const V16 x1 = load16(x + i), x2 = load16(x + half + i);
+    store16(out + i, v_sub(v_mul(x1, load16(cos + i)), v_mul(x2, load16(sin + i))));
+    store16(out + half + i, v_add(v_mul(x2, load16(cos + half + i)), v_mul(x1, load16(sin + half + i))));
   }
 }
 
@@ -119,18 +122,18 @@ void rope_and_store(const T* qkv, const int64_t* positions, const float* cos, co
 // gate_up [B, 2I] -> out [B, I] = silu(gate) * up, in fp32, rounded once to T.
 template <typename T>
 void silu_gate(const T* gate_up, T* out, int64_t B, int64_t I) {
-  const __m512 one = _mm512_set1_ps(1.0f);
+  const V16 one = v_set1(1.0f);
   for (int64_t b = 0; b < B; ++b)
     for (int64_t i = 0; i < I; i += 16) {
-      const __m512 g = load16(gate_up + b * 2 * I + i), u = load16(gate_up + b * 2 * I + I + i);
-      const __m512 silu = _mm512_div_ps(g, _mm512_add_ps(one, exp_ps(_mm512_sub_ps(_mm512_setzero_ps(), g))));
-      store16(out + b * I + i, _mm512_mul_ps(silu, u));
+      const V16 g = load16(gate_up + b * 2 * I + i), u = load16(gate_up + b * 2 * I + I + i);
+      const V16 silu = v_div(g, v_add(one, exp_ps(v_sub(v_zero(), g))));
+      store16(out + b * I + i, v_mul(silu, u));
     }
 }
 
 template <typename T>
 void add_rows(const float* x, const T* y, float* out, int64_t n) {  // out = x + y, n % 16 == 0
-  for (int64_t i = 0; i < n; i += 16) store16(out + i, _mm512_add_ps(load16(x + i), load16(y + i)));
+  for (int64_t i = 0; i < n; i += 16) store16(out + i, v_add(load16(x + i), load16(y + i)));
 }
 
 struct Step {
@@ -225,10 +228,12 @@ at::Tensor decode_layer(const at::Tensor& x, const at::Tensor& positions, const 
   check_step(x, step, norms);
   Projection w[4];
   for (size_t i = 0; i < 4; ++i) w[i] = {weights[i], scales.get(i)};
-  const bool int8 = w[0].weight.scalar_type() == at::kChar;
+  const auto type = w[0].weight.scalar_type();
   for (const auto& p : w) {
-    TORCH_CHECK(p.weight.scalar_type() == (int8 ? at::kChar : at::kBFloat16), "weights must be all bf16 or all int8");
-    TORCH_CHECK(!int8 || p.scales.has_value(), "int8 weights need their scales");
+    TORCH_CHECK(p.weight.scalar_type() == type && p.weight.dim() == 4 &&
+                    (type == at::kBFloat16 || type == at::kChar || type == at::kByte),
+                "weights must be all bf16, all int8 or all int4 (uint8) in a kernel layout");
+    TORCH_CHECK(type == at::kBFloat16 || p.scales.has_value(), "int8 and int4 weights need their scales");
   }
   return layer<uint16_t>(x, data<float>(norms), w, step, static_cast<float>(eps));
 }
@@ -236,13 +241,13 @@ at::Tensor decode_layer(const at::Tensor& x, const at::Tensor& positions, const 
 }  // namespace
 }  // namespace chattts_velocity_cpu
 
-TORCH_LIBRARY_FRAGMENT(chattts_velocity_cpu, m) {
+CV_LIBRARY_FRAGMENT(CV_OPS, m) {
   m.def("decode_layer(Tensor x, Tensor positions, Tensor cos, Tensor sin, Tensor norms, Tensor[] weights, "
         "Tensor?[] scales, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor slot_mapping, Tensor block_tables, "
         "Tensor context_lens, float eps) -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(chattts_velocity_cpu, CPU, m) {
+CV_LIBRARY_IMPL(CV_OPS, CPU, m) {
   m.impl("decode_layer", &chattts_velocity_cpu::decode_layer);
 }
 

@@ -1,0 +1,265 @@
+// AVX2 + FMA micro-kernels (x86 without AVX-512: Zen 2/3, Intel client CPUs, Haswell on): the vector helpers, the
+// tile linear's inner loop and the attention's row kernels behind the shared drivers (cpu_*.cpp). One V16 is two
+// __m256. bf16 values become fp32 by a shift (exact), products are fp32 FMAs.
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+namespace chattts_velocity_cpu {
+
+struct V16 {
+  __m256 lo, hi;  // lanes 0-7, 8-15
+};
+
+inline V16 v_zero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
+inline V16 v_set1(float x) { return {_mm256_set1_ps(x), _mm256_set1_ps(x)}; }
+inline V16 v_add(V16 a, V16 b) { return {_mm256_add_ps(a.lo, b.lo), _mm256_add_ps(a.hi, b.hi)}; }
+inline V16 v_sub(V16 a, V16 b) { return {_mm256_sub_ps(a.lo, b.lo), _mm256_sub_ps(a.hi, b.hi)}; }
+inline V16 v_mul(V16 a, V16 b) { return {_mm256_mul_ps(a.lo, b.lo), _mm256_mul_ps(a.hi, b.hi)}; }
+inline V16 v_div(V16 a, V16 b) { return {_mm256_div_ps(a.lo, b.lo), _mm256_div_ps(a.hi, b.hi)}; }
+inline V16 v_fmadd(V16 a, V16 b, V16 c) { return {_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)}; }
+inline V16 v_max(V16 a, V16 b) { return {_mm256_max_ps(a.lo, b.lo), _mm256_max_ps(a.hi, b.hi)}; }
+inline V16 v_abs(V16 a) {
+  const __m256 mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  return {_mm256_and_ps(a.lo, mask), _mm256_and_ps(a.hi, mask)};
+}
+
+inline float hsum8(__m256 v) {  // fixed order: (lo4 + hi4), then pairs
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+inline float hmax8(__m256 v) {
+  __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_max_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+inline float reduce_add(V16 a) { return hsum8(_mm256_add_ps(a.lo, a.hi)); }
+inline float reduce_max(V16 a) { return hmax8(_mm256_max_ps(a.lo, a.hi)); }
+inline void prefetch(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0); }
+
+// exp(x) for x in [-87, 88] (clamped outside), as isa_avx512.h: x = n ln2 + r, e^r by Cephes' degree-7 polynomial,
+// times 2^n built in the exponent bits (n + 127 in 1..254: always a normal float).
+inline __m256 exp8(__m256 x) {
+  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  const __m256i scale = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(scale));
+}
+
+inline V16 exp_ps(V16 x) { return {exp8(x.lo), exp8(x.hi)}; }
+
+inline __m256 bf16x8(const uint16_t* p) {  // 8 bf16 -> 8 fp32 (exact)
+  const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+}
+
+inline __m256 int8x8(const void* p) {  // 8 int8 -> 8 fp32 (exact)
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(static_cast<const __m128i*>(p))));
+}
+
+inline V16 load16(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
+inline V16 load16(const uint16_t* p) { return {bf16x8(p), bf16x8(p + 8)}; }
+inline V16 load16_int8(const uint8_t* p) { return {int8x8(p), int8x8(p + 8)}; }
+
+inline void store16(float* p, V16 v) {
+  _mm256_storeu_ps(p, v.lo);
+  _mm256_storeu_ps(p + 8, v.hi);
+}
+
+inline __m256i bf16_bits(__m256 v) {  // fp32 -> bf16 in the low 16 bits, round to nearest even (finite values)
+  const __m256i bits = _mm256_castps_si256(v);
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+  return _mm256_srli_epi32(_mm256_add_epi32(bits, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7FFF))), 16);
+}
+
+inline void store16(uint16_t* p, V16 v) {  // rounded to nearest even, as torch's fp32 -> bf16 cast
+  const __m256i packed = _mm256_packus_epi32(bf16_bits(v.lo), bf16_bits(v.hi));  // per 128-bit lane
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm256_permute4x64_epi64(packed, 0xD8));
+}
+
+inline __m128i int16x16(V16 v, __m256i* out) {  // round half even (MXCSR), saturated to int16
+  const __m256i packed = _mm256_packs_epi32(_mm256_cvtps_epi32(v.lo), _mm256_cvtps_epi32(v.hi));
+  *out = _mm256_permute4x64_epi64(packed, 0xD8);
+  return _mm_packs_epi16(_mm256_castsi256_si128(*out), _mm256_extracti128_si256(*out, 1));
+}
+
+inline void store16_int8(uint8_t* p, V16 v) {  // round half even (MXCSR), saturated to int8
+  __m256i words;
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), int16x16(v, &words));
+}
+
+inline void store16_int16(int16_t* p, V16 v) {
+  __m256i words;
+  int16x16(v, &words);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), words);
+}
+
+// ---- tile linear (cpu_linear.cpp): rows of x times weight tiles [tiles, K / C, 4, C] ----
+
+constexpr int64_t kTileRows = 4;     // output rows per tile
+constexpr int64_t kRowGroup = 2;     // rows of x per pass: 4 x 2 accumulators + 4 weight vectors in 16 registers
+constexpr int64_t kPrefetch = 2048;  // bytes ahead of the stream
+
+// x [M, K] as fp32, in the order the weights unpack: for bf16 weights each 16-wide chunk is its 8 even then its
+// 8 odd columns (a bf16 pair in a 32-bit lane splits by a shift and a mask), else the natural order.
+using Activations = const float*;
+
+inline Activations prepare_activations(const uint16_t* x, int64_t M, int64_t K, std::vector<float>& buffer,
+                                       bool paired) {
+  buffer.resize(static_cast<size_t>(M * K));
+  for (int64_t i = 0; i < M * K; i += 16)
+    for (int j = 0; j < 16; ++j) {
+      uint32_t bits = static_cast<uint32_t>(x[i + j]) << 16;
+      std::memcpy(&buffer[i + (paired ? j / 2 + 8 * (j % 2) : j)], &bits, 4);
+    }
+  return buffer.data();
+}
+
+template <typename W>
+constexpr int64_t step_bytes() {  // weight bytes of one 32-wide step of one row
+  return std::is_same_v<W, uint16_t> ? 64 : std::is_same_v<W, int8_t> ? 32 : 16;
+}
+
+// The 32 weights of row r at a step as 4 x 8 fp32, in the activations' order.
+inline void weights32(const uint16_t* wt, int r, __m256 w[4]) {
+  const __m256i high = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
+  for (int half = 0; half < 2; ++half) {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wt + 32 * r + 16 * half));
+    w[2 * half] = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+    w[2 * half + 1] = _mm256_castsi256_ps(_mm256_and_si256(v, high));
+  }
+}
+
+inline void weights32(const int8_t* wt, int r, __m256 w[4]) {  // int8 tiles: two [4, 16] chunks per step
+  const int8_t* lo = wt + 16 * r;
+  const int8_t* hi = wt + 16 * kTileRows + 16 * r;
+  w[0] = int8x8(lo), w[1] = int8x8(lo + 8), w[2] = int8x8(hi), w[3] = int8x8(hi + 8);
+}
+
+inline void weights32(const uint8_t* wt, int r, __m256 w[4]) {  // int4: low nibbles k..k+15, high k+16..k+31
+  const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(wt + 16 * r));
+  const __m128i mask = _mm_set1_epi8(0x0F), eight = _mm_set1_epi8(8);
+  const __m128i low = _mm_sub_epi8(_mm_and_si128(packed, mask), eight);
+  const __m128i high = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(packed, 4), mask), eight);
+  w[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(low));
+  w[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(low, 8)));
+  w[2] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(high));
+  w[3] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(high, 8)));
+}
+
+// Rows x[0, M) times `tiles` consecutive weight tiles: y[m * N + 4 t + r] = (row_scales[4 t + r] *) the sum; int4
+// (W = uint8_t) scales each 32-wide group's sum by group_scales [tiles, K / 32, 4]. Each (row, output) has one
+// accumulator and the same summation order at every M (the batch-invariance contract).
+template <int M, typename W>
+void tile_rows(Activations x, const W* w, const float* row_scales, const float* group_scales, at::BFloat16* y,
+               int64_t K, int64_t N, int64_t tiles) {
+  constexpr bool kInt4 = std::is_same_v<W, uint8_t>;
+  constexpr int64_t kStep = step_bytes<W>() * kTileRows / sizeof(W);
+  for (int64_t t = 0; t < tiles; ++t) {
+    const W* wt = w + t * (K / 32) * kStep;
+    const float* gs = kInt4 ? group_scales + t * (K / 32) * kTileRows : nullptr;
+    __m256 acc[M][kTileRows];
+    for (int m = 0; m < M; ++m)
+      for (int r = 0; r < kTileRows; ++r) acc[m][r] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < K; k += 32, wt += kStep) {
+      for (int64_t line = 0; line < step_bytes<W>() * kTileRows; line += 64)
+        prefetch(reinterpret_cast<const char*>(wt) + kPrefetch + line);
+      for (int r = 0; r < kTileRows; ++r) {
+        __m256 wv[4];
+        weights32(wt, r, wv);
+        for (int m = 0; m < M; ++m) {
+          const float* xm = x + m * K + k;
+          if constexpr (kInt4) {
+            __m256 group = _mm256_mul_ps(wv[0], _mm256_loadu_ps(xm));
+            for (int j = 1; j < 4; ++j) group = _mm256_fmadd_ps(wv[j], _mm256_loadu_ps(xm + 8 * j), group);
+            acc[m][r] = _mm256_fmadd_ps(group, _mm256_broadcast_ss(gs + k / 32 * kTileRows + r), acc[m][r]);
+          } else {
+            for (int j = 0; j < 4; ++j) acc[m][r] = _mm256_fmadd_ps(wv[j], _mm256_loadu_ps(xm + 8 * j), acc[m][r]);
+          }
+        }
+      }
+    }
+    for (int m = 0; m < M; ++m)
+      for (int r = 0; r < kTileRows; ++r) {
+        const float sum = hsum8(acc[m][r]);
+        y[m * N + t * kTileRows + r] = at::BFloat16(row_scales ? row_scales[t * kTileRows + r] * sum : sum);
+      }
+  }
+}
+
+// int8 tiles widen in registers at every M here (no block buffer).
+constexpr bool kWidenInt8Blocks = false;
+using WideWeight = int8_t;
+inline void widen_int8_block(const int8_t*, int8_t*, int64_t, int64_t) {}
+
+// ---- paged attention rows (cpu_attention.cpp) ----
+
+inline void prefetch_row(const uint8_t* row, int64_t bytes) {
+  for (int64_t d = 0; d < bytes; d += 64) prefetch(row + d);
+}
+
+struct Bf16Dot {  // q . k of bf16 rows in fp32 (products exact)
+  static float dot(const uint16_t* q, const uint8_t* row, int64_t D) {
+    const uint16_t* k = reinterpret_cast<const uint16_t*>(row);
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    for (int64_t d = 0; d < D; d += 16) {
+      acc0 = _mm256_fmadd_ps(bf16x8(q + d), bf16x8(k + d), acc0);
+      acc1 = _mm256_fmadd_ps(bf16x8(q + d + 8), bf16x8(k + d + 8), acc1);
+    }
+    return hsum8(_mm256_add_ps(acc0, acc1));
+  }
+};
+
+inline int32_t dot_int16_int8(const int16_t* q, const uint8_t* row, int64_t D) {  // exact (|sum| < 2^31)
+  __m256i acc = _mm256_setzero_si256();
+  for (int64_t d = 0; d < D; d += 16) {
+    const __m256i k = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + d)));
+    acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + d)), k));
+  }
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(acc), _mm256_extracti128_si256(acc, 1));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+  return _mm_cvtsi128_si32(s);
+}
+
+inline float softmax_row(float* scores, int64_t len, float top) {  // in place: exp(s - top); returns their sum
+  __m256 total = _mm256_setzero_ps();
+  const __m256 shift = _mm256_set1_ps(top);
+  int64_t p = 0;
+  for (; p + 8 <= len; p += 8) {
+    const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(scores + p), shift));
+    _mm256_storeu_ps(scores + p, e);
+    total = _mm256_add_ps(total, e);
+  }
+  float sum = hsum8(total);
+  if (p < len) {  // the tail through a zero-padded buffer; padding lanes are left out of the sum
+    alignas(32) float tail[8] = {};
+    std::memcpy(tail, scores + p, (len - p) * sizeof(float));
+    _mm256_store_ps(tail, exp8(_mm256_sub_ps(_mm256_load_ps(tail), shift)));
+    for (int64_t i = 0; i < len - p; ++i) sum += tail[i];
+    std::memcpy(scores + p, tail, (len - p) * sizeof(float));
+  }
+  return sum;
+}
+
+}  // namespace chattts_velocity_cpu

@@ -1,0 +1,197 @@
+// AVX-512 BF16 micro-kernels (x86 servers: Sapphire Rapids, Zen 4): the vector helpers, the tile linear's inner
+// loop and the attention's row kernels that the shared drivers (cpu_*.cpp) call. One V16 is one __m512.
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+namespace chattts_velocity_cpu {
+
+using V16 = __m512;  // 16 fp32 lanes
+
+inline V16 v_zero() { return _mm512_setzero_ps(); }
+inline V16 v_set1(float x) { return _mm512_set1_ps(x); }
+inline V16 v_add(V16 a, V16 b) { return _mm512_add_ps(a, b); }
+inline V16 v_sub(V16 a, V16 b) { return _mm512_sub_ps(a, b); }
+inline V16 v_mul(V16 a, V16 b) { return _mm512_mul_ps(a, b); }
+inline V16 v_div(V16 a, V16 b) { return _mm512_div_ps(a, b); }
+inline V16 v_fmadd(V16 a, V16 b, V16 c) { return _mm512_fmadd_ps(a, b, c); }  // a * b + c
+inline V16 v_max(V16 a, V16 b) { return _mm512_max_ps(a, b); }
+inline V16 v_abs(V16 a) { return _mm512_abs_ps(a); }
+inline float reduce_add(V16 a) { return _mm512_reduce_add_ps(a); }
+inline float reduce_max(V16 a) { return _mm512_reduce_max_ps(a); }
+inline void prefetch(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0); }
+
+// exp(x) for x in [-87, 88] (clamped outside): x = n ln2 + r, |r| <= ln2 / 2, e^r by a degree-7 polynomial
+// (Cephes expf coefficients), times 2^n. Relative error ~2e-7.
+inline V16 exp_ps(V16 x) {
+  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  return _mm512_scalef_ps(p, n);
+}
+
+inline V16 load16(const float* p) { return _mm512_loadu_ps(p); }
+
+inline V16 load16(const uint16_t* p) {  // 16 bf16 -> 16 fp32 (exact)
+  const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+}
+
+inline V16 load16_int8(const uint8_t* p) {  // 16 int8 -> 16 fp32 (exact)
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+
+inline void store16(float* p, V16 v) { _mm512_storeu_ps(p, v); }
+
+inline void store16(uint16_t* p, V16 v) {  // rounded to nearest even, as torch's fp32 -> bf16 cast
+  const __m256bh rounded = _mm512_cvtneps_pbh(v);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), reinterpret_cast<const __m256i&>(rounded));
+}
+
+inline void store16_int8(uint8_t* p, V16 v) {  // round half even (MXCSR), saturated to int8
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(v)));
+}
+
+// ---- tile linear (cpu_linear.cpp): rows of x times weight tiles [tiles, K / C, 4, C] ----
+
+constexpr int64_t kTileRows = 4;    // output rows per tile
+constexpr int64_t kRowGroup = 4;    // rows of x per pass of the micro-kernel
+constexpr int64_t kPrefetch = 4096;  // bytes ahead of the stream
+
+using Activations = const uint16_t*;  // x [M, K] bf16 as it comes
+inline Activations prepare_activations(const uint16_t* x, int64_t, int64_t, std::vector<float>&, bool) { return x; }
+
+// 32 weights of row r at the 32-wide step wt as bf16: loaded (bf16 tiles), or widened exactly from the two 16-wide
+// int8 chunks of that step (int8 tiles, [.., 4, 16] per chunk), so both layouts feed the same products.
+inline __m512i weights32(const uint16_t* wt, int r) { return _mm512_loadu_si512(wt + 32 * r); }
+
+inline __m512i weights32(const int8_t* wt, int r) {
+  const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wt + 16 * r))));
+  const __m512 hi = _mm512_cvtepi32_ps(
+      _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wt + 16 * kTileRows + 16 * r))));
+  return reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo));
+}
+
+inline __m512i weights32(const uint8_t* wt, int r) {  // int4: 16 bytes, low nibbles k..k+15, high k+16..k+31
+  const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(wt + 16 * r));
+  const __m128i low = _mm_and_si128(packed, _mm_set1_epi8(0x0F));
+  const __m128i high = _mm_and_si128(_mm_srli_epi16(packed, 4), _mm_set1_epi8(0x0F));
+  const __m128i eight = _mm_set1_epi8(8);
+  const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_sub_epi8(low, eight)));
+  const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_sub_epi8(high, eight)));
+  return reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo));
+}
+
+template <typename W>
+constexpr int64_t step_bytes() {  // weight bytes of one 32-wide step of one row
+  return std::is_same_v<W, uint16_t> ? 64 : std::is_same_v<W, int8_t> ? 32 : 16;
+}
+
+// Rows x[0, M) times `tiles` consecutive weight tiles from w: y[m * N + 4 t + r] = (row_scales[4 t + r] *) the sum.
+// int4 (W = uint8_t): each 32-wide step is one group, its sum scaled by group_scales [tiles, K / 32, 4] on its own.
+// Every row has its own accumulators and the same summation order whatever M is (the batch-invariance contract).
+template <int M, typename W>
+void tile_rows(Activations x, const W* w, const float* row_scales, const float* group_scales, at::BFloat16* y,
+               int64_t K, int64_t N, int64_t tiles) {
+  constexpr bool kInt4 = std::is_same_v<W, uint8_t>;
+  constexpr int64_t kStep = step_bytes<W>() * kTileRows / sizeof(W);  // W elements per 32-wide step of a tile
+  for (int64_t t = 0; t < tiles; ++t) {
+    const W* wt = w + t * (K / 32) * kStep;
+    const float* gs = kInt4 ? group_scales + t * (K / 32) * kTileRows : nullptr;
+    __m512 acc[M][kTileRows];
+    for (int m = 0; m < M; ++m)
+      for (int r = 0; r < kTileRows; ++r) acc[m][r] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < K; k += 32, wt += kStep) {
+      for (int64_t line = 0; line < step_bytes<W>() * kTileRows; line += 64)
+        prefetch(reinterpret_cast<const char*>(wt) + kPrefetch + line);
+      __m512i wv[kTileRows];
+      for (int r = 0; r < kTileRows; ++r) wv[r] = weights32(wt, r);
+      for (int m = 0; m < M; ++m) {
+        const __m512bh xv = reinterpret_cast<__m512bh>(_mm512_loadu_si512(x + m * K + k));
+        for (int r = 0; r < kTileRows; ++r) {
+          if constexpr (kInt4) {
+            const __m512 group = _mm512_dpbf16_ps(_mm512_setzero_ps(), xv, reinterpret_cast<__m512bh>(wv[r]));
+            acc[m][r] = _mm512_fmadd_ps(group, _mm512_set1_ps(gs[k / 32 * kTileRows + r]), acc[m][r]);
+          } else {
+            acc[m][r] = _mm512_dpbf16_ps(acc[m][r], xv, reinterpret_cast<__m512bh>(wv[r]));
+          }
+        }
+      }
+    }
+    for (int m = 0; m < M; ++m)
+      for (int r = 0; r < kTileRows; ++r) {
+        const float sum = _mm512_reduce_add_ps(acc[m][r]);
+        y[m * N + t * kTileRows + r] = at::BFloat16(row_scales ? row_scales[t * kTileRows + r] * sum : sum);
+      }
+  }
+}
+
+// Widening int8 tiles once per block (for many rows): [tiles, K/16, 4, 16] int8 -> [tiles, K/32, 4, 32] bf16, exact
+// (|q| <= 127), so they run tile_rows<uint16_t>'s arithmetic, the same as widening them in registers.
+constexpr bool kWidenInt8Blocks = true;
+using WideWeight = uint16_t;
+
+inline void widen_int8_block(const int8_t* w, uint16_t* out, int64_t K, int64_t tiles) {
+  for (int64_t t = 0; t < tiles; ++t, w += kTileRows * K, out += kTileRows * K)
+    for (int64_t k = 0; k < K; k += 32)
+      for (int r = 0; r < kTileRows; ++r) _mm512_storeu_si512(out + k * kTileRows + 32 * r, weights32(w + k * kTileRows, r));
+}
+
+// ---- paged attention rows (cpu_attention.cpp) ----
+
+inline void prefetch_row(const uint8_t* row, int64_t bytes) {
+  for (int64_t d = 0; d < bytes; d += 64) prefetch(row + d);
+}
+
+// bf16 pools: a row is D bf16 values; q . k by dpbf16 on q's bf16 values.
+struct Bf16Dot {
+  static float dot(const uint16_t* q, const uint8_t* row, int64_t D) {
+    const uint16_t* k = reinterpret_cast<const uint16_t*>(row);
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t d = 0; d < D; d += 32)
+      acc = _mm512_dpbf16_ps(acc, reinterpret_cast<__m512bh>(_mm512_loadu_si512(q + d)),
+                             reinterpret_cast<__m512bh>(_mm512_loadu_si512(k + d)));
+    return _mm512_reduce_add_ps(acc);
+  }
+};
+
+// int8 pools: the exact integer dot product of q as int16 with a row's int8 values (madd; |sum| < 2^31).
+inline int32_t dot_int16_int8(const int16_t* q, const uint8_t* row, int64_t D) {
+  __m512i acc = _mm512_setzero_si512();
+  for (int64_t d = 0; d < D; d += 32) {
+    const __m512i k = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + d)));
+    acc = _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_loadu_si512(q + d), k));
+  }
+  return _mm512_reduce_add_epi32(acc);
+}
+
+inline void store16_int16(int16_t* p, V16 v) {  // round half even, saturated to int16
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtsepi32_epi16(_mm512_cvtps_epi32(v)));
+}
+
+inline float softmax_row(float* scores, int64_t len, float top) {  // in place: exp(s - top); returns their sum
+  __m512 total = _mm512_setzero_ps();
+  for (int64_t p = 0; p < len; p += 16) {
+    const __mmask16 live = len - p >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (len - p)) - 1);
+    const __m512 e = exp_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(live, scores + p), _mm512_set1_ps(top)));
+    _mm512_mask_storeu_ps(scores + p, live, e);
+    total = _mm512_mask_add_ps(total, live, total, e);
+  }
+  return _mm512_reduce_add_ps(total);
+}
+
+}  // namespace chattts_velocity_cpu

@@ -1,0 +1,237 @@
+// The CPU kernels' micro-kernels and paged attention without torch, against reference values computed here in double:
+// the vector helpers (exp, bf16 / int8 rounding), tile_rows for bf16 / int8 / int4 tiles (within bf16 rounding, and
+// the same bits for a row at every row-group size M) and attend_heads over bf16 and int8 pools. Built for the ISA
+// the compiler targets (isa_<isa>.h via cpu_kernels.h's choice), e.g. aarch64 under qemu (test_kernels_harness.py).
+// Prints one line per check and exits 1 on the first failure.
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <type_traits>
+#include <vector>
+
+namespace at {  // the one ATen type the micro-kernels name: a bf16 value from a float, rounded to nearest even
+struct BFloat16 {
+  uint16_t bits = 0;
+  BFloat16() = default;
+  explicit BFloat16(float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    bits = static_cast<uint16_t>((u + 0x7FFF + ((u >> 16) & 1)) >> 16);
+  }
+  operator float() const {
+    const uint32_t u = static_cast<uint32_t>(bits) << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+  }
+};
+}  // namespace at
+
+#if defined(__AVX512BF16__)
+#include "isa_avx512.h"
+#elif defined(__AVX2__)
+#include "isa_avx2.h"
+#elif defined(__aarch64__)
+#include "isa_neon.h"
+#endif
+#include "attention_rows.h"
+
+using namespace chattts_velocity_cpu;
+
+namespace {
+
+std::mt19937 rng(0);
+int failures = 0;
+
+void check(bool ok, const char* what) {
+  std::printf("%s %s\n", ok ? "ok  " : "FAIL", what);
+  if (!ok) ++failures;
+}
+
+float uniform(float lo, float hi) { return std::uniform_real_distribution<float>(lo, hi)(rng); }
+uint16_t bf16(float f) { return at::BFloat16(f).bits; }
+float from_bf16(uint16_t b) {
+  at::BFloat16 v;
+  v.bits = b;
+  return v;
+}
+
+void vector_helpers() {
+  float x[16], e[16];
+  for (int i = 0; i < 16; ++i) x[i] = uniform(-80.0f, 80.0f);
+  store16(e, exp_ps(load16(x)));
+  double worst = 0;
+  for (int i = 0; i < 16; ++i) worst = std::max(worst, std::fabs(e[i] / std::exp(double(x[i])) - 1.0));
+  check(worst < 1e-6, "exp_ps within 1e-6 relative");
+  float y[16];
+  uint16_t b[16];
+  for (int i = 0; i < 16; ++i) y[i] = uniform(-3.0f, 3.0f);
+  y[0] = 1.0f + 1.0f / 256;  // a tie: rounds to the even 1.0
+  y[1] = 1.0f + 3.0f / 256;  // a tie: rounds to the even 1 + 4/256
+  store16(b, load16(y));
+  bool same = true;
+  for (int i = 0; i < 16; ++i) same &= b[i] == bf16(y[i]);
+  check(same && from_bf16(b[0]) == 1.0f && from_bf16(b[1]) == 1.0f + 4.0f / 256, "store16 bf16 rounds to nearest even");
+  float q[16] = {0.5f, 1.5f, 2.5f, -0.5f, -1.5f, 126.6f, -127.4f, 300.0f, -300.0f, 3.49f, 0, 1, 2, 3, 4, 5};
+  int8_t expect[16] = {0, 2, 2, 0, -2, 127, -127, 127, -128, 3, 0, 1, 2, 3, 4, 5};
+  uint8_t got[16];
+  store16_int8(got, load16(q));
+  check(std::memcmp(got, expect, 16) == 0, "store16_int8 rounds half to even and saturates");
+  float ones[16];
+  for (float& o : ones) o = 1.0f;
+  check(reduce_add(load16(ones)) == 16.0f && reduce_max(load16(q)) == 300.0f, "reduce_add, reduce_max");
+}
+
+// W [N, K] in each tile layout (kernels/__init__.py: to_tiles, to_int4_tiles) and its dequantised values.
+struct Tiles {
+  std::vector<uint16_t> bf16;   // [N/4, K/32, 4, 32]
+  std::vector<int8_t> int8;     // [N/4, K/16, 4, 16]
+  std::vector<float> row_scales;
+  std::vector<uint8_t> int4;    // [N/4, K/32, 4, 16]
+  std::vector<float> group_scales;  // [N/4, K/32, 4]
+  std::vector<double> w_bf16, w_int8, w_int4;  // [N, K]
+};
+
+Tiles make_tiles(int64_t N, int64_t K) {
+  Tiles t;
+  std::vector<float> w(N * K);
+  for (float& v : w) v = uniform(-0.1f, 0.1f);
+  t.bf16.resize(N * K), t.int8.resize(N * K), t.int4.resize(N * K / 2);
+  t.row_scales.resize(N), t.group_scales.resize(N * K / 32);
+  t.w_bf16.resize(N * K), t.w_int8.resize(N * K), t.w_int4.resize(N * K);
+  for (int64_t n = 0; n < N; ++n) {
+    float top = 0;
+    for (int64_t k = 0; k < K; ++k) top = std::max(top, std::fabs(w[n * K + k]));
+    t.row_scales[n] = top / 127;
+    for (int64_t k = 0; k < K; ++k) {
+      const float v = w[n * K + k];
+      t.bf16[((n / 4 * (K / 32) + k / 32) * 4 + n % 4) * 32 + k % 32] = bf16(v);
+      t.w_bf16[n * K + k] = from_bf16(bf16(v));
+      const int8_t q = static_cast<int8_t>(std::nearbyint(v / t.row_scales[n]));
+      t.int8[((n / 4 * (K / 16) + k / 16) * 4 + n % 4) * 16 + k % 16] = q;
+      t.w_int8[n * K + k] = double(q) * t.row_scales[n];
+    }
+    for (int64_t g = 0; g < K / 32; ++g) {
+      float gtop = 0;
+      for (int j = 0; j < 32; ++j) gtop = std::max(gtop, std::fabs(w[n * K + 32 * g + j]));
+      const float scale = gtop / 7;
+      const int64_t base = (n / 4 * (K / 32) + g) * 4 + n % 4;
+      t.group_scales[base] = scale;
+      for (int j = 0; j < 32; ++j) {
+        const int q = static_cast<int>(std::nearbyint(w[n * K + 32 * g + j] / scale));
+        t.w_int4[n * K + 32 * g + j] = double(q) * scale;
+        uint8_t& byte = t.int4[base * 16 + j % 16];
+        byte = static_cast<uint8_t>(j < 16 ? (byte & 0xF0) | (q + 8) : (byte & 0x0F) | ((q + 8) << 4));
+      }
+    }
+  }
+  return t;
+}
+
+template <typename W>
+void linear_case(const char* name, const W* w, const float* rs, const float* gs, const std::vector<double>& ref_w,
+                 const std::vector<uint16_t>& x, int64_t M, int64_t K, int64_t N) {
+  std::vector<float> buffer;
+  const Activations staged = prepare_activations(x.data(), M, K, buffer, std::is_same_v<W, uint16_t>);
+  std::vector<at::BFloat16> one(M * N), group(M * N);
+  for (int64_t m = 0; m < M; ++m) tile_rows<1, W>(staged + m * K, w, rs, gs, one.data() + m * N, K, N, N / kTileRows);
+  for (int64_t m0 = 0; m0 + kRowGroup <= M; m0 += kRowGroup)
+    tile_rows<kRowGroup, W>(staged + m0 * K, w, rs, gs, group.data() + m0 * N, K, N, N / kTileRows);
+  bool close = true, invariant = true;
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = 0; n < N; ++n) {
+      double exact = 0, bound = 0;
+      for (int64_t k = 0; k < K; ++k) {
+        const double xv = from_bf16(x[m * K + k]);
+        exact += xv * ref_w[n * K + k];
+        bound += std::fabs(xv * ref_w[n * K + k]);
+      }
+      close &= std::fabs(float(one[m * N + n]) - exact) <= 3 * std::ldexp(1.0, -8) * bound + 1e-6;
+      if (m < M / kRowGroup * kRowGroup) invariant &= one[m * N + n].bits == group[m * N + n].bits;
+    }
+  char what[160];
+  std::snprintf(what, sizeof what, "tile_rows %s: within bf16 rounding of the double product", name);
+  check(close, what);
+  std::snprintf(what, sizeof what, "tile_rows %s: a row's bits at M = 1 and M = %d are equal", name, int(kRowGroup));
+  check(invariant, what);
+}
+
+void linears() {
+  const int64_t M = 2 * kRowGroup, K = 96, N = 12;
+  const Tiles t = make_tiles(N, K);
+  std::vector<uint16_t> x(M * K);
+  for (auto& v : x) v = bf16(uniform(-1.0f, 1.0f));
+  linear_case("bf16", t.bf16.data(), nullptr, nullptr, t.w_bf16, x, M, K, N);
+  linear_case("int8", t.int8.data(), t.row_scales.data(), nullptr, t.w_int8, x, M, K, N);
+  linear_case("int4", t.int4.data(), nullptr, t.group_scales.data(), t.w_int4, x, M, K, N);
+}
+
+// One sequence of `len` positions over pools of `heads` heads, blocks in a shuffled order.
+template <typename Rows>
+void attention_case(const char* name, int64_t D, int64_t len) {
+  const int64_t heads = 3, block = 16, blocks = (len + block - 1) / block + 2, R = Rows::bytes(D);
+  std::vector<uint8_t> k(blocks * block * heads * R), v(k.size());
+  std::vector<double> kref(blocks * block * heads * D), vref(kref.size());
+  for (int64_t row = 0; row < blocks * block * heads; ++row)
+    for (auto [pool, ref] : {std::pair{&k, &kref}, std::pair{&v, &vref}}) {
+      float values[kMaxHeadDim];
+      for (int64_t d = 0; d < D; ++d) values[d] = uniform(-2.0f, 2.0f);
+      uint8_t* dst = pool->data() + row * R;
+      if constexpr (std::is_same_v<Rows, Int8Rows>) {
+        quantize_row(values, dst, D);
+        for (int64_t d = 0; d < D; ++d) (*ref)[row * D + d] = double(int8_t(dst[d])) * kv_row_scale(dst, D);
+      } else {
+        for (int64_t d = 0; d < D; ++d) {
+          const uint16_t b = bf16(values[d]);
+          std::memcpy(dst + 2 * d, &b, 2);
+          (*ref)[row * D + d] = from_bf16(b);
+        }
+      }
+    }
+  std::vector<int64_t> table;
+  for (int64_t b = blocks - 1; b >= 1; --b) table.push_back(b);  // reversed: a block's rows are not in order
+  std::vector<uint16_t> q(heads * D), out(heads * D);
+  for (auto& e : q) e = bf16(uniform(-1.0f, 1.0f));
+  const Paged cache{k.data(), v.data(), table.data(), int64_t(table.size()), block, heads, D, R};
+  Scratch scratch;
+  const float scale = 1.0f / std::sqrt(float(D));
+  attend_heads<Rows>(cache, q.data(), out.data(), 0, 0, heads, len, scale, scratch);
+  bool close = true;
+  for (int64_t h = 0; h < heads; ++h) {
+    std::vector<double> p(len);
+    double top = -1e300, total = 0;
+    auto row_of = [&](int64_t pos) { return (table[pos / block] * block + pos % block) * heads + h; };
+    for (int64_t pos = 0; pos < len; ++pos) {
+      double s = 0;
+      for (int64_t d = 0; d < D; ++d) s += double(from_bf16(q[h * D + d])) * kref[row_of(pos) * D + d];
+      p[pos] = s * scale, top = std::max(top, p[pos]);
+    }
+    for (double& e : p) total += (e = std::exp(e - top));
+    for (int64_t d = 0; d < D; ++d) {
+      double o = 0;
+      for (int64_t pos = 0; pos < len; ++pos) o += p[pos] / total * vref[row_of(pos) * D + d];
+      close &= std::fabs(from_bf16(out[h * D + d]) - o) <= std::ldexp(1.0, -7) * std::fabs(o) + 5e-4;
+    }
+  }
+  char what[160];
+  std::snprintf(what, sizeof what, "attend_heads %s pools, head_dim %d, %d positions: within bf16 rounding", name,
+                int(D), int(len));
+  check(close, what);
+}
+
+}  // namespace
+
+int main() {
+  vector_helpers();
+  linears();
+  for (int64_t D : {32, 64})
+    for (int64_t len : {1, 17, 45}) {
+      attention_case<Bf16Rows>("bf16", D, len);
+      attention_case<Int8Rows>("int8", D, len);
+    }
+  std::printf("%s\n", failures ? "FAILED" : "all passed");
+  return failures ? 1 : 0;
+}
