@@ -14,14 +14,8 @@ from __future__ import annotations
 import torch
 
 from chattts_velocity.engine import logits_processors as lp
+from chattts_velocity.engine.paged_kv import to_device
 from chattts_velocity.engine.sampler import Sampler, SamplingBatch
-
-
-def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """A host tensor on `device`; to CUDA through pinned memory without blocking the host (no stream sync)."""
-    if device.type != "cuda":
-        return tensor.to(device)
-    return tensor.pin_memory().to(device, non_blocking=True)
 
 
 class DeviceSampler(Sampler):

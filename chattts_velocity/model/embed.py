@@ -92,11 +92,11 @@ class Embed(nn.Module):
         weight = self.emb_text.weight
         input_ids = input_ids.to(weight.device)
         text_mask = text_mask.to(device=weight.device, dtype=torch.bool)
-        code_mask = ~text_mask
-        out = torch.zeros(input_ids.shape[0], self.hidden_size, dtype=weight.dtype, device=weight.device)
-        out[text_mask] = self.embed_text(input_ids[text_mask][:, 0])
-        out[code_mask] = self.embed_codes(input_ids[code_mask])
-        return out
+        # NOTE: no boolean indexing (a host sync on CUDA): every row is looked up in both tables, each with ids
+        # valid there (0 for the rows of the other kind), and torch.where keeps the row's own kind
+        text = self.embed_text(input_ids[:, 0].masked_fill(~text_mask, 0))
+        codes = self.embed_codes(input_ids.masked_fill(text_mask.unsqueeze(1), 0))
+        return torch.where(text_mask.unsqueeze(1), text, codes).to(weight.dtype)
 
     @torch.no_grad()
     def apply_speaker(

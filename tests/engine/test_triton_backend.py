@@ -16,6 +16,7 @@ from chattts_velocity.config import EngineConfig, ModelConfig
 from chattts_velocity.engine import triton_backend
 from chattts_velocity.engine.backends import PagedKV, TorchBackend, select_backend
 from chattts_velocity.engine.cuda_graphs import DecodeGraphs, bucket, graph_batch_sizes
+from chattts_velocity.engine.paged_kv import StepTensors, padded_decode
 from chattts_velocity.model import (
     ChatTTSLlama,
     allocate_kv_pairs,
@@ -163,12 +164,14 @@ def test_bucket_is_the_smallest_size_that_fits() -> None:
     assert bucket(49, sizes) is None
 
 
-def test_decode_rows_pad_with_rows_that_write_only_the_pad_block() -> None:
+def test_padded_decode_pads_with_rows_that_write_only_the_pad_block() -> None:
     kv = _kv()
-    positions, slots, tables = kv.decode_rows([5, 0], [[3, 7], [9]], batch=4, width=3)
-    assert positions == [5, 0, 0, 0]
-    assert slots == [7 * BLOCK + 1, 9 * BLOCK, NUM_BLOCKS * BLOCK, NUM_BLOCKS * BLOCK]
-    assert tables == [[3, 7, 0], [9, 0, 0], [NUM_BLOCKS] * 3, [NUM_BLOCKS] * 3]
+    step = StepTensors.from_lists([1, 1], [6, 1], [[3, 7], [9]], BLOCK, kv.device)
+    positions, meta = padded_decode(step, kv, size=4, width=3)
+    assert positions.tolist() == [5, 0, 0, 0]
+    assert meta.slot_mapping.tolist() == [7 * BLOCK + 1, 9 * BLOCK, NUM_BLOCKS * BLOCK, NUM_BLOCKS * BLOCK]
+    assert meta.block_tables.tolist() == [[3, 7, 0], [9, 0, 0], [NUM_BLOCKS] * 3, [NUM_BLOCKS] * 3]
+    assert meta.context_lens.tolist() == [6, 1, 1, 1]
 
 
 @pytest.mark.triton
@@ -187,7 +190,8 @@ def test_padded_graph_step_equals_the_eager_step_and_leaves_other_blocks_alone()
         positions = [n + step for n in lens]
         trimmed = [t[: p // BLOCK + 1] for t, p in zip(tables, positions)]
         x = torch.randn(len(lens), HIDDEN, generator=gen)
-        got, expected = graphs.run(x, positions, trimmed), eager.decode(x, positions, trimmed)
+        step_inputs = StepTensors.from_lists([1] * 3, [p + 1 for p in positions], trimmed, BLOCK, kv.device)
+        got, expected = graphs.run(x, step_inputs), eager.decode(x, positions, trimmed)
         assert got.shape == (3, HIDDEN) and (got - expected).abs().max().item() <= 1e-5
     for pools, eager_pools in zip(kv.pairs, eager_kv.pairs):
         for pool, eager_pool in zip(pools, eager_pools):
