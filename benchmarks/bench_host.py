@@ -3,7 +3,8 @@
 The engine runs a real backend ("triton" under TRITON_INTERPRET=1, or "cpu") whose kernels are replaced by
 ready-made results: the layers return their input (hidden states of the right shape), the heads return fixed
 logits, the sampler's draw returns fixed tokens (its host-side preparation still runs). What is left is the host
-work a GPU step cannot hide. Reported, in host milliseconds per step (median):
+work a GPU step cannot hide. Reported, in milliseconds of the host thread's CPU time per step (median; torch runs
+one thread, so a busy host's other processes inflate it far less than wall time):
 
 - decode_host_ms[N]: a decode step of N running sequences at context ~300;
 - admit_host_ms[P]: what a step admitting one P-row prompt among 63 running costs beyond a decode step of 63.
@@ -73,9 +74,10 @@ def params():
     return SamplingParams(mode="code", max_new_token=1000, min_new_token=1000, eos_token_id=cfg.num_audio_tokens - 1)
 
 def timed_step():
-    t = time.perf_counter()
+    # CPU time of this thread (torch runs single-threaded here): what a busy host's other processes do not inflate
+    t = time.thread_time()
     engine.step()
-    return time.perf_counter() - t
+    return time.thread_time() - t
 
 def fill(n):
     for _ in range(n):

@@ -124,15 +124,18 @@ class LLMEngine:
     def _deltas(self, batch: ScheduledBatch, out: StepOutput, finished: list[Sequence]) -> list[GenerationOutput]:
         done = {seq.request_id for seq in finished if not self._retry_if_empty(seq)}
         outputs = []
+        # one [1, rows] / [1, H] view per sequence from one unbind each (per-row slicing costs a few us a row)
+        token_rows = out.tokens.unsqueeze(1).unbind(0)
+        hidden_rows = out.hidden.unsqueeze(1).unbind(0) if out.hidden is not None else None
         for b, seq in enumerate(batch.seqs):
             if not batch.sample[b] or (seq.is_finished and seq.request_id not in done):
                 continue
             appended = seq.num_generated > 0 and not (seq.is_finished and seq.finish_reason == "eos")
-            n = 1 if appended else 0
-            hidden = out.hidden[b : b + 1] if (n and seq.params.return_hidden) else None
+            hidden = hidden_rows[b] if (appended and seq.params.return_hidden and hidden_rows) else None
+            tokens = token_rows[b] if appended else out.tokens[:0]
             outputs.append(GenerationOutput(
                 request_id=seq.request_id,
-                token_ids=out.tokens[b : b + n, : seq.num_rows],  # [n, rows]
+                token_ids=tokens if seq.num_rows == tokens.shape[1] else tokens[:, : seq.num_rows],  # [n, rows]
                 hidden=hidden,  # [n, H]
                 finished=seq.is_finished,
                 finish_reason=seq.finish_reason,

@@ -66,9 +66,11 @@ class ModelRunner:
 
     def embed_decode(self, batch: ScheduledBatch) -> torch.Tensor:
         """[B, H]: each sequence feeds exactly its newest position (ids seq.last_row)."""
-        ids = torch.tensor([seq.last_row for seq in batch.seqs], dtype=torch.int64)  # [B, num_vq]
-        text = torch.tensor([seq.is_text for seq in batch.seqs], dtype=torch.bool)  # [B]
-        return self.embed.embed(to_device(ids, self.device), to_device(text, self.device))
+        ids = to_device(torch.tensor([seq.last_row for seq in batch.seqs], dtype=torch.int64), self.device)  # [B, 4]
+        is_text = [seq.is_text for seq in batch.seqs]
+        if not any(is_text):  # the usual decode step: code tokens only (and no mask to send)
+            return self.embed.embed_codes(ids)
+        return self.embed.embed(ids, to_device(torch.tensor(is_text, dtype=torch.bool), self.device))
 
     def embed_rows(self, batch: ScheduledBatch) -> torch.Tensor:
         """[N, H] of a general step (prefill chunks, recompute after preemption, mixed)."""
