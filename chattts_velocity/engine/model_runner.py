@@ -79,13 +79,30 @@ class ModelRunner:
         # preemption, of prompt + generated tokens). Each row is embedded as the model saw it when it
         # was first fed, so a recomputed sequence rebuilds exactly the same KV.
         ids, masks, speaker_rows = [], [], []
+        last_rows: list[tuple[int, ...]] = []  # consecutive plain decode rows, sent as one tensor
+        last_text: list[bool] = []
+
+        def flush() -> None:
+            if last_rows:
+                ids.append(torch.tensor(last_rows, dtype=torch.int64))
+                masks.append(torch.tensor(last_text, dtype=torch.bool))
+                last_rows.clear()
+                last_text.clear()
+
         offset = 0
-        for seq, start, n in zip(batch.seqs, batch.num_computed_tokens, batch.num_new_tokens):
-            row_ids, row_mask = seq.rows(start, start + n)  # [n, num_vq], [n]
-            ids.append(row_ids)
-            masks.append(row_mask)
-            speaker_rows += _speaker_rows(seq, start, n, offset)
+        for seq, start, n, prefill in zip(batch.seqs, batch.num_computed_tokens, batch.num_new_tokens,
+                                          batch.is_prefill):
+            if not prefill:
+                last_rows.append(seq.last_row)
+                last_text.append(seq.is_text)
+            else:
+                flush()
+                row_ids, row_mask = seq.rows(start, start + n)  # [n, num_vq], [n]
+                ids.append(row_ids)
+                masks.append(row_mask)
+                speaker_rows += _speaker_rows(seq, start, n, offset)
             offset += n
+        flush()
         embeds = self.embed.embed(to_device(torch.cat(ids), self.device), to_device(torch.cat(masks), self.device))
         for row, vector in speaker_rows:
             embeds[row] = vector.to(embeds)
