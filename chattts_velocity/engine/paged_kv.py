@@ -73,7 +73,7 @@ class StepTensors:
             seq_of_row, table_rows = None, block_tables
         else:
             q_t, k_t = torch.tensor(q_lens), torch.tensor(k_lens)
-            seq = torch.repeat_interleave(torch.arange(len(q_lens)), q_t)  # [N]
+            seq = torch.repeat_interleave(torch.arange(len(q_lens)), q_t, output_size=sum(q_lens))  # [N]
             starts = (torch.cumsum(q_t, 0) - q_t)[seq]
             host_positions = (k_t - q_t)[seq] + torch.arange(seq.shape[0]) - starts
             positions, seq_of_row = (to_device(t, device) for t in (host_positions, seq))

@@ -113,16 +113,17 @@ def _static_rows(seqs: list[Sequence], num_rows: int) -> _StaticRows:
         return torch.tensor(values, dtype=dtype).repeat_interleave(num_rows)  # [S] -> [R]
 
     params = [seq.params for seq in seqs]
-    penalties = per_row([p.repetition_penalty for p in params], torch.float32)
-    top_p = per_row([1.0 if p.top_p is None else p.top_p for p in params], torch.float32)
-    top_k = per_row([0 if p.top_k is None else p.top_k for p in params], torch.int64)
+    top_p = [1.0 if p.top_p is None else p.top_p for p in params]
+    top_k = [0 if p.top_k is None else p.top_k for p in params]
+    # which steps any row needs is decided on the host lists: no tensor is read back (a sync on CUDA)
     rows = _StaticRows(
         seqs=list(seqs),
         temperatures=torch.tensor([t for p in params for t in p.temperatures(num_rows)], dtype=torch.float32),
         eos_ids=per_row([p.eos_token_id for p in params], torch.int64),
-        penalties=penalties if bool((penalties != 1).any()) else None,
-        top_p=top_p if bool((top_p < 1).any()) else None,
-        top_k=top_k if bool((top_k > 0).any()) else None,
+        penalties=(per_row([p.repetition_penalty for p in params], torch.float32)
+                   if any(p.repetition_penalty != 1 for p in params) else None),
+        top_p=per_row(top_p, torch.float32) if any(v < 1 for v in top_p) else None,
+        top_k=per_row(top_k, torch.int64) if any(v > 0 for v in top_k) else None,
     )
     _last_static[num_rows] = (key, rows)
     return rows
