@@ -37,6 +37,17 @@ class DeviceSampler(Sampler):
         return self.ops.sample(processed, seeds, batch.params.rows_per_seq)
 
     @torch.inference_mode()
+    def warm_up(self, num_vq: int, audio_vocab: int, text_vocab: int, device: torch.device) -> None:
+        """Sample once in code mode (num_vq rows of audio_vocab) and once in text mode (one row of text_vocab),
+        penalty and top-p/top-k on: every sampling kernel variant is compiled before the first request."""
+        for rows, vocab in ((num_vq, audio_vocab), (1, text_vocab)):
+            params = lp.RowParams(rows, torch.ones(rows), torch.zeros(rows, dtype=torch.int64),
+                                  torch.zeros(rows, dtype=torch.bool), torch.full((rows,), 1.05),
+                                  torch.zeros(rows, 1, dtype=torch.int64), torch.full((rows,), 0.7),
+                                  torch.full((rows,), 20, dtype=torch.int64))
+            self.sample(torch.zeros(rows, vocab, device=device), SamplingBatch(params, [0]))
+
+    @torch.inference_mode()
     def process(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
         """The processor chain of lp.process on the device: logits [R, V] -> a processed fp32 copy [R, V]."""
         params, ops = batch.params, self.ops

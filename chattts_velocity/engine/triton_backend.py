@@ -13,6 +13,7 @@ other backends' CPU generator (same distribution, different audio per seed).
 """
 from __future__ import annotations
 
+import contextlib
 import os
 
 import torch
@@ -52,21 +53,49 @@ class TritonBackend(ListInputs):
         self.attention, self.norm_rope = attention, norm_rope
         self.eps = model.config.rms_norm_eps
         self.graphs: DecodeGraphs | None = None
-        if kv.device.type == "cuda":
-            width = -(-max_model_len // kv.block_size)
-            self.graphs = DecodeGraphs(self.decode_step, kv, graph_batch_sizes(max_num_seqs), width,
-                                       model.config.hidden_size, act_dtype)
-            self.graphs.capture()
+        with self.device_guard():
+            self.warm_up(act_dtype)
+            if kv.device.type == "cuda":
+                width = -(-max_model_len // kv.block_size)
+                self.graphs = DecodeGraphs(self.decode_step, kv, graph_batch_sizes(max_num_seqs), width,
+                                           model.config.hidden_size, act_dtype)
+                self.graphs.capture()
+
+    def device_guard(self):
+        """Launches and captures on the pool's device (device='cuda:1' must not run on the current device)."""
+        return torch.cuda.device(self.kv.device) if self.kv.device.type == "cuda" else contextlib.nullcontext()
+
+    @torch.inference_mode()
+    def warm_up(self, act_dtype: torch.dtype) -> None:
+        """Launch every kernel variant a step can need once, on the pad block only, so that no request waits for
+        a JIT compile: a one-row prefill, an eager decode step, the sampler in code and text mode. (The CUDA
+        graphs' capture then compiles the decode variants of each graph size.)"""
+        config, kv = self.model.config, self.kv
+        embeds = torch.zeros(1, config.hidden_size, dtype=act_dtype, device=kv.device)
+        for q_len in (2, 1):  # a general step, then a decode step
+            step = StepTensors.from_lists([q_len], [q_len], [[kv.pad_block]], kv.block_size, kv.device)
+            self.run(embeds.expand(q_len, -1).contiguous(), step)
+        self.sampler.warm_up(config.num_vq, config.num_audio_tokens, config.num_text_tokens, kv.device)
+        for pool in (t for pair in kv.pairs for t in pair):
+            pool[kv.pad_block].zero_()
 
     def run(self, embeds: torch.Tensor, step: StepTensors) -> torch.Tensor:
+        with self.device_guard():
+            return self._run(embeds, step)
+
+    def _run(self, embeds: torch.Tensor, step: StepTensors) -> torch.Tensor:
         if step.decode_only:
             if self.graphs is not None and self.graphs.covers(step.num_seqs):
                 return self.graphs.run(embeds, step)
             return self.decode_step(embeds, step.positions, step.row_metadata())
-        lens = torch.tensor([[0, *step.q_lens], [0, *step.k_lens]], dtype=torch.int32)  # [2, B + 1]
-        lens[0] = lens[0].cumsum(0)
+        # one copy for both: cu_q_lens [B + 1] and k_lens [B], each row starting 16-byte aligned (Triton
+        # specialises pointers on that alignment: an offset that varies with B would compile a variant per parity)
+        num, width = step.num_seqs, -(-(step.num_seqs + 1) // 4) * 4
+        lens = torch.zeros(2, width, dtype=torch.int32)
+        lens[0, 1: num + 1] = torch.tensor(step.q_lens, dtype=torch.int32).cumsum(0)
+        lens[1, :num] = torch.tensor(step.k_lens, dtype=torch.int32)
         lens = to_device(lens, self.kv.device)
-        cu_q_lens, k_lens, max_q_len = lens[0], lens[1, 1:], max(step.q_lens)
+        cu_q_lens, k_lens, max_q_len = lens[0, : num + 1], lens[1, :num], max(step.q_lens)
 
         def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
             return self.attention.paged_prefill_attention(q, k_cache, v_cache, cu_q_lens, k_lens,

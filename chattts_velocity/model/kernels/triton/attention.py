@@ -191,7 +191,7 @@ def paged_decode_attention(
 
     block_tables [B, n] int (entries past a sequence's context are never read); context_lens [B] int.
     splits: programs per (sequence, head), each over a slice of the context, combined after (flash-decoding);
-    None: decode_splits(B * heads, n * block_size, q.device). The value depends on sizes only, never on data.
+    None: decode_splits(B * heads, n * block_size, sm_count(q.device)). The value depends on sizes only, never on data.
     """
     _check_pools(k_cache, v_cache)
     num_seqs, heads, head_dim = _check_query(q, k_cache)
@@ -203,7 +203,7 @@ def paged_decode_attention(
     scale = head_dim**-0.5 if scale is None else scale
     block_size = k_cache.shape[1]
     if splits is None:
-        splits = decode_splits(num_seqs * heads, block_tables.shape[1] * block_size, q.device, block_n)
+        splits = decode_splits(num_seqs * heads, block_tables.shape[1] * block_size, sm_count(q.device), block_n)
     part = out if splits == 1 else torch.empty(num_seqs, heads, splits, head_dim + 2, device=q.device)
     _decode_kernel[(num_seqs, heads, splits)](
         q, k_cache, v_cache, block_tables, context_lens, out, part, scale * LOG2E, q.stride(0),
@@ -218,12 +218,15 @@ def paged_decode_attention(
 MAX_SPLITS = 16
 
 
-def decode_splits(programs: int, max_context: int, device: torch.device, block_n: int = 64) -> int:
+def sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of a CUDA device; 0 elsewhere."""
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 0
+
+
+def decode_splits(programs: int, max_context: int, sms: int, block_n: int = 64) -> int:
     """Context splits per (sequence, head) so that a decode step has about two programs per SM: 1 when
-    programs already fill the GPU (and on CPU), else a power of two <= MAX_SPLITS and <= the context's tiles."""
-    if device.type != "cuda":
-        return 1
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    programs already fill the GPU (and without SMs: on CPU), else a power of two <= MAX_SPLITS and <= the context's
+    tiles."""
     splits = 1
     while splits < MAX_SPLITS and programs * splits < 2 * sms and splits * block_n < max_context:
         splits *= 2
