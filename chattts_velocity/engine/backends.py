@@ -156,7 +156,8 @@ def select_backend(config: EngineConfig, model: ChatTTSLlama, kv: PagedKV, act_d
     run, else torch (compiled if config.compile).
 
     NOTE: one branch per backend, no registry. Asking for a backend that cannot run is a ValueError saying why,
-    never a silent fallback. The triton module is imported only when it is chosen (importing it imports triton).
+    never a silent fallback; "auto" on CUDA falls back to torch with one warning when the triton backend fails at
+    load (a kernel compile or the CUDA graph capture). The triton module is imported only when it is chosen (importing it imports triton).
     """
     choice = config.backend
     if choice == "triton" or (choice == "auto" and kv.device.type == "cuda"):
@@ -167,7 +168,14 @@ def select_backend(config: EngineConfig, model: ChatTTSLlama, kv: PagedKV, act_d
 
         reason = triton_unavailable(kv)
         if reason is None:
-            return TritonBackend(model, kv, act_dtype, config.max_num_seqs, config.max_model_len)
+            try:
+                return TritonBackend(model, kv, act_dtype, config.max_num_seqs, config.max_model_len)
+            except Exception as exc:  # noqa: BLE001 -- a compile or capture failure at load: "auto" serves anyway
+                if choice == "triton":
+                    raise
+                reason = f"its warm-up or CUDA graph capture failed ({type(exc).__name__}: {exc})"
+                logger.warning("backend 'auto': the triton backend cannot run here: %s; using the torch backend",
+                               reason)
         if choice == "triton":
             raise ValueError(f"backend: 'triton' cannot run here: {reason}; use backend='torch' or 'auto'")
     if choice in ("auto", "cpu"):

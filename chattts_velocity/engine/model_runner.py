@@ -5,6 +5,7 @@ and the last-position hidden states [B, H] that predicted them).
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 
 import torch
@@ -55,6 +56,11 @@ class ModelRunner:
 
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> StepOutput:
+        # every launch of the step (layers, heads, sampler) on the engine's device, not the current one
+        with torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext():
+            return self._run(batch)
+
+    def _run(self, batch: ScheduledBatch) -> StepOutput:
         step = step_tensors(batch, self.block_tables, self.block_size)
         embeds = self.embed_decode(batch) if step.decode_only else self.embed_rows(batch)
         hidden = self.backend.run(embeds.to(self.act_dtype), step)  # [N, H]

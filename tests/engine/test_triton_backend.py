@@ -147,6 +147,21 @@ def test_auto_picks_triton_on_cuda_only(monkeypatch) -> None:
     assert isinstance(_select("cuda"), TorchBackend)  # auto falls back only when triton was not asked for
 
 
+def test_auto_falls_back_to_torch_with_one_warning_when_triton_fails_at_load(monkeypatch, caplog) -> None:
+    def fails(*args):
+        raise RuntimeError("ptxas: out of registers")
+
+    monkeypatch.setattr(triton_backend, "available", lambda: None)
+    monkeypatch.setattr(triton_backend, "TritonBackend", fails)
+    with caplog.at_level("WARNING", logger="chattts_velocity"):
+        backend = _select("cuda")
+    assert isinstance(backend, TorchBackend)
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "ptxas: out of registers" in warnings[0] and "torch backend" in warnings[0]
+    with pytest.raises(RuntimeError, match="out of registers"):  # asked for by name: the error itself
+        _select("cuda", backend="triton")
+
+
 # ---- CUDA graphs: the ladder and the padded step -----------------------------------------------------
 
 
