@@ -5,6 +5,7 @@ Same state-dict keys as vocos 0.1.0 (feature_extractor / backbone / head); no to
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from chattts_velocity.audio.convnext import ConvNeXtBlock, masked
@@ -36,7 +37,12 @@ class VocosBackbone(nn.Module):
 
 
 class ISTFT(nn.Module):
-    """torch.istft with center=True and the checkpoint's window buffer."""
+    """torch.istft with center=True and the checkpoint's window buffer.
+
+    On CUDA the same inverse runs as irfft + overlap-add (F.fold) divided by the window envelope: torch.istft checks
+    the envelope on every call (NOLA), which reads a value back and makes the host wait; here it is checked once,
+    when the checkpoint loads (check_window). Equal to torch.istft to float rounding (tests/audio/test_vocos.py).
+    """
 
     def __init__(self, n_fft: int = 1024, hop_length: int = HOP_LENGTH) -> None:
         super().__init__()
@@ -45,7 +51,28 @@ class ISTFT(nn.Module):
 
     def forward(self, spec: torch.Tensor) -> torch.Tensor:  # [B, n_fft//2+1, T] complex -> [B, (T-1)*hop]
         n_fft = self.window.shape[0]
-        return torch.istft(spec, n_fft, self.hop_length, n_fft, self.window, center=True)
+        if not spec.is_cuda:
+            return torch.istft(spec, n_fft, self.hop_length, n_fft, self.window, center=True)
+        return self.overlap_add(spec)
+
+    def overlap_add(self, spec: torch.Tensor) -> torch.Tensor:  # [B, n_fft//2+1, T] complex -> [B, (T-1)*hop]
+        n_fft, hop, frames = self.window.shape[0], self.hop_length, spec.shape[-1]
+        window = self.window.to(torch.float32)
+        length = n_fft + hop * (frames - 1)
+        fold = lambda x: F.fold(x, output_size=(1, length), kernel_size=(1, n_fft), stride=(1, hop))[:, 0, 0]
+        signal = fold(torch.fft.irfft(spec, n=n_fft, dim=1) * window[None, :, None])  # [B, length]
+        envelope = fold((window**2)[None, :, None].expand(1, n_fft, frames))  # [1, length]
+        return (signal / envelope)[:, n_fft // 2: length - n_fft // 2]
+
+    def check_window(self) -> None:
+        """The NOLA condition torch.istft checks per call, once: every output sample has window weight."""
+        n_fft, hop = self.window.shape[0], self.hop_length
+        frames = 2 * (n_fft // hop) + 1
+        envelope = F.fold((self.window.float() ** 2)[None, :, None].expand(1, n_fft, frames).cpu(),
+                          output_size=(1, n_fft + hop * (frames - 1)), kernel_size=(1, n_fft), stride=(1, hop))
+        interior = envelope[0, 0, 0, n_fft // 2: -(n_fft // 2)]
+        if float(interior.abs().min()) < 1e-11:
+            raise ValueError(f"head.istft.window: violates the NOLA condition at hop {hop} (an iSTFT cannot invert it)")
 
 
 class ISTFTHead(nn.Module):
@@ -78,7 +105,9 @@ class Vocos(nn.Module):
 
     @classmethod
     def from_state_dict(cls, sd: dict[str, torch.Tensor], hop_length: int = HOP_LENGTH) -> "Vocos":
-        return load_strict(cls.sized_like(sd, hop_length), sd, "Vocos").eval()
+        vocos = load_strict(cls.sized_like(sd, hop_length), sd, "Vocos").eval()
+        vocos.head.istft.check_window()
+        return vocos
 
     @classmethod
     def sized_like(cls, sd: dict[str, torch.Tensor], hop_length: int = HOP_LENGTH) -> "Vocos":

@@ -1,8 +1,9 @@
 """Engine stage: the decode backends — what runs the paged Llama for a step, chosen once per engine.
 
-In: embeddings of the new positions (and, for decode steps, each sequence's position and block table).
-Out: hidden states [N, H] after the final norm. The scheduler, block manager and sequences never see which
-backend runs; the model runner calls `forward` for general steps and `decode` for decode-only steps.
+In: embeddings of the new positions [N, H] and the step's integer inputs (StepTensors: positions, slots, block
+tables, built once per step by the model runner). Out: hidden states [N, H] after the final norm. Each backend
+derives from them the metadata its own kernels read (only the torch backends build an attention mask), and owns
+its sampler. The scheduler, block manager and sequences never see which backend runs; the model runner calls `run`.
 
 | backend | a decode step | general steps |
 |---|---|---|
@@ -20,7 +21,8 @@ from typing import Protocol
 import torch
 
 from chattts_velocity.config import EngineConfig
-from chattts_velocity.engine.paged_kv import PagedKV
+from chattts_velocity.engine.paged_kv import PagedKV, StepTensors, padded_decode
+from chattts_velocity.engine.sampler import Sampler
 from chattts_velocity.model import (
     AttentionMetadata,
     ChatTTSLlama,
@@ -38,35 +40,46 @@ MIN_DYNAMIC = 2  # compiled steps pad batch and table width to >= 2: torch.compi
 
 class DecodeBackend(Protocol):
     name: str  # "torch", "torch.compile", "cpu" or "triton": reported in LLMEngine.metrics()
+    sampler: Sampler  # the one sampler of the engine (the triton backend's samples on the device)
+
+    def run(self, embeds: torch.Tensor, step: StepTensors) -> torch.Tensor:
+        """One step (decode, prefill chunks, recompute, mixed): embeds [N, H] -> hidden [N, H]."""
+
+
+class ListInputs:
+    """`forward(embeds, AttentionMetadata)` and `decode(embeds, positions, tables)` over `run`: for callers that hold
+    plain lists (tests, benchmarks). tables[b] holds at least the blocks of positions 0..positions[b]."""
+
+    kv: PagedKV
 
     def forward(self, embeds: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        """A general step (prefill chunks, recompute, mixed): embeds [N_new, H] -> hidden [N_new, H]."""
+        return self.run(embeds, StepTensors.from_attention_metadata(meta, self.kv.block_size))
 
     def decode(self, embeds: torch.Tensor, positions: list[int], tables: list[list[int]]) -> torch.Tensor:
-        """A decode step: embeds [B, H] of each sequence's new position `positions[b]` -> hidden [B, H].
+        step = StepTensors.from_lists([1] * len(positions), [p + 1 for p in positions], tables, self.kv.block_size,
+                                      self.kv.device)
+        return self.run(embeds, step)
 
-        tables[b] is sequence b's block table, trimmed to the blocks that hold positions 0..positions[b].
-        """
+
+def attention_metadata(step: StepTensors, kv: PagedKV) -> AttentionMetadata:
+    """The torch layers' metadata (gather indices and, where contexts differ, the attention mask)."""
+    return build_attention_metadata(step.q_lens, step.k_lens, step.block_tables, kv.block_size, kv.device)
 
 
-class TorchBackend:
+class TorchBackend(ListInputs):
     """Eager torch everywhere: a decode step is a general step of one position per sequence (paged_attention)."""
 
     name = "torch"
 
     def __init__(self, model: ChatTTSLlama, kv: PagedKV) -> None:
-        self.model, self.kv = model, kv
+        self.model, self.kv, self.sampler = model, kv, Sampler()
 
-    def forward(self, embeds: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+    def run(self, embeds: torch.Tensor, step: StepTensors) -> torch.Tensor:
+        meta = attention_metadata(step, self.kv)
         return self.model(embeds, meta.positions, self.kv.pairs, meta)
 
-    def decode(self, embeds: torch.Tensor, positions: list[int], tables: list[list[int]]) -> torch.Tensor:
-        q_lens, k_lens = [1] * len(positions), [p + 1 for p in positions]
-        meta = build_attention_metadata(q_lens, k_lens, tables, self.kv.block_size, self.kv.device)
-        return self.forward(embeds, meta)
 
-
-class CompiledTorchBackend:
+class CompiledTorchBackend(ListInputs):
     """Decode steps run one torch.compile'd layer graph for all layers (their weights are graph inputs, not
     constants) whose only dynamic sizes are the batch and the block-table width: no recompiles once warmed up.
     Attention inside the graph is the C++ kernel on bf16 pools where the kernels build, else the gather form."""
@@ -74,21 +87,22 @@ class CompiledTorchBackend:
     name = "torch.compile"
 
     def __init__(self, model: ChatTTSLlama, kv: PagedKV, act_dtype: torch.dtype) -> None:
-        self.model, self.kv, self.act_dtype = model, kv, act_dtype
+        self.model, self.kv, self.act_dtype, self.sampler = model, kv, act_dtype, Sampler()
         kv_dtype, head_dim = kv.pairs[0][0].dtype, model.config.head_dim
         if kv.device.type == "cpu" and kv_dtype == torch.bfloat16 and head_dim % 32 == 0 and kernels.load():
             model.use_decode_attention(kernel_decode_attention)
         self.layer = torch.compile(run_decoder_layer, fullgraph=True, dynamic=False)
         self._warm_up()
 
-    def forward(self, embeds: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        return self.model(embeds, meta.positions, self.kv.pairs, meta)
+    def run(self, embeds: torch.Tensor, step: StepTensors) -> torch.Tensor:
+        if not step.decode_only:
+            meta = attention_metadata(step, self.kv)
+            return self.model(embeds, meta.positions, self.kv.pairs, meta)
+        return self._decode(embeds, step)[: step.num_seqs]
 
-    def decode(self, embeds: torch.Tensor, positions: list[int], tables: list[list[int]]) -> torch.Tensor:
-        return self._run(embeds, positions, tables)[: len(positions)]
-
-    def _run(self, embeds: torch.Tensor, positions: list[int], tables: list[list[int]]) -> torch.Tensor:
-        pos, meta = self.kv.decode_metadata(positions, tables, MIN_DYNAMIC)
+    def _decode(self, embeds: torch.Tensor, step: StepTensors) -> torch.Tensor:
+        size, width = max(MIN_DYNAMIC, step.num_seqs), max(MIN_DYNAMIC, step.block_tables.shape[1])
+        pos, meta = padded_decode(step, self.kv, size, width)
         num_pad = pos.shape[0] - embeds.shape[0]
         if num_pad:
             embeds = torch.cat([embeds, embeds.new_zeros(num_pad, embeds.shape[1])])
@@ -103,13 +117,15 @@ class CompiledTorchBackend:
         two dynamic dimensions get separate symbols)."""
         start = time.perf_counter()
         embeds = torch.zeros(MIN_DYNAMIC, self.model.config.hidden_size, dtype=self.act_dtype, device=self.kv.device)
-        self._run(embeds, [0] * MIN_DYNAMIC, [[self.kv.pad_block] * 3] * MIN_DYNAMIC)
+        step = StepTensors.from_lists([1] * MIN_DYNAMIC, [1] * MIN_DYNAMIC, [[self.kv.pad_block] * 3] * MIN_DYNAMIC,
+                                      self.kv.block_size, self.kv.device)
+        self._decode(embeds, step)
         for pool in (t for pair in self.kv.pairs for t in pair):
             pool[self.kv.pad_block].zero_()
         logger.info("compiled the decode step in %.1f s", time.perf_counter() - start)
 
 
-class CpuBackend:
+class CpuBackend(ListInputs):
     """Every step runs one fused C++ op per layer (bf16 and int8 engines on CPUs where the kernels build); nothing
     is compiled. A general step's rows go through the op as rows of their own positions, so a position gets the
     same bits in a prefill chunk, a decode step or a recompute after preemption, in any batch (the seed contract).
@@ -118,19 +134,12 @@ class CpuBackend:
     name = "cpu"
 
     def __init__(self, model: ChatTTSLlama, kv: PagedKV) -> None:
-        self.model, self.kv = model, kv
+        self.model, self.kv, self.sampler = model, kv, Sampler()
         self.fused = FusedDecoder(model)
 
-    def forward(self, embeds: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        bs, tables = self.kv.block_size, []
-        for b, (q_len, k_len) in enumerate(zip(meta.q_lens, meta.k_lens)):
-            tables += [meta.block_tables[b, : -(-k_len // bs)].tolist()] * q_len  # one table per row
-        pos, rows = self.kv.decode_metadata(meta.positions.tolist(), tables)
-        return self.fused(embeds, pos, self.kv.pairs, rows)
-
-    def decode(self, embeds: torch.Tensor, positions: list[int], tables: list[list[int]]) -> torch.Tensor:
-        pos, meta = self.kv.decode_metadata(positions, tables)
-        return self.fused(embeds, pos, self.kv.pairs, meta)
+    def run(self, embeds: torch.Tensor, step: StepTensors) -> torch.Tensor:
+        # a general step's rows are decode rows of their own positions (each with its sequence's table)
+        return self.fused(embeds, step.positions, self.kv.pairs, step.row_metadata())
 
 
 def cpu_unavailable(model: ChatTTSLlama, kv: PagedKV) -> str | None:
@@ -147,7 +156,8 @@ def select_backend(config: EngineConfig, model: ChatTTSLlama, kv: PagedKV, act_d
     run, else torch (compiled if config.compile).
 
     NOTE: one branch per backend, no registry. Asking for a backend that cannot run is a ValueError saying why,
-    never a silent fallback. The triton module is imported only when it is chosen (importing it imports triton).
+    never a silent fallback; "auto" on CUDA falls back to torch with one warning when the triton backend fails at
+    load (a kernel compile or the CUDA graph capture). The triton module is imported only when it is chosen (importing it imports triton).
     """
     choice = config.backend
     if choice == "triton" or (choice == "auto" and kv.device.type == "cuda"):
@@ -158,7 +168,14 @@ def select_backend(config: EngineConfig, model: ChatTTSLlama, kv: PagedKV, act_d
 
         reason = triton_unavailable(kv)
         if reason is None:
-            return TritonBackend(model, kv, act_dtype, config.max_num_seqs, config.max_model_len)
+            try:
+                return TritonBackend(model, kv, act_dtype, config.max_num_seqs, config.max_model_len)
+            except Exception as exc:  # noqa: BLE001 -- a compile or capture failure at load: "auto" serves anyway
+                if choice == "triton":
+                    raise
+                reason = f"its warm-up or CUDA graph capture failed ({type(exc).__name__}: {exc})"
+                logger.warning("backend 'auto': the triton backend cannot run here: %s; using the torch backend",
+                               reason)
         if choice == "triton":
             raise ValueError(f"backend: 'triton' cannot run here: {reason}; use backend='torch' or 'auto'")
     if choice in ("auto", "cpu"):

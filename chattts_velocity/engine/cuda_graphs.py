@@ -1,8 +1,8 @@
 """Engine stage, CUDA backend: CUDA graphs of the triton backend's decode step, one per batch size of a ladder.
 
-In: a decode step (embeds [B, H], positions [B], block tables). Out: hidden [B, H]. A step of B sequences replays
-the graph of the smallest captured size >= B on static buffers: the B real rows first, then padding rows at
-position 0 of the pad block (PagedKV.decode_rows), which write their K/V there and attend only to it. Block tables
+In: a decode step (embeds [B, H], StepTensors). Out: hidden [B, H]. A step of B sequences replays the graph of the
+smallest captured size >= B on static buffers: the B real rows first, then padding rows at position 0 of the pad
+block (paged_kv.padded_decode), which write their K/V there and attend only to it. Block tables
 are padded to the widest a sequence can need (max_model_len / block_size), so one graph serves every context.
 Batches above the largest size run eagerly. Only TritonBackend on a CUDA device captures; on CPU nothing here runs
 but the pure functions (graph_batch_sizes, bucket) and the buffer filling, which the tests check.
@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import torch
 
-from chattts_velocity.engine.paged_kv import PagedKV
+from chattts_velocity.engine.paged_kv import PagedKV, StepTensors, padded_decode
 from chattts_velocity.model import DecodeMetadata
 
 DecodeStep = Callable[[torch.Tensor, torch.Tensor, DecodeMetadata], torch.Tensor]  # embeds, positions, meta
@@ -46,19 +46,16 @@ class StaticInputs:
             block_tables=torch.zeros(size, width, dtype=torch.int64, device=kv.device),  # [size, width]
             context_lens=torch.ones(size, dtype=torch.int64, device=kv.device),  # [size]
         )
-        self.fill(torch.zeros(0, hidden, dtype=dtype, device=kv.device), [], [])  # all padding rows
+        empty = torch.zeros(0, dtype=torch.int64, device=kv.device)
+        self.fill(empty.new_zeros(0, hidden, dtype=dtype),
+                  StepTensors([], [], empty, empty, empty.view(0, 1), None))  # all padding rows
 
-    def fill(self, embeds: torch.Tensor, positions: list[int], tables: list[list[int]]) -> None:
-        """Copy one step's rows in (one host-to-device copy for the integers), padding rows after them."""
-        positions, slots, tables = self.kv.decode_rows(positions, tables, self.size, self.width)
-        ints = torch.tensor([positions, slots, [p + 1 for p in positions]], dtype=torch.int64)  # [3, size]
-        table = torch.tensor(tables, dtype=torch.int64)  # [size, width]
-        if self.kv.device.type == "cuda":
-            ints, table = ints.pin_memory(), table.pin_memory()
-        self.positions.copy_(ints[0], non_blocking=True)
-        self.meta.slot_mapping.copy_(ints[1], non_blocking=True)
-        self.meta.context_lens.copy_(ints[2], non_blocking=True)
-        self.meta.block_tables.copy_(table, non_blocking=True)
+    def fill(self, embeds: torch.Tensor, step: StepTensors) -> None:
+        """Copy one step's rows in (device-to-device copies only), padding rows after them."""
+        positions, meta = padded_decode(step, self.kv, self.size, self.width)
+        self.positions.copy_(positions)
+        for static, value in zip(self.meta, meta):
+            static.copy_(value)
         self.embeds[: embeds.shape[0]].copy_(embeds)
         self.embeds[embeds.shape[0]:].zero_()
 
@@ -76,17 +73,17 @@ class DecodeGraphs:
     def covers(self, batch: int) -> bool:
         return bucket(batch, self.sizes) is not None
 
-    def run(self, embeds: torch.Tensor, positions: list[int], tables: list[list[int]]) -> torch.Tensor:
+    def run(self, embeds: torch.Tensor, step: StepTensors) -> torch.Tensor:
         """hidden [B, H] of a step of B <= max(sizes) sequences (a copy: the next replay overwrites the output)."""
-        size = bucket(len(positions), self.sizes)
+        size = bucket(step.num_seqs, self.sizes)
         inputs = self.inputs[size]
-        inputs.fill(embeds, positions, tables)
+        inputs.fill(embeds, step)
         if size in self.graphs:
             self.graphs[size].replay()
             out = self.outputs[size]
         else:  # not captured (CPU tests): the same padded step, eagerly
             out = self.step(inputs.embeds, inputs.positions, inputs.meta)
-        return out[: len(positions)].clone()
+        return out[: step.num_seqs].clone()
 
     @torch.inference_mode()
     def capture(self) -> None:

@@ -14,14 +14,8 @@ from __future__ import annotations
 import torch
 
 from chattts_velocity.engine import logits_processors as lp
+from chattts_velocity.engine.paged_kv import to_device
 from chattts_velocity.engine.sampler import Sampler, SamplingBatch
-
-
-def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """A host tensor on `device`; to CUDA through pinned memory without blocking the host (no stream sync)."""
-    if device.type != "cuda":
-        return tensor.to(device)
-    return tensor.pin_memory().to(device, non_blocking=True)
 
 
 class DeviceSampler(Sampler):
@@ -41,6 +35,17 @@ class DeviceSampler(Sampler):
         processed = self.process(logits, batch)
         seeds = to_device(self.ops.noise_seeds(batch.noise_seeds, "cpu"), logits.device)  # [S] int64
         return self.ops.sample(processed, seeds, batch.params.rows_per_seq)
+
+    @torch.inference_mode()
+    def warm_up(self, num_vq: int, audio_vocab: int, text_vocab: int, device: torch.device) -> None:
+        """Sample once in code mode (num_vq rows of audio_vocab) and once in text mode (one row of text_vocab),
+        penalty and top-p/top-k on: every sampling kernel variant is compiled before the first request."""
+        for rows, vocab in ((num_vq, audio_vocab), (1, text_vocab)):
+            params = lp.RowParams(rows, torch.ones(rows), torch.zeros(rows, dtype=torch.int64),
+                                  torch.zeros(rows, dtype=torch.bool), torch.full((rows,), 1.05),
+                                  torch.zeros(rows, 1, dtype=torch.int64), torch.full((rows,), 0.7),
+                                  torch.full((rows,), 20, dtype=torch.int64))
+            self.sample(torch.zeros(rows, vocab, device=device), SamplingBatch(params, [0]))
 
     @torch.inference_mode()
     def process(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:

@@ -62,7 +62,9 @@ class LLMEngine:
         kv_dtype, pack_mode = PRECISIONS[engine_config.dtype]
         if engine_config.kv_cache_dtype == "int8":  # EngineConfig allows it with the cpu backend's precisions only
             kv_dtype = torch.int8
-        if pack_mode is not None:
+        on_cuda = str(engine_config.device).startswith("cuda")
+        # on CUDA the bf16/fp16 weights are used as loaded (cuBLAS): packing would add a fused copy of q/k/v, gate/up
+        if pack_mode is not None and not (on_cuda and pack_mode in ("bfloat16", "float16")):
             model.pack_linears(pack_mode)
         num_blocks = kv_cache_blocks(config, engine_config, kv_dtype)
         self.block_manager = BlockManager(num_blocks, engine_config.block_size, engine_config.enable_prefix_caching)
@@ -125,15 +127,18 @@ class LLMEngine:
     def _deltas(self, batch: ScheduledBatch, out: StepOutput, finished: list[Sequence]) -> list[GenerationOutput]:
         done = {seq.request_id for seq in finished if not self._retry_if_empty(seq)}
         outputs = []
+        # one [1, rows] / [1, H] view per sequence from one unbind each (per-row slicing costs a few us a row)
+        token_rows = out.tokens.unsqueeze(1).unbind(0)
+        hidden_rows = out.hidden.unsqueeze(1).unbind(0) if out.hidden is not None else None
         for b, seq in enumerate(batch.seqs):
             if not batch.sample[b] or (seq.is_finished and seq.request_id not in done):
                 continue
             appended = seq.num_generated > 0 and not (seq.is_finished and seq.finish_reason == "eos")
-            n = 1 if appended else 0
-            hidden = out.hidden[b : b + 1] if (n and seq.params.return_hidden) else None
+            hidden = hidden_rows[b] if (appended and seq.params.return_hidden and hidden_rows) else None
+            tokens = token_rows[b] if appended else out.tokens[:0]
             outputs.append(GenerationOutput(
                 request_id=seq.request_id,
-                token_ids=out.tokens[b : b + n, : seq.num_rows],  # [n, rows]
+                token_ids=tokens if seq.num_rows == tokens.shape[1] else tokens[:, : seq.num_rows],  # [n, rows]
                 hidden=hidden,  # [n, H]
                 finished=seq.is_finished,
                 finish_reason=seq.finish_reason,
@@ -188,9 +193,10 @@ def kv_cache_blocks(config: ModelConfig, engine_config: EngineConfig, dtype: tor
     budget = _budget_bytes(engine_config.kv_cache_memory, engine_config.device)
     num_blocks = int(budget // per_block)
     needed = -(-engine_config.max_model_len // engine_config.block_size)
-    if engine_config.kv_cache_memory is None and not str(engine_config.device).startswith("cuda"):
-        # the CPU default (1 GiB, zero-filled: all resident) never exceeds what max_num_seqs full-length sequences
-        # can hold at once; a tiny model's pool shrinks to that (its Ray replicas held ~1.1 GB of unused KV)
+    if engine_config.kv_cache_memory is None:
+        # the defaults (1 GiB on CPU, zero-filled: all resident; a fraction of free VRAM on CUDA) never exceed what
+        # max_num_seqs full-length sequences can hold at once (64 x 4096 positions of ChatTTS: ~16 GB in bf16, where
+        # 0.6 of an H100's free VRAM would be ~46 GB); a tiny model's pool shrinks to that
         num_blocks = min(num_blocks, engine_config.max_num_seqs * needed)
     if num_blocks < needed:
         raise ValueError(
@@ -198,6 +204,9 @@ def kv_cache_blocks(config: ModelConfig, engine_config: EngineConfig, dtype: tor
             f"positions, but one sequence of max_model_len={engine_config.max_model_len} needs {needed} "
             f"({needed * per_block / 2**20:.1f} MiB); raise kv_cache_memory or lower max_model_len"
         )
+    logger.info("KV cache: %d blocks of %d positions = %.1f MiB on %s (%d sequences of max_model_len=%d fit)",
+                num_blocks, engine_config.block_size, num_blocks * per_block / 2**20, engine_config.device,
+                num_blocks // needed, engine_config.max_model_len)
     return num_blocks
 
 

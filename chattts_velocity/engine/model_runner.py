@@ -5,27 +5,29 @@ and the last-position hidden states [B, H] that predicted them).
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 
 import torch
 
 from chattts_velocity.config import EngineConfig, ModelConfig
-from chattts_velocity.engine.backends import DecodeBackend, PagedKV, select_backend
-from chattts_velocity.engine.device_sampler import DeviceSampler, to_device
+from chattts_velocity.engine.backends import DecodeBackend, select_backend
+from chattts_velocity.engine.paged_kv import BlockTables, PagedKV, step_tensors, to_device
 from chattts_velocity.engine.sampler import Sampler
 from chattts_velocity.engine.sequence import Sequence
 from chattts_velocity.engine.step import ScheduledBatch, StepOutput
-from chattts_velocity.model import AttentionMetadata, ChatTTSLlama, Embed, allocate_kv_pairs, build_attention_metadata
+from chattts_velocity.model import ChatTTSLlama, Embed, allocate_kv_pairs
 
 logger = logging.getLogger("chattts_velocity")
 
 
 class ModelRunner:
-    """Owns the KV pool, the model, the decode backend and the sampler; sees sequences only through ScheduledBatch.
+    """Owns the KV pool, the model, the decode backend (and through it the sampler); sees sequences only through
+    ScheduledBatch.
 
     The backend (engine/backends.py: torch eager or compiled, the fused C++ layers, or triton) is chosen once, here,
-    and runs every step; with it the sampler (the triton backend's is engine/device_sampler.py's). Decode-only steps (every sequence feeds its newest token) take a lean path: inputs are built
-    from each sequence's last row and block table with a few list comprehensions and one tensor per field.
+    and runs every step. Per step the runner builds the embeddings of the new positions and the step's integer
+    inputs once (paged_kv.StepTensors, block tables from a persistent buffer); the backend derives its own metadata.
     """
 
     def __init__(
@@ -45,60 +47,72 @@ class ModelRunner:
         kv = PagedKV(self.kv_cache, self.block_size, pad_block=num_blocks, device=self.device)
         self.backend: DecodeBackend = select_backend(engine_config, model, kv, self.act_dtype)
         logger.info("decode backend: %s", self.backend.name)
-        # the one choice of sampler: the triton backend's steps sample on the device (only the ids come back)
-        self.sampler = DeviceSampler() if self.backend.name == "triton" else Sampler()
+        width = -(-engine_config.max_model_len // self.block_size)
+        self.block_tables = BlockTables(2 * engine_config.max_num_seqs, width, self.device)
+
+    @property
+    def sampler(self) -> Sampler:
+        return self.backend.sampler
 
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> StepOutput:
-        if batch.is_decode_only:
-            last = self.run_decode(batch)  # [B, H]
-        else:
-            embeds, meta = self.prepare(batch)  # [N_new, H]
-            hidden = self.backend.forward(embeds, meta)  # [N_new, H]
-            last = hidden[meta.last_indices]  # [B, H], the states that predict this step's tokens
+        # every launch of the step (layers, heads, sampler) on the engine's device, not the current one
+        with torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext():
+            return self._run(batch)
+
+    def _run(self, batch: ScheduledBatch) -> StepOutput:
+        step = step_tensors(batch, self.block_tables, self.block_size)
+        embeds = self.embed_decode(batch) if step.decode_only else self.embed_rows(batch)
+        hidden = self.backend.run(embeds.to(self.act_dtype), step)  # [N, H]
+        last = hidden if step.decode_only else hidden[to_device(step.last_indices(), hidden.device)]  # [B, H]
         last = last.float()
         failed: dict[int, Exception] = {}
         tokens = self.sample(batch, last, failed)  # [B, num_vq]
         return StepOutput(tokens=tokens, hidden=last, sampled=list(batch.sample), failed=failed)
 
-    # ---- decode-only steps --------------------------------------------------------------------
+    def embed_decode(self, batch: ScheduledBatch) -> torch.Tensor:
+        """[B, H]: each sequence feeds exactly its newest position (ids seq.last_row)."""
+        ids = to_device(torch.tensor([seq.last_row for seq in batch.seqs], dtype=torch.int64), self.device)  # [B, 4]
+        is_text = [seq.is_text for seq in batch.seqs]
+        if not any(is_text):  # the usual decode step: code tokens only (and no mask to send)
+            return self.embed.embed_codes(ids)
+        return self.embed.embed(ids, to_device(torch.tensor(is_text, dtype=torch.bool), self.device))
 
-    def run_decode(self, batch: ScheduledBatch) -> torch.Tensor:
-        """hidden [B, H] of a step where each sequence feeds exactly its newest position."""
-        seqs, positions = batch.seqs, batch.num_computed_tokens
-        ids = torch.tensor([seq.last_row for seq in seqs], dtype=torch.int64)  # [B, num_vq]
-        text = torch.tensor([seq.is_text for seq in seqs], dtype=torch.bool)  # [B]
-        embeds = self.embed.embed(to_device(ids, self.device), to_device(text, self.device)).to(self.act_dtype)
-        bs = self.block_size
-        tables = [seq.block_table[: p // bs + 1] for seq, p in zip(seqs, positions)]
-        return self.backend.decode(embeds, positions, tables)
-
-    # ---- general steps (prefill chunks, recompute after preemption, mixed) -------------------
-
-    def prepare(self, batch: ScheduledBatch) -> tuple[torch.Tensor, AttentionMetadata]:
+    def embed_rows(self, batch: ScheduledBatch) -> torch.Tensor:
+        """[N, H] of a general step (prefill chunks, recompute after preemption, mixed)."""
         # NOTE: sequence b feeds positions [start, start + n) where start = num_computed_tokens[b];
         # decode rows are the newest generated token, prefill rows a chunk of the prompt (or, after
         # preemption, of prompt + generated tokens). Each row is embedded as the model saw it when it
         # was first fed, so a recomputed sequence rebuilds exactly the same KV.
         ids, masks, speaker_rows = [], [], []
+        last_rows: list[tuple[int, ...]] = []  # consecutive plain decode rows, sent as one tensor
+        last_text: list[bool] = []
+
+        def flush() -> None:
+            if last_rows:
+                ids.append(torch.tensor(last_rows, dtype=torch.int64))
+                masks.append(torch.tensor(last_text, dtype=torch.bool))
+                last_rows.clear()
+                last_text.clear()
+
         offset = 0
-        for seq, start, n in zip(batch.seqs, batch.num_computed_tokens, batch.num_new_tokens):
-            row_ids, row_mask = seq.rows(start, start + n)  # [n, num_vq], [n]
-            ids.append(row_ids)
-            masks.append(row_mask)
-            speaker_rows += _speaker_rows(seq, start, n, offset)
+        for seq, start, n, prefill in zip(batch.seqs, batch.num_computed_tokens, batch.num_new_tokens,
+                                          batch.is_prefill):
+            if not prefill:
+                last_rows.append(seq.last_row)
+                last_text.append(seq.is_text)
+            else:
+                flush()
+                row_ids, row_mask = seq.rows(start, start + n)  # [n, num_vq], [n]
+                ids.append(row_ids)
+                masks.append(row_mask)
+                speaker_rows += _speaker_rows(seq, start, n, offset)
             offset += n
-        embeds = self.embed.embed(torch.cat(ids).to(self.device), torch.cat(masks).to(self.device))
+        flush()
+        embeds = self.embed.embed(to_device(torch.cat(ids), self.device), to_device(torch.cat(masks), self.device))
         for row, vector in speaker_rows:
             embeds[row] = vector.to(embeds)
-        meta = build_attention_metadata(
-            q_lens=list(batch.num_new_tokens),
-            k_lens=[s + n for s, n in zip(batch.num_computed_tokens, batch.num_new_tokens)],
-            block_tables=[seq.block_table for seq in batch.seqs],
-            block_size=self.block_size,
-            device=self.device,
-        )
-        return embeds.to(self.act_dtype), meta
+        return embeds
 
     # ---- sampling -------------------------------------------------------------------------------
 

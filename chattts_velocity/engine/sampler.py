@@ -5,6 +5,8 @@ codebook q of sequence s). Out: tokens [S, rows] int64.
 """
 from __future__ import annotations
 
+import array
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -28,7 +30,12 @@ def step_seed(seed: int, step: int) -> int:
     splitmix64(splitmix64(seed) XOR step): a pure function of (seed, step), so a request's
     noise never depends on the rest of the batch, on its position in it, or on preemption.
     """
-    return _splitmix64(_splitmix64(seed & _MASK64) ^ step)
+    return _splitmix64(_seed_key(seed) ^ step)
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _seed_key(seed: int) -> int:
+    return _splitmix64(seed & _MASK64)
 
 
 @dataclass
@@ -80,25 +87,62 @@ class Sampler:
         return noise
 
 
-def _row_params(seqs: list[Sequence], num_rows: int) -> lp.RowParams:
-    """Every request's own parameters as per-row tensors [S*rows]; a step no row needs is None (skipped)."""
+@dataclass
+class _StaticRows:
+    """The per-row parameters that stay fixed while a request runs, for one batch of sequences."""
+
+    seqs: list[Sequence]  # held so that the ids of the cache key stay theirs
+    temperatures: torch.Tensor  # [R] float32
+    eos_ids: torch.Tensor  # [R] int64
+    penalties: torch.Tensor | None  # [R] float32; None: no row penalises
+    top_p: torch.Tensor | None  # [R] float32; None: no row uses it
+    top_k: torch.Tensor | None  # [R] int64; None: no row uses it
+
+
+_last_static: dict[int, tuple[tuple[int, ...], _StaticRows]] = {}  # num_rows -> (ids of the batch, its rows)
+
+
+def _static_rows(seqs: list[Sequence], num_rows: int) -> _StaticRows:
+    """Built once per batch composition: consecutive decode steps of the same sequences reuse them."""
+    key = tuple(map(id, seqs))
+    hit = _last_static.get(num_rows)
+    if hit is not None and hit[0] == key:
+        return hit[1]
+
     def per_row(values: list, dtype: torch.dtype) -> torch.Tensor:
         return torch.tensor(values, dtype=dtype).repeat_interleave(num_rows)  # [S] -> [R]
 
     params = [seq.params for seq in seqs]
-    history = _history(seqs, num_rows)
-    penalties = per_row([p.repetition_penalty for p in params], torch.float32)
-    top_p = per_row([1.0 if p.top_p is None else p.top_p for p in params], torch.float32)
-    top_k = per_row([0 if p.top_k is None else p.top_k for p in params], torch.int64)
-    return lp.RowParams(
-        rows_per_seq=num_rows,
+    top_p = [1.0 if p.top_p is None else p.top_p for p in params]
+    top_k = [0 if p.top_k is None else p.top_k for p in params]
+    # which steps any row needs is decided on the host lists: no tensor is read back (a sync on CUDA)
+    rows = _StaticRows(
+        seqs=list(seqs),
         temperatures=torch.tensor([t for p in params for t in p.temperatures(num_rows)], dtype=torch.float32),
         eos_ids=per_row([p.eos_token_id for p in params], torch.int64),
-        mask_eos=per_row([seq.num_generated < seq.params.min_new_token for seq in seqs], torch.bool),
-        penalties=penalties if history.shape[1] > 0 and bool((penalties != 1).any()) else None,
+        penalties=(per_row([p.repetition_penalty for p in params], torch.float32)
+                   if any(p.repetition_penalty != 1 for p in params) else None),
+        top_p=per_row(top_p, torch.float32) if any(v < 1 for v in top_p) else None,
+        top_k=per_row(top_k, torch.int64) if any(v > 0 for v in top_k) else None,
+    )
+    _last_static[num_rows] = (key, rows)
+    return rows
+
+
+def _row_params(seqs: list[Sequence], num_rows: int) -> lp.RowParams:
+    """Every request's own parameters as per-row tensors [S*rows]; a step no row needs is None (skipped)."""
+    static = _static_rows(seqs, num_rows)
+    history = _history(seqs, num_rows)
+    mask_eos = torch.tensor([seq.num_generated < seq.params.min_new_token for seq in seqs], dtype=torch.bool)
+    return lp.RowParams(
+        rows_per_seq=num_rows,
+        temperatures=static.temperatures,
+        eos_ids=static.eos_ids,
+        mask_eos=mask_eos.repeat_interleave(num_rows),
+        penalties=static.penalties if history.shape[1] > 0 else None,
         history=history,
-        top_p=top_p if bool((top_p < 1).any()) else None,
-        top_k=top_k if bool((top_k > 0).any()) else None,
+        top_p=static.top_p,
+        top_k=static.top_k,
         custom=[(s, seq.params.logits_processors, seq.token_ids())
                 for s, seq in enumerate(seqs) if seq.params.logits_processors],
     )
@@ -106,10 +150,20 @@ def _row_params(seqs: list[Sequence], num_rows: int) -> lp.RowParams:
 
 def _history(seqs: list[Sequence], num_rows: int) -> torch.Tensor:
     """[S*rows, W] the last penalty_window generated ids of each row, right-padded with -1."""
-    recent = [seq.generated[-seq.params.penalty_window:] if seq.params.penalty_window > 0 else []
-              for seq in seqs]
-    width = max((len(r) for r in recent), default=0)
-    pad = (-1,) * num_rows
-    padded = [r + [pad] * (width - len(r)) for r in recent]
-    table = torch.tensor(padded, dtype=torch.int64).view(len(seqs), width, num_rows)  # [S, W, rows]
+    counts = [min(seq.num_generated, max(seq.params.penalty_window, 0)) for seq in seqs]
+    width = max(counts, default=0)
+    flat = array.array("q")  # one flat int64 buffer, filled by slices of each sequence's flat history
+    pad = array.array("q", [-1]) * (width * num_rows)
+    for seq, count in zip(seqs, counts):
+        if count:
+            flat += seq.generated_flat[-count * num_rows:]
+        flat += pad[: (width - count) * num_rows]
+    table = int64_tensor(flat).view(len(seqs), width, num_rows)  # [S, W, rows]
     return table.transpose(1, 2).reshape(len(seqs) * num_rows, width)
+
+
+def int64_tensor(values: array.array) -> torch.Tensor:
+    """A host int64 tensor of an array('q') (a copy; torch.tensor reads Python lists element by element)."""
+    if not values:
+        return torch.empty(0, dtype=torch.int64)
+    return torch.frombuffer(values, dtype=torch.int64).clone()

@@ -98,15 +98,17 @@ class Scheduler:
         chosen: list[tuple[Sequence, int]] = []
         preempted = False
         order = sorted(self.running, key=lambda s: (len(s) - s.num_computed_tokens > 1, self._key(s)))
+        scheduled: set[Sequence] = set()
         for seq in order:
             if budget == 0 or len(chosen) == self.config.max_num_seqs:
                 break
             if seq.status is not SequenceStatus.RUNNING:
                 continue  # preempted earlier in this loop
-            if not self._reserve_slot(seq, {s for s, _ in chosen}):
+            if not self._reserve_slot(seq, scheduled):
                 preempted = True
                 continue
             chosen.append((seq, min(len(seq) - seq.num_computed_tokens, budget)))
+            scheduled.add(seq)
             budget -= chosen[-1][1]
         if not preempted:  # the pool is full: admitting now would only preempt again
             self._admit(chosen, budget)
@@ -164,6 +166,7 @@ class Scheduler:
         if list(out.sampled) != batch.sample:
             raise RuntimeError(f"StepOutput.sampled {out.sampled} != ScheduledBatch.sample {batch.sample}")
         tokens = out.tokens.tolist() if any(batch.sample) else []
+        hiddens = out.hidden.unbind(0) if out.hidden is not None else [None] * batch.num_seqs  # [H] views
         finished = []
         for b, seq in enumerate(batch.seqs):
             if seq.status is not SequenceStatus.RUNNING:
@@ -172,8 +175,7 @@ class Scheduler:
             self.block_manager.cache_computed_blocks(seq)
             if not batch.sample[b]:
                 continue
-            hidden = None if out.hidden is None else out.hidden[b]  # [H]
-            status = self._append(seq, tuple(tokens[b][: seq.num_rows]), hidden)
+            status = self._append(seq, tuple(tokens[b][: seq.num_rows]), hiddens[b])
             if status is not None:
                 self._finish(seq, status)
                 finished.append(seq)

@@ -4,6 +4,7 @@ In: schema.Prompt + schema.SamplingParams. Out: schema.GenerationOutput (see `Se
 """
 from __future__ import annotations
 
+import array
 import hashlib
 from enum import Enum
 
@@ -50,7 +51,9 @@ class Sequence:
         self.num_rows = 1 if self.is_text else self.num_vq  # sampled rows per step
         params.temperatures(self.num_rows)  # a ValueError at add time, not in a step, if the count does not fit
         self.generated: list[tuple[int, ...]] = []  # [G][num_rows]
-        self._hidden: torch.Tensor | None = None  # [capacity, H] growing buffer, first G rows valid
+        self.generated_flat = array.array("q")  # [G * num_rows] the same ids, flat (the sampler's penalty history)
+        # [H] per kept generated token: views of the step outputs (no copy per step), stacked on demand
+        self._hidden: list[torch.Tensor] = []
         self.status = SequenceStatus.WAITING
         self.num_computed_tokens = 0  # positions whose KV is in the cache
         self.num_cached_tokens = 0  # positions served by the prefix cache at the last allocate()
@@ -123,27 +126,18 @@ class Sequence:
 
     def hidden_states(self) -> torch.Tensor | None:
         """[G, H]; row k is the state that predicted generated token k. None if none kept."""
-        if self._hidden is None:
+        if not self._hidden:
             return None
-        return self._hidden[: len(self.generated)]
+        return torch.stack(self._hidden)
 
     def append_token(self, token: tuple[int, ...], hidden: torch.Tensor | None) -> None:
         """Record one sampled token ([num_rows] ids) and the hidden state [H] that predicted it."""
         if len(token) != self.num_rows:
             raise ValueError(f"token has {len(token)} ids, sequence samples {self.num_rows} rows")
         if hidden is not None and self.params.return_hidden:
-            self._store_hidden(hidden)
+            self._hidden.append(hidden)
         self.generated.append(token)
-
-    def _store_hidden(self, hidden: torch.Tensor) -> None:
-        step = len(self.generated)
-        if self._hidden is None or step >= self._hidden.shape[0]:
-            capacity = max(16, 2 * step)
-            grown = hidden.new_empty((capacity, hidden.shape[-1]))
-            if self._hidden is not None:
-                grown[:step] = self._hidden[:step]
-            self._hidden = grown
-        self._hidden[step] = hidden
+        self.generated_flat.extend(token)
 
     def to_output(self) -> GenerationOutput:
         """Snapshot for the caller; may be taken while the sequence is still running (streaming)."""

@@ -7,19 +7,22 @@ chunks, recompute after preemption, mixed), the output projection, fused add + R
 stay the model's own modules (cuBLAS on GPU): no weight is copied, and the KV pool is the engine's.
 On CUDA, decode steps replay CUDA graphs (engine/cuda_graphs.py); on CPU (TRITON_INTERPRET=1) they run eagerly.
 
-NOTE (sampling): an engine on this backend samples on the device too (engine/device_sampler.py, chosen with the
-backend in ModelRunner): Philox noise keyed by (seed, step), batch invariant, but a different random stream from the
+NOTE (sampling): an engine on this backend samples on the device too (engine/device_sampler.py, the backend's
+sampler): Philox noise keyed by (seed, step), batch invariant, but a different random stream from the
 other backends' CPU generator (same distribution, different audio per seed).
 """
 from __future__ import annotations
 
+import contextlib
 import os
 
 import torch
 
+from chattts_velocity.engine.backends import ListInputs
 from chattts_velocity.engine.cuda_graphs import DecodeGraphs, graph_batch_sizes
-from chattts_velocity.engine.paged_kv import PagedKV
-from chattts_velocity.model import AttentionMetadata, ChatTTSLlama, DecodeMetadata
+from chattts_velocity.engine.device_sampler import DeviceSampler
+from chattts_velocity.engine.paged_kv import PagedKV, StepTensors, to_device
+from chattts_velocity.model import ChatTTSLlama, DecodeMetadata
 from chattts_velocity.model.kernels.triton import available
 
 
@@ -33,8 +36,9 @@ def triton_unavailable(kv: PagedKV) -> str | None:
     return reason
 
 
-class TritonBackend:
-    """Every step runs the layers with the Triton kernels; decode steps replay CUDA graphs on CUDA."""
+class TritonBackend(ListInputs):
+    """Every step runs the layers with the Triton kernels; decode steps replay CUDA graphs on CUDA; the sampler
+    runs on the device."""
 
     name = "triton"
 
@@ -45,33 +49,59 @@ class TritonBackend:
             norm_rope,
         )
 
-        self.model, self.kv = model, kv
+        self.model, self.kv, self.sampler = model, kv, DeviceSampler()
         self.attention, self.norm_rope = attention, norm_rope
         self.eps = model.config.rms_norm_eps
         self.graphs: DecodeGraphs | None = None
-        if kv.device.type == "cuda":
-            width = -(-max_model_len // kv.block_size)
-            self.graphs = DecodeGraphs(self.decode_step, kv, graph_batch_sizes(max_num_seqs), width,
-                                       model.config.hidden_size, act_dtype)
-            self.graphs.capture()
+        with self.device_guard():
+            self.warm_up(act_dtype)
+            if kv.device.type == "cuda":
+                width = -(-max_model_len // kv.block_size)
+                self.graphs = DecodeGraphs(self.decode_step, kv, graph_batch_sizes(max_num_seqs), width,
+                                           model.config.hidden_size, act_dtype)
+                self.graphs.capture()
 
-    def forward(self, embeds: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        cu_q_lens = torch.tensor([0, *meta.q_lens], dtype=torch.int32).cumsum(0, dtype=torch.int32)
-        k_lens = torch.tensor(meta.k_lens, dtype=torch.int32)
-        cu_q_lens, k_lens = cu_q_lens.to(self.kv.device), k_lens.to(self.kv.device)
-        max_q_len = max(meta.q_lens)
+    def device_guard(self):
+        """Launches and captures on the pool's device (device='cuda:1' must not run on the current device)."""
+        return torch.cuda.device(self.kv.device) if self.kv.device.type == "cuda" else contextlib.nullcontext()
+
+    @torch.inference_mode()
+    def warm_up(self, act_dtype: torch.dtype) -> None:
+        """Launch every kernel variant a step can need once, on the pad block only, so that no request waits for
+        a JIT compile: a one-row prefill, an eager decode step, the sampler in code and text mode. (The CUDA
+        graphs' capture then compiles the decode variants of each graph size.)"""
+        config, kv = self.model.config, self.kv
+        embeds = torch.zeros(1, config.hidden_size, dtype=act_dtype, device=kv.device)
+        for q_len in (2, 1):  # a general step, then a decode step
+            step = StepTensors.from_lists([q_len], [q_len], [[kv.pad_block]], kv.block_size, kv.device)
+            self.run(embeds.expand(q_len, -1).contiguous(), step)
+        self.sampler.warm_up(config.num_vq, config.num_audio_tokens, config.num_text_tokens, kv.device)
+        for pool in (t for pair in kv.pairs for t in pair):
+            pool[kv.pad_block].zero_()
+
+    def run(self, embeds: torch.Tensor, step: StepTensors) -> torch.Tensor:
+        with self.device_guard():
+            return self._run(embeds, step)
+
+    def _run(self, embeds: torch.Tensor, step: StepTensors) -> torch.Tensor:
+        if step.decode_only:
+            if self.graphs is not None and self.graphs.covers(step.num_seqs):
+                return self.graphs.run(embeds, step)
+            return self.decode_step(embeds, step.positions, step.row_metadata())
+        # one copy for both: cu_q_lens [B + 1] and k_lens [B], each row starting 16-byte aligned (Triton
+        # specialises pointers on that alignment: an offset that varies with B would compile a variant per parity)
+        num, width = step.num_seqs, -(-(step.num_seqs + 1) // 4) * 4
+        lens = torch.zeros(2, width, dtype=torch.int32)
+        lens[0, 1: num + 1] = torch.tensor(step.q_lens, dtype=torch.int32).cumsum(0)
+        lens[1, :num] = torch.tensor(step.k_lens, dtype=torch.int32)
+        lens = to_device(lens, self.kv.device)
+        cu_q_lens, k_lens, max_q_len = lens[0, : num + 1], lens[1, :num], max(step.q_lens)
 
         def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
             return self.attention.paged_prefill_attention(q, k_cache, v_cache, cu_q_lens, k_lens,
-                                                          meta.block_tables, max_q_len)
+                                                          step.block_tables, max_q_len)
 
-        return self._layers(embeds, meta.positions, meta.slot_mapping, attend)
-
-    def decode(self, embeds: torch.Tensor, positions: list[int], tables: list[list[int]]) -> torch.Tensor:
-        if self.graphs is not None and self.graphs.covers(len(positions)):
-            return self.graphs.run(embeds, positions, tables)
-        pos, meta = self.kv.decode_metadata(positions, tables)
-        return self.decode_step(embeds, pos, meta)
+        return self._layers(embeds, step.positions, step.slots, attend)
 
     def decode_step(self, embeds: torch.Tensor, positions: torch.Tensor, meta: DecodeMetadata) -> torch.Tensor:
         """embeds [B, H], positions [B] -> hidden [B, H]: device tensors only, so a CUDA graph can capture it."""

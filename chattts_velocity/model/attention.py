@@ -59,22 +59,29 @@ class DecodeMetadata(NamedTuple):
 def build_attention_metadata(
     q_lens: list[int],
     k_lens: list[int],
-    block_tables: list[list[int]],
+    block_tables: list[list[int]] | torch.Tensor,
     block_size: int,
     device: torch.device | str = "cpu",
 ) -> AttentionMetadata:
-    """Precompute every index of one step once, so the per-layer work is gathers and one SDPA call."""
+    """Precompute every index of one step once, so the per-layer work is gathers and one SDPA call.
+
+    block_tables: per sequence its block ids, or one [B, w] int tensor (entries past a context are never read).
+    """
     if not (len(q_lens) == len(k_lens) == len(block_tables)) or not q_lens:
         raise ValueError("build_attention_metadata: q_lens, k_lens and block_tables need one entry per sequence")
     if any(q < 1 or q > k for q, k in zip(q_lens, k_lens)):
         raise ValueError(f"build_attention_metadata: need 1 <= q_len <= k_len, got {q_lens} / {k_lens}")
-    if any(len(bt) * block_size < k for bt, k in zip(block_tables, k_lens)):
+    widths = [block_tables.shape[1]] * len(k_lens) if isinstance(block_tables, torch.Tensor) else map(len, block_tables)
+    if any(width * block_size < k for width, k in zip(widths, k_lens)):
         raise ValueError("build_attention_metadata: a block table is too short for its k_len")
     num_seqs, max_q, max_k = len(q_lens), max(q_lens), max(k_lens)
     q_t = torch.tensor(q_lens)
     k_t = torch.tensor(k_lens)
-    width = max(len(bt) for bt in block_tables)
-    tables = torch.tensor([list(bt) + [-1] * (width - len(bt)) for bt in block_tables], dtype=torch.int64)
+    if isinstance(block_tables, torch.Tensor):
+        tables = block_tables.to("cpu", torch.int64)
+    else:
+        width = max(len(bt) for bt in block_tables)
+        tables = torch.tensor([list(bt) + [-1] * (width - len(bt)) for bt in block_tables], dtype=torch.int64)
 
     seq_of_row = torch.repeat_interleave(torch.arange(num_seqs), q_t)  # [N_new]
     cu_q = torch.cumsum(q_t, 0)

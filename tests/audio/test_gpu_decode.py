@@ -1,15 +1,40 @@
 """The Decoder and Vocos on a CUDA device: Chat.load(device="cuda") puts them there in bf16, and decoding keeps every
-tensor on the device until the final waveform. Skipped without CUDA."""
+tensor on the device until the final waveform (GPU tests, skipped without CUDA). The iSTFT that runs there (overlap-add,
+no per-call NOLA check) is checked against torch.istft on CPU."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 from chattts_velocity import Chat
+from chattts_velocity.audio.vocos import ISTFT
+from chattts_velocity.engine.sync_detector import SyncDetector
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
+@pytest.mark.parametrize("frames", [2, 5, 40])
+def test_the_overlap_add_istft_equals_torch_istft_without_syncing(frames: int) -> None:
+    istft = ISTFT(1024, 256)
+    gen = torch.Generator().manual_seed(frames)
+    spec = torch.complex(torch.randn(2, 513, frames, generator=gen), torch.randn(2, 513, frames, generator=gen))
+    expected = torch.istft(spec, 1024, 256, 1024, istft.window, center=True)
+    with SyncDetector() as syncs:
+        got = istft.overlap_add(spec)
+    assert syncs.count == 0, syncs.ops
+    assert got.shape == expected.shape == (2, (frames - 1) * 256)
+    assert (got - expected).abs().max().item() <= 1e-6
+
+
+def test_a_window_without_overlap_is_refused_at_load() -> None:
+    istft = ISTFT(1024, 256)
+    istft.window.zero_()
+    with pytest.raises(ValueError, match="NOLA"):
+        istft.check_window()
+
+
+@pytest.mark.gpu
+@needs_cuda
 @torch.inference_mode()
 def test_decoder_and_vocos_run_on_the_gpu_in_bf16_without_host_syncs(tiny_assets) -> None:
     chat = Chat()

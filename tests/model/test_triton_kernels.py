@@ -96,6 +96,26 @@ def test_decode_attention_matches_torch(dtype, block_size):
     torch.testing.assert_close(out, expected, **TOLERANCE[dtype])
 
 
+@pytest.mark.parametrize("splits", [2, 4, 16])
+def test_split_kv_decode_equals_the_one_pass_decode(splits):
+    lens = [9, 0, 33, 100]  # 0: a padding entry; 16 splits of the 9-position context leave most splits empty
+    meta, k_cache, v_cache, q, _, _ = paged_step([1] * 4, [9, 1, 33, 100], 8, torch.float32, heads=8, kv_heads=2)
+    context_lens = torch.tensor(lens, device=DEVICE)
+    one = tk.paged_decode_attention(q, k_cache, v_cache, meta.block_tables, context_lens, block_n=16, splits=1)
+    split = tk.paged_decode_attention(q, k_cache, v_cache, meta.block_tables, context_lens, block_n=16,
+                                      splits=splits)
+    torch.testing.assert_close(split, one, **TOLERANCE[torch.float32])
+    assert torch.equal(split[1], torch.zeros_like(split[1]))
+
+
+def test_decode_splits_fill_the_gpu_only_when_few_programs_run():
+    assert tk.decode_splits(12, 4096, 0) == 1  # no SMs (CPU)
+    assert tk.decode_splits(12, 4096, 132) == 16  # one sequence on an H100: 12 heads x 16 splits
+    assert tk.decode_splits(12 * 8, 4096, 132) == 4
+    assert tk.decode_splits(12 * 64, 4096, 132) == 1  # 768 programs fill 132 SMs
+    assert tk.decode_splits(12, 100, 132) == 2  # no more splits than tiles of the context
+
+
 def test_decode_attention_gqa_and_empty_context():
     lens = [9, 0, 33]  # 0 = a padding entry (e.g. of a CUDA graph batch): zeros, not NaN
     meta, k_cache, v_cache, q, _, _ = paged_step([1, 1, 1], [9, 1, 33], 8, torch.float32, heads=8, kv_heads=2)
@@ -178,6 +198,19 @@ def test_temperature_and_penalty_match_logits_processors():
     torch.testing.assert_close(out, expected, rtol=2e-7, atol=0)
     empty = sampling.apply_temperature_and_penalty(logits.clone(), temperatures, history[:, :0], penalties)
     assert torch.equal(empty, lp.apply_temperature(logits.clone(), temperatures))
+
+
+def test_penalty_clamps_non_finite_values_like_the_cpu_chain():
+    logits = random_logits(2, 300)
+    logits[:, 5] = torch.tensor([2.0, -2.0], device=DEVICE)
+    logits[:, 6] = 0.0
+    history = torch.tensor([[5] * 16 + [6] * 16 + list(range(7, 40))] * 2, device=DEVICE)  # 65 ids: 5 tiles
+    penalties = torch.tensor([1e-3, 1e-3], device=DEVICE)  # 1e-3 ** 16 underflows: s / 0 and 0 / 0
+    ones = torch.ones(2, device=DEVICE)
+    expected = lp.apply_repetition_penalty(logits.clone(), history, penalties)
+    out = sampling.apply_temperature_and_penalty(logits.clone(), ones, history, penalties)
+    assert bool(out.isfinite().all())
+    torch.testing.assert_close(out, expected, rtol=2e-7, atol=0)
 
 
 def test_top_p_top_k_and_eos_masks_equal_torch():

@@ -19,12 +19,15 @@ import triton.language as tl
 MIN_KEEP = 3  # tokens top-p and top-k always keep, as logits_processors
 NOISE_BLOCK = 1024  # vocabulary entries per noise program
 EAGER = {"enable_fp_fusion": False}  # no fused multiply-adds, as torch's eager ops
+HISTORY_TILE = 16  # history ids per tile of the penalty (the default penalty window)
+FLOAT32_MAX: tl.constexpr = 3.4028234663852886e38
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["history_stride", "width"])
 def _temperature_penalty_kernel(logits_ptr, temperatures_ptr, history_ptr, penalties_ptr, logits_stride,
                                 history_stride, vocab, width, BLOCK_V: tl.constexpr, BLOCK_W: tl.constexpr):
-    # one program per row: divide the row by its temperature, then penalise the ids of its history window
+    # one program per row: divide the row by its temperature, then penalise the ids of its history window, visited
+    # in tiles of BLOCK_W (one compiled variant for every window width)
     row = tl.program_id(0).to(tl.int64)
     row_ptr = logits_ptr + row * logits_stride
     temperature = tl.load(temperatures_ptr + row)
@@ -33,21 +36,32 @@ def _temperature_penalty_kernel(logits_ptr, temperatures_ptr, history_ptr, penal
         x = tl.load(row_ptr + cols, mask=cols < vocab)
         tl.store(row_ptr + cols, tl.div_rn(x, temperature), mask=cols < vocab)
     tl.debug_barrier()  # the penalty reads what the temperature pass wrote
-    i = tl.arange(0, BLOCK_W)
-    ids = tl.load(history_ptr + row * history_stride + i, mask=i < width, other=-1)  # -1 = padding
-    valid = ids >= 0
-    same = (ids[:, None] == ids[None, :]) & valid[None, :]  # [W, W]
-    count = tl.sum(same.to(tl.int32), 1)
-    # each id is read and written by its first occurrence only, so no two threads touch one logit
-    first = tl.sum((same & (i[None, :] < i[:, None])).to(tl.int32), 1) == 0
     penalty = tl.load(penalties_ptr + row)
-    alpha = tl.full([BLOCK_W], 1.0, tl.float32)
-    for n in range(BLOCK_W):  # alpha = penalty ** count, count <= W
-        alpha = tl.where(n < count, alpha * penalty, alpha)
-    ptrs = row_ptr + tl.where(valid, ids, 0)
-    scores = tl.load(ptrs, mask=valid & first, other=0.0)
-    penalised = tl.where(scores < 0, scores * alpha, tl.div_rn(scores, alpha))
-    tl.store(ptrs, penalised, mask=valid & first)
+    history = history_ptr + row * history_stride
+    for first_i in range(0, width, BLOCK_W):
+        i = first_i + tl.arange(0, BLOCK_W)
+        ids = tl.load(history + i, mask=i < width, other=-1)  # -1 = padding
+        valid = ids >= 0
+        count = tl.zeros([BLOCK_W], dtype=tl.int32)
+        earlier = tl.zeros([BLOCK_W], dtype=tl.int32)
+        for first_j in range(0, width, BLOCK_W):
+            j = first_j + tl.arange(0, BLOCK_W)
+            other = tl.load(history + j, mask=j < width, other=-1)
+            same = (ids[:, None] == other[None, :]) & (other >= 0)[None, :]  # [W, W]
+            count += tl.sum(same.to(tl.int32), 1)
+            earlier += tl.sum((same & (j[None, :] < i[:, None])).to(tl.int32), 1)
+        # each id is read and written by its first occurrence only, so no two threads touch one logit
+        first = earlier == 0
+        alpha = tl.full([BLOCK_W], 1.0, tl.float32)
+        for n in range(0, width):  # alpha = penalty ** count, count <= width
+            alpha = tl.where(n < count, alpha * penalty, alpha)
+        ptrs = row_ptr + tl.where(valid, ids, 0)
+        scores = tl.load(ptrs, mask=valid & first, other=0.0)
+        penalised = tl.where(scores < 0, scores * alpha, tl.div_rn(scores, alpha))
+        # a tiny penalty's alpha underflows to 0: s/0 is inf, 0/0 NaN. As the CPU chain: NaN -> 0, +-inf -> +-max
+        penalised = tl.where(penalised != penalised, 0.0, penalised)
+        penalised = tl.minimum(tl.maximum(penalised, -FLOAT32_MAX), FLOAT32_MAX)
+        tl.store(ptrs, penalised, mask=valid & first)
 
 
 @triton.jit
@@ -77,7 +91,7 @@ def apply_temperature_and_penalty(
     _temperature_penalty_kernel[(rows,)](
         logits, temperatures.float().contiguous(), history, penalties.float().contiguous(), logits.stride(0),
         history.stride(0), vocab, width, BLOCK_V=min(4096, triton.next_power_of_2(vocab)),
-        BLOCK_W=triton.next_power_of_2(max(width, 1)), num_warps=4, **EAGER)
+        BLOCK_W=HISTORY_TILE, num_warps=4, **EAGER)
     return logits
 
 

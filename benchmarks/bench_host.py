@@ -1,0 +1,165 @@
+"""Host cost of the engine's step loop: scheduling, metadata, sampler preparation, output handling; no model work.
+
+The engine runs a real backend ("triton" under TRITON_INTERPRET=1, or "cpu") whose kernels are replaced by
+ready-made results: the layers return their input (hidden states of the right shape), the heads return fixed
+logits, the sampler's draw returns fixed tokens (its host-side preparation still runs). What is left is the host
+work a GPU step cannot hide. Reported, in milliseconds of the host thread's CPU time per step (median; torch runs
+one thread, so a busy host's other processes inflate it far less than wall time):
+
+- decode_host_ms[N]: a decode step of N running sequences at context ~300;
+- admit_host_ms[P]: what a step admitting one P-row prompt among 63 running costs beyond a decode step of 63.
+
+    python benchmarks/bench_host.py                          # this tree, triton backend
+    python benchmarks/bench_host.py --trees OLD_CHECKOUT .   # two trees in one run, interleaved
+    python benchmarks/bench_host.py --json                   # one line: this tree's numbers
+
+Each (tree, backend) is a fresh process with the tree first on sys.path; trees alternate per round. Writes
+results/host_<backend>.json with every tree's rounds and medians.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+CONTEXT, RUNNING, DECODE_SIZES, PROMPTS = 300, 63, (1, 64, 256), (200, 2048)
+
+CHILD = r"""
+import json, statistics, sys, time
+sys.path.insert(0, sys.argv[1])
+import torch
+torch.set_num_threads(1)
+from chattts_velocity.config import EngineConfig, ModelConfig
+from chattts_velocity.engine.llm_engine import LLMEngine
+from chattts_velocity.model import ChatTTSLlama, Embed, kv_cache_bytes_per_block
+from chattts_velocity.schema import Prompt, SamplingParams
+
+backend, steps = sys.argv[2], int(sys.argv[3])
+CONTEXT, RUNNING = int(sys.argv[4]), int(sys.argv[5])
+sizes, prompts = json.loads(sys.argv[6]), json.loads(sys.argv[7])
+# ChatTTS's widths (head_dim 64, as the cpu backend's kernels need) with 2 layers: the host work does not depend
+# on the depth, and the KV pool stays small
+cfg = ModelConfig(num_hidden_layers=2)
+positions = max(sizes) * (CONTEXT + steps + 16) + max(prompts) + 64 * 16
+pool = -(-positions // 16) * kv_cache_bytes_per_block(2, 16, cfg.num_attention_heads, cfg.head_dim, torch.bfloat16)
+engine_config = EngineConfig(backend=backend, dtype="bfloat16", max_num_seqs=max(sizes), max_num_batched_tokens=4096,
+                             max_model_len=4096, kv_cache_memory=pool)
+model = ChatTTSLlama(cfg).to(torch.bfloat16)
+embed = Embed(cfg.hidden_size, cfg.num_audio_tokens, cfg.num_text_tokens, cfg.num_vq)
+engine = LLMEngine(model, embed, cfg, engine_config)
+runner = engine.runner
+assert runner.backend.name == backend, runner.backend.name
+ready_code = torch.zeros(max(sizes) + 1, cfg.num_vq, cfg.num_audio_tokens)
+ready_tokens = torch.zeros(max(sizes) + 1, cfg.num_vq, dtype=torch.int64)
+# no model work: the layers return their input, the heads fixed logits, the draw fixed tokens
+if backend == "cpu":
+    runner.backend.fused = lambda embeds, *args: embeds
+else:
+    runner.backend._layers = lambda x, *args: x
+runner.embed.logits_rowwise = lambda hidden, name: ready_code[: hidden.shape[0]]
+sampler = getattr(runner.backend, "sampler", None) or runner.sampler
+sampler.sample = lambda logits, batch: ready_tokens[: len(batch.noise_seeds)]
+gen = torch.Generator().manual_seed(0)
+
+def prompt(rows):
+    ids = torch.randint(0, cfg.num_audio_tokens - 1, (rows, cfg.num_vq), generator=gen)
+    return Prompt(ids, torch.zeros(rows, dtype=torch.bool))
+
+def params():
+    return SamplingParams(mode="code", max_new_token=1000, min_new_token=1000, eos_token_id=cfg.num_audio_tokens - 1)
+
+def timed_step():
+    # CPU time of this thread (torch runs single-threaded here): what a busy host's other processes do not inflate
+    t = time.thread_time()
+    engine.step()
+    return time.thread_time() - t
+
+def fill(n):
+    for _ in range(n):
+        engine.add_request(None, prompt(CONTEXT), params())
+    while engine.scheduler.waiting or any(s.num_computed_tokens < len(s) - 1 for s in engine.scheduler.running):
+        engine.step()
+
+def clear():
+    for seq in list(engine.scheduler.running):
+        engine.abort_request(seq.request_id)
+
+out = {"decode_host_ms": {}, "admit_host_ms": {}}
+for n in sizes:
+    fill(n)
+    for _ in range(3):
+        engine.step()
+    out["decode_host_ms"][str(n)] = 1e3 * statistics.median(timed_step() for _ in range(steps))
+    clear()
+fill(RUNNING)
+for _ in range(3):
+    engine.step()
+base = statistics.median(timed_step() for _ in range(steps))
+for rows in prompts:
+    extra = []
+    for _ in range(5):
+        rid = engine.add_request(None, prompt(rows), params())
+        extra.append(timed_step() - base)
+        engine.abort_request(rid)
+        engine.step()
+    out["admit_host_ms"][str(rows)] = 1e3 * statistics.median(extra)
+out["decode_host_ms_63"] = 1e3 * base
+print(json.dumps(out))
+"""
+
+
+def measure(tree: Path, backend: str, steps: int) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(tree), "TRITON_INTERPRET": "1"}
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD, str(tree), backend, str(steps), str(CONTEXT), str(RUNNING),
+         json.dumps(DECODE_SIZES), json.dumps(PROMPTS)],
+        capture_output=True, text=True, timeout=1800, env=env, cwd=str(tree))
+    if done.returncode != 0:
+        raise RuntimeError(f"bench_host child failed for {tree} ({backend}):\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def medians(rounds: list[dict]) -> dict:
+    """The issue's JSON shape: per key, the median over rounds."""
+    return {key: {k: round(statistics.median(r[key][k] for r in rounds), 4) for k in rounds[0][key]}
+            for key in ("decode_host_ms", "admit_host_ms")}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trees", nargs="+", default=[str(REPO)], help="checkouts of this repository (last = new)")
+    parser.add_argument("--backend", default="triton", choices=["triton", "cpu"])
+    parser.add_argument("--steps", type=int, default=30, help="timed decode steps per size")
+    parser.add_argument("--rounds", type=int, default=1, help="interleaved rounds per tree")
+    parser.add_argument("--json", action="store_true", help="print only the last tree's one-line JSON")
+    parser.add_argument("--out", default=None, help="results file (default results/host_<backend>.json)")
+    args = parser.parse_args(argv)
+    trees = [Path(t).resolve() for t in args.trees]
+    rounds: dict[str, list[dict]] = {str(t): [] for t in trees}
+    for _ in range(args.rounds):
+        for tree in trees:
+            rounds[str(tree)].append(measure(tree, args.backend, args.steps))
+    summary = {tree: medians(r) for tree, r in rounds.items()}
+    report = {"backend": args.backend, "context": CONTEXT, "running_for_admission": RUNNING, "steps": args.steps,
+              "trees": summary, "rounds": rounds}
+    if len(trees) == 2:
+        old, new = (summary[str(t)] for t in trees)
+        report["old_over_new"] = {key: {k: round(old[key][k] / max(new[key][k], 1e-9), 2) for k in new[key]}
+                                  for key in new}
+    out = Path(args.out) if args.out else REPO / "benchmarks" / "results" / f"host_{args.backend}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1), encoding="utf-8")
+    if args.json:
+        print(json.dumps(summary[str(trees[-1])]))
+    else:
+        print(json.dumps(report["trees"], indent=1))
+        print(f"results written to {out}")
+
+
+if __name__ == "__main__":
+    main()

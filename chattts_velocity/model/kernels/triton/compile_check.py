@@ -1,0 +1,218 @@
+"""Model stage, CUDA backend, checks: compile every Triton kernel the engine launches for real GPU targets, here.
+
+No GPU is needed: Triton compiles for a named target (`GPUTarget("cuda", cc, 32)`) with its bundled ptxas, and
+cuobjdump reads the registers, shared memory and local (spilled) memory of each cubin. This runs the code paths the
+CPU interpreter never takes (the bf16/fp16 tensor-core tl.dot of the prefill kernel, the real register allocator).
+
+What is compiled is recorded, not listed by hand: a child process runs TritonBackend steps (decode with every
+split count, prefill) and the device sampler (code and text vocabularies) under TRITON_INTERPRET=1 with each
+launch captured instead of run, for ChatTTS's widths and the tests' sizes, fp32/bf16/fp16 pools and block sizes
+4 and 16, as a GPU launches them (the interpreter's fp32 upcast off).
+
+    python -m chattts_velocity.model.kernels.triton.compile_check --out benchmarks/results/triton_compile.json
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import inspect
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+TARGETS = {80: 166912, 89: 101376, 90: 232448}  # compute capability -> opt-in shared memory per block (bytes)
+MODELS = {"chattts": (768, 12, 3072), "test": (64, 4, 128)}  # hidden, heads, intermediate
+DTYPES = ("float32", "bfloat16", "float16")
+BLOCK_SIZES = (4, 16)
+TYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "int64": "i64", "int32": "i32", "bool": "i1",
+         "uint8": "u8", "int8": "i8"}
+HERE = Path(__file__).parent
+MODULE = "chattts_velocity.model.kernels.triton.compile_check"
+
+
+def record() -> list[dict]:
+    """Every distinct launch of the engine's kernels (run in a TRITON_INTERPRET=1 process)."""
+    import torch
+    from triton.runtime.interpreter import InterpretedFunction
+
+    from chattts_velocity.model.kernels.triton import attention
+
+    launches: dict[str, dict] = {}
+
+    def capture(self, *args, grid, warmup, **kwargs):
+        spec = _spec(self, args, kwargs)
+        launches[json.dumps(spec, sort_keys=True)] = spec
+
+    attention.INTERPRETED = False  # record UPCAST as a GPU launch decides it
+    InterpretedFunction.run = capture
+    with torch.inference_mode():
+        for name, (hidden, heads, inter) in MODELS.items():
+            for dtype in DTYPES:
+                for block_size in BLOCK_SIZES:
+                    _drive_backend(hidden, heads, inter, getattr(torch, dtype), block_size)  # warm-up: + sampler
+    return list(launches.values())
+
+
+def _spec(kernel, args: tuple, kwargs: dict) -> dict:
+    """Triton's view of one launch: argument types, constexpr values, compile options."""
+    fn = kernel.fn
+    params = inspect.signature(fn).parameters
+    names = list(params)
+    values = dict(zip(names, args)) | {k: v for k, v in kwargs.items() if k in params}
+    skip = set(kernel.kwargs.get("do_not_specialize") or ()) if hasattr(kernel, "kwargs") else set()
+    signature, constexprs = {}, {}
+    for name in names:
+        value = values[name]
+        if "constexpr" in str(params[name].annotation):
+            signature[name], constexprs[name] = "constexpr", value
+        elif hasattr(value, "dtype") and hasattr(value, "data_ptr"):
+            signature[name] = "*" + TYPES[str(value.dtype).removeprefix("torch.")]
+        elif isinstance(value, bool):
+            signature[name] = "i1"
+        elif isinstance(value, int):
+            if value == 1 and name not in skip:  # Triton specialises integer arguments equal to 1
+                signature[name], constexprs[name] = "constexpr", 1
+            else:
+                signature[name] = "i32" if -2**31 <= value < 2**31 else "i64"
+        else:
+            signature[name] = "fp32"
+    options = {k: v for k, v in kwargs.items() if k not in params}
+    return {"kernel": f"{fn.__module__}:{fn.__name__}", "signature": signature, "constexprs": constexprs,
+            "options": options}
+
+
+def _drive_backend(hidden: int, heads: int, inter: int, dtype, block_size: int) -> None:
+    import torch
+
+    from chattts_velocity.config import ModelConfig
+    from chattts_velocity.engine.paged_kv import PagedKV, StepTensors
+    from chattts_velocity.engine.triton_backend import TritonBackend
+    from chattts_velocity.model import ChatTTSLlama, allocate_kv_pairs
+    from chattts_velocity.model.kernels.triton import attention
+
+    config = ModelConfig(hidden_size=hidden, intermediate_size=inter, num_hidden_layers=1, num_attention_heads=heads,
+                         num_key_value_heads=heads, max_position_embeddings=256)
+    model = ChatTTSLlama(config).to(dtype).eval()
+    pairs = allocate_kv_pairs(1, 9, block_size, heads, hidden // heads, dtype)
+    backend = TritonBackend(model, PagedKV(pairs, block_size, 8, torch.device("cpu")), dtype, 4, 64)
+    prefill = StepTensors.from_lists([5, 1], [5, 9], [[0, 1, 2], [3, 4, 5]], block_size, torch.device("cpu"))
+    backend.run(torch.zeros(6, hidden, dtype=dtype), prefill)
+    decode = StepTensors.from_lists([1, 1], [6, 10], [[0, 1, 2], [3, 4, 5]], block_size, torch.device("cpu"))
+    original = attention.decode_splits
+    for splits in (1, 2, 4, 8, attention.MAX_SPLITS):
+        attention.decode_splits = lambda *args, splits=splits: splits
+        backend.run(torch.zeros(2, hidden, dtype=dtype), decode)
+    attention.decode_splits = original
+
+
+def compile_all(specs: list[dict], targets: list[int]) -> list[dict]:
+    """Compile each spec for each target (TRITON_INTERPRET unset); registers, shared and local memory per cubin."""
+    import importlib
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    results = []
+    for spec in specs:
+        module, name = spec["kernel"].split(":")
+        fn = getattr(importlib.import_module(module), name)
+        for cc in targets:
+            row = {"kernel": name, "target": f"sm_{cc}", "constexprs": spec["constexprs"],
+                   "pointers": {k: v for k, v in spec["signature"].items() if v.startswith("*")}}
+            try:
+                compiled = triton.compile(ASTSource(fn, spec["signature"], spec["constexprs"]),
+                                          target=GPUTarget("cuda", cc, 32), options=spec["options"])
+                row |= _resources(compiled, cc)
+            except Exception as exc:  # noqa: BLE001 -- a compile error is a result here
+                row |= {"error": f"{type(exc).__name__}: {str(exc)[-800:]}"}
+            results.append(row)
+    return results
+
+
+def _resources(compiled, cc: int) -> dict:
+    import triton
+
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
+        cubin.write(compiled.asm["cubin"])
+        cubin.flush()
+        usage = subprocess.run([str(tool), "-res-usage", cubin.name], capture_output=True, text=True).stdout
+    fields = dict(item.split(":", 1) for line in usage.splitlines() if "REG:" in line for item in line.split())
+    shared = max(int(compiled.metadata.shared), int(fields.get("SHARED", 0)))
+    out = {"registers": int(fields["REG"]), "shared_bytes": shared, "local_bytes": int(fields.get("LOCAL", 0)),
+           "stack_bytes": int(fields.get("STACK", 0)), "num_warps": compiled.metadata.num_warps}
+    problems = []
+    if out["local_bytes"] or out["stack_bytes"]:
+        problems.append("register spills (local memory)")
+    if shared > TARGETS[cc]:
+        problems.append(f"shared memory {shared} B above sm_{cc}'s {TARGETS[cc]} B")
+    return out | ({"error": "; ".join(problems)} if problems else {})
+
+
+def source_key(targets: list[int]) -> str:
+    """Hash of everything the results depend on: the kernels' and engine's sources, triton's version, targets."""
+    import triton
+
+    digest = hashlib.sha256(f"{triton.__version__} {targets} {MODELS} {DTYPES} {BLOCK_SIZES}".encode())
+    engine = HERE.parents[2] / "engine"
+    for path in sorted([*HERE.glob("*.py"), engine / "triton_backend.py", engine / "device_sampler.py"]):
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:20]
+
+
+def run(targets: list[int], cache_dir: Path | None = None) -> dict:
+    """Record (child process, interpreter) then compile (child process, no interpreter); cached by source_key."""
+    key = source_key(targets)
+    cached = cache_dir / f"{key}.json" if cache_dir else None
+    if cached and cached.is_file():
+        return json.loads(cached.read_text())
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = str(HERE.parents[3])
+    env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")])
+    recorded = subprocess.run([sys.executable, "-m", MODULE, "--record"], capture_output=True, text=True,
+                              env=env | {"TRITON_INTERPRET": "1"}, check=True, cwd=root)
+    specs = json.loads(recorded.stdout.strip().splitlines()[-1])
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(specs, f)
+    compiled = subprocess.run([sys.executable, "-m", MODULE, "--compile", f.name, "--targets",
+                               ",".join(map(str, targets))], capture_output=True, text=True, env=env, check=True,
+                              cwd=root)
+    os.unlink(f.name)
+    report = {"key": key, "targets": [f"sm_{cc}" for cc in targets], "kernels": len(specs),
+              "results": json.loads(compiled.stdout.strip().splitlines()[-1])}
+    if cached:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        cached.write_text(json.dumps(report, indent=1))
+    return report
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--targets", default=",".join(map(str, TARGETS)), help="compute capabilities")
+    parser.add_argument("--out", help="write the report here")
+    parser.add_argument("--record", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--compile", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    targets = [int(t) for t in args.targets.split(",")]
+    if args.record:
+        print(json.dumps(record()))
+        return
+    if args.compile:
+        print(json.dumps(compile_all(json.loads(Path(args.compile).read_text()), targets)))
+        return
+    report = run(targets)
+    if args.out:
+        Path(args.out).write_text(json.dumps(report, indent=1))
+    failed = [r for r in report["results"] if "error" in r]
+    print(f"{len(report['results'])} compilations, {len(failed)} failed")
+    for row in failed:
+        print(f"  {row['kernel']} {row['target']} {row['constexprs']}: {row['error']}")
+    raise SystemExit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()

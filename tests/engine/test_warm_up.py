@@ -1,0 +1,62 @@
+"""The triton backend compiles every kernel variant at load: no request waits for a JIT compile.
+
+Under Triton's interpreter nothing compiles, so each launch is keyed as Triton's compile cache keys it (the kernel,
+its constexprs, the pointer dtypes, integer arguments equal to 1 or divisible by 16 unless excluded, pointers
+aligned to 16 bytes): a launch with a key not seen at load would be a compilation on a GPU.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from chattts_velocity import Chat, InferCodeParams, load_pretrained
+from chattts_velocity.model.kernels.triton import available
+from chattts_velocity.text import split_pieces
+
+REASON = available()
+pytestmark = [pytest.mark.triton, pytest.mark.skipif(REASON is not None, reason=f"Triton unavailable: {REASON}")]
+
+
+def _key(kernel, args: tuple, kwargs: dict) -> tuple:
+    skip = set(kernel.kwargs.get("do_not_specialize") or ())
+    parts = [kernel.fn.__name__]
+    for name, value in zip(kernel.arg_names, args):
+        if isinstance(value, torch.Tensor):
+            parts.append((name, str(value.dtype), value.data_ptr() % 16 == 0))
+        elif isinstance(value, int) and not isinstance(value, bool) and name not in skip:
+            parts.append((name, value == 1, value % 16 == 0))
+    return (*parts, tuple(sorted((k, repr(v)) for k, v in kwargs.items())))
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    from triton.runtime.interpreter import InterpretedFunction
+
+    seen: list[tuple] = []
+    run = InterpretedFunction.run
+
+    def keyed(self, *args, grid, warmup, **kwargs):
+        seen.append(_key(self, args, kwargs))
+        return run(self, *args, grid=grid, warmup=warmup, **kwargs)
+
+    monkeypatch.setattr(InterpretedFunction, "run", keyed)
+    return seen
+
+
+def test_no_kernel_variant_is_new_in_the_first_32_steps_after_load(tiny_assets, launches) -> None:
+    chat = Chat()
+    chat.load(source="custom", custom_path=tiny_assets, verify=False)
+    llm = load_pretrained(tiny_assets, is_vllm=True, backend="triton", max_num_seqs=4)
+    at_load = set(launches)
+    assert len(at_load) >= 8  # store, prefill, decode, 2 norms, rope, penalty and noise in two vocabularies
+    params = InferCodeParams(max_new_token=30, min_new_token=30, show_tqdm=False, manual_seed=3)
+    requests = chat.speech_requests(split_pieces(["Hello world.", "A longer sentence to read."], split=False),
+                                    params)
+    engine = llm.engine
+    for i, (prompt, sampling) in enumerate(zip(requests.prompts, requests.sampling)):
+        engine.add_request(f"r{i}", prompt, sampling)
+    launches.clear()
+    for _ in range(32):  # the prefill, then decode steps whose penalty history grows from 0 to its window
+        engine.step()
+    assert launches, "the steps launched no kernel"
+    assert set(launches) <= at_load, set(launches) - at_load
