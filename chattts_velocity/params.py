@@ -27,6 +27,8 @@ class RefineTextParams:
     ensure_non_empty: bool = True
     manual_seed: int | None = None
     logits_processors: tuple[LogitsProcessor, ...] = field(default=(), kw_only=True)  # ours, keyword-only
+    # ours, keyword-only: > 1 refines by beam search (deterministic, highest likelihood) instead of sampling
+    beam_width: int = field(default=1, kw_only=True)
 
     def __post_init__(self) -> None:
         check_sampling(self.sampling_values(), UPSTREAM_NAMES)
@@ -62,6 +64,9 @@ class InferCodeParams(RefineTextParams):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.beam_width != 1:
+            raise ValueError(f"beam_width: beam search is for the refine-text pass (RefineTextParams); the "
+                             f"audio-code pass samples its codebooks, got {self.beam_width!r}")
         for name, low in (("stream_batch", 1), ("stream_speed", 1), ("pass_first_n_batches", 0)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:

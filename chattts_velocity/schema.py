@@ -62,11 +62,18 @@ class SamplingParams:
     return_hidden: bool = True
     ensure_non_empty: bool = True  # unseeded: an EOS at the very first step is retried, MAX_REGENERATE times
     priority: int = 0  # lower runs first when the scheduler uses priority order
+    beam_width: int = 1  # > 1: deterministic beam search (text mode only; engine/beam_search.py), 1: sampling
+    length_penalty: float = 1.0  # beam hypotheses rank by logprob_sum / length**length_penalty
 
     def __post_init__(self) -> None:
         check_sampling({name: getattr(self, name) for name in SAMPLING_RULES})
         if self.mode not in ("code", "text"):
             raise ValueError(f"mode: must be 'code' or 'text', got {self.mode!r}")
+        if self.beam_width > 1 and self.mode != "text":
+            raise ValueError(f"beam_width: beam search is for the text pass (mode 'text'); the audio-code pass "
+                             f"samples its codebooks, got beam_width={self.beam_width} with mode {self.mode!r}")
+        if self.beam_width > 1 and self.return_hidden:
+            raise ValueError("beam_width: beam search returns no hidden states; pass return_hidden=False")
 
     def temperatures(self, num_rows: int) -> list[float]:
         """The temperature of each of the request's rows (4 codebooks, or 1 in text mode)."""
@@ -83,6 +90,7 @@ class SamplingParams:
 
 MAX_REGENERATE = 3  # retries of an unseeded request whose first token is EOS (upstream retries forever)
 SEED_MAX = 2**63 - 1  # torch.manual_seed and the counter-based sampler both take seeds in [0, 2**63)
+BEAM_WIDTH_MAX = 1024  # each beam is a running sequence: a bound on what one request may hold
 TOP_K_MAX = 2**31 - 1  # larger k are clamped to the vocabulary at use anyway; this bound keeps int64 safe
 # logits / temperature must stay finite in float32 (max 3.4e38): logits are far below 1e8, so 1e-30
 # leaves room; 1e-6 is the usual near-greedy value.
@@ -120,6 +128,8 @@ SAMPLING_RULES: dict[str, tuple[Callable[[object], bool], str]] = {
     "min_new_token": (lambda v: _integer(v) and v >= 0, "must be an integer >= 0"),
     "seed": (lambda v: v is None or (_integer(v) and 0 <= v <= SEED_MAX),
              "must be an integer in [0, 2**63 - 1] or None"),
+    "beam_width": (lambda v: _integer(v) and 1 <= v <= BEAM_WIDTH_MAX, f"must be an integer in [1, {BEAM_WIDTH_MAX}]"),
+    "length_penalty": (_real, "must be a finite number"),
 }
 
 

@@ -93,13 +93,19 @@ class BlockManager:
         seq.block_table = []
         seq.num_computed_tokens = 0
 
+    def can_fork(self, parent: Sequence, child: Sequence) -> bool:
+        return child.num_blocks(self.block_size) - self._num_shared(parent, child) <= len(self._free)
+
+    def _num_shared(self, parent: Sequence, child: Sequence) -> int:
+        return min(parent.num_computed_tokens, len(child) - 1, len(parent)) // self.block_size
+
     def fork(self, parent: Sequence, child: Sequence) -> None:
         """Give `child` (same leading content as `parent`) the parent's full computed blocks, shared.
 
         The child still needs KV for its last position, so at most (len(child)-1)//block_size
         blocks are shared; the rest are fresh and must be computed.
         """
-        shared = min(parent.num_computed_tokens, len(child) - 1, len(parent)) // self.block_size
+        shared = self._num_shared(parent, child)
         fresh_needed = child.num_blocks(self.block_size) - shared
         if child.block_table or fresh_needed > len(self._free):
             raise RuntimeError(f"fork: {child.request_id} holds blocks or the pool is too small")

@@ -16,6 +16,7 @@ import torch
 
 from chattts_velocity.assets import AssetPaths
 from chattts_velocity.config import EngineConfig, ModelConfig
+from chattts_velocity.engine.beam_engine import BeamSearch
 from chattts_velocity.engine.block_manager import BlockManager
 from chattts_velocity.engine.model_runner import ModelRunner
 from chattts_velocity.engine.scheduler import Scheduler
@@ -71,6 +72,7 @@ class LLMEngine:
         self.scheduler = Scheduler(engine_config, self.block_manager)
         self.runner = ModelRunner(model, embed, config, engine_config, num_blocks, kv_dtype=kv_dtype)
         self.stats = EngineStats()
+        self.beams = BeamSearch(self.scheduler, self.runner.embed)  # requests with beam_width > 1
         self._retries: dict[str, int] = {}
         self._ids = itertools.count()
 
@@ -92,12 +94,14 @@ class LLMEngine:
     def add_request(self, request_id: str | None, prompt: Prompt, params: SamplingParams) -> str:
         """Queue a request; it joins the running batch at the next step. Returns its id."""
         request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
+        if params.beam_width > 1:
+            return self.beams.add(request_id, prompt, params, arrival=time.monotonic())
         self.scheduler.add(Sequence(request_id, prompt, params, arrival=time.monotonic()))
         return request_id
 
     def abort_request(self, request_id: str) -> bool:
         self._retries.pop(request_id, None)
-        return self.scheduler.abort(request_id)
+        return self.beams.abort(request_id) or self.scheduler.abort(request_id)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -111,12 +115,12 @@ class LLMEngine:
             out = self.runner.run(batch)
         except Exception as exc:  # noqa: BLE001 -- not attributable to one request: this step's requests fail
             logger.exception("engine step failed; failing its %d request(s), serving the others", batch.num_seqs)
-            return self._fail([(seq, RuntimeError(f"engine: a step failed ({exc!r}); this request was in it"))
-                               for seq in batch.seqs])
+            return self.beams.after_step(batch, None, self._fail(
+                [(seq, RuntimeError(f"engine: a step failed ({exc!r}); this request was in it")) for seq in batch.seqs]))
         failed = self._fail([(batch.seqs[b], error) for b, error in out.failed.items()])
         finished = self.scheduler.postprocess(batch, out)
         self._record(batch, time.perf_counter() - start)
-        return failed + self._deltas(batch, out, finished)
+        return self.beams.after_step(batch, out, failed + self._deltas(batch, out, finished))
 
     def _fail(self, failures: list[tuple[Sequence, Exception]]) -> list[GenerationOutput]:
         """Abort each sequence (its blocks are freed) and hand its error on as its last delta."""

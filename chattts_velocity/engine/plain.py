@@ -18,6 +18,7 @@ from ..model.embed import Embed
 from ..model.loader import gpt_state_dict, load_embed
 from ..schema import MAX_REGENERATE, GenerationOutput, Prompt, SamplingParams, pad_left
 from . import logits_processors as lp
+from .plain_beams import plain_beam_search
 from .progress import progress_bar
 
 logger = logging.getLogger("chattts_velocity")
@@ -94,6 +95,8 @@ class PlainGPT:
                         progress: bool, should_stop: Callable[[], bool] | None) -> list[GenerationOutput]:
         params = _single_params(params)
         self._check_length(prompts, params)
+        if params.beam_width > 1:
+            return [plain_beam_search(self, p, params, should_stop, str(k)) for k, p in enumerate(prompts)]
         for _attempt in range(MAX_REGENERATE + 1):
             outputs, empty_first_step = self._generate_once(prompts, params, progress, should_stop)
             if not (empty_first_step and params.ensure_non_empty and params.seed is None):

@@ -62,6 +62,14 @@ class Scheduler:
                 f"kv_cache_memory"
             )
 
+    def add_running(self, seq: Sequence) -> None:
+        """Run a sequence that already holds its blocks (a beam forked by BlockManager.fork)."""
+        if seq.request_id in self._requests:
+            raise ValueError(f"request_id: {seq.request_id!r} is already running; use a unique id")
+        seq.status = SequenceStatus.RUNNING
+        self._requests[seq.request_id] = seq
+        self.running.append(seq)
+
     def abort(self, request_id: str) -> bool:
         """Stop a waiting or running request and free its blocks. False if it is unknown or done."""
         seq = self._requests.pop(request_id, None)
@@ -102,8 +110,8 @@ class Scheduler:
         for seq in order:
             if budget == 0 or len(chosen) == self.config.max_num_seqs:
                 break
-            if seq.status is not SequenceStatus.RUNNING:
-                continue  # preempted earlier in this loop
+            if seq.status is not SequenceStatus.RUNNING or seq.num_computed_tokens == len(seq):
+                continue  # preempted earlier in this loop, or a beam waiting for its group's choice
             if not self._reserve_slot(seq, scheduled):
                 preempted = True
                 continue
@@ -173,8 +181,8 @@ class Scheduler:
                 continue  # aborted while the step ran
             seq.num_computed_tokens = batch.num_computed_tokens[b] + batch.num_new_tokens[b]
             self.block_manager.cache_computed_blocks(seq)
-            if not batch.sample[b]:
-                continue
+            if not batch.sample[b] or seq.is_beam:
+                continue  # a beam's token is chosen by its beam search
             status = self._append(seq, tuple(tokens[b][: seq.num_rows]), hiddens[b])
             if status is not None:
                 self._finish(seq, status)

@@ -39,6 +39,8 @@ class Sequence:
     still has to be fed to predict the next one.
     """
 
+    is_beam = False  # a beam of a beam-search request: the beam search appends its tokens (engine/beam_engine.py)
+
     def __init__(self, request_id: str, prompt: Prompt, params: SamplingParams, arrival: float = 0.0) -> None:
         self.request_id = request_id
         self.prompt = prompt
