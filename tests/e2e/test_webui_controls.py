@@ -238,7 +238,7 @@ def test_voice_library_save_pick_and_delete(webui_page, webui_server) -> None:
     _answered(page, "saved voice 'Narrator'")
     page.locator("#voice-name textarea").fill("NARRATOR")  # a taken name, in other letters
     page.locator("#save-voice").click()
-    _answered(page, "error: name: a voice named 'NARRATOR' exists")
+    _answered(page, "error: name: 'NARRATOR' is taken")
     pick(page, "voice-preset", "default")
     page.wait_for_function("(s) => document.querySelector('#speaker textarea').value === s",
                            arg=expected_speaker(2))
