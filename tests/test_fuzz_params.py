@@ -24,13 +24,13 @@ def values(normal: st.SearchStrategy) -> st.SearchStrategy:
 
 
 def infer_kwargs() -> st.SearchStrategy[dict]:
-    return st.fixed_dictionaries({}, optional={
+    # max_new_token always drawn: left out, random weights (no EOS) would run the default 2048 / 384 steps per example
+    return st.fixed_dictionaries({"max_new_token": values(st.integers(1, 6))}, optional={
         "temperature": values(st.one_of(st.floats(1e-6, 2.0), st.lists(st.floats(0.05, 1.5), min_size=1,
                                                                           max_size=4))),
         "top_P": values(st.floats(0.01, 1.0)),
         "top_K": values(st.integers(1, 2000)),
         "repetition_penalty": values(st.floats(0.5, 2.0)),
-        "max_new_token": values(st.integers(1, 6)),
         "min_new_token": values(st.integers(0, 6)),
         "manual_seed": values(st.integers(0, 2**63 - 1)),
     })

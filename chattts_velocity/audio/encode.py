@@ -18,6 +18,7 @@ from .formats import STREAMED_DATA_SIZE, STREAMED_RIFF_SIZE, AudioFormat, audio_
 from .wav import SAMPLE_RATE, as_mono, float_to_int16
 
 OGG_PAGE_MICROSECONDS = 100_000  # Opus pages: ffmpeg's default 1 s would hold a streamed response's bytes back
+STREAM_IO_BUFFER = 4096  # bytes: the muxer's I/O buffer of a streamed response (PyAV's default 32 KB is ~4 s of mp3)
 
 
 class Encoder(Protocol):
@@ -148,8 +149,12 @@ class AvEncoder:
 
         self.av, self.sample_rate, self.sink = av, sample_rate, _sink(streamed)
         options = {"page_duration": str(OGG_PAGE_MICROSECONDS)} if spec.muxer == "ogg" else {}
-        self.container = av.open(self.sink, "w", format=spec.muxer, options=options)
-        self.stream = self.container.add_stream(spec.codec, rate=sample_rate, layout="mono")
+        if streamed:  # every packet reaches the pipe at once, not when the muxer's I/O buffer fills
+            options["flush_packets"] = "1"
+        self.container = av.open(self.sink, "w", format=spec.muxer, container_options=options,
+                                 buffer_size=STREAM_IO_BUFFER if streamed else 32768)
+        codec_options = {"frame_size": str(spec.frame_size)} if spec.frame_size else {}
+        self.stream = self.container.add_stream(spec.codec, rate=sample_rate, layout="mono", options=codec_options)
         if spec.bit_rate:
             self.stream.bit_rate = spec.bit_rate
 

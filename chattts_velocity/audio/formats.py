@@ -25,6 +25,7 @@ class AudioFormat:
     codec: str | None = None  # PyAV encoder name, or libsndfile container
     muxer: str | None = None  # PyAV container format (raw mp3 frames, ADTS, Ogg, native FLAC), or libsndfile subtype
     bit_rate: int | None = None  # bits/s of a lossy PyAV codec (speech at 24 kHz mono); None: the codec's default
+    frame_size: int | None = None  # samples per PyAV codec frame where the codec's default is too long to stream
 
 
 FORMATS: dict[str, AudioFormat] = {f.name: f for f in (
@@ -33,7 +34,8 @@ FORMATS: dict[str, AudioFormat] = {f.name: f for f in (
     AudioFormat("mp3", "audio/mpeg", ".mp3", "av", "libmp3lame", "mp3", 64_000),
     AudioFormat("opus", "audio/ogg; codecs=opus", ".opus", "av", "libopus", "ogg", 32_000),
     AudioFormat("aac", "audio/aac", ".aac", "av", "aac", "adts", 64_000),
-    AudioFormat("flac", "audio/flac", ".flac", "av", "flac", "flac"),
+    # FLAC's default block at 24 kHz (2304 samples) is longer than a stream's first chunk (4 steps, 1792 samples)
+    AudioFormat("flac", "audio/flac", ".flac", "av", "flac", "flac", frame_size=1152),
     AudioFormat("ogg", "audio/ogg; codecs=vorbis", ".ogg", "sndfile", "OGG", "VORBIS"),
 )}
 WAV = FORMATS["wav"]  # what the export writes and the web UI plays

@@ -4,10 +4,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 import torch
-from tqdm.auto import tqdm
 
 from chattts_velocity.assets import AssetPaths
 from chattts_velocity.engine.llm_engine import LLMEngine
+from chattts_velocity.engine.progress import progress_bar
 from chattts_velocity.schema import GenerationOutput, Prompt, SamplingParams, raise_first_error
 
 
@@ -99,7 +99,7 @@ class LLM:
                      for rid, sp in zip(ids, params_list)}
         total = sum(sp.max_new_token for sp in params_list)
         mode = params_list[0].mode if params_list else "code"
-        with tqdm(total=total, desc=mode, disable=not progress, leave=False, unit="step") as bar:
+        with progress_bar(total, mode, "step", enabled=progress) as bar:
             while any(not c.finished for c in collected.values()):
                 if should_stop is not None and should_stop():
                     for rid in self._abort(collected):

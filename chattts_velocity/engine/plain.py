@@ -12,13 +12,13 @@ from pathlib import Path
 from collections.abc import Callable, Iterator
 
 import torch
-from tqdm.auto import tqdm
 
 from ..config import ModelConfig
 from ..model.embed import Embed
 from ..model.loader import gpt_state_dict, load_embed
 from ..schema import MAX_REGENERATE, GenerationOutput, Prompt, SamplingParams, pad_left
 from . import logits_processors as lp
+from .progress import progress_bar
 
 logger = logging.getLogger("chattts_velocity")
 
@@ -115,7 +115,7 @@ class PlainGPT:
         ids, mask = ids.to(self.device), mask.bool().to(self.device)
         emb = self._prompt_embeddings(prompts, ids, text_mask.to(self.device))
         loop = _Loop(self, params, ids, mask)
-        bar = tqdm(total=params.max_new_token, desc=params.mode, disable=not progress, leave=False)
+        bar = progress_bar(params.max_new_token, params.mode, "step", enabled=progress)
         with bar:
             for step in range(params.max_new_token):
                 emb = loop.step(step, emb)
@@ -183,9 +183,9 @@ class _Loop:
         # step 0 passes no cache, so LlamaModel starts a DynamicCache; its length places the new keys in the mask
         out = self.gpt.llama(
             inputs_embeds=emb, attention_mask=mask, position_ids=positions,
-            past_key_values=self.cache, use_cache=True,
+            cache=self.cache, use_cache=True,
         )
-        self.cache = out.past_key_values
+        self.cache = out.cache
         return out.last_hidden_state[:, -1]
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -16,11 +16,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tqdm.auto import tqdm
+from tqdm import tqdm
 
 from ..audio.encode import wav_bytes
 from ..audio.wav import SAMPLE_RATE
 from ..engine.async_engine import AsyncLLMEngine
+from ..engine.progress import progress_bar
 from ..params import InferCodeParams
 from ..serve.ray_serve import init_ray, load_worker_chat
 from ..speech.service import SpeechService
@@ -152,7 +153,7 @@ def spread(num_rows: int, options: RayExportOptions) -> tuple[int, int]:
 def _collect(plan: ExportPlan, dataset, total: int, manifest_every: int, progress: bool, log: Log) -> None:
     workers: dict[str, int] = {}
     peak = 0
-    with tqdm(total=total, unit="line", desc="export (ray)", disable=not progress) as bar:
+    with progress_bar(total, "export (ray)", "line", enabled=progress, leave=True) as bar:
         for n, row in enumerate(dataset.iter_rows(), start=1):
             store_row(plan, plan.lines[int(row["key"])], row, log)
             workers[row["worker"]] = workers.get(row["worker"], 0) + 1

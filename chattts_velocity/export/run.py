@@ -8,11 +8,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
-from tqdm.auto import tqdm
+from tqdm import tqdm
 
 from ..audio import Spoken, write_wav
 from ..audio.loudness import normalize_loudness
 from ..audio.wav import SAMPLE_RATE
+from ..engine.progress import Progress, progress_bar
 from ..params import InferCodeParams
 from ..text.voices import VoiceLibrary
 from .manifest import now, replace_atomically
@@ -44,7 +45,7 @@ def run_export(chat: Chat | None, plan: ExportPlan, params: InferCodeParams | No
         plan.meta.update(model=str(chat.paths.root), precision=chat.dtype, started=now())
     _check_speakers_fit(chat, plan, log)
     todo = plan.todo
-    with tqdm(total=len(todo), unit="line", desc="export", disable=not (progress and todo)) as bar:
+    with progress_bar(len(todo), "export", "line", enabled=progress and bool(todo), leave=True) as bar:
         try:
             for start in range(0, len(todo), chunk_size):
                 _run_chunk(chat, plan, todo[start : start + chunk_size], params, bar, log)
@@ -84,7 +85,7 @@ def _check_speakers_fit(chat: Chat | None, plan: ExportPlan, log: Log) -> None:
                         "made with this model", log)
 
 
-def _run_chunk(chat: Chat, plan: ExportPlan, chunk: list[ExportLine], params: InferCodeParams, bar: tqdm,
+def _run_chunk(chat: Chat, plan: ExportPlan, chunk: list[ExportLine], params: InferCodeParams, bar: Progress,
                log: Log) -> None:
     """One engine batch; if it fails, its unfinished lines retry in halves until the culprit runs alone."""
     try:

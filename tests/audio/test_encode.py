@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from chattts_velocity.audio import SAMPLE_RATE, float_to_int16, open_encoder, wav_bytes
+from chattts_velocity.audio import SAMPLE_RATE, float_to_int16, open_encoder, samples_for_steps, wav_bytes
 from chattts_velocity.audio.encode import Pipe
 from chattts_velocity.audio.formats import FORMATS, available_formats
 
@@ -36,6 +36,24 @@ def test_a_streamed_format_decodes_to_the_clip_length(fmt: str, decode_audio) ->
         assert pieces[0] and pieces[-1]
     else:  # bytes with every chunk: the first as soon as it is encoded, and most of the others
         assert pieces[0] and sum(map(bool, pieces)) >= len(pieces) - 2
+
+
+STREAM_CHUNKS = (samples_for_steps(4), *[samples_for_steps(28) - samples_for_steps(4)] * 3)  # default stream plan
+OPENAI_FORMATS = [name for name in ("mp3", "opus", "aac", "flac", "wav", "pcm") if name in available_formats()]
+
+
+@pytest.mark.parametrize("fmt", OPENAI_FORMATS)
+def test_a_stream_has_decodable_audio_after_its_second_model_chunk(fmt: str, decode_audio) -> None:
+    """A server stream's chunks (the first after 4 steps, then every 24) come out with the codec's next frame, not
+    when the muxer's I/O buffer fills: bytes with the first chunk (AAC's encoder delay excepted) and audio that
+    decodes before the last chunk goes in."""
+    encoder, rng, sent = open_encoder(fmt), np.random.default_rng(0), []
+    for n in STREAM_CHUNKS:
+        sent.append(encoder.encode((0.2 * rng.standard_normal(n)).astype(np.float32)))
+    assert sent[0] or fmt == "aac"
+    so_far = b"".join(sent[:2])
+    samples = len(so_far) // 2 if fmt == "pcm" else len(decode_audio(so_far)[0])
+    assert samples > 0, sent
 
 
 @pytest.mark.parametrize("fmt", ["wav", "pcm", "flac"])
@@ -77,6 +95,16 @@ def test_command_line_readers_see_the_streamed_wav_length(tool: str, tmp_path) -
     seconds = float(subprocess.run([*args, str(path)], capture_output=True, text=True, check=True).stdout)
     # ffprobe measures the file; sox reads 0x7FFFF000 as "length unknown" (0), not as hours of audio
     assert seconds == (len(CLIP) / SAMPLE_RATE if tool == "ffprobe" else 0.0)
+
+
+@pytest.mark.skipif(shutil.which("ffmpeg") is None, reason="needs the ffmpeg command")
+def test_ffmpeg_reads_a_streamed_flac_to_its_last_sample(tmp_path) -> None:
+    """A streamed FLAC's header says "length unknown"; docs/serving.md names the readers that cope (ffmpeg does)."""
+    path = tmp_path / "streamed.flac"
+    path.write_bytes(b"".join(_streamed("flac")))
+    done = subprocess.run(["ffmpeg", "-v", "error", "-i", str(path), "-f", "s16le", "-"], capture_output=True,
+                          check=True)
+    assert np.array_equal(np.frombuffer(done.stdout, "<i2"), float_to_int16(CLIP))
 
 
 def test_whole_clip_headers_hold_exact_lengths() -> None:

@@ -1,0 +1,58 @@
+"""Progress of long work (engine steps, export lines): a live bar on a terminal or in a notebook, one summary line
+when stderr is a log file or a pipe (a bar's carriage-return frames would fill it)."""
+from __future__ import annotations
+
+import sys
+import time
+from typing import Protocol
+
+from tqdm.auto import tqdm
+
+
+class Progress(Protocol):
+    def update(self, n: int = 1) -> None: ...
+
+    def close(self) -> None: ...
+
+    def __enter__(self) -> Progress: ...
+
+    def __exit__(self, *exc: object) -> None: ...
+
+
+def progress_bar(total: int, desc: str, unit: str, enabled: bool = True, leave: bool = False) -> Progress:
+    """tqdm where someone watches it live; elsewhere a Summary that writes one line when the work ends."""
+    if enabled and not _live():
+        return Summary(total, desc, unit)
+    return tqdm(total=total, desc=desc, unit=unit, disable=not enabled, leave=leave)
+
+
+def _live() -> bool:
+    notebook = tqdm.__module__.startswith("tqdm.notebook")  # tqdm.auto picked the notebook widget
+    return notebook or bool(getattr(sys.stderr, "isatty", lambda: False)())
+
+
+class Summary:
+    """Counts like a tqdm bar; on close writes `desc: done/total units in S s (R units/s)` to stderr once."""
+
+    def __init__(self, total: int, desc: str, unit: str) -> None:
+        self.total, self.desc, self.unit = total, desc, unit
+        self.n, self.started, self.closed = 0, time.perf_counter(), False
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+
+    def close(self) -> None:
+        if self.closed or self.n == 0:
+            self.closed = True
+            return
+        self.closed = True
+        seconds = time.perf_counter() - self.started
+        rate = f" ({self.n / seconds:.1f} {self.unit}s/s)" if seconds > 0 else ""
+        print(f"{self.desc}: {self.n}/{self.total} {self.unit}s in {seconds:.1f} s{rate}", file=sys.stderr,
+              flush=True)
+
+    def __enter__(self) -> Summary:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
