@@ -148,7 +148,7 @@ def test_a_run_shows_one_progress_display(webui_page) -> None:
         shown.append(text)
         page.wait_for_timeout(50)
     page.evaluate("() => window.progressWatch.disconnect()")
-    assert set(page.evaluate("() => [...window.progressShownOn]")) <= {"stats"}  # not on audio, download, text
+    assert set(page.evaluate("() => [...window.progressShownOn]")) == {"stats"}  # not on audio, download, text
     assert not any(re.search(r"\d+/\d", line) for line in shown)  # no "47/2.0k step" bound
 
 
