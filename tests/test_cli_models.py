@@ -118,7 +118,8 @@ def test_backend_cpu_refusal_names_the_real_cause_before_loading(monkeypatch, tm
 def test_kv_cache_dtype_flag_reaches_the_engine_config_and_refusals_are_one_line(demo_dir: Path, tmp_path: Path) -> None:
     from chattts_velocity.cli import common
 
-    args = cli.build_parser().parse_args(["say", "x", "-o", "x.wav", "--model", str(demo_dir), "--kv-cache-dtype", "int8"])
+    args = cli.build_parser().parse_args(["say", "x", "-o", "x.wav", "--model", str(demo_dir),
+                                          "--kv-cache-dtype", "int8"])
     assert common.engine_options(args) == {"backend": "auto", "kv_cache_dtype": "int8"}
     with pytest.raises(SystemExit) as err:  # float32 engines keep a float32 cache
         cli.main(["say", "x", "-o", str(tmp_path / "x.wav"), "--model", str(demo_dir), "--dtype", "float32",

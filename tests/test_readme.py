@@ -1,4 +1,5 @@
-"""The README's Python snippet runs as written (after the README's first command wrote the demo weights)."""
+"""README and docs checks: the Python snippet runs as written (after the README's first command wrote the demo
+weights), speed figures name their host kind, file names and paths in the docs are the real ones."""
 from __future__ import annotations
 
 import re
@@ -21,3 +22,32 @@ def test_the_python_snippet_runs_as_written(tiny_assets: Path, tmp_path: Path, m
     assert len(wavs) == 2 and all(isinstance(w, np.ndarray) and w.dtype == np.float32 and len(w) for w in wavs)
     printed = capsys.readouterr().out.split()
     assert printed[0] == "0" and printed[2] == "1" and all(p.isdigit() for p in printed)
+
+
+def test_every_speed_figure_names_the_host_kind_it_was_measured_on() -> None:
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    blocks = re.split(r"\n(?=- |\n)", text)  # paragraphs and bullets
+    with_figures = [b for b in blocks if re.search(r"\b\d+(\.\d+)?x\b", b)]
+    assert with_figures  # the README quotes its speed-ups
+    for block in with_figures:
+        assert "AVX-512 BF16" in block, block[:120]
+
+
+def test_serving_doc_shows_the_timestamps_file_export_writes(tmp_path: Path) -> None:
+    from chattts_velocity.export import plan_export
+    from chattts_velocity.export.run import timestamps_path
+
+    (tmp_path / "lines.txt").write_text("First line.\n", encoding="utf-8")
+    plan = plan_export(tmp_path / "lines.txt", tmp_path / "out", seed=1)
+    name = timestamps_path(Path(plan.lines[0].output)).name
+    assert f"cat out/{name}" in (REPO / "docs" / "serving.md").read_text(encoding="utf-8")
+
+
+def test_scaling_doc_points_only_inside_the_repository() -> None:
+    doc = REPO / "docs" / "scaling.md"
+    targets = re.findall(r"\]\(([^)#\s]+)[^)]*\)|`((?:\.\./|\./)[^`\s]+)`", doc.read_text(encoding="utf-8"))
+    for link in filter(None, (a or b for a, b in targets)):
+        if re.match(r"[a-z]+://", link):
+            continue  # a web page, not a file
+        path = (doc.parent / link).resolve()
+        assert path.is_relative_to(REPO) and path.exists(), link

@@ -125,8 +125,12 @@ def test_seed_gives_the_speaker_and_the_preset_name() -> None:
     handlers = Handlers(RecordingChat())
     with seed_context(1111):
         want = sample_random_speaker(HIDDEN)
-    assert handlers.speaker_for_seed(1111) == (want, "alloy")
+    speaker, preset, stats = handlers.speaker_for_seed(1111)
+    assert (speaker, preset) == (want, "alloy") and stats.get("__type__") == "update"  # the stats box is kept
     assert handlers.speaker_for_seed(77)[1] == CUSTOM
+    with pytest.warns(UserWarning, match="^audio seed:"):
+        *kept, stats = handlers.speaker_for_seed(1.5)
+    assert all(v.get("__type__") == "update" for v in kept) and stats.startswith("error: audio seed:")
 
 
 class InterruptedChat(RecordingChat):

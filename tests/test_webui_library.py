@@ -61,8 +61,9 @@ def test_save_refuses_bad_input_with_a_toast(library: LibraryHandlers, args: tup
 
 def test_a_second_save_under_one_name_is_refused(library: LibraryHandlers) -> None:
     library.save("Twin", _speaker(1), "", "")
-    with pytest.warns(UserWarning, match="exists"):
-        assert library.save("twin", _speaker(2), "", "")[2].startswith("error: name:")
+    with pytest.warns(UserWarning, match="taken"):
+        stats = library.save("twin", _speaker(2), "", "")[2]
+    assert stats.startswith("error: name: 'twin' is taken") and "overwrite" not in stats
     assert library.pick("Twin")[0] == _speaker(1)
 
 

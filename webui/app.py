@@ -61,7 +61,7 @@ def _wire_voice(c: Controls, handlers: Handlers) -> None:
     c["preset"].change(handlers.voice_for_preset, c["preset"], [c["audio_seed"], c["speaker"]], queue=False)
     c["audio_dice"].click(random_seed, None, c["audio_seed"], queue=False)
     c["text_dice"].click(random_seed, None, c["text_seed"], queue=False)
-    c["audio_seed"].change(handlers.speaker_for_seed, c["audio_seed"], [c["speaker"], c["preset"]])
+    c["audio_seed"].change(handlers.speaker_for_seed, c["audio_seed"], [c["speaker"], c["preset"], c["stats"]])
     c["clip"].change(handlers.encode_clip, c["clip"], [c["clip_code"], c["stats"], c["clip"]])
 
 

@@ -66,17 +66,18 @@ class Handlers:
 
     # ---- small callbacks ------------------------------------------------------------------
     def speaker_for_seed(self, seed: float | None) -> tuple:
-        """Seed -> (speaker string, preset name): the same seed gives the same voice on every run, and
-        the preset box follows the seed (a dice roll or a typed seed shows Custom)."""
+        """Seed -> (speaker string, preset name, stats line): the same seed gives the same voice on every run,
+        and the preset box follows the seed (a dice roll or a typed seed shows Custom). A bad seed answers in
+        the stats box and a toast."""
         if seed is None:  # cleared (a saved voice was picked): the speaker string stands on its own
-            return gr.skip(), gr.skip()
+            return gr.skip(), gr.skip(), gr.skip()
         try:
             seed = check_seed(seed, "audio seed")
             with self._lock, seed_context(seed):
-                return self.chat.sample_random_speaker(), preset_for_seed(seed)
+                return self.chat.sample_random_speaker(), preset_for_seed(seed), gr.skip()
         except ValueError as exc:
             warn(exc)
-            return gr.skip(), gr.skip()
+            return gr.skip(), gr.skip(), f"error: {exc}"
 
     def voice_for_preset(self, name: str) -> tuple:
         """Preset -> (audio seed, speaker string); Custom keeps both (it only names a seed no preset has)."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import gradio as gr
 
-from chattts_velocity.text.voices import VoiceLibrary
+from chattts_velocity.text.voices import VoiceExists, VoiceLibrary
 
 from .controls import CUSTOM
 from .handlers import warn
@@ -29,6 +29,10 @@ class LibraryHandlers:
             {"speaker": speaker or None}
         try:
             voice = self.library.save(name or "", **fields)
+        except VoiceExists:  # the library's own advice (overwrite) is the server's; the page has Delete
+            taken = ValueError(f"name: {name.strip()!r} is taken (names ignore letter case); pick another name, "
+                               "or delete that voice first")
+            return gr.skip(), gr.skip(), _refused(taken)
         except ValueError as exc:
             return gr.skip(), gr.skip(), _refused(exc)
         return gr.update(choices=self.names(), value=voice.name), "", _done(f"saved voice {voice.name!r}")

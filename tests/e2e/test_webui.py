@@ -111,6 +111,19 @@ def test_preset_and_dice_regenerate_the_speaker(webui_page) -> None:
 
 
 @pytest.mark.e2e
+def test_a_bad_audio_seed_answers_in_the_page(webui_page, webui_server) -> None:
+    page = webui_page
+    speaker = page.locator("#speaker textarea").input_value()
+    box = page.locator("#audio-seed input")
+    box.fill("-1")
+    box.press("Tab")
+    page.wait_for_function("() => document.querySelector('#stats textarea').value.startsWith('error: audio seed:')")
+    page.locator(".toast-body").filter(has_text="audio seed:").first.wait_for()
+    assert page.locator("#speaker textarea").input_value() == speaker  # the voice is left as it was
+    assert_no_traceback(page, webui_server)
+
+
+@pytest.mark.e2e
 def test_generate_gives_a_playable_wav(webui_page, webui_server) -> None:
     page = webui_page
     page.locator("#voice-preset input").click()
