@@ -9,7 +9,7 @@ the host grants. Each repeat then streams --ttfa-sizes requests through a Stream
 for the real time to first audio; the "first token" column is only the time to the first code step.
 Usage (from a checkout):
 
-    python benchmarks/bench_engine.py --model models/demo --dtype bfloat16 --concurrency 1,16,32
+    python benchmarks/bench_engine.py --model demo --dtype bfloat16 --concurrency 1,16,32
     python benchmarks/bench_engine.py --quick
     python benchmarks/bench_engine.py --device cuda --backend triton --dtype bfloat16 --concurrency 1,16,64,256
 

@@ -1,7 +1,8 @@
 """chattts_velocity: ChatTTS text-to-speech behind a fast vLLM-style engine.
 
     from chattts_velocity import Chat
-    chat = Chat(); chat.load(source="custom", custom_path="models/demo", verify=False)
+    from chattts_velocity.demo import demo_model_dir   # `chattts-velocity demo` writes random weights there
+    chat = Chat(); chat.load(source="custom", custom_path=demo_model_dir())
     wavs = chat.infer(["Hello there."], use_vllm=True)   # one float32 24 kHz waveform per text
 """
 from .chat import Chat
