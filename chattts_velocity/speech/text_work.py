@@ -9,10 +9,12 @@ its bounded steps and ends an over-long or long-queued job with a ValueError nam
 from __future__ import annotations
 
 import asyncio
+import logging
 import multiprocessing
 import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from functools import partial
 from typing import TYPE_CHECKING, TypeVar
 
@@ -24,6 +26,7 @@ if TYPE_CHECKING:
     from ..chat import Chat
 
 T = TypeVar("T")
+logger = logging.getLogger("chattts_velocity.serve")
 LONG_TEXT_CHARS = 512  # longer texts go to a worker process (shorter ones cost milliseconds on a thread)
 
 
@@ -31,8 +34,8 @@ class TextWorker:
     def __init__(self, workers: int = 2, budget_s: float | None = 10.0, processes: int = 0) -> None:
         self.budget_s = budget_s
         self._threads = ThreadPoolExecutor(workers, thread_name_prefix="chattts-text")
-        self._processes = None if processes == 0 else ProcessPoolExecutor(
-            processes, mp_context=multiprocessing.get_context("spawn"), initializer=start_worker)
+        self._process_count = processes
+        self._processes = self._new_processes()
         self._portable: dict[int, bool] = {}  # id(normalizer) -> whether a worker process reads as it does
 
     async def run(self, fn: Callable[..., T], *args: object, **kwargs: object) -> T:
@@ -51,7 +54,18 @@ class TextWorker:
         if self._processes is None or len(text) <= LONG_TEXT_CHARS or not self._reads_alike(chat):
             return await self.run(chat.split, text, lang, normalize, normalize, split)
         job = partial(split_in_worker, text, lang, normalize, split, time.monotonic(), self.budget_s)
-        return await asyncio.get_running_loop().run_in_executor(self._processes, job)
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._processes, job)
+        except BrokenProcessPool:  # a worker died (killed, out of memory): new workers, and this text on a thread
+            logger.warning("text worker process died; starting new ones")
+            self._processes = self._new_processes()
+            return await self.run(chat.split, text, lang, normalize, normalize, split)
+
+    def _new_processes(self) -> ProcessPoolExecutor | None:
+        if self._process_count == 0:
+            return None
+        return ProcessPoolExecutor(self._process_count, mp_context=multiprocessing.get_context("spawn"),
+                                   initializer=start_worker)
 
     def _reads_alike(self, chat: Chat) -> bool:
         key = id(chat.normalizer)
