@@ -219,10 +219,9 @@ class Chat:
               do_homophone_replacement: bool = True, split_text: bool = True, allow_empty: bool = False) -> TextPieces:
         """Checked texts (lengths first) -> the normalised sentence pieces that hold speech; a text left with none
         is a text.EmptyText naming it (with `allow_empty`, it has no pieces)."""
-        pieces = text.split_pieces(text.check_texts(texts), split_text)
-        pieces = pieces.replace([self.normalizer(p, do_text_normalization, do_homophone_replacement, lang)
-                                 for p in pieces.texts])
-        return text.spoken_pieces(pieces, allow_empty)
+        return text.normalized_pieces(
+            texts, lambda p: self.normalizer(p, do_text_normalization, do_homophone_replacement, lang), split_text,
+            allow_empty)
 
     def speech_requests(self, pieces: TextPieces, params: InferCodeParams | list[InferCodeParams],
                         use_decoder: bool = True) -> SpeechRequests:

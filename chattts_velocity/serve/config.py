@@ -25,6 +25,7 @@ class ServerConfig:
     max_voices: int = 1000
     max_upload_bytes: int = 16 << 20  # a voice clip upload (POST /v1/audio/voices) may be this large
     text_workers: int = 2  # threads doing requests' text work (SSML, normalising, tokenising) off the event loop
+    text_processes: int = 1  # processes normalising texts over 512 characters (no GIL shared with the engine); 0: none
     text_budget_s: float = 10.0  # one request's text work ends with a 400 after this long (4096 chars take ~1 s)
     header_timeout_s: float = 10.0  # a connection must send a request's headers within this (serve/timeouts.py)
     body_timeout_s: float = 30.0  # and then its whole body within this
@@ -35,8 +36,10 @@ class ServerConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}: must be an integer >= 1, got {value!r}")
-        if isinstance(self.cache_mb, bool) or not isinstance(self.cache_mb, int) or self.cache_mb < 0:
-            raise ValueError(f"cache_mb: must be an integer >= 0 (0 turns the cache off), got {self.cache_mb!r}")
+        for name in ("cache_mb", "text_processes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name}: must be an integer >= 0 (0 turns it off), got {value!r}")
         for name in ("text_budget_s", "header_timeout_s", "body_timeout_s"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):

@@ -58,7 +58,7 @@ class ServerState:
         self.chat, self.config = chat, config
         self.engine = AsyncLLMEngine(chat.engine())
         self.service = SpeechService(chat, self.engine, config.stream_options,
-                                     TextWorker(config.text_workers, config.text_budget_s))
+                                     TextWorker(config.text_workers, config.text_budget_s, config.text_processes))
         self.library = VoiceLibrary(config.voices_dir, config.max_voices)
         self.voices = VoiceBook(chat.sample_random_speaker, chat.config.hidden_size, self.library)
         self.cache = AudioCache(config.cache_mb << 20)

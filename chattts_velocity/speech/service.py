@@ -169,11 +169,12 @@ class SpeechService:
     def pieces(self, text: str, lang: str | None = None, normalize: bool = True, split: bool = True,
                max_pieces: int | None = None) -> TextPieces:
         """The text's normalised sentence pieces, at most max_pieces of them (a ValueError naming `input`)."""
-        pieces = self.chat.split(text, lang, normalize, normalize, split)
-        if max_pieces is not None and len(pieces.texts) > max_pieces:
-            raise ValueError(f"input: splits into {len(pieces.texts)} sentence pieces, over the limit of "
-                             f"{max_pieces}; send fewer sentences per request")
-        return pieces
+        return _at_most(self.chat.split(text, lang, normalize, normalize, split), max_pieces)
+
+    async def text_pieces(self, text: str, lang: str | None = None, normalize: bool = True, split: bool = True,
+                          max_pieces: int | None = None) -> TextPieces:
+        """pieces(), off the event loop (speech/text_work.py)."""
+        return _at_most(await self.text.split(self.chat, text, lang, normalize, split), max_pieces)
 
     async def refine(self, pieces: TextPieces, params: RefineTextParams) -> TextPieces:
         """The refine-text pass on the shared engine: every piece at once, as Chat.infer's refine does."""
@@ -196,7 +197,7 @@ class SpeechService:
         ValueError here, before any audio."""
         stream = SpeechStream(self, time.perf_counter())
         try:
-            pieces = await self.text.run(self.pieces, text, **text_options)
+            pieces = await self.text_pieces(text, **text_options)
             if refine is not None:
                 pieces = await self.refine(pieces, refine)
             requests = await self.text.run(self.chat.speech_requests, pieces, params, use_decoder)
@@ -269,6 +270,13 @@ class SpeechStream:
             task.cancel()
         for key in self._keys:
             self.service.worker.drop(key)
+
+
+def _at_most(pieces: TextPieces, max_pieces: int | None) -> TextPieces:
+    if max_pieces is not None and len(pieces.texts) > max_pieces:
+        raise ValueError(f"input: splits into {len(pieces.texts)} sentence pieces, over the limit of {max_pieces}; "
+                         "send fewer sentences per request")
+    return pieces
 
 
 def _sink(loop: asyncio.AbstractEventLoop, chunks: asyncio.Queue) -> Sink:

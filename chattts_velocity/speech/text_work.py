@@ -1,33 +1,79 @@
 """Serving stage: the text work of requests (SSML, normalisation, voices, tokenising) off the event loop.
 
 A small thread pool, so that however many requests arrive at once, at most `workers` threads do text work and the
-event loop keeps answering (/health, other clients' streams). Each job runs under text.budget's time budget: the
-normaliser checks it between its bounded steps and ends an over-long job with a ValueError naming `input`.
+event loop keeps answering (/health, other clients' streams); texts longer than LONG_TEXT_CHARS are normalised in
+worker processes instead (text/pool.py: no GIL shared with the engine and the decode thread), started on first use.
+Each job runs under text.budget's time budget, counted from when it was queued: the normaliser checks it between
+its bounded steps and ends an over-long or long-queued job with a ValueError naming `input`.
 """
 from __future__ import annotations
 
 import asyncio
+import logging
+import multiprocessing
+import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from typing import TypeVar
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from functools import partial
+from typing import TYPE_CHECKING, TypeVar
 
+from ..schema import TextPieces
 from ..text.budget import time_budget
+from ..text.pool import split_in_worker, start_worker, uses_default_normalizers
+
+if TYPE_CHECKING:
+    from ..chat import Chat
 
 T = TypeVar("T")
+logger = logging.getLogger("chattts_velocity.serve")
+LONG_TEXT_CHARS = 512  # longer texts go to a worker process (shorter ones cost milliseconds on a thread)
 
 
 class TextWorker:
-    def __init__(self, workers: int = 2, budget_s: float | None = 10.0) -> None:
+    def __init__(self, workers: int = 2, budget_s: float | None = 10.0, processes: int = 0) -> None:
         self.budget_s = budget_s
-        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="chattts-text")
+        self._threads = ThreadPoolExecutor(workers, thread_name_prefix="chattts-text")
+        self._process_count = processes
+        self._processes = self._new_processes()
+        self._portable: dict[int, bool] = {}  # id(normalizer) -> whether a worker process reads as it does
 
     async def run(self, fn: Callable[..., T], *args: object, **kwargs: object) -> T:
         """fn(*args, **kwargs) on a text thread, under the budget; its exception is raised here."""
+        queued = time.monotonic()
+
         def job() -> T:
-            with time_budget(self.budget_s):
+            with time_budget(self.budget_s, queued):
                 return fn(*args, **kwargs)
 
-        return await asyncio.get_running_loop().run_in_executor(self._pool, job)
+        return await asyncio.get_running_loop().run_in_executor(self._threads, job)
+
+    async def split(self, chat: Chat, text: str, lang: str | None, normalize: bool, split: bool) -> TextPieces:
+        """chat.split(text, lang, normalize, normalize, split): a long text in a worker process when it reads the
+        same there."""
+        if self._processes is None or len(text) <= LONG_TEXT_CHARS or not self._reads_alike(chat):
+            return await self.run(chat.split, text, lang, normalize, normalize, split)
+        job = partial(split_in_worker, text, lang, normalize, split, time.monotonic(), self.budget_s)
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._processes, job)
+        except BrokenProcessPool:  # a worker died (killed, out of memory): new workers, and this text on a thread
+            logger.warning("text worker process died; starting new ones")
+            self._processes = self._new_processes()
+            return await self.run(chat.split, text, lang, normalize, normalize, split)
+
+    def _new_processes(self) -> ProcessPoolExecutor | None:
+        if self._process_count == 0:
+            return None
+        return ProcessPoolExecutor(self._process_count, mp_context=multiprocessing.get_context("spawn"),
+                                   initializer=start_worker)
+
+    def _reads_alike(self, chat: Chat) -> bool:
+        key = id(chat.normalizer)
+        if key not in self._portable:
+            self._portable[key] = uses_default_normalizers(chat.normalizer)
+        return self._portable[key]
 
     def shutdown(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._threads.shutdown(wait=False, cancel_futures=True)
+        if self._processes is not None:
+            self._processes.shutdown(wait=True, cancel_futures=True)  # running jobs end within their budget

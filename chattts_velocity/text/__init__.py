@@ -3,7 +3,14 @@
 In: user text, speaker strings, voice-sample codes. Out: schema.Prompt for the engine.
 """
 from chattts_velocity.text.normalizer import Normalizer, detect_language, split_text
-from chattts_velocity.text.pieces import EmptyText, check_texts, empty_text, split_pieces, spoken_pieces
+from chattts_velocity.text.pieces import (
+    EmptyText,
+    check_texts,
+    empty_text,
+    normalized_pieces,
+    split_pieces,
+    spoken_pieces,
+)
 from chattts_velocity.text.speaker import (
     decode_prompt,
     decode_spk_emb,
@@ -31,6 +38,7 @@ __all__ = [
     "encode_prompt",
     "encode_spk_emb",
     "normalize_spk_emb",
+    "normalized_pieces",
     "pad_left",
     "sample_random_speaker",
     "seed_context",

@@ -21,9 +21,11 @@ class TextBudgetExceeded(ValueError):
 
 
 @contextmanager
-def time_budget(seconds: float | None) -> Iterator[None]:
-    """Text work inside the block must finish within `seconds` (None: no limit)."""
-    token = _deadline.set(None if seconds is None else (time.monotonic() + seconds, seconds))
+def time_budget(seconds: float | None, started: float | None = None) -> Iterator[None]:
+    """Text work inside the block must finish within `seconds` (None: no limit) of `started` (a time.monotonic()
+    value, e.g. when the job was queued; the same clock in every process of the machine; None: now)."""
+    start = time.monotonic() if started is None else started
+    token = _deadline.set(None if seconds is None else (start + seconds, seconds))
     try:
         yield
     finally:

@@ -7,6 +7,7 @@ MAX_CALL_CHARS characters and one sentence piece at most MAX_PIECE_CHARS (no pie
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 from chattts_velocity.schema import TextPieces
 from chattts_velocity.text.normalizer import split_text
@@ -53,6 +54,13 @@ def split_pieces(texts: list[str], split: bool = True) -> TextPieces:
         pieces += parts
         owner += [i] * len(parts)
     return TextPieces(pieces, owner, len(texts))
+
+
+def normalized_pieces(texts: object, normalize: Callable[[str], str], split: bool = True,
+                      allow_empty: bool = False) -> TextPieces:
+    """Checked texts (lengths first) -> the normalised sentence pieces that hold speech (Chat.split)."""
+    pieces = split_pieces(check_texts(texts), split)
+    return spoken_pieces(pieces.replace([normalize(p) for p in pieces.texts]), allow_empty)
 
 
 def is_speech(piece: str) -> bool:

@@ -32,6 +32,7 @@ b14 = pytest.importorskip("pybase16384")
 pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[2]
 HEALTH_GAP_S = 0.5  # the longest time /health may go unanswered while hostile requests are handled
+STALL_S = 0.5  # how much longer another client's live stream may wait for a chunk while they are handled
 ANSWER_S = 15.0  # the longest any hostile request may take to be answered (its text budget is 10 s)
 MEMORY_GROWTH_BYTES = 300 << 20  # resident memory after every hostile case vs after the first normal request
 TIMEOUT_S = 2.0  # the server's header and body timeouts in this test
@@ -184,6 +185,31 @@ def test_text_work_never_stalls_health(server: Server) -> None:
         assert all(a.status_code in (200, 400) for a in answers)
     print(f"longest /health gap {watch.gap:.3f} s")
     assert not watch.failures and watch.gap < HEALTH_GAP_S, watch.gap
+
+
+def longest_chunk_gap(server: Server) -> float:
+    """A live stream of 300 steps: the longest wait between two of its chunks."""
+    body = {"input": "A live stream keeps going.", "voice": "alloy", "response_format": "pcm", "stream": True,
+            "seed": 1, "max_new_tokens": 300, "min_new_tokens": 300}
+    gaps, last = [0.0], None
+    with httpx.stream("POST", server.url + "/v1/audio/speech", json=body, timeout=120) as response:
+        for _ in response.iter_bytes():
+            now = time.monotonic()
+            gaps.append(now - last if last is not None else 0.0)
+            last = now
+    return max(gaps)
+
+
+def test_text_work_never_stalls_another_clients_stream(server: Server) -> None:
+    alone = longest_chunk_gap(server)
+    with ThreadPoolExecutor(4) as pool:
+        stream = pool.submit(longest_chunk_gap, server)
+        time.sleep(0.3)
+        texts = [pool.submit(speak, server, input=TEXT_CASES[name]) for name in ("nines", "dashes", "cardinal")]
+        beside = stream.result()
+        assert all(t.result().status_code == 400 for t in texts)
+    print(f"longest chunk gap alone {alone:.3f} s, beside three long texts {beside:.3f} s")
+    assert beside < alone + STALL_S
 
 
 def test_decoder_bombs_are_refused_at_once(server: Server) -> None:
