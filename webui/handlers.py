@@ -59,7 +59,7 @@ class Handlers:
         self.use_vllm = use_vllm
         self.max_new_token = max_new_token
         self._lock = threading.Lock()
-        self._interrupted = threading.Event()  # Chat.infer clears its own flag at every call
+        self._interrupted = threading.Event()  # the page's own record: Chat.interrupt() stops only calls in flight
         self._downloads = tempfile.mkdtemp(prefix="chattts-velocity-webui-")  # gradio serves files under tmp
         with seed_context(0):
             self.speaker_dim = decode_spk_emb(chat.sample_random_speaker()).numel()
