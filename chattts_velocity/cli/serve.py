@@ -15,6 +15,14 @@ if TYPE_CHECKING:
     from ..serve.openai_api import ServerConfig
 
 
+LIMIT_FLAGS = {  # ServerConfig field -> (type, help); each is the flag --FIELD-WITH-DASHES, unset keeps the default
+    "text_budget_s": (float, "seconds one request's text work (SSML, normalising) may take before a 400 (default 10)"),
+    "text_processes": (int, "processes normalising long texts beside the engine (default 1; 0: threads only)"),
+    "header_timeout_s": (float, "seconds a client has to send a request's headers (default 10)"),
+    "body_timeout_s": (float, "seconds a client then has to send the whole body, else 408 (default 30)"),
+}
+
+
 def server_config(args: argparse.Namespace) -> ServerConfig:
     """ServerConfig from the serve flags (unset ones keep its defaults); a bad value is a ValueError naming its flag."""
     from ..serve.openai_api import ServerConfig
@@ -25,7 +33,8 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         key = {"api_key": args.api_key} if args.api_key else {}  # else $CHATTTS_VELOCITY_API_KEY
         voices = {"voices_dir": args.voices} if args.voices else {}  # else $CHATTTS_VELOCITY_VOICES or ~/.cache
         cache = {} if args.cache_mb is None else {"cache_mb": args.cache_mb}
-        return ServerConfig(**key, **voices, **cache, max_new_token=max_new_token(args),
+        limits = {name: getattr(args, name) for name in LIMIT_FLAGS if getattr(args, name) is not None}
+        return ServerConfig(**key, **voices, **cache, **limits, max_new_token=max_new_token(args),
                             stream_options=StreamOptions(**{k: v for k, v in stream.items() if v is not None}),
                             max_input_chars=ServerConfig.max_input_chars if args.max_input_chars is None
                             else args.max_input_chars)
@@ -95,6 +104,9 @@ def add_serve_parser(sub) -> None:
     p.add_argument("--first-chunk-steps", type=int, metavar="N", help="a stream's first chunk (default 4)")
     p.add_argument("--first-lookahead-steps", type=int, metavar="N",
                    help="its lookahead (default 24: 5e-7 from the whole-clip decode on demo weights; 16 is ~2e-4 off)")
+    limits = p.add_argument_group("limits on what a client can make the server do (docs/reliability.md)")
+    for name, (kind, text) in LIMIT_FLAGS.items():
+        limits.add_argument(f"--{name.replace('_', '-')}", type=kind, metavar="N", help=text)
     g = p.add_argument_group("Ray Serve (needs the [ray] extra)")
     g.add_argument("--ray", action="store_true", help="run the API as Ray Serve replicas, one engine each")
     g.add_argument("--ray-address", default=None, help="join this Ray cluster; default: a private loopback cluster")

@@ -103,3 +103,14 @@ def test_voices_folder_reaches_server_config(served: list[dict], tmp_path: Path)
     assert served[0]["config"].voices_dir == str(tmp_path / "voices")
     cli.main(["serve"])
     assert served[1]["config"].voices_dir is None  # the library's default: $CHATTTS_VELOCITY_VOICES or ~/.cache
+
+
+def test_limit_flags_reach_server_config_and_bad_ones_name_their_flag(served: list[dict]) -> None:
+    cli.main(["serve", "--text-budget-s", "2.5", "--text-processes", "0", "--header-timeout-s", "3",
+              "--body-timeout-s", "7"])
+    config = served[0]["config"]
+    assert (config.text_budget_s, config.text_processes, config.header_timeout_s, config.body_timeout_s) == \
+        (2.5, 0, 3.0, 7.0)
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["serve", "--body-timeout-s", "0"])
+    assert str(exc.value.code).startswith("error: --body-timeout-s: ")
