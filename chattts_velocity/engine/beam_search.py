@@ -88,16 +88,15 @@ class BeamState:
         del self.finished[self.width:]
 
     def _cannot_improve(self) -> bool:
-        """True when beam_width hypotheses are finished and no live beam's descendants can outscore the worst.
+        """True when beam_width hypotheses are finished and no live beam scores, as it stands, above the worst.
 
-        A descendant's logprob only falls (each log-probability is <= 0) and its length is in (n, max_new], so its
-        score is at most logprob / max_new**p for p > 0 and logprob / (n + 1)**p for p <= 0.
+        Exact for length_penalty <= 0 (a beam's score only falls as it grows); for length_penalty > 0 a longer beam
+        could still gain by the division: the usual heuristic, without which every search would run to max_new_token.
         """
         if len(self.finished) < self.width:
             return False
         worst = self.finished[-1].score
-        p = self.length_penalty
-        return all(b.logprob / (self.max_new if p > 0 else len(b.tokens) + 1) ** p <= worst for b in self.live)
+        return all(b.logprob / len(b.tokens) ** self.length_penalty <= worst for b in self.live)
 
 
 def beam_logprobs(embed, hidden: torch.Tensor, beams: list[Beam], params: SamplingParams,
