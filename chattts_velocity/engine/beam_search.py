@@ -54,7 +54,8 @@ class BeamState:
         those ending in EOS or reaching max_new_token finish on the way.
         """
         vocab = logprobs.shape[1]
-        totals = logprobs.double() + torch.tensor([b.logprob for b in self.live], dtype=torch.float64).unsqueeze(1)
+        sums = torch.tensor([b.logprob for b in self.live], dtype=torch.float64, device=logprobs.device)
+        totals = logprobs.double() + sums.unsqueeze(1)  # [S, V]
         values, order = totals.view(-1).topk(min(2 * self.width + 1, totals.numel()))  # enough to fill `width`
         live, parents = [], []
         for value, index in sorted(zip(values.tolist(), order.tolist()), key=lambda c: (-c[0], c[1])):
