@@ -180,6 +180,43 @@ def test_async_engine_serves_a_beam_request(chat: Chat, tiny_assets, prompts) ->
     assert torch.equal(deltas[0].token_ids, expected.token_ids)
 
 
+def test_async_abort_of_a_beam_request_frees_every_block(chat: Chat, tiny_assets, prompts) -> None:
+    params = text_params(chat, beam_width=4, max_new_token=60, min_new_token=60)
+    engine = AsyncLLMEngine(load_pretrained(tiny_assets, is_vllm=True).engine)
+    inner = engine.engine
+
+    async def run() -> list:
+        stream = await engine.add_request(prompts[0], params)
+        while sum(len(g.seqs) for g in list(inner.beams.groups.values())) < 4:
+            await asyncio.sleep(0.01)
+        engine.abort(stream.request_id)
+        return [delta async for delta in engine.outputs(stream)]
+
+    try:
+        deltas = asyncio.run(run())
+    finally:
+        engine.shutdown()
+    assert [d.finish_reason for d in deltas] == ["abort"]
+    assert inner.block_manager.num_used_blocks == 0 and not inner.has_unfinished_requests()
+    assert not inner.beams.groups
+
+
+def test_a_failing_processor_fails_its_beam_request_only(chat: Chat, prompts) -> None:
+    def fails_at_the_third_step(history: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        if len(history) == 2:
+            raise RuntimeError("boom")
+        return logits
+
+    llm = chat.gpt(True)
+    beams = text_params(chat, beam_width=3, min_new_token=5, logits_processors=(fails_at_the_third_step,))
+    sampled = text_params(chat, seed=3)
+    outputs = dict(llm.generate_iter(prompts, [beams, sampled], progress=False))
+    assert "boom" in str(outputs[0].error) and outputs[0].finish_reason == "error"
+    assert outputs[1].error is None and torch.equal(outputs[1].token_ids,
+                                                    llm.generate([prompts[1]], sampled, False)[0].token_ids)
+    assert llm.engine.block_manager.num_used_blocks == 0 and not llm.engine.beams.groups
+
+
 @pytest.mark.parametrize("make", [
     lambda: InferCodeParams(beam_width=2),
     lambda: SamplingParams(mode="code", beam_width=2),
