@@ -148,8 +148,9 @@ class BeamSearch:
         return [group.output()]
 
     def _fork(self, group: BeamGroup, parent: Sequence, tokens: tuple[int, ...]) -> Sequence:
-        """A new beam: parent's tokens but the last; it shares parent's full computed blocks, or waits in the queue
-        (and finds them in the prefix cache) when parent holds none or the pool is short."""
+        """A new beam (tokens: parent's before this step, then its own new one); it shares parent's full computed
+        blocks, or waits in the queue (and finds them in the prefix cache) when parent holds none or the pool is
+        short."""
         child = group.new_sequence(tokens)
         if parent.status is SequenceStatus.RUNNING and self.scheduler.block_manager.can_fork(parent, child):
             self.scheduler.block_manager.fork(parent, child)
