@@ -42,7 +42,8 @@ class BeamGroup:
     def new_sequence(self, tokens: tuple[int, ...]) -> Sequence:
         seq = Sequence(f"{self.request_id}#beam{next(self._names)}", self.prompt, self.seq_params, self.arrival)
         seq.is_beam = True
-        seq.generated = [(t,) for t in tokens]
+        for token in tokens:
+            seq.append_token((token,), None)
         return seq
 
     @property
@@ -137,7 +138,7 @@ class BeamSearch:
                 group.seqs.append(self._fork(group, old[parent], beam.tokens))
             else:
                 continued.add(parent)
-                old[parent].generated.append((beam.tokens[-1],))
+                old[parent].append_token((beam.tokens[-1],), None)
                 group.seqs.append(old[parent])
         for k, seq in enumerate(old):
             if k not in continued:
