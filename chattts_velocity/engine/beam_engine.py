@@ -5,10 +5,10 @@ Out: one GenerationOutput per beam request, when its search ends (the best hypot
 
 Every live beam is a Sequence in the scheduler, batched with all other requests. A beam's sampled token is not
 appended (Scheduler.postprocess skips `is_beam` sequences) and, fully computed, it is not scheduled again until its
-group chooses: once every live beam of a request has its new hidden state, BeamState picks the survivors; the first
-child of a beam continues in its sequence, each further child is a new sequence forked from it through the block
-manager (sharing its full computed blocks; the partial last block is the child's own, recomputed), and a beam without
-children is aborted, which frees its blocks.
+group chooses (it is *parked*): once every live beam of a request has its new hidden state, BeamState picks the
+survivors; the first child of a beam continues in its sequence, each further child is a new sequence forked from it
+through the block manager (sharing its full computed blocks; the partial last block is the child's own, recomputed),
+and a beam without children is aborted, which frees its blocks.
 """
 from __future__ import annotations
 
@@ -42,7 +42,8 @@ class BeamGroup:
     def new_sequence(self, tokens: tuple[int, ...]) -> Sequence:
         seq = Sequence(f"{self.request_id}#beam{next(self._names)}", self.prompt, self.seq_params, self.arrival)
         seq.is_beam = True
-        seq.generated = [(t,) for t in tokens]
+        for token in tokens:
+            seq.append_token((token,), None)
         return seq
 
     @property
@@ -100,7 +101,20 @@ class BeamSearch:
             self._collect_hidden(batch, out)
         for group in [g for g in self.groups.values() if g.ready]:
             ended += self._advance(group)
+        for group in self.groups.values():
+            self._yield_blocks(group)
         return kept + ended
+
+    def _yield_blocks(self, group: BeamGroup) -> None:
+        """While a beam of the group waits in the queue, its siblings that already have their hidden state give their
+        blocks back and queue behind it (to be recomputed, from the prefix cache where it still holds them): parked
+        beams never hold the pool against the beam they wait for, nor against anyone else's request."""
+        if all(seq.status is SequenceStatus.RUNNING for seq in group.seqs):
+            return
+        for seq in group.seqs:
+            if seq.status is SequenceStatus.RUNNING and seq.request_id in group.hidden:
+                self.scheduler.abort(seq.request_id)
+                self.scheduler.add(seq)
 
     def _collect_hidden(self, batch: ScheduledBatch, out: StepOutput) -> None:
         for b, seq in enumerate(batch.seqs):
@@ -124,7 +138,7 @@ class BeamSearch:
                 group.seqs.append(self._fork(group, old[parent], beam.tokens))
             else:
                 continued.add(parent)
-                old[parent].generated.append((beam.tokens[-1],))
+                old[parent].append_token((beam.tokens[-1],), None)
                 group.seqs.append(old[parent])
         for k, seq in enumerate(old):
             if k not in continued:
@@ -135,8 +149,9 @@ class BeamSearch:
         return [group.output()]
 
     def _fork(self, group: BeamGroup, parent: Sequence, tokens: tuple[int, ...]) -> Sequence:
-        """A new beam: parent's tokens but the last; it shares parent's full computed blocks, or waits in the queue
-        (and finds them in the prefix cache) when parent holds none or the pool is short."""
+        """A new beam (tokens: parent's before this step, then its own new one); it shares parent's full computed
+        blocks, or waits in the queue (and finds them in the prefix cache) when parent holds none or the pool is
+        short."""
         child = group.new_sequence(tokens)
         if parent.status is SequenceStatus.RUNNING and self.scheduler.block_manager.can_fork(parent, child):
             self.scheduler.block_manager.fork(parent, child)

@@ -54,7 +54,8 @@ class BeamState:
         those ending in EOS or reaching max_new_token finish on the way.
         """
         vocab = logprobs.shape[1]
-        totals = logprobs.double() + torch.tensor([b.logprob for b in self.live], dtype=torch.float64).unsqueeze(1)
+        sums = torch.tensor([b.logprob for b in self.live], dtype=torch.float64, device=logprobs.device)
+        totals = logprobs.double() + sums.unsqueeze(1)  # [S, V]
         values, order = totals.view(-1).topk(min(2 * self.width + 1, totals.numel()))  # enough to fill `width`
         live, parents = [], []
         for value, index in sorted(zip(values.tolist(), order.tolist()), key=lambda c: (-c[0], c[1])):
@@ -88,16 +89,15 @@ class BeamState:
         del self.finished[self.width:]
 
     def _cannot_improve(self) -> bool:
-        """True when beam_width hypotheses are finished and no live beam's descendants can outscore the worst.
+        """True when beam_width hypotheses are finished and no live beam scores, as it stands, above the worst.
 
-        A descendant's logprob only falls (each log-probability is <= 0) and its length is in (n, max_new], so its
-        score is at most logprob / max_new**p for p > 0 and logprob / (n + 1)**p for p <= 0.
+        Exact for length_penalty <= 0 (a beam's score only falls as it grows); for length_penalty > 0 a longer beam
+        could still gain by the division: the usual heuristic, without which every search would run to max_new_token.
         """
         if len(self.finished) < self.width:
             return False
         worst = self.finished[-1].score
-        p = self.length_penalty
-        return all(b.logprob / (self.max_new if p > 0 else len(b.tokens) + 1) ** p <= worst for b in self.live)
+        return all(b.logprob / len(b.tokens) ** self.length_penalty <= worst for b in self.live)
 
 
 def beam_logprobs(embed, hidden: torch.Tensor, beams: list[Beam], params: SamplingParams,

@@ -115,8 +115,8 @@ class LLMEngine:
             out = self.runner.run(batch)
         except Exception as exc:  # noqa: BLE001 -- not attributable to one request: this step's requests fail
             logger.exception("engine step failed; failing its %d request(s), serving the others", batch.num_seqs)
-            return self.beams.after_step(batch, None, self._fail(
-                [(seq, RuntimeError(f"engine: a step failed ({exc!r}); this request was in it")) for seq in batch.seqs]))
+            error = f"engine: a step failed ({exc!r}); this request was in it"
+            return self.beams.after_step(batch, None, self._fail([(seq, RuntimeError(error)) for seq in batch.seqs]))
         failed = self._fail([(batch.seqs[b], error) for b, error in out.failed.items()])
         finished = self.scheduler.postprocess(batch, out)
         self._record(batch, time.perf_counter() - start)

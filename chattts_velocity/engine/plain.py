@@ -116,7 +116,7 @@ class PlainGPT:
     def _generate_once(self, prompts, params, progress, should_stop):
         ids, mask, text_mask = pad_left(prompts)  # [B, L, 4], [B, L], [B, L]
         ids, mask = ids.to(self.device), mask.bool().to(self.device)
-        emb = self._prompt_embeddings(prompts, ids, text_mask.to(self.device))
+        emb = self.prompt_embeddings(prompts, ids, text_mask.to(self.device))
         loop = _Loop(self, params, ids, mask)
         bar = progress_bar(params.max_new_token, params.mode, "step", enabled=progress)
         with bar:
@@ -129,7 +129,8 @@ class PlainGPT:
                     break
         return loop.outputs(should_stop is not None and should_stop()), False
 
-    def _prompt_embeddings(self, prompts: list[Prompt], ids, text_mask) -> torch.Tensor:
+    def prompt_embeddings(self, prompts: list[Prompt], ids, text_mask) -> torch.Tensor:
+        """ids [B, L, num_vq] (left-padded), text_mask [B, L] -> [B, L, H] with each speaker vector in its rows."""
         emb = self.embed.embed(ids, text_mask)  # [B, L, H]
         width = ids.shape[1]
         for row, prompt in enumerate(prompts):

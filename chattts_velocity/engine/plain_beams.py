@@ -19,7 +19,7 @@ def plain_beam_search(gpt, prompt: Prompt, params: SamplingParams,
     """gpt: a PlainGPT (llama, embed, device)."""
     state = BeamState(params)
     ids = prompt.input_ids.unsqueeze(0).to(gpt.device)  # [1, P, num_vq]
-    embeds = gpt._prompt_embeddings([prompt], ids, prompt.text_mask.unsqueeze(0).to(gpt.device))  # [1, P, H]
+    embeds = gpt.prompt_embeddings([prompt], ids, prompt.text_mask.unsqueeze(0).to(gpt.device))  # [1, P, H]
     positions = torch.arange(len(prompt), device=gpt.device).unsqueeze(0)  # [1, P]
     out = gpt.llama(inputs_embeds=embeds, position_ids=positions, cache=None, use_cache=True)
     cache, hidden = out.cache, out.last_hidden_state[:, -1]  # [1, H]

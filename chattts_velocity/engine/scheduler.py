@@ -108,10 +108,12 @@ class Scheduler:
         order = sorted(self.running, key=lambda s: (len(s) - s.num_computed_tokens > 1, self._key(s)))
         scheduled: set[Sequence] = set()
         for seq in order:
+            if seq.num_computed_tokens == len(seq):
+                continue  # a beam waiting for its group's choice (engine/beam_engine.py): nothing to compute
             if budget == 0 or len(chosen) == self.config.max_num_seqs:
                 break
-            if seq.status is not SequenceStatus.RUNNING or seq.num_computed_tokens == len(seq):
-                continue  # preempted earlier in this loop, or a beam waiting for its group's choice
+            if seq.status is not SequenceStatus.RUNNING:
+                continue  # preempted earlier in this loop
             if not self._reserve_slot(seq, scheduled):
                 preempted = True
                 continue
@@ -181,8 +183,8 @@ class Scheduler:
                 continue  # aborted while the step ran
             seq.num_computed_tokens = batch.num_computed_tokens[b] + batch.num_new_tokens[b]
             self.block_manager.cache_computed_blocks(seq)
-            if not batch.sample[b] or seq.is_beam:
-                continue  # a beam's token is chosen by its beam search
+            if not batch.sample[b]:
+                continue
             status = self._append(seq, tuple(tokens[b][: seq.num_rows]), hiddens[b])
             if status is not None:
                 self._finish(seq, status)
@@ -192,6 +194,8 @@ class Scheduler:
     @staticmethod
     def _append(seq: Sequence, token: tuple[int, ...], hidden: torch.Tensor | None) -> SequenceStatus | None:
         """Finish rules (design.md 5): EOS in any row (not appended), or max_new_token reached."""
+        if seq.is_beam:
+            return None  # its beam search chooses and appends the token (engine/beam_engine.py)
         if seq.params.eos_token_id in token:  # the sampler masks EOS until min_new_token
             return SequenceStatus.FINISHED_EOS
         seq.append_token(token, hidden)
