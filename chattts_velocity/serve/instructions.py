@@ -7,6 +7,7 @@ newlines, case-insensitive):
     laugh N      N = 0..2  > refine-text prompt levels: any of them turns the refine pass on with
     break N      N = 0..7 /  the prompt "[oral_N][laugh_N][break_N]" (only the levels given)
     refine       the refine pass with upstream's default (empty) prompt
+    refine beams N  the refine pass as a beam search of N = 1..8 beams: the most likely text, not a sampled one
     no refine    no refine pass (the default)
 Anything else is a ValueError naming `instructions` and listing the above (never ignored). An input starting with
 `<speak` is SSML (text/ssml.py). The speed may be set once: by `speed`, by the instructions or by <prosody rate>.
@@ -24,10 +25,13 @@ from .voices import speed_prompt
 LEVELS = {"speed": 9, "oral": 9, "laugh": 2, "break": 7}  # control -> highest level (lowest is 0)
 SPEED_WORDS = {"very slow": 1, "slow": 3, "slower": 3, "normal": 5, "normal speed": 5, "fast": 7, "faster": 7,
                "very fast": 9}
-UNDERSTOOD = ("speed 0-9", *SPEED_WORDS, "oral 0-9", "laugh 0-2", "break 0-7", "refine", "no refine")
+MAX_BEAMS = 8  # refine beams: each is one more sequence in the engine for the refine pass
+UNDERSTOOD = ("speed 0-9", *SPEED_WORDS, "oral 0-9", "laugh 0-2", "break 0-7", "refine", f"refine beams 1-{MAX_BEAMS}",
+              "no refine")
 MAX_INSTRUCTIONS_CHARS = 500
 _CLAUSE_SPLIT = re.compile(r"[,;.\n]+")
 _LEVEL = re.compile(r"\[?(speed|oral|laugh|break)[\s_:=]*(\d+)\]?")
+_BEAMS = re.compile(r"refine beams?[\s:=]*(\d+)")
 
 
 @dataclass
@@ -35,6 +39,7 @@ class Controls:
     speed: int | None = None  # [speed_N] level
     refine_levels: dict[str, int] | None = None  # {"oral": N, ...}; {} = refine with the default prompt
     no_refine: bool = False
+    beams: int = 1  # the refine pass's beam_width
 
     def refine_prompt(self) -> str | None:
         """The refine pass's prompt, or None for no refine pass."""
@@ -64,6 +69,9 @@ def _apply(controls: Controls, clause: str) -> None:
     match = _LEVEL.fullmatch(clause)
     if match is not None:
         return _set_level(controls, match.group(1), int(match.group(2)))
+    beams = _BEAMS.fullmatch(clause)
+    if beams is not None:
+        return _set_beams(controls, int(beams.group(1)))
     if clause in SPEED_WORDS:
         return _set_level(controls, "speed", SPEED_WORDS[clause])
     if clause in ("refine", "no refine"):
@@ -73,6 +81,15 @@ def _apply(controls: Controls, clause: str) -> None:
         return None
     raise ValueError(f"instructions: cannot honour {clause[:60]!r}; this server understands (separated by commas) "
                      f"{', '.join(repr(u) for u in UNDERSTOOD)}")
+
+
+def _set_beams(controls: Controls, beams: int) -> None:
+    if not 1 <= beams <= MAX_BEAMS:
+        raise ValueError(f"instructions: refine beams {beams} is out of range; use refine beams 1-{MAX_BEAMS}")
+    if controls.beams != 1:
+        raise ValueError("instructions: sets the refine beams twice; give them once")
+    controls.beams = beams
+    controls.refine_levels = controls.refine_levels or {}
 
 
 def _set_level(controls: Controls, name: str, level: int) -> None:
@@ -111,7 +128,7 @@ def speech_input(text: str, speed: float, instructions: str | None, seed: int | 
         prompt = f"[speed_{controls.speed}]"
     refine_prompt = controls.refine_prompt()
     refine = None if refine_prompt is None else RefineTextParams(prompt=refine_prompt, manual_seed=seed,
-                                                                 show_tqdm=False)
+                                                                 show_tqdm=False, beam_width=controls.beams)
     return SpeechInput(ssml.text if ssml is not None else text, prompt, refine)
 
 

@@ -21,7 +21,8 @@ def test_understood_instructions(text, speed, refine) -> None:
 
 @pytest.mark.parametrize("text, why", [
     ("speak like a pirate", "cannot honour 'speak like a pirate'"), ("speed 10", "speed 0-9"), ("laugh 3", "laugh 0-2"),
-    ("break 8", "break 0-7"), ("slow, fast", "speed twice"), ("oral 1, oral 2", "oral twice"),
+    ("break 8", "break 0-7"), ("refine beams 0", "refine beams 1-8"), ("refine beams 9", "refine beams 1-8"),
+    ("refine beams 2, refine beams 3", "beams twice"), ("slow, fast", "speed twice"), ("oral 1, oral 2", "oral twice"),
     ("no refine, oral 2", "choose one"), ("x" * 501, "at most 500"), ("speed", "cannot honour"),
 ])
 def test_everything_else_is_refused_naming_instructions(text, why) -> None:
@@ -43,3 +44,10 @@ def test_the_speed_is_set_in_one_place() -> None:
             speech_input(text, speed, instructions, None)
     with pytest.raises(ValueError, match="^input: the SSML holds nothing"):
         speech_input('<speak><break/></speak>', 1.0, None, None)
+
+
+def test_refine_beams_turn_the_refine_pass_into_a_beam_search() -> None:
+    plan = speech_input("Hi.", 1.0, "refine beams 4, oral 2", 5)
+    assert (plan.refine.beam_width, plan.refine.prompt) == (4, "[oral_2]")
+    assert speech_input("Hi.", 1.0, "refine", None).refine.beam_width == 1
+    assert speech_input("Hi.", 1.0, None, None).refine is None
