@@ -1,6 +1,7 @@
 """Benchmark: the server's tax. N concurrent streamed requests through `chattts-velocity serve` (its own process,
-loopback HTTP, pcm) against the same N forced-length requests on the engine alone in this process (engine ->
-StreamSet, as bench_stream.py times it), same model, precision, stream options and steps, in one run.
+loopback HTTP, pcm) against the same N forced-length requests on the engine alone: the server's own engine and
+decode thread (SpeechService on an AsyncLLMEngine) in this process, without HTTP, JSON or encoding. Same model,
+precision, stream options and steps, interleaved in one run.
 
 Reported per N: audio seconds per wall second and mean time to first audio on each side, and their ratios
 (server / engine: 1.0 = no tax). Usage (from a checkout; run it alone on the machine):
@@ -28,9 +29,11 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from benchmarks import bench_runs  # noqa: E402
-from benchmarks.bench_stream import run_stream_ttfa  # noqa: E402
+from chattts_velocity import Chat, InferCodeParams  # noqa: E402
 from chattts_velocity.audio import SAMPLE_RATE  # noqa: E402
+from chattts_velocity.engine.async_engine import AsyncLLMEngine  # noqa: E402
 from chattts_velocity.speech import StreamOptions  # noqa: E402
+from chattts_velocity.speech.service import SpeechService  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results"
 
@@ -38,16 +41,15 @@ RESULTS = REPO / "benchmarks" / "results"
 def main(argv: list[str] | None = None) -> dict:
     args = _parser().parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",")]
-    suite = _engine_suite(args)
-    with _server(args) as url:
+    with _service(args) as service, _server(args) as url:
         for _ in range(2):  # warm-up: first-shape costs on both sides
             asyncio.run(_round(url, 1, args.steps))
-            _engine_round(suite, 1)
+            asyncio.run(_engine_round(service, 1, args.steps))
         rounds = {"server": {n: [] for n in sizes}, "engine": {n: [] for n in sizes}}
         for _ in range(args.repeats):  # interleaved, so a busy host slows both sides alike
             for n in sizes:
                 rounds["server"][n].append(asyncio.run(_round(url, n, args.steps)))
-                rounds["engine"][n].append(_engine_round(suite, n))
+                rounds["engine"][n].append(asyncio.run(_engine_round(service, n, args.steps)))
     report = {"model": args.model, "dtype": args.dtype, "steps": args.steps, "sizes": sizes, "repeats": args.repeats,
               **{side: {str(n): _median(runs) for n, runs in by_n.items()} for side, by_n in rounds.items()}}
     report["ratios"] = {str(n): _ratios(report["server"][str(n)], report["engine"][str(n)]) for n in sizes}
@@ -85,17 +87,43 @@ def _ratios(server: dict, engine: dict) -> dict:
             "ttfa": server["ttfa_mean"] / engine["ttfa_mean"]}
 
 
-def _engine_suite(args: argparse.Namespace) -> bench_runs.Suite:
-    ns = argparse.Namespace(model=args.model, dtype=args.dtype, compile_on=False, backend="auto", plain_list=[],
-                            no_e2e=False, decode_dtype="float32" if args.dtype == "float32" else "bfloat16",
-                            steps=args.steps, device="cpu")
-    return bench_runs.load_suite(ns)
+@contextlib.contextmanager
+def _service(args: argparse.Namespace) -> Iterator[SpeechService]:
+    """The server's own engine + decode thread (SpeechService on an AsyncLLMEngine), in this process, no HTTP."""
+    chat = Chat()
+    chat.load(source="custom", custom_path=args.model, verify=False, use_vllm=True, dtype=args.dtype)
+    engine = AsyncLLMEngine(chat.engine())
+    service = SpeechService(chat, engine, StreamOptions())
+    engine.start()
+    try:
+        yield service
+    finally:
+        engine.shutdown()
+        service.shutdown()
 
 
-def _engine_round(suite: bench_runs.Suite, n: int) -> dict:
-    run = run_stream_ttfa(suite, n, StreamOptions())
-    return {"wall_s": run.wall_seconds, "ttfa_mean": run.ttfa_mean, "ttfa_max": run.ttfa_max,
-            "audio_s_per_s": sum(run.samples) / SAMPLE_RATE / run.wall_seconds}
+async def _engine_round(service: SpeechService, n: int, steps: int) -> dict:
+    start = time.perf_counter()
+    results = await asyncio.gather(*(_one_in_process(service, text, k, steps, start)
+                                     for k, text in enumerate(bench_runs.texts(n))))
+    return _summary(results, time.perf_counter() - start)
+
+
+async def _one_in_process(service: SpeechService, text: str, seed: int, steps: int, start: float) -> tuple[float, int]:
+    params = InferCodeParams(manual_seed=seed, max_new_token=steps, min_new_token=steps, show_tqdm=False)
+    stream = await service.open(text, params)
+    first, samples = None, 0
+    async for chunk in stream:
+        first = first if first is not None else time.perf_counter() - start
+        samples += len(chunk)
+    return first if first is not None else float("nan"), 2 * samples  # bytes of s16 pcm, as the server sends
+
+
+def _summary(results: list[tuple[float, int]], wall: float) -> dict:
+    ttfa = [first for first, _ in results]
+    samples = sum(size // 2 for _, size in results)
+    return {"wall_s": wall, "ttfa_mean": statistics.fmean(ttfa), "ttfa_max": max(ttfa),
+            "audio_s_per_s": samples / SAMPLE_RATE / wall}
 
 
 @contextlib.contextmanager
@@ -122,11 +150,7 @@ async def _round(url: str, n: int, steps: int) -> dict:
         start = time.perf_counter()
         results = await asyncio.gather(*(_one(client, text, k, steps, start)
                                          for k, text in enumerate(bench_runs.texts(n))))
-        wall = time.perf_counter() - start
-    ttfa = [first for first, _ in results]
-    samples = sum(size // 2 for _, size in results)
-    return {"wall_s": wall, "ttfa_mean": statistics.fmean(ttfa), "ttfa_max": max(ttfa),
-            "audio_s_per_s": samples / SAMPLE_RATE / wall}
+        return _summary(results, time.perf_counter() - start)
 
 
 async def _one(client, text: str, seed: int, steps: int, start: float) -> tuple[float, int]:
