@@ -1,10 +1,10 @@
 """The CPU kernel paths against each other on this host, in one run, through the public API on full-size weights.
 
 Paths: torch's own kernels (what a CPU without our kernels runs), the AVX2 kernels (any x86 CPU with AVX2 + FMA),
-and this CPU's best where it has more (AVX-512 tiles; AMX panels). On an AVX-512 host the AVX2 rows emulate an
-AVX2-only host: CHATTTS_VELOCITY_CPU_KERNELS=avx2 for ours, and ONEDNN_MAX_CPU_ISA=AVX2 + ATEN_CPU_CAPABILITY=avx2
-so torch's fallback kernels use AVX2 only too (memory bandwidth and core count stay this host's, so the figures
-are ratios, not an AVX2 laptop's speed). Each (path, precision) runs in its own process: load, warm up, then code
+and the AVX-512 tiles where the CPU has AVX-512 BF16 (the AMX panels are bench_cpu.py's subject). On an AVX-512
+host the AVX2 rows emulate an AVX2-only host: CHATTTS_VELOCITY_CPU_KERNELS=avx2 for ours, and
+ONEDNN_MAX_CPU_ISA=AVX2 + ATEN_CPU_CAPABILITY=avx2 so torch's fallback kernels use AVX2 only too (memory bandwidth
+and core count stay this host's, so the figures are ratios, not an AVX2 laptop's speed). Each (path, precision) runs in its own process: load, warm up, then code
 steps per second with prefill excluded (bench_public.decode_rate) for one stream and for 16 concurrent; the
 processes are interleaved over the repeats and each cell keeps its best. On a shared host wall-clock rates swing
 with the neighbours' load, so the run also times the 80 linears of one step on each ISA's kernels in one process
@@ -34,7 +34,6 @@ PATHS = {  # label -> (environment, precisions, CPU flags it needs)
     "torch, AVX2": ({"CHATTTS_VELOCITY_CPU_KERNELS": "0", **AVX2_ONLY}, ("float32", "bfloat16", "int8"), ("avx2",)),
     "avx2": ({"CHATTTS_VELOCITY_CPU_KERNELS": "avx2", **AVX2_ONLY}, ("bfloat16", "int8", "int4"), ("avx2", "fma")),
     "avx512": ({"CHATTTS_VELOCITY_CPU_KERNELS": "noamx"}, ("bfloat16", "int8", "int4"), ("avx512_bf16",)),
-    "amx": ({"CHATTTS_VELOCITY_CPU_KERNELS": "1"}, ("bfloat16", "int8"), ("amx_bf16",)),
 }
 SIZES = (1, 16)
 
@@ -116,7 +115,8 @@ def run(args: argparse.Namespace) -> dict:
     best = {key: {n: max(r["steps_per_s"][n] for r in results) for n in map(str, SIZES)}
             for key, results in runs.items()}
     kernels_ms = linears()
-    return {"cpu": cpu, "model": args.model, "linears": kernels_ms, "threads": args.threads, "steps": args.steps, "repeats": args.repeats,
+    return {"cpu": cpu, "model": args.model, "linears": kernels_ms, "threads": args.threads, "steps": args.steps,
+            "repeats": args.repeats,
             "paths": {label: {"env": env, "precisions": list(dtypes)} for label, (env, dtypes, _) in PATHS.items()},
             "runs": runs, "best_steps_per_s": best, "seconds": time.perf_counter() - start}
 
