@@ -2,17 +2,21 @@
 
     python benchmarks/bench_cpu.py --model .pytest-assets/full     # ~11 min; run it ALONE
     python benchmarks/bench_cpu.py --model .pytest-assets/tiny --quick --no-llamacpp   # smoke run, seconds
+    python benchmarks/bench_cpu.py --model .pytest-assets/full --isa avx2   # an AVX2-only host, emulated
 
 Writes results/cpu_<hostkind>.json (hostkind from the CPU family and its best matmul ISA, e.g. zen4-avx512bf16,
-spr-amx): the CPU model and flags, the host's own ceilings (streaming read GB/s and bf16 GEMM GFLOP/s on the
-benchmark's threads), the weight bytes a decode step reads per precision, the raw measurements and every target
-as {"target", "measured", "met"}. llama.cpp's ratios need the `bench` extra (bench_llamacpp.py); without it their
-targets are recorded as skipped with the reason.
+spr-amx, zen3-avx2; with --isa avx2 on a bigger CPU, <hostkind>-as-avx2: our AVX2 kernels, and torch / oneDNN held
+to AVX2 by ONEDNN_MAX_CPU_ISA and ATEN_CPU_CAPABILITY, with this host's memory and cores): the CPU model and
+flags, the kernel path in use, the host's own ceilings (streaming read GB/s and bf16 GEMM GFLOP/s on the
+benchmark's threads), the weight bytes a decode step reads per precision, the raw measurements (bf16, int8, int4)
+and every target as {"target", "measured", "met"}. llama.cpp's ratios need the `bench` extra (bench_llamacpp.py);
+without it their targets are recorded as skipped with the reason.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -35,12 +39,13 @@ STREAM_SETTINGS = {  # label -> StreamOptions fields; "default" is whatever Stre
 
 def weight_bytes_per_step(config) -> dict:
     """Bytes one decode step reads at batch 1: the 20 layers' linears in the engine's precision plus the four
-    code heads, which stay float32 (the per-column int8 scales are < 0.1 % and left out)."""
+    code heads, which stay float32 (the per-column int8 scales are < 0.1 % and left out; int4's are counted)."""
     h, i = config.hidden_size, config.intermediate_size
     linear = config.num_hidden_layers * (4 * h * h + 3 * h * i)
     heads = config.num_vq * config.num_audio_tokens * h
     return {"linear_params": linear, "head_params": heads, "float32": 4 * (linear + heads),
-            "bfloat16": 2 * linear + 4 * heads, "int8": linear + 4 * heads}
+            "bfloat16": 2 * linear + 4 * heads, "int8": linear + 4 * heads,
+            "int4": linear * 5 // 8 + 4 * heads}  # 4 bits and a 4-byte scale per 32 weights
 
 
 def probes(threads: int) -> dict:
@@ -48,6 +53,10 @@ def probes(threads: int) -> dict:
 
     return {"read_gbps": probe.read_gbps(threads), "bf16_gemm_gflops": probe.bf16_gemm_gflops(threads),
             "contention": probe.contention_probe(threads), "threads": threads}
+
+
+DTYPES = ("bfloat16", "int8", "int4")
+AVX2_ONLY = {"CHATTTS_VELOCITY_CPU_KERNELS": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
 
 
 def measure_dtype(chat, plan: dict) -> dict:
@@ -161,8 +170,11 @@ def run(args: argparse.Namespace) -> dict:
     plan = QUICK if args.quick else FULL
     torch.set_num_threads(args.threads)
     start = time.perf_counter()
-    chats = {dtype: load_chat(args.model, dtype, args.threads) for dtype in ("bfloat16", "int8")}
-    report = {"cpu": cpu_identity(), "torch": torch.__version__, "quick": args.quick, "model": args.model,
+    from chattts_velocity.model import kernels
+
+    chats = {dtype: load_chat(args.model, dtype, args.threads) for dtype in DTYPES}
+    report = {"cpu": cpu_identity(), "kernel_path": kernels.kernel_path(), "emulated_isa": args.isa,
+              "torch": torch.__version__, "quick": args.quick, "model": args.model,
               "plan": plan, "thread_settings": thread_settings(), "probes": probes(args.threads),
               "weight_bytes_per_step": weight_bytes_per_step(chats["bfloat16"].config)}
     print(f"{report['cpu']}; probes: {report['probes']['read_gbps']:.1f} GB/s read, "
@@ -173,7 +185,8 @@ def run(args: argparse.Namespace) -> dict:
         print(f"{dtype}: {json.dumps(measured[dtype])}", flush=True)
     measured["streams"] = measure_streams(chats["bfloat16"], plan)
     print(f"streams: {json.dumps(measured['streams'])}", flush=True)
-    measured["seeds"] = {dtype: measure_seeds(chat, plan["seed_steps"]) for dtype, chat in chats.items()}
+    measured["seeds"] = {dtype: measure_seeds(chat, plan["seed_steps"]) for dtype, chat in chats.items()
+                         if dtype != "int4"}
     print(f"seeds: {json.dumps(measured['seeds'])}", flush=True)
     measured["kv_int8"] = measure_kv_int8(args.model, "bfloat16", plan)
     print(f"int8 KV: {json.dumps(measured['kv_int8'].get('int8_speedup', measured['kv_int8']))}", flush=True)
@@ -193,10 +206,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="a smoke run: few steps, one repeat")
     parser.add_argument("--no-llamacpp", action="store_true", help="skip llama.cpp (recorded as skipped)")
     parser.add_argument("--host-kind", help="override the detected host kind in the file name")
+    parser.add_argument("--isa", choices=["avx2"], help="emulate an AVX2-only host on a bigger x86 CPU (set before "
+                                                        "torch loads)")
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "results"))
     args = parser.parse_args(argv)
+    if args.isa:
+        if "torch" in sys.modules:
+            raise SystemExit("--isa must be set before torch is imported: run bench_cpu.py as a script")
+        os.environ.update(AVX2_ONLY)
     report = run(args)
-    kind = args.host_kind or report["cpu"]["host_kind"]
+    kind = args.host_kind or report["cpu"]["host_kind"] + (f"-as-{args.isa}" if args.isa else "")
     path = Path(args.out) / f"cpu_{kind}{'_quick' if args.quick else ''}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report, indent=1), encoding="utf-8")

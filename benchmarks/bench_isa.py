@@ -1,10 +1,10 @@
 """The CPU kernel paths against each other on this host, in one run, through the public API on full-size weights.
 
 Paths: torch's own kernels (what a CPU without our kernels runs), the AVX2 kernels (any x86 CPU with AVX2 + FMA),
-and this CPU's best where it has more (AVX-512 tiles; AMX panels). On an AVX-512 host the AVX2 rows emulate an
-AVX2-only host: CHATTTS_VELOCITY_CPU_KERNELS=avx2 for ours, and ONEDNN_MAX_CPU_ISA=AVX2 + ATEN_CPU_CAPABILITY=avx2
-so torch's fallback kernels use AVX2 only too (memory bandwidth and core count stay this host's, so the figures
-are ratios, not an AVX2 laptop's speed). Each (path, precision) runs in its own process: load, warm up, then code
+and the AVX-512 tiles where the CPU has AVX-512 BF16 (the AMX panels are bench_cpu.py's subject). On an AVX-512
+host the AVX2 rows emulate an AVX2-only host: CHATTTS_VELOCITY_CPU_KERNELS=avx2 for ours, and
+ONEDNN_MAX_CPU_ISA=AVX2 + ATEN_CPU_CAPABILITY=avx2 so torch's fallback kernels use AVX2 only too (memory bandwidth
+and core count stay this host's, so the figures are ratios, not an AVX2 laptop's speed). Each (path, precision) runs in its own process: load, warm up, then code
 steps per second with prefill excluded (bench_public.decode_rate) for one stream and for 16 concurrent; the
 processes are interleaved over the repeats and each cell keeps its best. On a shared host wall-clock rates swing
 with the neighbours' load, so the run also times the 80 linears of one step on each ISA's kernels in one process
@@ -34,9 +34,9 @@ PATHS = {  # label -> (environment, precisions, CPU flags it needs)
     "torch, AVX2": ({"CHATTTS_VELOCITY_CPU_KERNELS": "0", **AVX2_ONLY}, ("float32", "bfloat16", "int8"), ("avx2",)),
     "avx2": ({"CHATTTS_VELOCITY_CPU_KERNELS": "avx2", **AVX2_ONLY}, ("bfloat16", "int8", "int4"), ("avx2", "fma")),
     "avx512": ({"CHATTTS_VELOCITY_CPU_KERNELS": "noamx"}, ("bfloat16", "int8", "int4"), ("avx512_bf16",)),
-    "amx": ({"CHATTTS_VELOCITY_CPU_KERNELS": "1"}, ("bfloat16", "int8"), ("amx_bf16",)),
 }
 SIZES = (1, 16)
+ARGS_KIND: dict = {}  # the file's host kind and folder, from the command line
 
 
 def child(model: str, dtype: str, steps: int, threads: int) -> dict:
@@ -113,12 +113,25 @@ def run(args: argparse.Namespace) -> dict:
             result = json.loads(done.stdout.strip().splitlines()[-1])
             runs[f"{label} | {dtype}"].append(result)
             print(f"repeat {repeat}: {label:12s} {dtype:9s} {result}", flush=True)
+            save(report(args, cpu, runs, None, start))  # a partial file after every cell
+    return report(args, cpu, runs, linears(), start)
+
+
+def report(args: argparse.Namespace, cpu: dict, runs: dict, kernels_ms: dict | None, start: float) -> dict:
     best = {key: {n: max(r["steps_per_s"][n] for r in results) for n in map(str, SIZES)}
-            for key, results in runs.items()}
-    kernels_ms = linears()
-    return {"cpu": cpu, "model": args.model, "linears": kernels_ms, "threads": args.threads, "steps": args.steps, "repeats": args.repeats,
+            for key, results in runs.items() if results}
+    return {"cpu": cpu, "model": args.model, "linears": kernels_ms, "threads": args.threads, "steps": args.steps,
+            "repeats": args.repeats, "complete": kernels_ms is not None,
             "paths": {label: {"env": env, "precisions": list(dtypes)} for label, (env, dtypes, _) in PATHS.items()},
             "runs": runs, "best_steps_per_s": best, "seconds": time.perf_counter() - start}
+
+
+def save(data: dict) -> Path:
+    kind = ARGS_KIND.get("kind") or data["cpu"]["host_kind"]
+    path = Path(ARGS_KIND["out"]) / f"isa_{kind}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=1), encoding="utf-8")
+    return path
 
 
 def table(report: dict) -> str:
@@ -131,6 +144,22 @@ def table(report: dict) -> str:
         label, dtype = key.split(" | ")
         ratio = (f"{rates['1'] / base['1']:.2f}x / {rates['16'] / base['16']:.2f}x" if base else "-")
         lines.append(f"| {label} | {dtype} | {rates['1']:.1f} | {rates['16']:.1f} | {ratio} |")
+    if report.get("linears"):
+        lines += ["", linears_table(report["linears"])]
+    return "\n".join(lines)
+
+
+def linears_table(linears_report: dict) -> str:
+    """Markdown: CPU ms of the linears per (ISA, precision) at 1 and 16 rows, and AVX2 / AVX-512."""
+    ms = linears_report["cpu_ms_best"]
+    lines = [f"| {linears_report['layers']} layers' linears, 1 thread, CPU ms (best of {linears_report['repeats']}) "
+             "| 1 row | 16 rows | AVX2 time / AVX-512 time at 1 / 16 |", "|---|---|---|---|"]
+    for name in ms["1"]:
+        which, dtype = name.split(" ")
+        other = f"avx512 {dtype}" if which == "avx2" else None
+        ratio = (f"{ms['1'][name] / ms['1'][other]:.2f} / {ms['16'][name] / ms['16'][other]:.2f}"
+                 if other in ms["1"] else "-")
+        lines.append(f"| {name} | {ms['1'][name]:.1f} | {ms['16'][name]:.1f} | {ratio} |")
     return "\n".join(lines)
 
 
@@ -152,13 +181,11 @@ def main(argv: list[str] | None = None) -> None:
     if args.child:
         print(json.dumps(child(args.model, args.dtype, args.steps, args.threads)))
         return
-    report = run(args)
-    kind = args.host_kind or report["cpu"]["host_kind"]
-    path = Path(args.out) / f"isa_{kind}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(report, indent=1), encoding="utf-8")
-    print(table(report))
-    print(f"written to {path} in {report['seconds']:.0f} s")
+    ARGS_KIND.update(kind=args.host_kind, out=args.out)
+    data = run(args)
+    path = save(data)
+    print(table(data))
+    print(f"written to {path} in {data['seconds']:.0f} s")
 
 
 if __name__ == "__main__":

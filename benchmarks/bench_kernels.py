@@ -59,14 +59,13 @@ def linear_variants(rows: int) -> tuple[dict[str, Callable[[], object]], float]:
     variants = {
         "onednn bf16": lambda: [torch.ops.mkldnn._linear_pointwise(xb[k], w, None, "none", [], "")
                                 for layer in onednn for w, k in zip(layer, ks)],
-        "tiles bf16": lambda: [ops.linear_bf16(xb[k], w, None, None, 0) for layer in tiles for w, k in zip(layer, ks)],
-        "tiles int8": lambda: [ops.linear_int8(x[k], w, None, s, 0) for layer in int8 for (w, s), k in zip(layer, ks)],
+        "tiles bf16": lambda: [ops.linear_bf16(xb[k], w) for layer in tiles for w, k in zip(layer, ks)],
+        "tiles int8": lambda: [ops.linear_int8(xb[k], w, s) for layer in int8 for (w, s), k in zip(layer, ks)],
     }
-    if panels:  # rows >= 1 always take the panels here
-        variants["amx bf16"] = lambda: [ops.linear_bf16(xb[k], t, p, None, 1) for lt, lp in zip(tiles, panels)
-                                        for t, p, k in zip(lt, lp, ks)]
-        variants["amx int8"] = lambda: [ops.linear_int8(x[k], t, p, s, 1) for lt, lp in zip(int8, int8_panels)
-                                        for (t, _), (p, s), k in zip(lt, lp, ks)]
+    if panels:  # the AMX panel layout (kernels.to_panels) at every row count
+        variants["amx bf16"] = lambda: [ops.linear_bf16(xb[k], p) for lp in panels for p, k in zip(lp, ks)]
+        variants["amx int8"] = lambda: [ops.linear_int8(xb[k], p, s) for lp in int8_panels
+                                        for (p, s), k in zip(lp, ks)]
     return variants, sum(n * k for n, k in SHAPES) * LAYERS * 2 / 1e9  # GB of bf16 weights
 
 

@@ -4,7 +4,8 @@ Builds a random-weight Llama GGUF of exactly our GPT's shape (read from the mode
 20 layers, 12 heads, intermediate 3072; one output head of num_vq x num_audio_tokens = 2504 rows, where ours are
 four 626-row heads) with the `gguf` package in BF16, then Q8_0 and Q4_0 with llama.cpp's own quantizer. It times
 llama-cpp-python's batch API (2 threads, 22-token prompts, greedy, prefill excluded) at each concurrency and our
-engine through the public API on the same shape and sizes (bf16 vs BF16, int8 vs Q8_0), and writes the ratios to
+engine through the public API on the same shape and sizes (bf16 vs BF16, int8 vs Q8_0, int4 vs Q4_0), and writes
+the ratios to
 results/llamacpp_<hostkind>.json. Needs the `bench` extra, built with native CPU flags:
 
     CMAKE_ARGS="-DGGML_NATIVE=ON" pip install -e '.[bench]'
@@ -33,7 +34,7 @@ if str(REPO) not in sys.path:
 CACHE = Path.home() / ".cache" / "chattts_velocity" / "llamacpp"
 PROMPT_TOKENS = 22
 WARMUP_STEPS = 2  # decode steps before the clock starts (first-batch allocations), like our warm-up
-PAIRS = {"bfloat16": "BF16", "int8": "Q8_0"}  # our precision -> the llama.cpp type it is compared with
+PAIRS = {"bfloat16": "BF16", "int8": "Q8_0", "int4": "Q4_0"}  # our precision -> the llama.cpp type it meets
 
 
 def shape_of(model: str) -> dict:

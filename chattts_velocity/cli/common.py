@@ -19,13 +19,23 @@ DTYPES = ["auto", "float32", "bfloat16", "int8", "int4"]
 
 
 def fastest_dtype() -> str:
-    """The fastest precision whose quality is measured (docs/fidelity.md: bf16 keeps >= 98 % code agreement):
-    bfloat16 where the fused C++ layers run (x86 with AVX-512 BF16) or on CUDA, else float32."""
+    """The fastest precision whose quality docs/performance.md accepts (section 5: >= 95 % teacher-forced code
+    agreement with float32), for this host:
+
+    - int8 where our CPU kernels run (kernels.isa(): x86 with AVX2 + FMA, AVX-512 or AMX; aarch64): half of
+      bf16's weight bytes per step, faster at every batch size measured, 96 % agreement, the seed contract holds.
+      int4 is faster still at one stream but its agreement is below the bar (docs/performance.md section 10).
+    - bfloat16 on CUDA.
+    - float32 elsewhere: torch's bf16 / int8 kernels are at most ~1.3x faster there and their numbers depend on
+      the batch (no seed contract), so exact float32 stays the default.
+    """
     import torch
 
     from ..model import kernels
 
-    return "bfloat16" if torch.cuda.is_available() or kernels.unsupported() is None else "float32"
+    if torch.cuda.is_available():
+        return "bfloat16"
+    return "int8" if kernels.unsupported() is None else "float32"
 
 
 def resolve_dtype(args: argparse.Namespace) -> str:
@@ -34,6 +44,17 @@ def resolve_dtype(args: argparse.Namespace) -> str:
         args.dtype = fastest_dtype()
         print(f"precision: {args.dtype} (the fastest measured here; --dtype float32 for exact runs)", file=sys.stderr)
     return args.dtype
+
+
+def load_line(chat: Chat) -> str:
+    """What a loaded Chat runs: precision, decode backend and, on the cpu backend, the kernels' ISA path."""
+    from ..model import kernels
+
+    if not chat.default_use_vllm:
+        return f"loaded: precision {chat.dtype}, plain path (torch)"
+    backend = chat.engine().runner.backend.name
+    path = f", kernels {kernels.kernel_path()}" if backend == "cpu" else ""
+    return f"loaded: precision {chat.dtype}, decode backend {backend}{path}"
 
 
 def add_model_flags(p: argparse.ArgumentParser, default_dtype: str = "auto") -> None:
@@ -46,7 +67,8 @@ def add_model_flags(p: argparse.ArgumentParser, default_dtype: str = "auto") -> 
     p.add_argument("--no-verify", action="store_true",
                    help="load custom or fine-tuned weights without the official sha256 check")
     p.add_argument("--dtype", default=default_dtype, choices=DTYPES,
-                   help="auto (default): bfloat16 where the fast kernels run, else float32; float32 is exact")
+                   help="auto (default): int8 where our CPU kernels run, bfloat16 on CUDA, else float32; float32 is "
+                        "exact; int4 is the fastest single stream at lower quality")
     p.add_argument("--backend", default="auto", choices=BACKENDS,
                    help="the engine's decode backend: auto (triton on CUDA, the fused C++ layers on capable CPUs, "
                         "else torch), or one of them (an error where it cannot run)")
@@ -121,6 +143,7 @@ def load_chat(args: argparse.Namespace, use_vllm: bool = True, **kwargs) -> Chat
                 f"sha256 differs for {', '.join(exc.mismatched)}")
         hint = "; for custom or fine-tuned weights add --no-verify" if not exc.missing else ""
         raise ValueError(f"--model {root}: not the official ChatTTS files ({what}){hint}") from None
+    print(load_line(chat), file=sys.stderr)
     return chat
 
 

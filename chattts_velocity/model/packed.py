@@ -63,20 +63,20 @@ class PackedLinear(nn.Module):
         self.ops = None  # the kernels' torch.ops namespace (its ISA's library) when packed
         if mode == "int4":
             q, scales = _quantize_int4(weight.float())
-            if _kernels_fit(q):
+            if _kernels_fit(q, mode):
                 self.packed, self.scales = kernels.to_int4_tiles(q, scales)
             else:
                 self.weight = (q.float() * scales.repeat_interleave(kernels.INT4_GROUP, dim=1)).to(torch.bfloat16)
         elif mode == "int8":
             qweight, self.scales = _quantize_int8(weight.float())
-            self.packed = _kernel_layout(qweight, chunk=16)
+            self.packed = _kernel_layout(qweight, 16, mode)
             if self.packed is None:
                 self.qweight, self.scales = qweight, self.scales.to(torch.bfloat16)
                 if self.in_features % 16:  # torch's int8-weight kernel is wrong (or crashes) there
                     self.weight = self.dequantized().to(torch.bfloat16)
         elif mode == "bfloat16" and weight.device.type == "cpu":
             weight = weight.to(torch.bfloat16).contiguous()
-            self.packed = _kernel_layout(weight, chunk=32)
+            self.packed = _kernel_layout(weight, 32, mode)
             if self.packed is None and onednn_bf16_available():
                 self.onednn = torch.ops.mkldnn._reorder_linear_weight(weight)
             elif self.packed is None:
@@ -132,18 +132,24 @@ class PackedLinear(nn.Module):
         return qweight.float() * self.scales.float()[:, None]
 
 
-def _kernel_layout(weight: Tensor, chunk: int) -> Tensor | None:
+def _kernel_layout(weight: Tensor, chunk: int, mode: str) -> Tensor | None:
     """weight [out, in] (bf16 or int8, on CPU) in our kernels' layout for this CPU, or None where they cannot run."""
-    if not _kernels_fit(weight):
+    if not _kernels_fit(weight, mode):
         return None
     if kernels.fits_panels(weight) and kernels.amx_ready():
         return kernels.to_panels(weight)
     return kernels.to_tiles(weight, chunk)
 
 
-def _kernels_fit(weight: Tensor) -> bool:
-    """Our kernels run here and take this shape ([out, in] with out % 4 == in % 32 == 0, on CPU)."""
-    return weight.device.type == "cpu" and kernels.fits_tiles(weight, 32) and kernels.load()
+def _kernels_fit(weight: Tensor, mode: str) -> bool:
+    """Our kernels run here and take this shape ([out, in] with out % 4 == in % 32 == 0, on CPU); a precision that
+    falls back to torch because the kernels cannot run here says so once."""
+    if weight.device.type != "cpu" or not kernels.fits_tiles(weight, 32):
+        return False
+    if not kernels.load():
+        kernels.warn_slow_path(mode)
+        return False
+    return True
 
 
 def _is_panels(packed: Tensor) -> bool:

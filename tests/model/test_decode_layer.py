@@ -1,5 +1,6 @@
 """The fused C++ decode layer (model/fused.py, kernels/cpu_decode_layer.cpp) against the layer-by-layer Python path,
-and the engine's cpu backend (tests taking `isa` run on every ISA this CPU can run). The model is small but has head_dim 32, which the C++ attention needs."""
+and the engine's cpu backend (tests taking `isa` run on every ISA this CPU can run). The model is small but has
+head_dim 32, which the C++ attention needs."""
 from __future__ import annotations
 
 import pytest

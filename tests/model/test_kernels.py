@@ -122,6 +122,21 @@ def test_switch_off_keeps_torch_kernels_without_a_warning() -> None:
     assert "torch.Size([2, 8])" in done.stdout
 
 
+def test_a_precision_on_torch_kernels_warns_once_naming_it() -> None:
+    code = ("import warnings, torch\nfrom chattts_velocity.model import PackedLinear\n"
+            "with warnings.catch_warnings(record=True) as seen:\n"
+            "    warnings.simplefilter('always')\n"
+            "    [PackedLinear(torch.randn(8, 32), mode) for mode in ('int8', 'int8', 'bfloat16')]\n"
+            "print(*[str(w.message) for w in seen], sep='\\n')")
+    other = "neon" if kernels.isa() != "neon" else "avx2"  # an ISA this CPU cannot run
+    env = {**os.environ, kernels.ENV_SWITCH: other}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.strip().splitlines()
+    assert len(lines) == 2 and "dtype 'int8' runs on torch's generic CPU kernels" in lines[0], lines
+    assert "dtype 'bfloat16'" in lines[1] and f"{kernels.ENV_SWITCH}={other}" in lines[1]
+
+
 def test_to_tiles_is_a_pure_reordering() -> None:
     w = torch.arange(8 * 64).reshape(8, 64)
     tiles = kernels.to_tiles(w, 32)

@@ -18,7 +18,8 @@ KERNELS = Path(kernels.__file__).parent
 CROSS, QEMU = "aarch64-linux-gnu-g++", "qemu-aarch64"
 NATIVE_ARM = platform.machine() in ("aarch64", "arm64")
 ARM_TARGETS = {"armv8-a": "-march=armv8-a", "armv8.6-a+bf16+i8mm+dotprod": "-march=armv8.6-a+bf16+i8mm+dotprod"}
-X86_TARGETS = {"avx2": ["-mavx2", "-mfma"], "avx512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mfma"]}
+X86_TARGETS = {"avx2": ["-mavx2", "-mfma"],
+               "avx512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mfma"]}
 
 
 def _build_and_run(compiler: list[str], flags: list[str], tmp_path: Path, runner: list[str]) -> str:
@@ -62,6 +63,7 @@ def test_the_neon_library_drivers_compile_for_aarch64() -> None:
 
     includes = [f"-I{p}" for p in cpp_extension.include_paths()] + [f"-I{sysconfig.get_paths()['include']}"]
     for source in kernels.DRIVERS:
-        done = subprocess.run([CROSS, "-fsyntax-only", "-std=c++17", "-march=armv8.2-a", "-DCV_OPS=chattts_velocity_neon",
-                               *includes, str(source)], capture_output=True, text=True, timeout=600)
+        done = subprocess.run([CROSS, "-fsyntax-only", "-std=c++17", "-march=armv8.2-a",
+                               "-DCV_OPS=chattts_velocity_neon", *includes, str(source)],
+                              capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stderr[-3000:]

@@ -8,9 +8,9 @@ AMX CPUs), isa_avx2.h (AVX2 + FMA), isa_neon.h (aarch64 NEON; dotprod / bf16 / i
 The ISA is chosen once from the CPU flags (isa(); CHATTTS_VELOCITY_CPU_KERNELS overrides it: "avx2" runs the AVX2
 kernels on any x86 CPU with AVX2 + FMA, "noamx" the AVX-512 tiles on an AMX CPU, "0" none). `load()` -> True when
 `ops()` (torch.ops.chattts_velocity_<isa>) is ready. It never raises: without a supported ISA, without g++, or
-with the switch at 0, callers keep torch's own kernels (and a warning says why once). A build takes about a minute
-and is cached per ISA, source, flags, torch and Python version in $CHATTTS_VELOCITY_CACHE/kernels (default
-~/.cache/chattts_velocity/kernels).
+with the switch at 0, callers keep torch's own kernels (PackedLinear warns once per precision, naming it and the
+reason). A build takes about a minute and is cached per ISA, source, flags, torch and Python version in
+$CHATTTS_VELOCITY_CACHE/kernels (default ~/.cache/chattts_velocity/kernels).
 """
 from __future__ import annotations
 
@@ -119,20 +119,32 @@ def load(which: str | None = None) -> bool:
     return ready
 
 
+_build_failures: dict[str, str] = {}  # ISA -> why its library did not build or load
+
+
 @functools.cache
 def _load(which: str | None) -> bool:
-    reason = unsupported() if which is None else None
-    if reason is None:
-        try:
-            torch.ops.load_library(str(_build(which)))
-            _register_fakes(f"chattts_velocity_{which}")
-            return True
-        except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
-            reason = f"building them failed ({str(exc).strip()[-600:]})"
-    if os.environ.get(ENV_SWITCH, "1") != "0":
-        warnings.warn(f"chattts_velocity: CPU decode kernels unavailable: {reason}; using torch's kernels",
-                      RuntimeWarning, stacklevel=2)
-    return False
+    if which is None:
+        return False
+    try:
+        torch.ops.load_library(str(_build(which)))
+        _register_fakes(f"chattts_velocity_{which}")
+        return True
+    except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+        _build_failures[which] = f"building them failed ({str(exc).strip()[-600:]})"
+        return False
+
+
+@functools.cache
+def warn_slow_path(mode: str) -> None:
+    """Once per precision `mode`: it runs on torch's generic kernels here, why, and what that costs (silent with
+    CHATTTS_VELOCITY_CPU_KERNELS=0, which asks for them)."""
+    if os.environ.get(ENV_SWITCH, "1") == "0":
+        return
+    reason = unsupported() or _build_failures.get(isa() or "", "they did not load")
+    warnings.warn(f"chattts_velocity: dtype {mode!r} runs on torch's generic CPU kernels here, because our C++ kernels "
+                  f"are unavailable: {reason}. Expect about a third of their decode speed (docs/performance.md "
+                  f"section 10), and codes that may depend on the batch", RuntimeWarning, stacklevel=3)
 
 
 @functools.cache

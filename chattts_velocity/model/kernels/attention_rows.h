@@ -87,7 +87,8 @@ struct Int8Rows {
       for (int64_t d = 0; d < D; d += 16) top = v_max(top, v_abs(load16(q + g * D + d)));
       const float scale = reduce_max(top) / 32767.0f;
       const V16 divisor = v_set1(scale > 0.0f ? scale : 1.0f);
-      for (int64_t d = 0; d < D; d += 16) store16_int16(s.query.data() + g * D + d, v_div(load16(q + g * D + d), divisor));
+      for (int64_t d = 0; d < D; d += 16)
+        store16_int16(s.query.data() + g * D + d, v_div(load16(q + g * D + d), divisor));
       s.query_scale[g] = scale;
     }
   }

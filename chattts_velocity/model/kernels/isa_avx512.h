@@ -148,7 +148,8 @@ using WideWeight = uint16_t;
 inline void widen_int8_block(const int8_t* w, uint16_t* out, int64_t K, int64_t tiles) {
   for (int64_t t = 0; t < tiles; ++t, w += kTileRows * K, out += kTileRows * K)
     for (int64_t k = 0; k < K; k += 32)
-      for (int r = 0; r < kTileRows; ++r) _mm512_storeu_si512(out + k * kTileRows + 32 * r, weights32(w + k * kTileRows, r));
+      for (int r = 0; r < kTileRows; ++r)
+        _mm512_storeu_si512(out + k * kTileRows + 32 * r, weights32(w + k * kTileRows, r));
 }
 
 // ---- paged attention rows (cpu_attention.cpp) ----
