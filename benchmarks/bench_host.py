@@ -45,7 +45,7 @@ sizes, prompts = json.loads(sys.argv[6]), json.loads(sys.argv[7])
 # ChatTTS's widths (head_dim 64, as the cpu backend's kernels need) with 2 layers: the host work does not depend
 # on the depth, and the KV pool stays small
 cfg = ModelConfig(num_hidden_layers=2)
-positions = max(sizes) * (CONTEXT + steps + 16) + max(prompts) + 64 * 16
+positions = max(sizes) * (CONTEXT + steps + 16) + max(prompts) + 4096  # + one full-length sequence
 pool = -(-positions // 16) * kv_cache_bytes_per_block(2, 16, cfg.num_attention_heads, cfg.head_dim, torch.bfloat16)
 engine_config = EngineConfig(backend=backend, dtype="bfloat16", max_num_seqs=max(sizes), max_num_batched_tokens=4096,
                              max_model_len=4096, kv_cache_memory=pool)
