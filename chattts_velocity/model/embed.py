@@ -75,13 +75,14 @@ class Embed(nn.Module):
     @torch.no_grad()
     def embed_codes(self, ids: torch.Tensor) -> torch.Tensor:
         # ids [N, num_vq] -> [N, H]. The reference stacks the lookups on a new last axis and sums it; on CPU that sum
-        # adds ((e0 + e1) + e2) + e3 in fp32 (bf16/fp16 tables: in fp32, rounded once), as does a sum over dim 1 of
-        # one lookup in the concatenated tables [N, num_vq, H]: the same bits (tests/model/test_model_embed.py),
-        # one gather instead of a strided stack (~5x faster at one row, ~40x at 64)
+        # adds ((e0 + e1) + e2) + e3 in fp32 (bf16/fp16 tables: in fp32, rounded once). So do, over the concatenated
+        # tables, embedding_bag's sum (fp32 tables; it reads each row once) and a sum over dim 1 of one lookup
+        # [N, num_vq, H] (others): the same bits (tests/model/test_model_embed.py), ~5-40x faster than the stack
         table = self._code_table()
-        ids = ids.to(table.device)
-        offsets = torch.arange(self.num_vq, device=table.device) * self.num_audio_tokens
-        return F.embedding(ids + offsets, table).sum(1, dtype=torch.float32).to(table.dtype)
+        ids = ids.to(table.device) + torch.arange(self.num_vq, device=table.device) * self.num_audio_tokens
+        if table.dtype == torch.float32:
+            return F.embedding_bag(ids, table, mode="sum")
+        return F.embedding(ids, table).sum(1, dtype=torch.float32).to(table.dtype)
 
     def _code_table(self) -> torch.Tensor:
         """The num_vq code tables as one [num_vq * num_audio_tokens, H] tensor (a cached copy, rebuilt when a
