@@ -125,7 +125,7 @@ def measure(tree: Path, backend: str, steps: int) -> dict:
 
 
 def medians(rounds: list[dict]) -> dict:
-    """The issue's JSON shape: per key, the median over rounds."""
+    """The one-line JSON shape (--json): per key, the median over rounds."""
     return {key: {k: round(statistics.median(r[key][k] for r in rounds), 4) for k in rounds[0][key]}
             for key in ("decode_host_ms", "admit_host_ms")}
 

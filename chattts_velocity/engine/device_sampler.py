@@ -1,4 +1,4 @@
-"""Engine stage, triton backend: the sampler whose chain runs on the logits' device (issue 13).
+"""Engine stage, triton backend: the sampler whose chain runs on the logits' device.
 
 In: the sequences that sample this step and their logits [S*rows, V] on the device. Out: tokens [S, rows] int64 on
 the device; the model runner's copy of them is the step's only device-to-host transfer. The per-row parameters are

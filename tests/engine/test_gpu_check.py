@@ -41,7 +41,7 @@ def test_the_roofline_reads_weights_once_and_each_sequences_kv() -> None:
     spec = importlib.util.spec_from_file_location("gpu_check", BENCH / "gpu_check.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    # the numbers: ChatTTS GPT 188.7 M params in bf16 on an H100 (3.35 TB/s): ~0.11 ms a step at 1 stream
+    # the desk review's numbers: ChatTTS GPT 188.7 M params in bf16 on an H100 (3.35 TB/s): ~0.11 ms a step at 1 stream
     one = module.roofline_steps_per_s(188_700_000, 20 * 2 * 768 * 2, 1, 300, 3.35)
     assert 1 / one == pytest.approx(0.000116, rel=0.02)
     assert module.roofline_steps_per_s(188_700_000, 61_440, 64, 300, 3.35) / 64 < one  # KV adds bytes per sequence
