@@ -13,6 +13,7 @@ one thread, so a busy host's other processes inflate it far less than wall time)
     python benchmarks/bench_host.py --trees OLD_CHECKOUT .   # two trees in one run, interleaved
     python benchmarks/bench_host.py --json                   # one line: this tree's numbers
 
+--model-work keeps the model (20 layers, cpu backend): the same loop as a CPU speed A/B of the two trees.
 Each (tree, backend) is a fresh process with the tree first on sys.path; trees alternate per round. Writes
 results/host_<backend>.json with every tree's rounds and medians.
 """
@@ -41,15 +42,18 @@ from chattts_velocity.schema import Prompt, SamplingParams
 
 backend, steps = sys.argv[2], int(sys.argv[3])
 CONTEXT, RUNNING = int(sys.argv[4]), int(sys.argv[5])
-sizes, prompts = json.loads(sys.argv[6]), json.loads(sys.argv[7])
-# ChatTTS's widths (head_dim 64, as the cpu backend's kernels need) with 2 layers: the host work does not depend
-# on the depth, and the KV pool stays small
-cfg = ModelConfig(num_hidden_layers=2)
-positions = max(sizes) * (CONTEXT + steps + 16) + max(prompts) + 64 * 16
-pool = -(-positions // 16) * kv_cache_bytes_per_block(2, 16, cfg.num_attention_heads, cfg.head_dim, torch.bfloat16)
+sizes, prompts, model_work = json.loads(sys.argv[6]), json.loads(sys.argv[7]), sys.argv[8] == "1"
+# ChatTTS's widths (head_dim 64, as the cpu backend's kernels need); with no model work 2 layers (the host work does
+# not depend on the depth, and the KV pool stays small), with it all 20
+cfg = ModelConfig(num_hidden_layers=20 if model_work else 2)
+positions = max(sizes) * (CONTEXT + steps + 16) + max(prompts) + 4096  # + one full-length sequence
+pool = -(-positions // 16) * kv_cache_bytes_per_block(cfg.num_hidden_layers, 16, cfg.num_attention_heads, cfg.head_dim,
+                                                     torch.bfloat16)
 engine_config = EngineConfig(backend=backend, dtype="bfloat16", max_num_seqs=max(sizes), max_num_batched_tokens=4096,
                              max_model_len=4096, kv_cache_memory=pool)
-model = ChatTTSLlama(cfg).to(torch.bfloat16)
+model = ChatTTSLlama(cfg)
+for weight in model.parameters():  # weights in bf16, RoPE tables (buffers) stay fp32, as load_gpt leaves them
+    weight.data = weight.data.to(torch.bfloat16)
 embed = Embed(cfg.hidden_size, cfg.num_audio_tokens, cfg.num_text_tokens, cfg.num_vq)
 engine = LLMEngine(model, embed, cfg, engine_config)
 runner = engine.runner
@@ -57,13 +61,15 @@ assert runner.backend.name == backend, runner.backend.name
 ready_code = torch.zeros(max(sizes) + 1, cfg.num_vq, cfg.num_audio_tokens)
 ready_tokens = torch.zeros(max(sizes) + 1, cfg.num_vq, dtype=torch.int64)
 # no model work: the layers return their input, the heads fixed logits, the draw fixed tokens
-if backend == "cpu":
+if backend == "cpu" and not model_work:
     runner.backend.fused = lambda embeds, *args: embeds
-else:
+elif not model_work:
     runner.backend._layers = lambda x, *args: x
-runner.embed.logits_rowwise = lambda hidden, name: ready_code[: hidden.shape[0]]
-sampler = getattr(runner.backend, "sampler", None) or runner.sampler
-sampler.sample = lambda logits, batch: ready_tokens[: len(batch.noise_seeds)]
+if not model_work:
+    runner.embed.logits_rowwise = lambda hidden, name: ready_code[: hidden.shape[0]]
+    sampler = getattr(runner.backend, "sampler", None) or runner.sampler
+    sampler.sample = lambda logits, batch: ready_tokens[: len(batch.noise_seeds)]
+clock = time.process_time if model_work else time.thread_time
 gen = torch.Generator().manual_seed(0)
 
 def prompt(rows):
@@ -75,9 +81,9 @@ def params():
 
 def timed_step():
     # CPU time of this thread (torch runs single-threaded here): what a busy host's other processes do not inflate
-    t = time.thread_time()
+    t = clock()
     engine.step()
-    return time.thread_time() - t
+    return clock() - t
 
 def fill(n):
     for _ in range(n):
@@ -113,11 +119,12 @@ print(json.dumps(out))
 """
 
 
-def measure(tree: Path, backend: str, steps: int) -> dict:
+def measure(tree: Path, backend: str, steps: int, model_work: bool) -> dict:
     env = {**os.environ, "PYTHONPATH": str(tree), "TRITON_INTERPRET": "1"}
+    sizes, prompts, running = ((1, 16), (200,), 15) if model_work else (DECODE_SIZES, PROMPTS, RUNNING)
     done = subprocess.run(
-        [sys.executable, "-c", CHILD, str(tree), backend, str(steps), str(CONTEXT), str(RUNNING),
-         json.dumps(DECODE_SIZES), json.dumps(PROMPTS)],
+        [sys.executable, "-c", CHILD, str(tree), backend, str(steps), str(CONTEXT), str(running),
+         json.dumps(sizes), json.dumps(prompts), "1" if model_work else "0"],
         capture_output=True, text=True, timeout=1800, env=env, cwd=str(tree))
     if done.returncode != 0:
         raise RuntimeError(f"bench_host child failed for {tree} ({backend}):\n{done.stderr[-3000:]}")
@@ -125,7 +132,7 @@ def measure(tree: Path, backend: str, steps: int) -> dict:
 
 
 def medians(rounds: list[dict]) -> dict:
-    """The issue's JSON shape: per key, the median over rounds."""
+    """The one-line JSON shape (--json): per key, the median over rounds."""
     return {key: {k: round(statistics.median(r[key][k] for r in rounds), 4) for k in rounds[0][key]}
             for key in ("decode_host_ms", "admit_host_ms")}
 
@@ -137,21 +144,26 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=30, help="timed decode steps per size")
     parser.add_argument("--rounds", type=int, default=1, help="interleaved rounds per tree")
     parser.add_argument("--json", action="store_true", help="print only the last tree's one-line JSON")
+    parser.add_argument("--model-work", action="store_true",
+                        help="keep the model work (all 20 layers, heads, sampling; cpu backend): the CPU speed A/B, "
+                             "in process CPU ms per step at 1 and 16 sequences")
     parser.add_argument("--out", default=None, help="results file (default results/host_<backend>.json)")
     args = parser.parse_args(argv)
     trees = [Path(t).resolve() for t in args.trees]
     rounds: dict[str, list[dict]] = {str(t): [] for t in trees}
     for _ in range(args.rounds):
         for tree in trees:
-            rounds[str(tree)].append(measure(tree, args.backend, args.steps))
+            rounds[str(tree)].append(measure(tree, args.backend, args.steps, args.model_work))
     summary = {tree: medians(r) for tree, r in rounds.items()}
-    report = {"backend": args.backend, "context": CONTEXT, "running_for_admission": RUNNING, "steps": args.steps,
+    report = {"backend": args.backend, "model_work": args.model_work, "context": CONTEXT,
+              "running_for_admission": 15 if args.model_work else RUNNING, "steps": args.steps,
               "trees": summary, "rounds": rounds}
     if len(trees) == 2:
         old, new = (summary[str(t)] for t in trees)
         report["old_over_new"] = {key: {k: round(old[key][k] / max(new[key][k], 1e-9), 2) for k in new[key]}
                                   for key in new}
-    out = Path(args.out) if args.out else REPO / "benchmarks" / "results" / f"host_{args.backend}.json"
+    name = f"host_{args.backend}{'_model_work' if args.model_work else ''}.json"
+    out = Path(args.out) if args.out else REPO / "benchmarks" / "results" / name
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=1), encoding="utf-8")
     if args.json:

@@ -21,7 +21,7 @@ from typing import Protocol
 import torch
 
 from chattts_velocity.config import EngineConfig
-from chattts_velocity.engine.paged_kv import PagedKV, StepTensors, padded_decode
+from chattts_velocity.engine.paged_kv import ListInputs, PagedKV, StepTensors, padded_decode
 from chattts_velocity.engine.sampler import Sampler
 from chattts_velocity.model import (
     AttentionMetadata,
@@ -44,21 +44,6 @@ class DecodeBackend(Protocol):
 
     def run(self, embeds: torch.Tensor, step: StepTensors) -> torch.Tensor:
         """One step (decode, prefill chunks, recompute, mixed): embeds [N, H] -> hidden [N, H]."""
-
-
-class ListInputs:
-    """`forward(embeds, AttentionMetadata)` and `decode(embeds, positions, tables)` over `run`: for callers that hold
-    plain lists (tests, benchmarks). tables[b] holds at least the blocks of positions 0..positions[b]."""
-
-    kv: PagedKV
-
-    def forward(self, embeds: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        return self.run(embeds, StepTensors.from_attention_metadata(meta, self.kv.block_size))
-
-    def decode(self, embeds: torch.Tensor, positions: list[int], tables: list[list[int]]) -> torch.Tensor:
-        step = StepTensors.from_lists([1] * len(positions), [p + 1 for p in positions], tables, self.kv.block_size,
-                                      self.kv.device)
-        return self.run(embeds, step)
 
 
 def attention_metadata(step: StepTensors, kv: PagedKV) -> AttentionMetadata:

@@ -1,4 +1,4 @@
-"""Engine stage, triton backend: the sampler whose chain runs on the logits' device (issue 13).
+"""Engine stage, triton backend: the sampler whose chain runs on the logits' device.
 
 In: the sequences that sample this step and their logits [S*rows, V] on the device. Out: tokens [S, rows] int64 on
 the device; the model runner's copy of them is the step's only device-to-host transfer. The per-row parameters are
@@ -28,6 +28,18 @@ class DeviceSampler(Sampler):
         )
 
         self.ops = sampling
+        self._sent: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id(host tensor) -> (it, its device copy)
+
+    def _send(self, tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+        """tensor on device; the per-request parameters Sampler.prepare reuses while a batch stays the same
+        (temperatures, EOS ids, penalties, top-p/top-k) are copied once, not every step."""
+        hit = self._sent.get(id(tensor))
+        if hit is not None and hit[0] is tensor and hit[1].device == device:
+            return hit[1]
+        if len(self._sent) >= 64:
+            self._sent.clear()
+        self._sent[id(tensor)] = (tensor, to_device(tensor, device))
+        return self._sent[id(tensor)][1]
 
     @torch.inference_mode()
     def sample(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
@@ -54,13 +66,13 @@ class DeviceSampler(Sampler):
         device = logits.device
         logits = logits.to(torch.float32, copy=True).contiguous()
         temperatures, history, penalties = _temperature_penalty_args(params)
-        ops.apply_temperature_and_penalty(logits, to_device(temperatures, device), to_device(history, device),
-                                          to_device(penalties, device))
+        ops.apply_temperature_and_penalty(logits, self._send(temperatures, device), to_device(history, device),
+                                          self._send(penalties, device))
         if params.top_p is not None or params.top_k is not None:
             top_p, top_k = _top_p_top_k_args(params)
-            ops.apply_top_p_top_k(logits, to_device(top_p, device), to_device(top_k, device))
+            ops.apply_top_p_top_k(logits, self._send(top_p, device), self._send(top_k, device))
         logits = lp.apply_custom(logits, params.custom, params.rows_per_seq, params.failures)
-        return ops.mask_eos(logits, to_device(params.mask_eos, device), to_device(params.eos_ids, device))
+        return ops.mask_eos(logits, to_device(params.mask_eos, device), self._send(params.eos_ids, device))
 
 
 def _temperature_penalty_args(params: lp.RowParams) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -20,7 +20,7 @@ from chattts_velocity.engine.beam_engine import BeamSearch
 from chattts_velocity.engine.block_manager import BlockManager
 from chattts_velocity.engine.model_runner import ModelRunner
 from chattts_velocity.engine.scheduler import Scheduler
-from chattts_velocity.engine.sequence import Sequence
+from chattts_velocity.engine.sequence import Sequence, SequenceStatus
 from chattts_velocity.engine.step import ScheduledBatch, StepOutput
 from chattts_velocity.model import kv_cache_bytes_per_block, load_embed, load_gpt
 from chattts_velocity.schema import MAX_REGENERATE, GenerationOutput, Prompt, SamplingParams
@@ -134,19 +134,25 @@ class LLMEngine:
         # one [1, rows] / [1, H] view per sequence from one unbind each (per-row slicing costs a few us a row)
         token_rows = out.tokens.unsqueeze(1).unbind(0)
         hidden_rows = out.hidden.unsqueeze(1).unbind(0) if out.hidden is not None else None
+        width = out.tokens.shape[1]
         for b, seq in enumerate(batch.seqs):
-            if not batch.sample[b] or (seq.is_finished and seq.request_id not in done):
+            if not batch.sample[b]:
                 continue
-            appended = seq.num_generated > 0 and not (seq.is_finished and seq.finish_reason == "eos")
+            status = seq.status
+            finished = status.is_finished
+            if finished and seq.request_id not in done:
+                continue
+            generated = len(seq.generated)
+            appended = generated > 0 and status is not SequenceStatus.FINISHED_EOS
             hidden = hidden_rows[b] if (appended and seq.params.return_hidden and hidden_rows) else None
             tokens = token_rows[b] if appended else out.tokens[:0]
             outputs.append(GenerationOutput(
                 request_id=seq.request_id,
-                token_ids=tokens if seq.num_rows == tokens.shape[1] else tokens[:, : seq.num_rows],  # [n, rows]
+                token_ids=tokens if seq.num_rows == width else tokens[:, : seq.num_rows],  # [n, rows]
                 hidden=hidden,  # [n, H]
-                finished=seq.is_finished,
-                finish_reason=seq.finish_reason,
-                extra={"num_generated": seq.num_generated},
+                finished=finished,
+                finish_reason=status.value if finished else None,
+                extra={"num_generated": generated},
             ))
         return outputs
 

@@ -135,8 +135,11 @@ class ModelRunner:
                 rows = logits.shape[1]
                 logits = logits.reshape(-1, logits.shape[-1])  # [S * 4, V], row s*4 + q
             sampling = self.sampler.prepare(seqs, rows)
-            sampled = self.sampler.sample(logits, sampling)  # [S, rows]
-            tokens[index, :rows] = sampled.cpu()
+            sampled = self.sampler.sample(logits, sampling).cpu()  # [S, rows]: the step's one device-to-host copy
+            if len(index) == batch.num_seqs and rows == tokens.shape[1]:
+                tokens = sampled  # the usual step: every sequence samples codes
+            else:
+                tokens[index, :rows] = sampled
             failed.update((index[s], error) for s, error in sampling.params.failures.items())
         return tokens
 

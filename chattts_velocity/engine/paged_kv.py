@@ -95,6 +95,21 @@ class StepTensors:
         return cls.build(meta.q_lens, meta.k_lens, meta.block_tables.long().clamp(min=0), block_size)
 
 
+class ListInputs:
+    """`forward(embeds, AttentionMetadata)` and `decode(embeds, positions, tables)` over `run`: for callers that hold
+    plain lists (tests, benchmarks). tables[b] holds at least the blocks of positions 0..positions[b]."""
+
+    kv: PagedKV
+
+    def forward(self, embeds: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        return self.run(embeds, StepTensors.from_attention_metadata(meta, self.kv.block_size))
+
+    def decode(self, embeds: torch.Tensor, positions: list[int], tables: list[list[int]]) -> torch.Tensor:
+        step = StepTensors.from_lists([1] * len(positions), [p + 1 for p in positions], tables, self.kv.block_size,
+                                      self.kv.device)
+        return self.run(embeds, step)
+
+
 class BlockTables:
     """The block tables of running sequences in one persistent [rows, width] int64 tensor on the pool's device.
 

@@ -57,6 +57,7 @@ class Sampler:
 
     def __init__(self) -> None:
         self._generator = torch.Generator(device="cpu")  # re-seeded per (request, step)
+        self._static: StaticCache = {}  # the fixed per-row parameters of the last batch, per row count
 
     def prepare(self, seqs: list[Sequence], num_rows: int) -> SamplingBatch:
         if any(seq.num_rows != num_rows for seq in seqs):
@@ -66,7 +67,7 @@ class Sampler:
         if any(seq.seed is None for seq in seqs):
             raise ValueError("Sampler.prepare: every sequence needs a seed (Scheduler.add assigns one)")
         noise_seeds = [step_seed(seq.seed, seq.num_generated) for seq in seqs]  # type: ignore[arg-type]
-        return SamplingBatch(_row_params(seqs, num_rows), noise_seeds)
+        return SamplingBatch(_row_params(seqs, num_rows, self._static), noise_seeds)
 
     @torch.inference_mode()
     def sample(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
@@ -99,13 +100,13 @@ class _StaticRows:
     top_k: torch.Tensor | None  # [R] int64; None: no row uses it
 
 
-_last_static: dict[int, tuple[tuple[int, ...], _StaticRows]] = {}  # num_rows -> (ids of the batch, its rows)
+StaticCache = dict[int, tuple[tuple[int, ...], _StaticRows]]  # num_rows -> (ids of the last batch, its rows)
 
 
-def _static_rows(seqs: list[Sequence], num_rows: int) -> _StaticRows:
+def _static_rows(seqs: list[Sequence], num_rows: int, cache: StaticCache) -> _StaticRows:
     """Built once per batch composition: consecutive decode steps of the same sequences reuse them."""
     key = tuple(map(id, seqs))
-    hit = _last_static.get(num_rows)
+    hit = cache.get(num_rows)
     if hit is not None and hit[0] == key:
         return hit[1]
 
@@ -125,13 +126,13 @@ def _static_rows(seqs: list[Sequence], num_rows: int) -> _StaticRows:
         top_p=per_row(top_p, torch.float32) if any(v < 1 for v in top_p) else None,
         top_k=per_row(top_k, torch.int64) if any(v > 0 for v in top_k) else None,
     )
-    _last_static[num_rows] = (key, rows)
+    cache[num_rows] = (key, rows)
     return rows
 
 
-def _row_params(seqs: list[Sequence], num_rows: int) -> lp.RowParams:
+def _row_params(seqs: list[Sequence], num_rows: int, cache: StaticCache | None = None) -> lp.RowParams:
     """Every request's own parameters as per-row tensors [S*rows]; a step no row needs is None (skipped)."""
-    static = _static_rows(seqs, num_rows)
+    static = _static_rows(seqs, num_rows, {} if cache is None else cache)
     history = _history(seqs, num_rows)
     mask_eos = torch.tensor([seq.num_generated < seq.params.min_new_token for seq in seqs], dtype=torch.bool)
     return lp.RowParams(

@@ -48,6 +48,7 @@ class Sequence:
         self.arrival = arrival
         self.prompt_ids = prompt.input_ids.to("cpu", torch.int64)  # [P, num_vq]
         self.prompt_mask = prompt.text_mask.to("cpu", torch.bool)  # [P]
+        self.num_prompt_tokens = self.prompt_ids.shape[0]  # an int: len(seq) is read many times per step
         self.num_vq = self.prompt_ids.shape[1]
         self.is_text = params.mode == "text"
         self.num_rows = 1 if self.is_text else self.num_vq  # sampled rows per step
@@ -65,17 +66,13 @@ class Sequence:
         self.cache_salt = _cache_salt(prompt)
 
     def __len__(self) -> int:
-        return self.prompt_ids.shape[0] + len(self.generated)
+        return self.num_prompt_tokens + len(self.generated)
 
     def __repr__(self) -> str:
         return (
             f"Sequence({self.request_id!r}, {self.status.name}, len={len(self)}, "
             f"computed={self.num_computed_tokens}, blocks={self.block_table})"
         )
-
-    @property
-    def num_prompt_tokens(self) -> int:
-        return self.prompt_ids.shape[0]
 
     @property
     def num_generated(self) -> int:

@@ -18,10 +18,9 @@ import os
 
 import torch
 
-from chattts_velocity.engine.backends import ListInputs
 from chattts_velocity.engine.cuda_graphs import DecodeGraphs, graph_batch_sizes
 from chattts_velocity.engine.device_sampler import DeviceSampler
-from chattts_velocity.engine.paged_kv import PagedKV, StepTensors, to_device
+from chattts_velocity.engine.paged_kv import ListInputs, PagedKV, StepTensors, to_device
 from chattts_velocity.model import ChatTTSLlama, DecodeMetadata
 from chattts_velocity.model.kernels.triton import available
 

@@ -75,13 +75,25 @@ class Embed(nn.Module):
     @torch.no_grad()
     def embed_codes(self, ids: torch.Tensor) -> torch.Tensor:
         # ids [N, num_vq] -> [N, H]. The reference stacks the lookups on a new last axis and sums it; on CPU that sum
-        # adds ((e0 + e1) + e2) + e3 in fp32 (bf16/fp16 tables: in fp32, rounded once), which this does without the
-        # strided stack (~40x faster at 64 rows); the bits are the same (tests/model/test_model_embed.py)
-        ids = ids.to(self.emb_text.weight.device)
-        total = self.emb_code[0](ids[:, 0]).float()
-        for q in range(1, self.num_vq):
-            total = total + self.emb_code[q](ids[:, q])
-        return total.to(self.emb_text.weight.dtype)
+        # adds ((e0 + e1) + e2) + e3 in fp32 (bf16/fp16 tables: in fp32, rounded once). So do, over the concatenated
+        # tables, embedding_bag's sum (fp32 tables; it reads each row once) and a sum over dim 1 of one lookup
+        # [N, num_vq, H] (others): the same bits (tests/model/test_model_embed.py), ~5-40x faster than the stack
+        table = self._code_table()
+        ids = ids.to(table.device) + torch.arange(self.num_vq, device=table.device) * self.num_audio_tokens
+        if table.dtype == torch.float32:
+            return F.embedding_bag(ids, table, mode="sum")
+        return F.embedding(ids, table).sum(1, dtype=torch.float32).to(table.dtype)
+
+    def _code_table(self) -> torch.Tensor:
+        """The num_vq code tables as one [num_vq * num_audio_tokens, H] tensor (a cached copy, rebuilt when a
+        table is replaced or moved)."""
+        weights = [emb.weight for emb in self.emb_code]
+        stamp = tuple(w.data_ptr() for w in weights)
+        hit = self._weight_cache.get(("code_table",))
+        if hit is None or hit[0] != stamp:
+            hit = (stamp, torch.cat([w.detach() for w in weights]))
+            self._weight_cache[("code_table",)] = hit
+        return hit[1]
 
     @torch.no_grad()
     def embed(self, input_ids: torch.Tensor, text_mask: torch.Tensor) -> torch.Tensor:

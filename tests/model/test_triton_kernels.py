@@ -113,7 +113,7 @@ def test_decode_splits_fill_the_gpu_only_when_few_programs_run():
     assert tk.decode_splits(12, 4096, 132) == 16  # one sequence on an H100: 12 heads x 16 splits
     assert tk.decode_splits(12 * 8, 4096, 132) == 4
     assert tk.decode_splits(12 * 64, 4096, 132) == 1  # 768 programs fill 132 SMs
-    assert tk.decode_splits(12, 100, 132) == 2  # no more splits than tiles of the context
+    assert tk.decode_splits(12, 100, 132, block_n=64) == 2  # no more splits than tiles of the context
 
 
 def test_decode_attention_gqa_and_empty_context():

@@ -1,4 +1,4 @@
-"""Model stage, CUDA backend: Triton kernels for the paged Llama and device-side sampling (issue 13).
+"""Model stage, CUDA backend: Triton kernels for the paged Llama and device-side sampling.
 
 attention.py (KV store, paged decode and varlen prefill attention), norm_rope.py (RMSNorm, fused add + RMSNorm,
 RoPE), sampling.py (temperature + repetition penalty, top-p/top-k, EOS mask, counter-based Exp(1) noise).

@@ -185,7 +185,7 @@ def store_kv(
 
 def paged_decode_attention(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
-    context_lens: torch.Tensor, scale: float | None = None, block_n: int = 64, splits: int | None = None,
+    context_lens: torch.Tensor, scale: float | None = None, block_n: int | None = None, splits: int | None = None,
 ) -> torch.Tensor:
     """One query per sequence, q [B, heads, head_dim], over its first context_lens[b] positions -> [B, heads, head_dim].
 
@@ -201,7 +201,7 @@ def paged_decode_attention(
     q, block_tables = _rows(q), block_tables.contiguous()
     out = q.new_empty(q.shape)
     scale = head_dim**-0.5 if scale is None else scale
-    block_size = k_cache.shape[1]
+    block_size, block_n = k_cache.shape[1], block_n or DECODE_BLOCK_N
     if splits is None:
         splits = decode_splits(num_seqs * heads, block_tables.shape[1] * block_size, sm_count(q.device), block_n)
     part = out if splits == 1 else torch.empty(num_seqs, heads, splits, head_dim + 2, device=q.device)
@@ -216,6 +216,9 @@ def paged_decode_attention(
 
 
 MAX_SPLITS = 16
+# context positions per tile of the decode kernel: a [32, head_dim] fp32 tile of K and of V per program; at 64 the
+# fp32-pool kernel spilled registers on sm_89 (compile_check)
+DECODE_BLOCK_N = 32
 
 
 def sm_count(device: torch.device) -> int:
@@ -223,7 +226,7 @@ def sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 0
 
 
-def decode_splits(programs: int, max_context: int, sms: int, block_n: int = 64) -> int:
+def decode_splits(programs: int, max_context: int, sms: int, block_n: int = DECODE_BLOCK_N) -> int:
     """Context splits per (sequence, head) so that a decode step has about two programs per SM: 1 when
     programs already fill the GPU (and without SMs: on CPU), else a power of two <= MAX_SPLITS and <= the context's
     tiles."""
@@ -235,7 +238,8 @@ def decode_splits(programs: int, max_context: int, sms: int, block_n: int = 64) 
 
 def paged_prefill_attention(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cu_q_lens: torch.Tensor, k_lens: torch.Tensor,
-    block_tables: torch.Tensor, max_q_len: int, scale: float | None = None, block_m: int = 32, block_n: int = 32,
+    block_tables: torch.Tensor, max_q_len: int, scale: float | None = None, block_m: int | None = None,
+    block_n: int = 32,
 ) -> torch.Tensor:
     """Varlen / chunked prefill: packed new rows q [N_new, heads, head_dim] -> [N_new, heads, head_dim].
 
@@ -253,6 +257,9 @@ def paged_prefill_attention(
     rows, block_tables = _rows(q.to(k_cache.dtype)), block_tables.contiguous()
     out = q.new_empty(q.shape)
     scale = head_dim**-0.5 if scale is None else scale
+    # rows per program; 16 below head_dim 32, where 32 spilled registers on sm_89 in fp16 (compile_check). A row's
+    # result does not depend on it (keys past a row's position weigh exactly 0)
+    block_m = block_m or (16 if head_dim < 32 else 32)
     grid = (num_seqs, heads, triton.cdiv(max_q_len, block_m))
     _prefill_kernel[grid](
         rows, k_cache, v_cache, block_tables, cu_q_lens, k_lens, out, scale * LOG2E, rows.stride(0),

@@ -18,6 +18,7 @@ import hashlib
 import inspect
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -134,20 +135,32 @@ def compile_all(specs: list[dict], targets: list[int]) -> list[dict]:
 
 
 def _resources(compiled, cc: int) -> dict:
+    """Registers and shared memory of the cubin (cuobjdump); spills from ptxas -v over the same PTX."""
     import triton
+    from triton.backends.nvidia.compiler import get_ptxas
 
     tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
-        cubin.write(compiled.asm["cubin"])
-        cubin.flush()
-        usage = subprocess.run([str(tool), "-res-usage", cubin.name], capture_output=True, text=True).stdout
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin, ptx = Path(tmp) / "k.cubin", Path(tmp) / "k.ptx"
+        cubin.write_bytes(compiled.asm["cubin"])
+        ptx.write_text(compiled.asm["ptx"])
+        usage = subprocess.run([str(tool), "-res-usage", str(cubin)], capture_output=True, text=True).stdout
+        arch = f"sm_{cc}a" if cc >= 90 else f"sm_{cc}"
+        fmad = [] if compiled.metadata.enable_fp_fusion else ["--fmad=false"]
+        verbose = subprocess.run([get_ptxas(cc).path, "-v", f"--gpu-name={arch}", *fmad, str(ptx), "-o",
+                                  str(Path(tmp) / "v.cubin")], capture_output=True, text=True)
     fields = dict(item.split(":", 1) for line in usage.splitlines() if "REG:" in line for item in line.split())
+    spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", verbose.stderr + verbose.stdout)
     shared = max(int(compiled.metadata.shared), int(fields.get("SHARED", 0)))
     out = {"registers": int(fields["REG"]), "shared_bytes": shared, "local_bytes": int(fields.get("LOCAL", 0)),
-           "stack_bytes": int(fields.get("STACK", 0)), "num_warps": compiled.metadata.num_warps}
+           "stack_bytes": int(fields.get("STACK", 0)), "num_warps": compiled.metadata.num_warps,
+           "spill_store_bytes": int(spills.group(1)) if spills else None,
+           "spill_load_bytes": int(spills.group(2)) if spills else None}
     problems = []
-    if out["local_bytes"] or out["stack_bytes"]:
-        problems.append("register spills (local memory)")
+    if spills is None:
+        problems.append(f"ptxas -v reported no spill counts ({(verbose.stderr or verbose.stdout)[-300:]!r})")
+    elif out["spill_store_bytes"] or out["spill_load_bytes"] or out["local_bytes"]:
+        problems.append("register spills")
     if shared > TARGETS[cc]:
         problems.append(f"shared memory {shared} B above sm_{cc}'s {TARGETS[cc]} B")
     return out | ({"error": "; ".join(problems)} if problems else {})

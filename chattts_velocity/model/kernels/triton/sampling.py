@@ -20,7 +20,7 @@ MIN_KEEP = 3  # tokens top-p and top-k always keep, as logits_processors
 NOISE_BLOCK = 1024  # vocabulary entries per noise program
 EAGER = {"enable_fp_fusion": False}  # no fused multiply-adds, as torch's eager ops
 HISTORY_TILE = 16  # history ids per tile of the penalty (the default penalty window)
-FLOAT32_MAX: tl.constexpr = 3.4028234663852886e38
+FLOAT32_MAX = tl.constexpr(3.4028234663852886e38)  # torch.finfo(torch.float32).max
 
 
 @triton.jit(do_not_specialize=["history_stride", "width"])
