@@ -24,9 +24,10 @@ def fastest_dtype() -> str:
 
     - int8 where our CPU kernels run (kernels.isa(): x86 with AVX2 + FMA, AVX-512 or AMX; aarch64): half of
       bf16's weight bytes per step, faster at every batch size measured, 96 % agreement, the seed contract holds.
-      int4 is faster still at one stream but its agreement is below the bar (docs/performance.md section 10).
+      int4 reads fewer bytes (faster linears at one row) but its agreement is below the bar (docs/performance.md
+      section 11).
     - bfloat16 on CUDA.
-    - float32 elsewhere: torch's bf16 / int8 kernels are at most ~1.3x faster there and their numbers depend on
+    - float32 elsewhere: torch's bf16 / int8 kernels are only ~1.2-1.5x faster there and their numbers depend on
       the batch (no seed contract), so exact float32 stays the default.
     """
     import torch

@@ -60,7 +60,7 @@ class PackedLinear(nn.Module):
         self.onednn = None  # opaque oneDNN bf16 weight
         self.qweight: Tensor | None = None  # int8 [out, in] for torch's int8-weight kernel
         self.scales: Tensor | None = None  # int8: [out] per-channel scales; int4: [out/4, in/32, 4] per group
-        self.ops = None  # the kernels' torch.ops namespace (its ISA's library) when packed
+        self.isa: str | None = None  # the ISA whose library packed W (kernels.isa() then)
         if mode == "int4":
             q, scales = _quantize_int4(weight.float())
             if _kernels_fit(q, mode):
@@ -84,7 +84,12 @@ class PackedLinear(nn.Module):
         else:
             self.weight = weight.to(getattr(torch, mode)).contiguous()
         if self.packed is not None:
-            self.ops = kernels.ops()
+            self.isa = kernels.isa()
+
+    @property
+    def ops(self):
+        """The torch.ops namespace of the library that packed W (a property: the module stays deep-copyable)."""
+        return getattr(torch.ops, f"chattts_velocity_{self.isa}") if self.isa else None
 
     @property
     def kernel(self) -> str:

@@ -144,7 +144,7 @@ def warn_slow_path(mode: str) -> None:
     reason = unsupported() or _build_failures.get(isa() or "", "they did not load")
     warnings.warn(f"chattts_velocity: dtype {mode!r} runs on torch's generic CPU kernels here, because our C++ kernels "
                   f"are unavailable: {reason}. Expect about a third of their decode speed (docs/performance.md "
-                  f"section 10), and codes that may depend on the batch", RuntimeWarning, stacklevel=3)
+                  f"section 11), and codes that may depend on the batch", RuntimeWarning, stacklevel=3)
 
 
 @functools.cache
