@@ -26,9 +26,9 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 FULL = {"steps": 128, "batch_steps": 64, "stream_steps": 96, "sizes": [1, 16, 32, 64], "repeats": 2,
-        "seed_steps": 48, "kv_seqs": 32, "kv_context": 300}
+        "seed_steps": 48, "kv_seqs": 32, "kv_context": 300, "gemm_size": 2048, "read_mb": 400}
 QUICK = {"steps": 8, "batch_steps": 8, "stream_steps": 48, "sizes": [1, 4], "repeats": 1,
-         "seed_steps": 8, "kv_seqs": 4, "kv_context": 40}
+         "seed_steps": 8, "kv_seqs": 4, "kv_context": 40, "gemm_size": 256, "read_mb": 32}
 STREAM_SETTINGS = {  # label -> StreamOptions fields; "default" is whatever StreamOptions() is today
     "default": {},
     "first 4, lookahead 12": {"first_chunk_steps": 4, "first_lookahead_steps": 12},
@@ -48,10 +48,12 @@ def weight_bytes_per_step(config) -> dict:
             "int4": linear * 5 // 8 + 4 * heads}  # 4 bits and a 4-byte scale per 32 weights
 
 
-def probes(threads: int) -> dict:
+def probes(threads: int, plan: dict) -> dict:
+    """The host's ceilings; a quick plan probes small sizes (a 2048^3 bf16 GEMM takes minutes without AVX-512 BF16)."""
     from benchmarks import bench_probe as probe
 
-    return {"read_gbps": probe.read_gbps(threads), "bf16_gemm_gflops": probe.bf16_gemm_gflops(threads),
+    return {"read_gbps": probe.read_gbps(threads, plan["read_mb"]),
+            "bf16_gemm_gflops": probe.bf16_gemm_gflops(threads, plan["gemm_size"]),
             "contention": probe.contention_probe(threads), "threads": threads}
 
 
@@ -175,7 +177,7 @@ def run(args: argparse.Namespace) -> dict:
     chats = {dtype: load_chat(args.model, dtype, args.threads) for dtype in DTYPES}
     report = {"cpu": cpu_identity(), "kernel_path": kernels.kernel_path(), "emulated_isa": args.isa,
               "torch": torch.__version__, "quick": args.quick, "model": args.model,
-              "plan": plan, "thread_settings": thread_settings(), "probes": probes(args.threads),
+              "plan": plan, "thread_settings": thread_settings(), "probes": probes(args.threads, plan),
               "weight_bytes_per_step": weight_bytes_per_step(chats["bfloat16"].config)}
     print(f"{report['cpu']}; probes: {report['probes']['read_gbps']:.1f} GB/s read, "
           f"{report['probes']['bf16_gemm_gflops']:.0f} bf16 GFLOP/s", flush=True)
@@ -192,7 +194,7 @@ def run(args: argparse.Namespace) -> dict:
     print(f"int8 KV: {json.dumps(measured['kv_int8'].get('int8_speedup', measured['kv_int8']))}", flush=True)
     report["measured"] = measured
     report["llamacpp"] = measure_llamacpp(args, plan, chats)
-    report["probes_after"] = probes(args.threads)
+    report["probes_after"] = probes(args.threads, plan)
     report["ceilings"] = ceilings(report)
     report["targets"] = targets(report)
     report["seconds"] = time.perf_counter() - start
