@@ -127,8 +127,10 @@ class Chat:
         self._gate.interrupt()
 
     # ---- speakers ------------------------------------------------------------------------
-    def sample_random_speaker(self) -> str:
-        return text.sample_random_speaker(self.config.hidden_size, device=self.device)
+    def sample_random_speaker(self, seed: int | None = None) -> str:
+        """A random voice (upstream's draw); with `seed`, the voice torch.manual_seed(seed) would give, drawn
+        without touching the global RNG (safe while other threads sample)."""
+        return text.sample_random_speaker(self.config.hidden_size, device=self.device, seed=seed)
 
     def sample_audio_speaker(self, wav: np.ndarray | torch.Tensor | str | Path, sample_rate: int = SAMPLE_RATE) -> str:
         """Encode a 24 kHz mono clip (array or audio file path) into an spk_smp string."""

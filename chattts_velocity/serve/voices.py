@@ -7,10 +7,11 @@ and machine; text.voices.voice_params decides which is which.
 from __future__ import annotations
 
 import math
+import threading
 from collections import OrderedDict
 from collections.abc import Callable
 
-from ..text import decode_spk_emb, seed_context
+from ..text import decode_spk_emb
 from ..text.speaker import VOICE_SEED_MAX
 from ..text.voices import PRESET_SEEDS, VoiceLibrary, is_seed_text, voice_params
 
@@ -32,12 +33,13 @@ def speed_prompt(speed: float) -> str:
 class VoiceBook:
     """Speaker strings for voice names, seeds or strings; a seed's speaker is drawn once and cached."""
 
-    def __init__(self, sample_speaker: Callable[[], str], hidden_size: int, library: VoiceLibrary | None = None,
+    def __init__(self, sample_speaker: Callable[..., str], hidden_size: int, library: VoiceLibrary | None = None,
                  cache_size: int = 1024) -> None:
         self.sample_speaker, self.hidden_size, self.library = sample_speaker, hidden_size, library
         self.presets = dict(PRESET_SEEDS)
         self.cache_size = cache_size
         self._by_seed: OrderedDict[int, str] = OrderedDict()
+        self._lock = threading.Lock()
 
     def names(self) -> list[dict]:
         return [{"id": name, "name": name, "seed": seed} for name, seed in self.presets.items()]
@@ -73,13 +75,13 @@ class VoiceBook:
     def for_seed(self, seed: int) -> str:
         if not 0 <= seed <= VOICE_SEED_MAX:
             raise ValueError(f"voice: a seed must be in 0..{VOICE_SEED_MAX}, got {seed}")
-        if seed not in self._by_seed:
-            with seed_context(seed):
-                self._by_seed[seed] = self.sample_speaker()
-            if len(self._by_seed) > self.cache_size:
-                self._by_seed.popitem(last=False)
-        self._by_seed.move_to_end(seed)
-        return self._by_seed[seed]
+        with self._lock:  # requests resolve voices on several text threads at once
+            if seed not in self._by_seed:
+                self._by_seed[seed] = self.sample_speaker(seed=seed)  # its own generator: the global RNG is shared
+                if len(self._by_seed) > self.cache_size:
+                    self._by_seed.popitem(last=False)
+            self._by_seed.move_to_end(seed)
+            return self._by_seed[seed]
 
     def check_speaker(self, speaker: str, field: str = "voice") -> None:
         """A speaker string this model can use; ValueError naming `field` otherwise."""

@@ -141,15 +141,18 @@ def speaker_stats(dim: int = 768, device: torch.device | str = "cpu") -> tuple[t
     return std[:dim].to(device), mean[:dim].to(device)
 
 
-def sample_random_speaker(dim: int = 768, device: torch.device | str = "cpu") -> str:
-    """A random voice as an upstream speaker string, drawn from the global torch RNG.
+def sample_random_speaker(dim: int = 768, device: torch.device | str = "cpu", seed: int | None = None) -> str:
+    """A random voice as an upstream speaker string, drawn from the global torch RNG (seed None) or from a
+    generator of its own seeded with `seed`: the same draw as after torch.manual_seed(seed), without touching
+    the global RNG that other threads draw from.
 
     Same draw as upstream: fp16 randn(dim) on `device`, then `x * std + mean` as two rounded fp16
     ops, so under torch.manual_seed(s) the CPU string equals upstream's. See speaker_stats for
     dim != 768.
     """
     std, mean = speaker_stats(dim, device)
-    x = torch.randn(dim, device=device, dtype=torch.float16)  # [dim]
+    generator = None if seed is None else torch.Generator(device=device).manual_seed(seed)
+    x = torch.randn(dim, device=device, dtype=torch.float16, generator=generator)  # [dim]
     x.mul_(std).add_(mean)  # NOTE: not addcmul, whose single rounding differs from upstream
     return encode_spk_emb(x)
 

@@ -121,7 +121,7 @@ def test_speed_maps_to_speed_token(speed: float, n: int) -> None:
 
 def test_voice_book_resolves_names_seeds_and_strings() -> None:
     draws = iter(f"speaker-{i}" for i in range(100))
-    book = VoiceBook(lambda: next(draws), hidden_size=64)
+    book = VoiceBook(lambda seed: next(draws), hidden_size=64)
     assert book.resolve("alloy") == book.resolve("ALLOY") == book.resolve(1111) == book.resolve("1111")
     assert book.resolve(None) == book.resolve("default") != book.resolve("alloy")
     with pytest.raises(ValueError, match="voice"):

@@ -52,3 +52,42 @@ def test_booleans_and_strings_are_not_speeds(speed: object) -> None:
 def test_seeds_are_ascii_digits_of_a_sane_length(voice: str, message: str) -> None:
     with pytest.raises(ValueError, match=f"^voice: {message}"):
         voice_params(voice, None, lambda seed: pytest.fail("no seed to draw"))
+
+
+def test_seeded_voices_drawn_on_many_threads_are_the_voices_of_their_seeds() -> None:
+    """Preset and seed voices are resolved on text threads while other threads use torch's global RNG: each must
+    still be the speaker torch.manual_seed(seed) gives (a shared-RNG draw raced and gave other voices)."""
+    import threading
+
+    import torch
+
+    from chattts_velocity.serve.voices import VoiceBook
+    from chattts_velocity.text import sample_random_speaker, seed_context
+
+    def expected(seed: int) -> str:
+        with seed_context(seed):
+            return sample_random_speaker(64)
+
+    book = VoiceBook(lambda seed: sample_random_speaker(64, seed=seed), hidden_size=64)
+    stop, got = threading.Event(), {}
+
+    def noise() -> None:  # another thread drawing from the global RNG all the while
+        while not stop.is_set():
+            torch.manual_seed(12345)
+            torch.randn(64)
+
+    def resolve(seed: int) -> None:
+        got[seed] = book.for_seed(seed)
+
+    spinner = threading.Thread(target=noise)
+    spinner.start()
+    try:
+        workers = [threading.Thread(target=resolve, args=(seed,)) for seed in range(40)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+    finally:
+        stop.set()
+        spinner.join()
+    assert all(got[seed] == expected(seed) for seed in range(40))
