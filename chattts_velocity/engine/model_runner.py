@@ -62,7 +62,9 @@ class ModelRunner:
 
     def _run(self, batch: ScheduledBatch) -> StepOutput:
         step = step_tensors(batch, self.block_tables, self.block_size)
-        embeds = self.embed_decode(batch) if step.decode_only else self.embed_rows(batch)
+        # one row per sequence is not enough for embed_decode: a one-row prompt chunk (the prefill budget's remainder,
+        # or a recompute after preemption) feeds a prompt row, not the newest token
+        embeds = self.embed_decode(batch) if batch.is_decode_only else self.embed_rows(batch)
         hidden = self.backend.run(embeds.to(self.act_dtype), step)  # [N, H]
         last = hidden if step.decode_only else hidden[to_device(step.last_indices(), hidden.device)]  # [B, H]
         last = last.float()
