@@ -20,7 +20,7 @@ SOURCES = ("local", "huggingface", "custom")
 # Searched in order by source="local" without custom_path (relative to the working directory).
 LOCAL_CANDIDATES = (".", "models/chattts", "models")
 
-# Relative path -> sha256 of the official file; also the order of the check (spec 1.2).
+# Relative path -> sha256 of the official file; also the order of the check (upstream's).
 OFFICIAL_SHA256: dict[str, str] = {
     "asset/Decoder.safetensors": "77aa55e0a977949c4733df3c6f876fa85860d3298cba63295a7bc6901729d4e0",
     "asset/DVAE.safetensors": "1d0b044a8368c0513100a2eca98456b289e6be6a18b7a63be1bcaa315ea874d9",

@@ -221,7 +221,7 @@ def raise_first_error(outputs: list[GenerationOutput]) -> list[GenerationOutput]
 
 
 def pad_left(prompts: list[Prompt]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Upstream's batched layout (spec 3): every prompt right-aligned in a [N, L] grid.
+    """Upstream's batched layout: every prompt right-aligned in a [N, L] grid.
 
     Returns input_ids [N, L, num_vq] int64 (pads 0), attention_mask [N, L] int64 (0 on pads only)
     and text_mask [N, L] bool (False on pads and audio-prompt rows). With upstream's shared

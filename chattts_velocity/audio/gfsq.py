@@ -1,6 +1,6 @@
 """Audio stage: ChatTTS's grouped residual FSQ (codes [B, G*R, T] <-> features [B, D, T]).
 
-The numbers of the reference depend on the installed vector_quantize_pytorch (spec 9.3), so the
+The numbers of the reference depend on the installed vector_quantize_pytorch (its GFSQ rounding changed between releases), so the
 algorithm is chosen with `FSQVariant`. Default: VQP_1_18_5 (what ChatTTS HEAD ran against), i.e. decode
 scales (1, 1/4) and an encoder without the initial tanh bound, rounding half to even. VQP_1_12 adds the
 initial bound tanh(z)*2.002 (training era); VQP_1_26 is >= 1.26: scales (1, 1/5), an initial

@@ -1,6 +1,6 @@
 """Text stage: normalisation. Raw user text -> sentences, and sentence -> text the tokenizer reads well.
 
-Implements ChatTTS's Normalizer (spec 11) and sentence splitting (spec 8 step 2); deviations are noted
+Implements ChatTTS's Normalizer and its sentence splitting (which upstream runs before normalising); deviations are noted
 where they occur. Deviations by design: numbers and symbols are read aloud by default (numbers.py), and
 punctuation outside the accepted class is mapped, not deleted (punctuation.py); whatever is still
 dropped is named in a warning.
@@ -224,7 +224,7 @@ def map_plain_segments(text: str, fn: Callable[[str], str]) -> str:
 
 
 def split_text(text: str) -> list[str]:
-    """Upstream's sentence splitting, done before normalisation (spec 8 step 2).
+    """Upstream's sentence splitting, done before normalisation, as upstream orders them.
 
     With a "\\n" the text is split into lines; otherwise after every "。" and after every "."
     followed by one whitespace character (which stays with the left piece).

@@ -1,6 +1,7 @@
 """Text stage: speaker strings. Speaker vectors and audio-prompt codes <-> upstream's text encodings.
 
-Strings are bit-compatible with ChatTTS 0.2.5: base16384(raw LZMA2(little-endian payload)) (spec 6.4).
+Strings are bit-compatible with ChatTTS 0.2.5: base16384(raw LZMA2(little-endian payload)), so strings move
+between the two packages.
 """
 from __future__ import annotations
 
@@ -158,7 +159,7 @@ def sample_random_speaker(dim: int = 768, device: torch.device | str = "cpu", se
 
 
 def normalize_spk_emb(x: torch.Tensor) -> torch.Tensor:
-    """Speaker vector [D] -> unit-norm float32 [D], as upstream injects it (spec 6.3).
+    """Speaker vector [D] -> unit-norm float32 [D], as upstream injects it (the model saw unit-norm speakers).
 
     The norm is taken on the CPU in the vector's own dtype (fp16 for decoded strings), i.e.
     fp16(x / fp16(||x||)), and only then upcast; an fp32 computation is not bit-identical.

@@ -1,6 +1,7 @@
 """Text stage: prompt building. Text (+ speaker, + voice sample) -> schema.Prompt; ids -> text.
 
-Wraps the official BERT tokenizer (asset/tokenizer) and lays prompts out as upstream does (spec 3, 6.1, 6.2).
+Wraps the official BERT tokenizer (asset/tokenizer) and lays prompts out as upstream does
+(right-aligned batches; the refine and code phases below: the model was trained on exactly these layouts).
 """
 from __future__ import annotations
 
@@ -59,7 +60,7 @@ class Tokenizer:
         return self.decode([i for i in ids if i < self.break_0_id])
 
     def refine_prompt(self, text: str, prompt: str = "") -> Prompt:
-        """Refine-text phase: "[Sbreak]" + text + "[Pbreak]" + prompt (spec 6.1); no speaker."""
+        """Refine-text phase: "[Sbreak]" + text + "[Pbreak]" + prompt ; no speaker."""
         input_ids, text_mask = self._text_rows(f"[Sbreak]{text}[Pbreak]{prompt}")
         return Prompt(input_ids=input_ids, text_mask=text_mask)
 
@@ -71,7 +72,7 @@ class Tokenizer:
         prompt: str = "[speed_5]",
         spk_smp: torch.Tensor | str | None = None,
     ) -> Prompt:
-        """Code phase (spec 6.2): [Stts][spk_emb|empty_spk] txt_smp prompt text [Ptts] <spk_smp codes>.
+        """Code phase: [Stts][spk_emb|empty_spk] txt_smp prompt text [Ptts] <spk_smp codes>.
 
         spk_emb: speaker vector [D] or speaker string; it is normalised here (speaker.normalize_spk_emb).
         spk_smp: voice-sample codes [num_vq, P] or their string; appended after [Ptts] as audio rows.
