@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .schema import SAMPLING_RULES, LogitsProcessor, SamplingParams, check_sampling
+from .schema import CODE_PROMPT, MAX_NEW_TOKEN, SAMPLING_RULES, LogitsProcessor, SamplingParams, check_sampling
 
 # SamplingParams' name -> the upstream name these params use (for values and error messages)
 UPSTREAM_NAMES = {"top_p": "top_P", "top_k": "top_K", "seed": "manual_seed"}
@@ -51,10 +51,10 @@ class RefineTextParams:
 
 @dataclass(repr=False, eq=False)
 class InferCodeParams(RefineTextParams):
-    prompt: str = "[speed_5]"
+    prompt: str = CODE_PROMPT
     temperature: float | list[float] = 0.3
     repetition_penalty: float = 1.05
-    max_new_token: int = 2048
+    max_new_token: int = MAX_NEW_TOKEN
     spk_emb: str | None = None  # a speaker string (sample_random_speaker) or a [768] tensor
     spk_smp: str | None = None  # audio-prompt codes from sample_audio_speaker
     txt_smp: str | None = None  # the transcript of the audio prompt

@@ -13,6 +13,9 @@ from typing import Callable, Literal
 
 import torch
 
+MAX_NEW_TOKEN = 2048  # upstream's cap on generated steps per sentence piece (both passes)
+CODE_PROMPT = "[speed_5]"  # upstream's default control prompt of the code pass
+
 # A custom logits processor sees the request's generated history and the logits of its rows.
 #   history: [G, num_rows] int64 (generated tokens so far, prompt excluded)
 #   logits:  [num_rows, V] float32 (already temperature-scaled)
@@ -54,7 +57,7 @@ class SamplingParams:
     top_k: int | None = 20
     repetition_penalty: float = 1.05
     penalty_window: int = 16  # generated tokens seen by the penalty (prompt excluded)
-    max_new_token: int = 2048
+    max_new_token: int = MAX_NEW_TOKEN
     min_new_token: int = 0
     seed: int | None = None
     eos_token_id: int = 625  # code mode: 625 in any of the 4 rows; text mode: [Ebreak] = 21136

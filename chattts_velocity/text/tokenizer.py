@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from chattts_velocity.schema import Prompt, pad_left  # noqa: F401  (re-exported)
+from chattts_velocity.schema import CODE_PROMPT, Prompt, pad_left  # noqa: F401  (Prompt, pad_left re-exported)
 from chattts_velocity.text.speaker import decode_prompt, decode_spk_emb, normalize_spk_emb
 
 _STRIPPED_TAGS = ("[Stts]", "[spk_emb]", "[empty_spk]")  # removed from user text before wrapping
@@ -69,7 +69,7 @@ class Tokenizer:
         text: str,
         spk_emb: torch.Tensor | str | None = None,
         txt_smp: str | None = None,
-        prompt: str = "[speed_5]",
+        prompt: str = CODE_PROMPT,
         spk_smp: torch.Tensor | str | None = None,
     ) -> Prompt:
         """Code phase: [Stts][spk_emb|empty_spk] txt_smp prompt text [Ptts] <spk_smp codes>.
