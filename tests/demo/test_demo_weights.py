@@ -28,7 +28,7 @@ from chattts_velocity.demo.weights import (
     write_demo_assets,
 )
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "chattts-asset"
+SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "chattts-asset"
 SAFETENSORS = [rel for rel in OFFICIAL_SHA256 if rel.endswith(".safetensors")]
 # (tensors, parameters) per file, from spec sections 2.2-2.6
 SPEC_COUNTS = {

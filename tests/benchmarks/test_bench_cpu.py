@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from safetensors import safe_open
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))  # benchmarks/ is a folder of the checkout, not an installed package
 
