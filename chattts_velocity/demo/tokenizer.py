@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 TOKENIZER_FILES = ("special_tokens_map.json", "tokenizer_config.json", "tokenizer.json")
 BASE_VOCAB_SIZE = 21128  # the bert-base-chinese WordPiece vocabulary
 BASE_SPECIALS = {"[PAD]": 0, "[UNK]": 100, "[CLS]": 101, "[SEP]": 102, "[MASK]": 103}
-# The 50 added specials, ids 21128..21177 in this order (spec 3).
+# The 50 added specials, ids 21128..21177 in the official tokenizer's order.
 ADDED_SPECIALS: tuple[str, ...] = (
     "[Sasr]", "[Pasr]", "[Easr]", "[Stts]", "[Ptts]", "[Etts]", "[Sbreak]", "[Pbreak]", "[Ebreak]",
     "[uv_break]", "[v_break]", "[lbreak]", "[llbreak]", "[undefine]", "[laugh]", "[spk_emb]",

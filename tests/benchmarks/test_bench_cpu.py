@@ -1,4 +1,4 @@
-"""benchmarks/bench_cpu.py --quick on tiny weights: the JSON holds every issue-17 field and target (no speeds
+"""benchmarks/bench_cpu.py --quick on tiny weights: the JSON holds every field and target (no speeds
 asserted: only that each was measured, and that the default stream's first chunk matches the whole clip)."""
 from __future__ import annotations
 

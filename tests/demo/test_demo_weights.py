@@ -1,4 +1,4 @@
-"""Demo weights: official keys/shapes/dtypes (spec 2), determinism, config bytes, tokenizer, value scales."""
+"""Demo weights: official keys/shapes/dtypes, determinism, config bytes, tokenizer, value scales."""
 from __future__ import annotations
 
 import hashlib

@@ -20,7 +20,7 @@ N_FFT, N_MELS = 1024, 100
 
 
 def random_vocos_state(dim: int, inter: int, layers: int, seed: int) -> dict[str, torch.Tensor]:
-    """Official Vocos keys (spec 2.6) with random, well-scaled values: log-magnitudes stay far below the clip."""
+    """Official Vocos keys with random, well-scaled values: log-magnitudes stay far below the clip."""
     gen = torch.Generator().manual_seed(seed)
 
     def randn(*shape: int, scale: float = 1.0, shift: float = 0.0) -> torch.Tensor:

@@ -13,7 +13,7 @@ from chattts_velocity.text.numbers import SpokenText, language_runs
 
 pytest.importorskip("wetext")
 
-UNK = 100  # [UNK] in the ChatTTS tokenizer (spec 3)
+UNK = 100  # [UNK] in the ChatTTS tokenizer
 
 ZH = [
     ("价格是25元，时间是2024年3月5日", "价格是二十五元，时间是二零二四年三月五日"),
