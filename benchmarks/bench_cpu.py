@@ -94,8 +94,8 @@ def measure_llamacpp(args, plan: dict, chats: dict) -> dict:
     if args.no_llamacpp:
         return {"skipped": "--no-llamacpp"}
     try:
-        import gguf  # noqa: F401
-        import llama_cpp  # noqa: F401
+        import gguf  # noqa: F401 (only checks that the bench extra is installed)
+        import llama_cpp  # noqa: F401 (only checks that the bench extra is installed)
     except ImportError as exc:
         return {"skipped": f"the bench extra is not installed ({exc}); "
                            "CMAKE_ARGS=\"-DGGML_NATIVE=ON\" pip install -e '.[bench]'"}

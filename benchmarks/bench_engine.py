@@ -203,8 +203,8 @@ def summarise(suite, args: argparse.Namespace, repeats: list[dict]) -> dict:
     print("\nsame-run ratios (median over repeats; against TARGETS):")
     for label in sorted(ratios):
         target = next((t for name, *_, t in TARGETS if name == label), None)
-        verdict = "" if target is None else (" (target %.0fx: %s)" % (target, "met" if ratios[label] >= target
-                                                                         else "MISSED"))
+        met = target is not None and ratios[label] >= target
+        verdict = "" if target is None else f" (target {target:.0f}x: {'met' if met else 'MISSED'})"
         print(f"  {label}: {ratios[label]:.2f}x{verdict}")
     from benchmarks.bench_stream import summarise as summarise_stream
 

@@ -111,9 +111,9 @@ def _push(streams: StreamSet, deltas: list[tuple[int, GenerationOutput]]) -> dic
 
 def _max_abs_diff(suite: Suite, streamed: list[np.ndarray], hidden: list[list[torch.Tensor]]) -> float:
     whole = decode_hidden_batch(suite.decoder, suite.vocos, [torch.cat(h) for h in hidden])  # float32
-    if any(len(s) != len(w) for s, w in zip(streamed, whole)):
+    if any(len(s) != len(w) for s, w in zip(streamed, whole, strict=True)):
         return float("inf")
-    return max(float(np.abs(s - w).max(initial=0.0)) for s, w in zip(streamed, whole))
+    return max(float(np.abs(s - w).max(initial=0.0)) for s, w in zip(streamed, whole, strict=True))
 
 
 def run_sizes(suite: Suite, sizes: list[int]) -> list[dict]:

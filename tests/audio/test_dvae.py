@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import decoder_shapes, dvae_shapes, vocos_shapes
 from safetensors.torch import save_file
 
 from chattts_velocity.audio import DVAE, Decoder, Vocos, load_safetensors
-from conftest import decoder_shapes, dvae_shapes, vocos_shapes
 
 
 def explicit_interleave(x: torch.Tensor) -> torch.Tensor:  # [B, 2C, T] -> [B, C, 2T]
@@ -41,7 +41,8 @@ def test_dvae_encode_matches_explicit_front_end(dvae_sd: dict[str, torch.Tensor]
     dvae = DVAE.from_state_dict(dvae_sd)
     wav = 0.3 * torch.randn(24000, generator=torch.Generator().manual_seed(5))
     codes = dvae.encode(wav.numpy())
-    assert codes.shape == (4, 47) and codes.dtype == torch.int32  # 1 s -> F = 94 mel frames -> T = 47 codes (2 frames per code)
+    # 1 s -> F = 94 mel frames -> T = 47 codes (2 frames per code)
+    assert codes.shape == (4, 47) and codes.dtype == torch.int32
     window = dvae_sd["preprocessor_mel.mel_spec.spectrogram.window"]
     spec = torch.stft(wav, 1024, 256, 1024, window, center=True, pad_mode="reflect", return_complex=True)
     mel = torch.matmul(spec.abs().T, dvae_sd["preprocessor_mel.mel_spec.mel_scale.fb"]).T  # [100, 94]

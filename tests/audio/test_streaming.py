@@ -4,10 +4,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from conftest import decoder_shapes, vocos_shapes
 
 from chattts_velocity.audio import DVAE, Decoder, Vocos, decode_codes_batch, decode_hidden_batch
 from chattts_velocity.audio.streaming import StreamDecoder, receptive_field
-from conftest import decoder_shapes, vocos_shapes
 
 TOL = 1e-5  # documented max abs difference to the whole-clip decode (measured <= 4e-7 here)
 HOP = 256
@@ -156,15 +156,15 @@ def test_push_many_batches_streams(models: tuple) -> None:
     outs: list[list[np.ndarray]] = [[] for _ in lengths]
     cursor = [0] * len(lengths)
     for _ in range(max(lengths)):
-        rows = [x[c: c + p] for x, c, p in zip(xs, cursor, pushes)]
-        cursor = [c + p for c, p in zip(cursor, pushes)]
-        for o, wav in zip(outs, StreamDecoder.push_many(streams, rows)):
+        rows = [x[c: c + p] for x, c, p in zip(xs, cursor, pushes, strict=True)]
+        cursor = [c + p for c, p in zip(cursor, pushes, strict=True)]
+        for o, wav in zip(outs, StreamDecoder.push_many(streams, rows), strict=True):
             o.append(wav)
-    for o, wav in zip(outs, StreamDecoder.flush_many(streams)):
+    for o, wav in zip(outs, StreamDecoder.flush_many(streams), strict=True):
         o.append(wav)
     hook.remove()
     assert max(calls) > 1  # some windows really shared a Decoder call
-    for o, x in zip(outs, xs):
+    for o, x in zip(outs, xs, strict=True):
         np.testing.assert_allclose(np.concatenate(o), whole(models, True, x), rtol=0, atol=TOL)
 
 

@@ -14,9 +14,9 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))  # benchmarks/ is a folder of the checkout, not an installed package
 
-from benchmarks import bench_cpu  # noqa: E402
-from chattts_velocity.config import ModelConfig  # noqa: E402
-from chattts_velocity.model import kernels  # noqa: E402
+from benchmarks import bench_cpu  # noqa: E402 (imported once REPO is on sys.path)
+from chattts_velocity.config import ModelConfig  # noqa: E402 (imported once REPO is on sys.path)
+from chattts_velocity.model import kernels  # noqa: E402 (imported once REPO is on sys.path)
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,6 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from chattts_velocity.demo import tokenizer as demo_tokenizer
 from chattts_velocity.assets import (
     OFFICIAL_SHA256,
     AssetError,
@@ -19,6 +18,7 @@ from chattts_velocity.assets import (
     file_sha256,
     verify_assets,
 )
+from chattts_velocity.demo import tokenizer as demo_tokenizer
 from chattts_velocity.demo.weights import (
     FULL_DIMS,
     TINY_DIMS,

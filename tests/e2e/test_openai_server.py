@@ -21,9 +21,9 @@ httpx = pytest.importorskip("httpx")
 uvicorn = pytest.importorskip("uvicorn")
 pytest.importorskip("fastapi")
 
-from chattts_velocity import Chat  # noqa: E402
-from chattts_velocity.serve import ServerConfig, create_app  # noqa: E402
-from chattts_velocity.serve.voices import VoiceBook, speed_prompt  # noqa: E402
+from chattts_velocity import Chat  # noqa: E402 (after the importorskip above)
+from chattts_velocity.serve import ServerConfig, create_app  # noqa: E402 (after the importorskip above)
+from chattts_velocity.serve.voices import VoiceBook, speed_prompt  # noqa: E402 (after the importorskip above)
 
 HOP = 256
 KEY = "test-key-123"
@@ -225,7 +225,7 @@ def test_bad_requests_get_openai_errors(server: Server, client, kw: dict, param:
 ])
 def test_hostile_sampling_values_get_400_and_the_engine_lives_on(server: Server, client, fields: str,
                                                                   param: str) -> None:
-    body = '{"input": "Hello.", "voice": "alloy", "response_format": "wav", %s}' % fields
+    body = '{"input": "Hello.", "voice": "alloy", "response_format": "wav", ' + fields + "}"
     reply = httpx.post(server.url + "/v1/audio/speech", content=body, headers={"content-type": "application/json"})
     assert reply.status_code == 400 and reply.json()["error"]["param"] == param
     assert_clip_length(len(parse_wav(client.audio.speech.create(**speech_kwargs(steps=6)).content)), 6)

@@ -125,7 +125,7 @@ def fsq_margin(chat: Chat, wav: np.ndarray) -> float:
         feats = dvae.encoder(dvae.downsample_conv(mel.unsqueeze(0)))[0].T.double()  # [T, D]
     margins = []
     groups = dvae.vq_layer.quantizer.rvqs
-    for chunk, rvq in zip(feats.chunk(len(groups), dim=-1), groups):
+    for chunk, rvq in zip(feats.chunk(len(groups), dim=-1), groups, strict=True):
         weight, bias = rvq.project_in.weight.detach().double(), rvq.project_in.bias.detach().double()
         residual = chunk @ weight.T + bias  # [T, 4]
         for scale in STAGE_SCALES:
@@ -163,7 +163,7 @@ def decoded(side: Side) -> dict[str, Any]:
         with torch.inference_mode():
             mel = chat.dvae(audio.pad_batch(codes, torch.device("cpu")))  # [B, 100, 2*T_max], the reference's batch
             # the modules on that batch: Chat.infer decodes each row as if alone instead (docs/fidelity.md)
-            wavs = [w[: (2 * len(c) - 1) * 256] for w, c in zip(chat.vocos(mel).numpy(), codes)]
+            wavs = [w[: (2 * len(c) - 1) * 256] for w, c in zip(chat.vocos(mel).numpy(), codes, strict=True)]
         side.decoded.update(codes=[c.numpy() for c in codes], mel=mel.numpy(), wavs=wavs)
     return side.decoded
 
@@ -173,7 +173,7 @@ def test_dvae_decode_close(request: pytest.FixtureRequest, size: str) -> None:
     side: Side = request.getfixturevalue(f"{size}_side")
     ours, ref = decoded(side), side.reference["decode"]
     assert ref["yielded"], f"{size}: the reference generated nothing"
-    same = [np.array_equal(a, b) for a, b in zip(ours["codes"], ref["codes"])]
+    same = [np.array_equal(a, b) for a, b in zip(ours["codes"], ref["codes"], strict=True)]
     assert len(same) == len(ref["codes"]) and all(same), f"{size}: codes differ (see test_ref_code)"
     lengths = [len(c) for c in ours["codes"]]
     errors = {

@@ -5,7 +5,7 @@ import pytest
 
 pytest.importorskip("fastapi")
 
-from chattts_velocity.serve.instructions import parse_instructions, speech_input  # noqa: E402
+from chattts_velocity.serve.instructions import parse_instructions, speech_input  # noqa: E402 (after the importorskip above)
 
 
 @pytest.mark.parametrize("text, speed, refine", [

@@ -35,7 +35,7 @@ def test_stream_chunks_concatenate_to_the_non_stream_waveform(chat: Chat, use_vl
     for y in chunks:
         assert len(y) == len(TEXTS) and all(c.dtype == np.float32 and c.ndim == 1 for c in y)
         assert any(len(c) for c in y)
-    for got, ref in zip(joined(chunks, len(TEXTS)), whole):
+    for got, ref in zip(joined(chunks, len(TEXTS)), whole, strict=True):
         assert len(got) == len(ref)
         np.testing.assert_allclose(got, ref, rtol=0, atol=TOL)
         assert np.abs(ref).max() > 1e-3

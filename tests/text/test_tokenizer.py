@@ -133,7 +133,7 @@ def test_pad_left_matches_upstream_layout(tok: Tokenizer, with_codes: bool) -> N
     got = pad_left(prompts)
     want = upstream_layout(bare, codes)
     assert [g.dtype for g in got] == [torch.int64, torch.int64, torch.bool]
-    for g, w in zip(got, want):
+    for g, w in zip(got, want, strict=True):
         assert torch.equal(g, w)
 
 
