@@ -35,10 +35,6 @@ def table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
 
 
-def sig(x: float) -> str:
-    return f"{x:.3g}"
-
-
 def host_kinds(results: Path, prefix: str) -> list[str]:
     return sorted(p.stem[len(prefix):] for p in results.glob(f"{prefix}*.json"))
 
@@ -77,7 +73,7 @@ def targets_table(run: dict) -> str:
         if t.get("skipped"):
             rows.append([name, "not measured: " + t["skipped"].split(";")[0], "skipped"])
         else:
-            rows.append([name, sig(t["measured"]), "yes" if t["met"] else "**no**"])
+            rows.append([name, f"{t['measured']:.3g}", "yes" if t["met"] else "**no**"])
     return table(["target", "measured", "met"], rows)
 
 
@@ -211,6 +207,19 @@ def serve_table(run: dict) -> str:
                   "ratio"], rows)
 
 
+def host_loop_table(results: Path) -> str:
+    """Host ms per step, the tree before and after, per backend (host_<backend>.json)."""
+    runs = {backend: load(results, f"host_{backend}") for backend in ("triton", "cpu")}
+    columns = [(b, tree) for b, run in runs.items() for tree in run["trees"]]
+    labels = {"decode_host_ms": "decode at N = {}", "admit_host_ms": "admitting a {}-row prompt among {} (extra)"}
+    rows = []
+    for part, label in labels.items():
+        for n in runs["triton"]["trees"][columns[0][1]][part]:
+            name = label.format(n, runs["triton"]["running_for_admission"])
+            rows.append([name, *[f"{runs[b]['trees'][tree][part][n]:.2f}" for b, tree in columns]])
+    return table(["host ms per step", "triton before", "triton after", "cpu before", "cpu after"], rows)
+
+
 def from_json(render_one: Callable[[dict], str], results: Path, name: str) -> str:
     return render_one(load(results, name))
 
@@ -228,6 +237,7 @@ def renderers(results: Path) -> dict[str, Callable[[], str]]:
         "engine-ttfa": partial(engine_ttfa_table, results),
         "decode-ab": partial(decode_ab_table, results),
         "attention": partial(from_json, attention_table, results, "kernels"),
+        "host-loop": partial(host_loop_table, results),
     }
     for dtype in ("float32", "bfloat16", "int8"):
         found[f"engine.{dtype}"] = partial(from_json, engine_table, results, dtype)
