@@ -48,7 +48,8 @@ def hosts_table(results: Path) -> str:
     for kind in host_kinds(results, "cpu_"):
         run = load(results, f"cpu_{kind}")
         cpu = run["cpu"]
-        rows.append([f"`{kind}`", f"{cpu['model']} (family {cpu['cpu_family']} model {cpu['cpu_model']})",
+        emulated = f", **emulating {run['emulated_isa']}**" if run.get("emulated_isa") else ""
+        rows.append([f"`{kind}`", f"{cpu['model']} (family {cpu['cpu_family']} model {cpu['cpu_model']}{emulated})",
                      ", ".join(cpu["flags"]), f"{run['ceilings']['read_gbps']:.1f}",
                      f"{run['ceilings']['bf16_gemm_gflops']:.0f}", f"`results/cpu_{kind}.json`"])
     return table(["host kind", "CPU", "flags the kernels use", "read GB/s (2 threads)", "bf16 GEMM GFLOP/s",
