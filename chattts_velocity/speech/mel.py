@@ -1,7 +1,7 @@
 """Where the mel frames come from: the Decoder on the GPT's hidden states, or the DVAE on its audio codes.
 
-A `MelSource` is chosen once per call at the public edge (`Chat.infer(use_decoder=...)`, the server's body, the
-CLI) and carries every fact that follows from the choice: whether the GPT must return hidden states, the rows
+A `MelSource` is chosen once per call at the public edges (Chat's and the server's upstream-style flag, the CLI's)
+and carries every fact that follows from the choice: whether the GPT must return hidden states, the rows
 [n, C] a stream decodes (and their width C), the batch decode, and the modules with their autocast precision.
 """
 from __future__ import annotations
