@@ -111,7 +111,7 @@ class Chat:
         return default if self._pipeline is None else getattr(self._pipeline, name)
 
     def has_loaded(self, use_decoder: bool = False) -> bool:
-        return self._pipeline is not None and self._mel(use_decoder) is not None
+        return self._pipeline is not None and self._mel(use_decoder).model is not None
 
     def unload(self) -> None:
         if self._pipeline is not None:
@@ -216,8 +216,9 @@ class Chat:
         """One audio-code request per piece; params is one InferCodeParams for all texts or one per text."""
         return self.pipeline.code_requests(pieces, params, self._mel(use_decoder))
 
-    def _mel(self, use_decoder: bool) -> MelSource | None:
-        return None if self._pipeline is None else self._pipeline.mel("decoder" if use_decoder else "dvae")
+    def _mel(self, use_decoder: bool) -> MelSource:
+        """Upstream's flag as the pipeline's mel source (the one place inside the package that reads it)."""
+        return self.pipeline.mel("decoder" if use_decoder else "dvae")
 
     def _streamed(self, pieces: TextPieces, requests: SpeechRequests | None, refine: RefineTextParams,
                   code_params: InferCodeParams, mel: MelSource, use_vllm: bool | None,
