@@ -16,9 +16,8 @@ from chattts_velocity.audio.formats import audio_format
 from chattts_velocity.schema import check_sampling
 from chattts_velocity.text.voices import PRESET_SEEDS
 
-# name -> audio seed, the server's presets (OpenAI's voice names): the same name is the same voice on the page
-# and through the API. The names carry no promise about the timbre; they are bookmarks.
-VOICE_PRESETS = PRESET_SEEDS
+# The voice presets are the server's (PRESET_SEEDS, name -> audio seed): the same name is the same voice on the
+# page and through the API.
 DEFAULT_PRESET = "default"
 CUSTOM = "Custom"  # the preset shown for a seed no preset names (a dice roll, a typed seed)
 
@@ -80,7 +79,7 @@ def batch_size(value: float) -> int:
 
 def preset_for_seed(seed: float | None) -> str:
     """The preset whose seed this is, else CUSTOM: the dropdown follows the seed box."""
-    return next((name for name, s in VOICE_PRESETS.items() if s == seed), CUSTOM)
+    return next((name for name, s in PRESET_SEEDS.items() if s == seed), CUSTOM)
 
 
 def write_download(wav: np.ndarray, fmt: str, folder: str | Path) -> Path:

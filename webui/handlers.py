@@ -11,7 +11,7 @@ import shutil
 import tempfile
 import threading
 import time
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import gradio as gr
 import numpy as np
@@ -19,12 +19,13 @@ import numpy as np
 from chattts_velocity import Chat, InferCodeParams, RefineTextParams
 from chattts_velocity.audio import SAMPLE_RATE, float_to_int16
 from chattts_velocity.audio.formats import available_formats
+from chattts_velocity.schema import MAX_NEW_TOKEN
 from chattts_velocity.text import decode_prompt, decode_spk_emb, seed_context
 from chattts_velocity.text.speaker import VOICE_SEED_MAX
+from chattts_velocity.text.voices import PRESET_SEEDS
 
 from .clips import RunStats, read_clip
-from .controls import (VOICE_PRESETS, Request, batch_size, check_seed, preset_for_seed, refine_prompt, speed_prompt,
-                       write_download)
+from .controls import Request, batch_size, check_seed, preset_for_seed, refine_prompt, speed_prompt, write_download
 
 Update = tuple  # (live chunk, full audio, download file, spoken text, stats)
 PROGRESS_EVERY_S = 0.5  # how often a run's progress line in the stats box is refreshed
@@ -54,7 +55,7 @@ class Handlers:
     before the next run starts, and speaker sampling swaps the global torch RNG.
     """
 
-    def __init__(self, chat: Chat, use_vllm: bool = True, max_new_token: int = 2048) -> None:
+    def __init__(self, chat: Chat, use_vllm: bool = True, max_new_token: int = MAX_NEW_TOKEN) -> None:
         self.chat = chat
         self.use_vllm = use_vllm
         self.max_new_token = max_new_token
@@ -81,9 +82,9 @@ class Handlers:
 
     def voice_for_preset(self, name: str) -> tuple:
         """Preset -> (audio seed, speaker string); Custom keeps both (it only names a seed no preset has)."""
-        if name not in VOICE_PRESETS:
+        if name not in PRESET_SEEDS:
             return gr.skip(), gr.skip()
-        return VOICE_PRESETS[name], self.speaker_for_seed(VOICE_PRESETS[name])[0]
+        return PRESET_SEEDS[name], self.speaker_for_seed(PRESET_SEEDS[name])[0]
 
     def encode_clip(self, path: str | None) -> tuple:
         """Uploaded or recorded voice clip -> (spk_smp string, stats line, clip player); a file that is not audio

@@ -9,9 +9,18 @@ from pathlib import Path
 
 from ..audio.wav import SAMPLE_RATE
 from ..demo import uses_demo_weights
-from .common import (add_model_flags, add_step_cap_flag, add_webui_flags, engine_options, load_chat, max_new_token,
-                     model_folder, package_warnings_in_one_line, resolve_dtype)
+from .common import (
+    add_model_flags,
+    add_step_cap_flag,
+    engine_options,
+    load_chat,
+    max_new_token,
+    model_folder,
+    package_warnings_in_one_line,
+    resolve_dtype,
+)
 from .serve import add_serve_parser
+from .webui import add_webui_parser
 
 DEMO_TEXTS = [
     "Hello! This is chattts velocity, reading a short sentence.",
@@ -136,21 +145,6 @@ def _add_bench(sub) -> None:
                    add_help=False)
 
 
-def cmd_webui(args: argparse.Namespace) -> None:
-    try:
-        from webui.app import serve
-    except ModuleNotFoundError as exc:
-        raise SystemExit(f"webui: cannot import {exc.name}; it needs gradio (pip install -e '.[webui]') "
-                         "and the webui/ folder of a source checkout") from None
-    serve(args)
-
-
-def _add_webui(sub) -> None:
-    p = sub.add_parser("webui", help="Gradio web UI (pip install -e '.[webui]'; ffmpeg for streaming)")
-    add_webui_flags(p)
-    p.set_defaults(func=cmd_webui)
-
-
 def _add_export(sub) -> None:
     p = sub.add_parser("export", help="synthesise every line of a text or JSONL file to its own WAV (resumable)")
     p.add_argument("input", help="text file (one utterance per line) or JSONL (text, id, speaker, voice, seed, "
@@ -205,7 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(func=func)
     _add_export(sub)
     add_serve_parser(sub)
-    _add_webui(sub)
+    add_webui_parser(sub)
     _add_bench(sub)
     return parser
 

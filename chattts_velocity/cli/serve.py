@@ -8,8 +8,16 @@ import argparse
 import sys
 from typing import TYPE_CHECKING
 
-from .common import (add_model_flags, add_step_cap_flag, check_port_free, engine_options, load_chat, max_new_token,
-                     model_folder, resolve_dtype)
+from .common import (
+    add_model_flags,
+    add_step_cap_flag,
+    check_port_free,
+    engine_options,
+    load_chat,
+    max_new_token,
+    model_folder,
+    resolve_dtype,
+)
 
 if TYPE_CHECKING:
     from ..serve.openai_api import ServerConfig

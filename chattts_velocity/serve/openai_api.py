@@ -28,12 +28,14 @@ from ..engine.async_engine import AsyncLLMEngine
 from ..params import InferCodeParams
 from ..speech.service import SpeechService, SpeechStream
 from ..speech.text_work import TextWorker
+from ..text.voices import VoiceLibrary
 from . import metrics
-from .config import API_KEY_ENV, ServerConfig  # noqa: F401 -- the names this module has always offered
 from .audio_stream import encoded_chunks
 from .cache import AudioCache, recorded
+from .config import API_KEY_ENV, ServerConfig  # noqa: F401 -- the names this module has always offered
 from .edge import Edge
 from .formats import sse_events
+from .instructions import SpeechInput, check_model, code_params, speech_input
 from .request import (
     SpeechBody,
     api_error,
@@ -43,8 +45,6 @@ from .request import (
     sampling_kwargs,
     validation_detail,
 )
-from ..text.voices import VoiceLibrary
-from .instructions import SpeechInput, check_model, code_params, speech_input
 from .voice_routes import VOICES_PATH, add_voice_routes
 from .voices import VoiceBook
 
@@ -63,7 +63,7 @@ class ServerState:
         self.voices = VoiceBook(chat.sample_random_speaker, chat.config.hidden_size, self.library)
         self.cache = AudioCache(config.cache_mb << 20)
         self.metrics = metrics.ServerMetrics(lambda: {**self.engine.metrics(),
-                                                      "decode_max_batch": self.service.worker.max_batch})
+                                                      metrics.DECODE_MAX_BATCH: self.service.worker.max_batch})
         self.formats = available_formats()
         self.engine.start()
 
@@ -216,7 +216,7 @@ def _add_info_routes(app: FastAPI, config: ServerConfig) -> None:
         # degraded: the latest step failed some requests; everyone else is still being served
         return JSONResponse({"status": "degraded" if engine.failing else "ok"})
 
-    @app.get("/metrics")
+    @app.get(metrics.METRICS_PATH)
     async def prometheus(request: Request) -> Response:
         return Response(request.app.state.server.metrics.render(), media_type=metrics.CONTENT_TYPE)
 

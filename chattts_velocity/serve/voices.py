@@ -15,7 +15,6 @@ from ..text import decode_spk_emb
 from ..text.speaker import VOICE_SEED_MAX
 from ..text.voices import PRESET_SEEDS, VoiceLibrary, is_seed_text, voice_params
 
-VOICE_SEEDS = PRESET_SEEDS  # the name the server has always used
 SPEED_RANGE = (0.25, 4.0)
 
 

@@ -9,6 +9,7 @@ pytest.importorskip("fastapi")
 
 from chattts_velocity import cli
 from chattts_velocity.cli import serve as cli_serve
+from chattts_velocity.demo import DEMO_MAX_NEW_TOKEN
 from chattts_velocity.serve import openai_api, ray_serve
 from chattts_velocity.speech import StreamOptions
 
@@ -42,7 +43,7 @@ def test_unset_flags_keep_the_dataclass_defaults(served: list[dict]) -> None:
     assert config.stream_options == StreamOptions() == defaults.stream_options
     assert (config.stream_options.first_chunk_steps, config.stream_options.first_lookahead_steps) == (4, 24)
     assert config.max_input_chars == defaults.max_input_chars
-    assert config.max_new_token == 150  # the demo cap, unchanged by the new flags
+    assert config.max_new_token == DEMO_MAX_NEW_TOKEN  # the demo cap, unchanged by the new flags
 
 
 def test_ray_path_gets_the_same_config(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
