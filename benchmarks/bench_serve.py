@@ -93,7 +93,7 @@ def _service(args: argparse.Namespace) -> Iterator[SpeechService]:
     chat = Chat()
     chat.load(source="custom", custom_path=args.model, verify=False, use_vllm=True, dtype=args.dtype)
     engine = AsyncLLMEngine(chat.engine())
-    service = SpeechService(chat, engine, StreamOptions())
+    service = SpeechService(chat.pipeline, engine, StreamOptions())
     engine.start()
     try:
         yield service

@@ -11,6 +11,7 @@ from typing import Protocol
 from ..assets import AssetPaths
 from ..config import ModelConfig
 from ..schema import GenerationOutput, Prompt, SamplingParams
+from .llm_engine import LLMEngine
 
 StopFlag = Callable[[], bool] | None
 Deltas = list[tuple[int, GenerationOutput]]  # (prompt index, its new rows) for every prompt that moved
@@ -20,6 +21,7 @@ class GPTBackend(Protocol):
     """What the pipeline needs from a GPT stage. `params` is one SamplingParams for all prompts or one per prompt."""
 
     config: ModelConfig
+    engine: LLMEngine | None  # the velocity engine, for callers that step it themselves; None on the plain path
 
     def generate(self, prompts: list[Prompt], params: SamplingParams | list[SamplingParams], progress: bool = True,
                  should_stop: StopFlag = None, max_batch: int | None = None) -> list[GenerationOutput]:

@@ -57,7 +57,7 @@ class ServerState:
     def __init__(self, chat: Chat, config: ServerConfig) -> None:
         self.chat, self.config = chat, config
         self.engine = AsyncLLMEngine(chat.engine())
-        self.service = SpeechService(chat, self.engine, config.stream_options,
+        self.service = SpeechService(chat.pipeline, self.engine, config.stream_options,
                                      TextWorker(config.text_workers, config.text_budget_s, config.text_processes))
         self.library = VoiceLibrary(config.voices_dir, config.max_voices)
         self.voices = VoiceBook(chat.sample_random_speaker, chat.config.hidden_size, self.library)
