@@ -122,7 +122,7 @@ def test_speed_maps_to_speed_token(speed: float, n: int) -> None:
 
 def test_voice_book_resolves_names_seeds_and_strings() -> None:
     draws = iter(f"speaker-{i}" for i in range(100))
-    book = VoiceBook(lambda seed: next(draws), hidden_size=64)
+    book = VoiceBook(lambda seed: next(draws))
     assert book.resolve("alloy") == book.resolve("ALLOY") == book.resolve(1111) == book.resolve("1111")
     assert book.resolve(None) == book.resolve("default") != book.resolve("alloy")
     with pytest.raises(ValueError, match="voice"):
@@ -379,7 +379,7 @@ def test_the_key_can_come_from_the_environment(tiny_assets, monkeypatch: pytest.
 @pytest.mark.e2e
 def test_saved_voices_instructions_and_models_through_the_openai_client(server: Server, client) -> None:
     state = server.state
-    speaker = state.chat.sample_random_speaker()
+    speaker = state.pipeline.sample_random_speaker()
     created = httpx.post(server.url + "/v1/audio/voices", json={"name": "e2e voice", "speaker": speaker,
                                                                 "overwrite": True})
     assert created.status_code == 201

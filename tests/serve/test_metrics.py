@@ -51,9 +51,9 @@ def test_engine_and_process_families_are_read_at_scrape_time(client: TestClient)
 
 
 def test_each_app_counts_in_its_own_registry(client: TestClient, tiny_assets, tmp_path) -> None:
-    chat = client.app.state.server.chat
+    pipeline = client.app.state.server.pipeline
     config = ServerConfig(voices_dir=str(tmp_path), warmup_steps=0, max_new_token=64)
-    with TestClient(create_app(chat, config)) as other:
+    with TestClient(create_app(pipeline, config)) as other:
         assert samples(other, SPEECH_METRICS["requests"].sample)[""] == 0
         assert speak(other) == 200
         assert samples(other, SPEECH_METRICS["requests"].sample)[""] == 1
