@@ -63,7 +63,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
         return
     check_port_free(args.host, args.port)
     chat = load_chat(args, compile=args.compile)  # a bad model fails here, in one line, before the server starts
-    run_server(chat, config, host=args.host, port=args.port)
+    run_server(chat.pipeline, config, host=args.host, port=args.port)
 
 
 def _serve_with_ray(args: argparse.Namespace, config) -> None:
