@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -31,13 +32,13 @@ def test_the_command_builds_the_page_from_its_flags(monkeypatch: pytest.MonkeyPa
     from webui import app
 
     built, launched = [], []
-    monkeypatch.setattr(cli_webui, "load_chat", lambda args, use_vllm: ("chat", use_vllm))
+    monkeypatch.setattr(cli_webui, "load_chat", lambda args, use_vllm: SimpleNamespace(pipeline=("pipeline", use_vllm)))
     monkeypatch.setattr(cli_webui, "check_port_free", lambda host, port: None)
-    monkeypatch.setattr(app, "build_ui", lambda chat, **kw: built.append((chat, kw)) or "page")
+    monkeypatch.setattr(app, "build_ui", lambda pipeline, **kw: built.append((pipeline, kw)) or "page")
     monkeypatch.setattr(app, "launch", lambda page, **kw: launched.append((page, kw)))
     cli.main(["webui", "--model", "demo", "--plain", "--port", "7999", "--share"])
-    ((chat, options),) = built
-    assert chat == ("chat", False) and options["use_vllm"] is False
+    ((pipeline, options),) = built
+    assert pipeline == ("pipeline", False) and options["use_vllm"] is False  # the loaded Chat's pipeline
     assert options["max_new_token"] == DEMO_MAX_NEW_TOKEN and options["demo_weights"] is True
     assert launched == [("page", {"host": "127.0.0.1", "port": 7999, "share": True})]
 

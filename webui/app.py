@@ -17,8 +17,8 @@ if __name__ == "__main__":  # this checkout's package importable in the command,
 
 import gradio as gr
 
-from chattts_velocity import Chat
 from chattts_velocity.schema import MAX_NEW_TOKEN
+from chattts_velocity.speech import SpeechPipeline
 from chattts_velocity.text.voices import PRESET_SEEDS, VoiceLibrary
 from webui import layout
 from webui.controls import DEFAULT_PRESET, Request, refine_prompt
@@ -106,12 +106,13 @@ def _wire_runs(c: Controls, handlers: Handlers) -> None:
     c["interrupt"].click(handlers.interrupt, None, None, queue=False)
 
 
-def build_ui(chat: Chat, use_vllm: bool = True, max_new_token: int = MAX_NEW_TOKEN,
+def build_ui(pipeline: SpeechPipeline, use_vllm: bool = True, max_new_token: int = MAX_NEW_TOKEN,
              voices: VoiceLibrary | None = None, demo_weights: bool = False) -> gr.Blocks:
-    """The whole page around one loaded Chat and a voice library (default: $CHATTTS_VELOCITY_VOICES);
-    demo_weights shows a notice that the audio is random. Launch with `.queue().launch(theme=THEME, css=CSS)`:
-    streaming needs the queue, and CSS hides the live player outside streaming runs."""
-    handlers = Handlers(chat, use_vllm=use_vllm, max_new_token=max_new_token)
+    """The whole page around one speech pipeline (a loaded Chat's `.pipeline`) and a voice library (default:
+    $CHATTTS_VELOCITY_VOICES); demo_weights shows a notice that the audio is random. Launch with launch(), or
+    `.queue().launch(theme=THEME, css=CSS)`: streaming needs the queue, and CSS hides the live player outside
+    streaming runs."""
+    handlers = Handlers(pipeline, use_vllm=use_vllm, max_new_token=max_new_token)
     library = LibraryHandlers(voices or VoiceLibrary())
     with gr.Blocks(title="ChatTTS velocity", analytics_enabled=False) as demo:
         gr.Markdown("## ChatTTS velocity\nType some Chinese or English text, pick a voice and press Generate.")

@@ -1,7 +1,7 @@
-"""Web UI event handlers: widget values -> Chat calls -> (audio, download, refined text, stats) updates.
+"""Web UI event handlers: widget values -> speech pipeline calls -> (audio, download, refined text, stats) updates.
 
-Only the public API is used (Chat, RefineTextParams, InferCodeParams, chattts_velocity.text speaker
-helpers). Bad input surfaces as a gr.Warning toast plus an "error:" line in the stats box.
+The page runs on a SpeechPipeline (Chat.pipeline): its text front end splits the text and checks the voice, its
+passes refine, generate and stream. Bad input surfaces as a gr.Warning toast plus an "error:" line in the stats box.
 """
 from __future__ import annotations
 
@@ -16,11 +16,12 @@ from collections.abc import Callable, Iterator
 import gradio as gr
 import numpy as np
 
-from chattts_velocity import Chat, InferCodeParams, RefineTextParams
+from chattts_velocity import InferCodeParams, RefineTextParams
 from chattts_velocity.audio import SAMPLE_RATE, float_to_int16
 from chattts_velocity.audio.formats import available_formats
 from chattts_velocity.schema import MAX_NEW_TOKEN
-from chattts_velocity.text import decode_prompt, decode_spk_emb, seed_context
+from chattts_velocity.speech import SpeechPipeline, StreamOptions
+from chattts_velocity.text import decode_prompt
 from chattts_velocity.text.speaker import VOICE_SEED_MAX
 from chattts_velocity.text.voices import PRESET_SEEDS
 
@@ -49,21 +50,19 @@ def random_seed() -> int:
 
 
 class Handlers:
-    """The callbacks of one UI; one Chat is shared by every browser session.
+    """The callbacks of one UI; one SpeechPipeline is shared by every browser session.
 
-    Every Chat call except interrupt() holds `_lock`: an abandoned stream's engine thread must end
-    before the next run starts, and speaker sampling swaps the global torch RNG.
+    Every model call holds `_lock` (an abandoned stream's engine thread must end before the next run starts) and
+    stops at the next step once `_interrupted` is set (Interrupt, or the browser gone).
     """
 
-    def __init__(self, chat: Chat, use_vllm: bool = True, max_new_token: int = MAX_NEW_TOKEN) -> None:
-        self.chat = chat
+    def __init__(self, pipeline: SpeechPipeline, use_vllm: bool = True, max_new_token: int = MAX_NEW_TOKEN) -> None:
+        self.pipeline = pipeline
         self.use_vllm = use_vllm
         self.max_new_token = max_new_token
         self._lock = threading.Lock()
-        self._interrupted = threading.Event()  # the page's own record: Chat.interrupt() stops only calls in flight
+        self._interrupted = threading.Event()
         self._downloads = tempfile.mkdtemp(prefix="chattts-velocity-webui-")  # gradio serves files under tmp
-        with seed_context(0):
-            self.speaker_dim = decode_spk_emb(chat.sample_random_speaker()).numel()
 
     # ---- small callbacks ------------------------------------------------------------------
     def speaker_for_seed(self, seed: float | None) -> tuple:
@@ -73,9 +72,8 @@ class Handlers:
         if seed is None:  # cleared (a saved voice was picked): the speaker string stands on its own
             return gr.skip(), gr.skip(), gr.skip()
         try:
-            seed = check_seed(seed, "audio seed")
-            with self._lock, seed_context(seed):
-                return self.chat.sample_random_speaker(), preset_for_seed(seed), gr.skip()
+            seed = check_seed(seed, "audio seed")  # the seed's own generator: no lock, no global RNG
+            return self.pipeline.sample_random_speaker(seed=seed), preset_for_seed(seed), gr.skip()
         except ValueError as exc:
             warn(exc)
             return gr.skip(), gr.skip(), f"error: {exc}"
@@ -94,7 +92,7 @@ class Handlers:
         try:
             clip = read_clip(path)
             with self._lock:
-                code = self.chat.sample_audio_speaker(clip, sample_rate=SAMPLE_RATE)
+                code = self.pipeline.sample_audio_speaker(clip, sample_rate=SAMPLE_RATE)
         except ValueError as exc:
             warn(exc)
             return "", f"error: {exc}", None
@@ -104,7 +102,6 @@ class Handlers:
 
     def interrupt(self) -> None:
         self._interrupted.set()
-        self.chat.interrupt()
 
     # ---- generate -------------------------------------------------------------------------
     def generate(self, *values: object) -> Iterator[tuple]:
@@ -159,15 +156,17 @@ class Handlers:
                     yield gr.skip(), gr.skip(), gr.skip(), gr.skip(), stats.progress(doing)
         finally:
             if worker.is_alive():  # the browser went away: stop the engine (one TTS run at a time)
-                self.chat.interrupt()
+                self._interrupted.set()
         if isinstance(result, Exception):
             raise result
         return result
 
     def _infer(self, spoken: str, params: InferCodeParams, options: dict) -> np.ndarray:
         with self._lock:
-            return self.chat.infer(spoken, skip_refine_text=True, params_infer_code=params, use_vllm=self.use_vllm,
-                                   **options)[0]
+            requests = self.pipeline.code_requests(self.pipeline.frontend.pieces(spoken, split=options["split"]),
+                                                   params)
+            return self.pipeline.generate(requests, use_vllm=self.use_vllm, stop=self._interrupted.is_set,
+                                          max_batch=options["max_batch"], progress=False)[0]
 
     def _final(self, stats: RunStats) -> str:
         """The stats box after a run: an interrupted run says so in its first line."""
@@ -200,7 +199,7 @@ class Handlers:
         finally:
             producer.join(timeout=0.5)
             if producer.is_alive():  # the browser went away: stop the engine (one TTS run at a time)
-                self.chat.interrupt()
+                self._interrupted.set()
         if pending:  # a run shorter than FIRST_LIVE_SAMPLES
             yield _live(pending), gr.skip(), gr.skip(), gr.skip(), stats.progress("streaming")
         full = np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
@@ -211,8 +210,10 @@ class Handlers:
         """Engine thread: puts float32 chunks, then None (done) or the exception that stopped it."""
         try:
             with self._lock:
-                for chunks in self.chat.infer(spoken, stream=True, skip_refine_text=True, params_infer_code=params,
-                                              use_vllm=self.use_vllm, **options):
+                requests = self.pipeline.code_requests(self.pipeline.frontend.pieces(spoken, split=options["split"]),
+                                                       params)
+                for chunks in self.pipeline.stream(requests, options=StreamOptions(chunk_steps=params.stream_batch),
+                                                   use_vllm=self.use_vllm, stop=self._interrupted.is_set):
                     chunk = np.asarray(chunks[0], dtype=np.float32)  # [n] new samples of text 0
                     if chunk.size:
                         stats.add(chunk.size, time.perf_counter())
@@ -228,8 +229,10 @@ class Handlers:
                                   top_P=float(r.top_p), top_K=int(r.top_k),
                                   manual_seed=check_seed(r.text_seed, "text seed"), show_tqdm=False)
         with self._lock:
-            return self.chat.infer(r.text, refine_text_only=True, params_refine_text=params,
-                                   use_vllm=self.use_vllm, **options)
+            pieces = self.pipeline.frontend.pieces(r.text, split=options["split"])
+            refined = self.pipeline.refine(pieces, params, use_vllm=self.use_vllm, stop=self._interrupted.is_set,
+                                           max_batch=options["max_batch"])
+            return "\n".join(refined.texts)
 
     def _code_params(self, r: Request) -> InferCodeParams:
         spk_emb, spk_smp, txt_smp = self._check_voice(r.speaker, r.clip_code, r.transcript)
@@ -240,10 +243,11 @@ class Handlers:
 
     @staticmethod
     def _split_options(r: Request) -> dict:
-        """Chat.infer's long-text keywords; also checks the download format before any work."""
+        """How long text runs (split into sentence pieces, pieces per batch); also checks the download format before
+        any work."""
         if r.fmt not in available_formats():
             raise ValueError(f"format: choose one of {list(available_formats())}, got {r.fmt!r}")
-        return {"split_text": bool(r.split_text), "max_split_batch": batch_size(r.batch_size)}
+        return {"split": bool(r.split_text), "max_batch": batch_size(r.batch_size)}
 
     def _check_voice(self, speaker: str, clip_code: str, transcript: str) -> tuple[str | None, ...]:
         """-> (spk_emb, spk_smp, txt_smp). A cloned clip wins over the speaker string."""
@@ -256,11 +260,10 @@ class Handlers:
             return None, clip_code, transcript
         if not speaker:
             return None, None, None
-        dim = decode_spk_emb(speaker).numel()
-        if dim != self.speaker_dim:
-            raise ValueError(f"speaker: this string holds a {dim}-wide voice but the loaded model needs "
-                             f"{self.speaker_dim}; press Random voice for a new one or paste one made for "
-                             "this model")
+        try:
+            self.pipeline.frontend.speaker(speaker, "speaker")  # the front end's width check (its decode is cached)
+        except ValueError as exc:
+            raise ValueError(f"{exc} (or press Random voice)") from None
         return speaker, None, None
 
 

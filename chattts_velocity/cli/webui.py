@@ -33,7 +33,7 @@ def cmd_webui(args: argparse.Namespace) -> None:
 
     check_port_free(args.host, args.port)
     chat = load_chat(args, use_vllm=not args.plain)
-    page = build_ui(chat, use_vllm=not args.plain, max_new_token=max_new_token(args),
+    page = build_ui(chat.pipeline, use_vllm=not args.plain, max_new_token=max_new_token(args),
                     voices=VoiceLibrary(args.voices),  # None: $CHATTTS_VELOCITY_VOICES or ~/.cache
                     demo_weights=uses_demo_weights(args.model))
     launch(page, host=args.host, port=args.port, share=args.share)
