@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from . import audio, text
 from .assets import find_assets, is_demo_folder, verify_assets
+from .audio import Spoken
 from .audio.wav import SAMPLE_RATE
 from .config import ModelConfig
 from .engine.gpt import GPTBackend
@@ -24,6 +24,7 @@ from .params import InferCodeParams, RefineTextParams
 from .schema import SpeechRequests, TextPieces
 from .speech import MelSource, SpeechPipeline, StreamOptions
 from .speech.calls import CallGate
+from .text import Normalizer, Tokenizer, check_texts
 
 
 class Chat:
@@ -32,7 +33,7 @@ class Chat:
 
     def __init__(self, logger: logging.Logger | None = None) -> None:
         self.logger = logger or logging.getLogger("chattts_velocity")
-        self.normalizer = text.Normalizer()  # register a language's normaliser here, before or after load()
+        self.normalizer = Normalizer()  # register a language's normaliser here, before or after load()
         self._gate = CallGate()  # inference calls run one at a time, whichever thread makes them
         self._pipeline: SpeechPipeline | None = None
 
@@ -104,14 +105,14 @@ class Chat:
     vocos = property(lambda self: self._loaded("vocos"))
 
     @property
-    def tokenizer(self) -> text.Tokenizer | None:
+    def tokenizer(self) -> Tokenizer | None:
         return None if self._pipeline is None else self._pipeline.frontend.tokenizer
 
     def _loaded(self, name: str, default: object = None) -> object:
         return default if self._pipeline is None else getattr(self._pipeline, name)
 
     def has_loaded(self, use_decoder: bool = False) -> bool:
-        return self._pipeline is not None and self._mel(use_decoder) is not None
+        return self._pipeline is not None and self._mel(use_decoder).model is not None
 
     def unload(self) -> None:
         if self._pipeline is not None:
@@ -185,7 +186,7 @@ class Chat:
         use_vllm: bool | None = None,
         progress: bool = False,
         timestamps: bool = False,
-    ) -> Iterator[tuple[int, np.ndarray | audio.Spoken | Exception]]:
+    ) -> Iterator[tuple[int, np.ndarray | Spoken | Exception]]:
         """Each text with its own params (voice, seed, ...), all at once; yields (index, wav) as texts finish
         (with `timestamps`, (index, Spoken(wav, each sentence piece's span))).
 
@@ -193,7 +194,7 @@ class Chat:
         error) instead, and the others go on. No refine pass. On the velocity engine every piece of every text
         shares the running batch.
         """
-        if not isinstance(params, (list, tuple)) or len(params) != len(text.check_texts(texts)):
+        if not isinstance(params, (list, tuple)) or len(params) != len(check_texts(texts)):
             raise ValueError(f"params: expected one InferCodeParams per text ({len(texts)})")
         pieces = self.split(texts, lang, do_text_normalization, do_homophone_replacement, split_text,
                             allow_empty=True)
@@ -216,8 +217,9 @@ class Chat:
         """One audio-code request per piece; params is one InferCodeParams for all texts or one per text."""
         return self.pipeline.code_requests(pieces, params, self._mel(use_decoder))
 
-    def _mel(self, use_decoder: bool) -> MelSource | None:
-        return None if self._pipeline is None else self._pipeline.mel("decoder" if use_decoder else "dvae")
+    def _mel(self, use_decoder: bool) -> MelSource:
+        """Upstream's flag as the pipeline's mel source (the one place inside the package that reads it)."""
+        return self.pipeline.mel("decoder" if use_decoder else "dvae")
 
     def _streamed(self, pieces: TextPieces, requests: SpeechRequests | None, refine: RefineTextParams,
                   code_params: InferCodeParams, mel: MelSource, use_vllm: bool | None,

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .. import text
 from ..params import InferCodeParams, RefineTextParams
 from ..schema import GenerationOutput, Prompt, SamplingParams, SpeechRequests, TextPieces
+from ..text import Normalizer, Tokenizer, decode_prompt, normalized_pieces, speaker_tensor
 from ..text.controls import check_controls
 
 
@@ -28,25 +28,25 @@ class SpeakerPrompt:
 class TextFrontEnd:
     """Normaliser + tokenizer + the speaker and control checks, for a GPT of `hidden_size`."""
 
-    def __init__(self, tokenizer: text.Tokenizer, hidden_size: int, audio_eos_id: int,
-                 normalizer: text.Normalizer | None = None) -> None:
+    def __init__(self, tokenizer: Tokenizer, hidden_size: int, audio_eos_id: int,
+                 normalizer: Normalizer | None = None) -> None:
         self.tokenizer, self.hidden_size, self.audio_eos_id = tokenizer, hidden_size, audio_eos_id
-        self.normalizer = normalizer or text.Normalizer()
+        self.normalizer = normalizer or Normalizer()
 
     def pieces(self, texts: str | list[str], *, lang: str | None = None, normalize: bool = True,
                homophones: bool = True, split: bool = True, allow_empty: bool = False) -> TextPieces:
         """Checked texts (lengths first) -> the normalised sentence pieces that hold speech; a text left with none
         is a text.EmptyText naming it (with `allow_empty`, it has no pieces)."""
-        return text.normalized_pieces(texts, lambda p: self.normalizer(p, normalize, homophones, lang), split,
+        return normalized_pieces(texts, lambda p: self.normalizer(p, normalize, homophones, lang), split,
                                       allow_empty)
 
     def speaker(self, spk_emb: str | torch.Tensor | None, field: str = "spk_emb") -> torch.Tensor | None:
         """A speaker string or vector -> [hidden_size], checked against this GPT; a ValueError naming `field`."""
-        return text.speaker_tensor(spk_emb, self.hidden_size, field)
+        return speaker_tensor(spk_emb, self.hidden_size, field)
 
     def voice(self, params: InferCodeParams) -> SpeakerPrompt:
         """params' speaker, voice sample and transcript, decoded and checked (once per request)."""
-        spk_smp = text.decode_prompt(params.spk_smp) if isinstance(params.spk_smp, str) else params.spk_smp
+        spk_smp = decode_prompt(params.spk_smp) if isinstance(params.spk_smp, str) else params.spk_smp
         return SpeakerPrompt(self.speaker(params.spk_emb), spk_smp, params.txt_smp)
 
     def code_requests(self, pieces: TextPieces, params: InferCodeParams | list[InferCodeParams], *,

@@ -57,6 +57,7 @@ class DecoderSource(MelSource):
     """The Decoder on the hidden states that predicted each step's codes (upstream's default)."""
 
     name, return_hidden = "decoder", True
+    model: Decoder
 
     def rows(self, output: GenerationOutput) -> torch.Tensor:
         if output.hidden is None:
@@ -72,6 +73,7 @@ class DVAESource(MelSource):
     """The DVAE's decoder on the sampled audio codes."""
 
     name, return_hidden = "dvae", False
+    model: DVAE
 
     def rows(self, output: GenerationOutput) -> torch.Tensor:
         return output.token_ids

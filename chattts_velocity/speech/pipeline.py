@@ -14,14 +14,25 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .. import audio, text
 from ..assets import AssetPaths
+from ..audio import (
+    DVAE,
+    Decoder,
+    Spoken,
+    Vocos,
+    audio_precision,
+    cast_for_autocast,
+    load_clip,
+    load_safetensors,
+    piece_timestamps,
+)
 from ..audio.wav import SAMPLE_RATE
 from ..config import ModelConfig
 from ..engine.gpt import GPTBackend, load_pretrained
 from ..engine.llm_engine import LLMEngine
 from ..params import InferCodeParams, RefineTextParams
 from ..schema import SpeechRequests, TextPieces
+from ..text import Normalizer, Tokenizer, empty_text, encode_prompt, sample_random_speaker
 from .calls import Jobs, Stop
 from .frontend import TextFrontEnd
 from .mel import MEL_SOURCES, DecoderSource, DVAESource, MelSource
@@ -35,18 +46,18 @@ def _never() -> bool:
 class SpeechPipeline:
     """Text front end + GPT backend(s) + mel sources + Vocos, for one asset folder on one device."""
 
-    def __init__(self, paths: AssetPaths, device: torch.device, dtype: str, decode_dtype: str | None,
-                 use_vllm: bool, normalizer: text.Normalizer | None, gpt_options: dict) -> None:
+    def __init__(self, paths: AssetPaths, *, device: torch.device, dtype: str, decode_dtype: str | None,
+                 use_vllm: bool, normalizer: Normalizer | None, gpt_options: dict[str, object]) -> None:
         self.paths, self.device, self.dtype, self.default_use_vllm = paths, device, dtype, use_vllm
         self._gpt_options = dict(device=str(device), dtype=dtype, **gpt_options)
         self._gpts: dict[bool, GPTBackend] = {}  # use_vllm -> the backend load_pretrained chose
         self._loading = threading.Lock()
-        tokenizer = text.Tokenizer(paths.tokenizer_dir)
-        self.dvae = audio.DVAE.from_state_dict(audio.load_safetensors(paths.dvae)).to(device).eval()
-        self.decoder = audio.Decoder.from_state_dict(audio.load_safetensors(paths.decoder)).to(device).eval()
-        self.vocos = audio.Vocos.from_state_dict(audio.load_safetensors(paths.vocos)).to(device).eval()
-        self.decode_dtype = audio.audio_precision(decode_dtype, dtype, device)  # None: exact float32
-        decoder, dvae, vocos = audio.cast_for_autocast((self.decoder, self.dvae, self.vocos), self.decode_dtype)
+        tokenizer = Tokenizer(paths.tokenizer_dir)
+        self.dvae = DVAE.from_state_dict(load_safetensors(paths.dvae)).to(device).eval()
+        self.decoder = Decoder.from_state_dict(load_safetensors(paths.decoder)).to(device).eval()
+        self.vocos = Vocos.from_state_dict(load_safetensors(paths.vocos)).to(device).eval()
+        self.decode_dtype = audio_precision(decode_dtype, dtype, device)  # None: exact float32
+        decoder, dvae, vocos = cast_for_autocast((self.decoder, self.dvae, self.vocos), self.decode_dtype)
         self.mel_sources: dict[str, MelSource] = {
             "decoder": DecoderSource(decoder, vocos, self.decode_dtype),
             "dvae": DVAESource(dvae, vocos, self.decode_dtype),
@@ -57,7 +68,7 @@ class SpeechPipeline:
     @classmethod
     def load(cls, paths: AssetPaths | str | Path, *, device: str | torch.device | None = None,
              use_vllm: bool = False, dtype: str = "float32", decode_dtype: str | None = None,
-             normalizer: text.Normalizer | None = None, **gpt_options: object) -> SpeechPipeline:
+             normalizer: Normalizer | None = None, **gpt_options: object) -> SpeechPipeline:
         """Load every module from an asset folder (verified or not: that is the caller's choice).
 
         use_vllm: the GPT backend loaded now (the other loads on first use). dtype: the GPT's weights ("float32",
@@ -67,7 +78,8 @@ class SpeechPipeline:
         """
         paths = paths if isinstance(paths, AssetPaths) else AssetPaths.from_root(paths)
         device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        return cls(paths, device, dtype, decode_dtype, use_vllm, normalizer, gpt_options)
+        return cls(paths, device=device, dtype=dtype, decode_dtype=decode_dtype, use_vllm=use_vllm,
+                   normalizer=normalizer, gpt_options=gpt_options)
 
     # ---- the stages ------------------------------------------------------------------------------
     def gpt(self, use_vllm: bool | None = None) -> GPTBackend:
@@ -128,7 +140,7 @@ class SpeechPipeline:
         for i, item_params in enumerate(params):
             try:
                 if not pieces.of_text(i).texts:
-                    raise text.empty_text(i)
+                    raise empty_text(i)
                 jobs.add(i, self.code_requests(pieces.of_text(i), item_params, jobs.mel))
             except ValueError as exc:
                 jobs.failed.append((i, exc))
@@ -136,7 +148,7 @@ class SpeechPipeline:
 
     def run_jobs(self, jobs: Jobs, *, use_vllm: bool | None = None, progress: bool = False,
                  timestamps: bool = False, stop: Stop = _never,
-                 ) -> Iterator[tuple[int, np.ndarray | audio.Spoken | Exception]]:
+                 ) -> Iterator[tuple[int, np.ndarray | Spoken | Exception]]:
         """(text index, its waveform) as each text finishes (with `timestamps`, a Spoken with each piece's span);
         a text whose generation failed yields its error instead."""
         for k, output in self.gpt(use_vllm).generate_iter(jobs.prompts, jobs.sampling, progress, stop):
@@ -147,7 +159,7 @@ class SpeechPipeline:
                 waves = jobs.mel.decode(outputs)
                 wav = np.concatenate(waves).astype(np.float32)
                 texts = jobs.pieces.of_text(i).texts
-                yield i, audio.Spoken(wav, audio.piece_timestamps(texts, [len(w) for w in waves])) if timestamps \
+                yield i, Spoken(wav, piece_timestamps(texts, [len(w) for w in waves])) if timestamps \
                     else wav
 
     def stream(self, requests: SpeechRequests, mel: MelSource | None = None, *,
@@ -162,15 +174,15 @@ class SpeechPipeline:
     def sample_random_speaker(self, seed: int | None = None) -> str:
         """A random voice (upstream's draw); with `seed`, the voice torch.manual_seed(seed) would give, drawn
         without touching the global RNG."""
-        return text.sample_random_speaker(self.config.hidden_size, device=self.device, seed=seed)
+        return sample_random_speaker(self.config.hidden_size, device=self.device, seed=seed)
 
     def sample_audio_speaker(self, wav: np.ndarray | torch.Tensor | str | Path,
                              sample_rate: int = SAMPLE_RATE) -> str:
         """Encode a 24 kHz mono clip (array or audio file path) into an spk_smp string."""
-        wav = audio.load_clip(wav, sample_rate, expected_rate=SAMPLE_RATE)
+        wav = load_clip(wav, sample_rate, expected_rate=SAMPLE_RATE)
         with torch.inference_mode():
             codes = self.dvae.encode(wav.to(self.device))  # [4, T]
-        return text.encode_prompt(codes.cpu())
+        return encode_prompt(codes.cpu())
 
     def shutdown(self) -> None:
         """Release the GPT backends' threads and memory; the pipeline is unusable afterwards."""

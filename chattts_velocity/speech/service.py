@@ -156,14 +156,6 @@ class SpeechService:
         self.worker = DecodeWorker(StreamSet(self.options))
         self._keys = itertools.count()
 
-    def prompts(self, text: str, params: InferCodeParams, mel: MelSource | None = None, *, lang: str | None = None,
-                normalize: bool = True, split: bool = True, max_pieces: int | None = None,
-                ) -> list[tuple[Prompt, SamplingParams]]:
-        """The text's sentence pieces as engine requests (SpeechPipeline.code_requests, as Chat.infer builds them)."""
-        pieces = self.pieces(text, lang=lang, normalize=normalize, split=split, max_pieces=max_pieces)
-        requests = self.pipeline.code_requests(pieces, params, mel)
-        return list(zip(requests.prompts, requests.sampling, strict=True))
-
     def pieces(self, text: str, *, lang: str | None = None, normalize: bool = True, split: bool = True,
                max_pieces: int | None = None) -> TextPieces:
         """The text's normalised sentence pieces, at most max_pieces of them (a ValueError naming `input`)."""

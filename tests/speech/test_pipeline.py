@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from chattts_velocity import Chat, InferCodeParams, RefineTextParams, text
-from chattts_velocity.speech import DecoderSource, DVAESource, SpeechPipeline
+from chattts_velocity.speech import DecoderSource, DVAESource, SpeechPipeline, frontend
 from chattts_velocity.text import speaker as speaker_module
 
 STEPS = 6
@@ -32,7 +32,7 @@ def test_a_speaker_and_its_voice_sample_are_decoded_once_per_request(pipeline, m
     speaker = pipeline.sample_random_speaker(seed=1)
     clip = text.encode_prompt(torch.randint(0, 625, (4, 8)))
     speakers = counted(monkeypatch, speaker_module, "decode_spk_emb")
-    clips = counted(monkeypatch, text, "decode_prompt")
+    clips = counted(monkeypatch, frontend, "decode_prompt")
     pieces = pipeline.frontend.pieces(["One. Two. Three.", "Four. Five."])
     assert len(pieces.texts) == 5
     requests = pipeline.code_requests(pieces, forced(spk_emb=speaker, spk_smp=clip, txt_smp="a clip"))
