@@ -27,7 +27,7 @@ OPTION_SETS = {  # at most 3: each one runs at every --ttfa-sizes count in every
     "first 8, lookahead 16": StreamOptions(first_chunk_steps=8, first_lookahead_steps=16),
     "first 4, lookahead 12": StreamOptions(first_chunk_steps=4, first_lookahead_steps=12),
 }
-TARGETS = {1: 0.5, 16: 1.5}  # issue 6: seconds to first audio alone / for every one of 16 concurrent requests
+TARGETS = {1: 0.5, 16: 1.5}  # seconds to first audio alone / for every one of 16 concurrent requests
 
 
 @dataclass
@@ -132,12 +132,12 @@ def run_sizes(suite: Suite, sizes: list[int]) -> list[dict]:
 
 
 def summarise(repeats: list[dict]) -> list[dict]:
-    """Median over repeats per (option set, N), worst accuracy, and the issue 6 verdict; prints the table."""
+    """Median over repeats per (option set, N), worst accuracy, and the verdict against TARGETS; prints the table."""
     runs = [r for rep in repeats for r in rep.get("stream_ttfa", [])]
     if not runs:
         return []
     keys = list(dict.fromkeys((r["label"], r["concurrency"]) for r in runs))
-    print("\nstreaming time to first audio (float32 StreamSet decode; median over repeats; target: issue 6, "
+    print("\nstreaming time to first audio (float32 StreamSet decode; median over repeats; target: "
           "every request):")
     print(f"{'option set':<24}{'N':>4}{'TTFA mean':>11}{'median':>9}{'max':>8}{'wall s':>9}{'max |diff|':>12}"
           f"  target")

@@ -25,7 +25,7 @@ EMPTY = np.zeros(0, dtype=np.float32)
 class StreamOptions:
     """Chunking of the streamed audio. None = the StreamDecoder's exact receptive-field default.
 
-    The default starts low-latency (first chunk 4 steps, lookahead 24: benchmarks/bench_cpu.py);
+    The default starts low-latency (first chunk 4 steps, lookahead 24: the stream tables of docs/performance.md);
     StreamOptions(first_chunk_steps=None, first_lookahead_steps=None) is the exact stream.
 
     first_chunk_steps / first_lookahead_steps apply until a stream's first audio; later chunks are exact again

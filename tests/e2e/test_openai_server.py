@@ -21,10 +21,10 @@ httpx = pytest.importorskip("httpx")
 uvicorn = pytest.importorskip("uvicorn")
 pytest.importorskip("fastapi")
 
-from chattts_velocity import Chat  # noqa: E402
-from chattts_velocity.serve import ServerConfig, create_app  # noqa: E402
-from chattts_velocity.serve.metrics import ENGINE_METRICS, SPEECH_METRICS  # noqa: E402
-from chattts_velocity.serve.voices import VoiceBook, speed_prompt  # noqa: E402
+from chattts_velocity import Chat  # noqa: E402 (after the importorskip above)
+from chattts_velocity.serve import ServerConfig, create_app  # noqa: E402 (after the importorskip above)
+from chattts_velocity.serve.metrics import ENGINE_METRICS, SPEECH_METRICS  # noqa: E402 (after the importorskip above)
+from chattts_velocity.serve.voices import VoiceBook, speed_prompt  # noqa: E402 (after the importorskip above)
 
 HOP = 256
 KEY = "test-key-123"

@@ -26,13 +26,13 @@ ray = pytest.importorskip("ray")
 openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 
-from chattts_velocity.export import plan_export, wav_seconds  # noqa: E402
-from chattts_velocity.export.ray import RayExportOptions, run_export_ray  # noqa: E402
-from chattts_velocity.params import InferCodeParams  # noqa: E402
-from chattts_velocity.serve import ServerConfig  # noqa: E402
-from chattts_velocity.serve.metrics import ENGINE_METRICS, SPEECH_METRICS  # noqa: E402
-from chattts_velocity.speech import StreamOptions  # noqa: E402
-from chattts_velocity.text import sample_random_speaker  # noqa: E402
+from chattts_velocity.export import plan_export, wav_seconds  # noqa: E402 (after the importorskip above)
+from chattts_velocity.export.ray import RayExportOptions, run_export_ray  # noqa: E402 (after the importorskip above)
+from chattts_velocity.params import InferCodeParams  # noqa: E402 (after the importorskip above)
+from chattts_velocity.serve import ServerConfig  # noqa: E402 (after the importorskip above)
+from chattts_velocity.serve.metrics import ENGINE_METRICS, SPEECH_METRICS  # noqa: E402 (after the importorskip above)
+from chattts_velocity.speech import StreamOptions  # noqa: E402 (after the importorskip above)
+from chattts_velocity.text import sample_random_speaker  # noqa: E402 (after the importorskip above)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 REPO = Path(__file__).resolve().parents[2]
@@ -296,7 +296,8 @@ def test_data_export_200_lines_two_bad_then_resume(ray_cluster: dict, tiny_asset
 def test_data_export_of_thirty_lines_runs_on_both_actors(ray_cluster: dict, tiny_assets: Path, tmp_path: Path) -> None:
     # Before: 2 blocks of 15 lines, bundled by Ray Data into one 16-row task: one actor ran all 30, the other idled.
     lines, logs = tmp_path / "lines.jsonl", []
-    lines.write_text("".join(json.dumps({"id": f"l{n}", "text": f"Line {WORDS[n % 10]} {n}."}) + "\n" for n in range(30)))
+    lines.write_text("".join(json.dumps({"id": f"l{n}", "text": f"Line {WORDS[n % 10]} {n}."}) + "\n"
+                             for n in range(30)))
     options = RayExportOptions(actors=2, cpus_per_actor=0.5, batch_size=16, batches_in_flight=4)
     plan = run_export_ray(tiny_assets, plan_export(lines, tmp_path / "out", seed=3),
                           InferCodeParams(max_new_token=8, show_tqdm=False), options, progress=False,

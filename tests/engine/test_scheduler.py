@@ -230,7 +230,7 @@ def test_prefix_caching_does_not_change_results_and_ignores_other_speakers():
 ])
 def test_admission_order(scheduling, expected):
     sched = make_scheduler(max_num_seqs=1, scheduling=scheduling)
-    for seq, priority in zip(make_seqs(4, max_new_token=2), [1, 2, 0, 1]):
+    for seq, priority in zip(make_seqs(4, max_new_token=2), [1, 2, 0, 1], strict=True):
         seq.params.priority = priority
         sched.add(seq)
     order = []

@@ -12,11 +12,11 @@ import pytest
 pytest.importorskip("fastapi")
 pyloudnorm = pytest.importorskip("pyloudnorm")
 
-from fastapi.testclient import TestClient  # noqa: E402
+from fastapi.testclient import TestClient  # noqa: E402 (after the importorskip above)
 
-from chattts_velocity.audio.loudness import check_loudness, normalize_loudness  # noqa: E402
-from chattts_velocity.serve.cache import AudioCache  # noqa: E402
-from chattts_velocity.serve.metrics import SPEECH_METRICS  # noqa: E402
+from chattts_velocity.audio.loudness import check_loudness, normalize_loudness  # noqa: E402 (after the importorskip above)
+from chattts_velocity.serve.cache import AudioCache  # noqa: E402 (after the importorskip above)
+from chattts_velocity.serve.metrics import SPEECH_METRICS  # noqa: E402 (after the importorskip above)
 
 
 def test_the_cache_keeps_the_most_recent_within_its_budget() -> None:

@@ -5,8 +5,8 @@ import pytest
 
 pytest.importorskip("fastapi")
 
-from chattts_velocity.schema import CODE_PROMPT  # noqa: E402
-from chattts_velocity.serve.instructions import parse_instructions, speech_input  # noqa: E402
+from chattts_velocity.schema import CODE_PROMPT  # noqa: E402 (after the importorskip above)
+from chattts_velocity.serve.instructions import parse_instructions, speech_input  # noqa: E402 (after the importorskip above)
 
 
 @pytest.mark.parametrize("text, speed, refine", [

@@ -9,10 +9,10 @@ import pytest
 pytest.importorskip("fastapi")
 pytest.importorskip("httpx")
 
-from fastapi.testclient import TestClient  # noqa: E402
+from fastapi.testclient import TestClient  # noqa: E402 (after the importorskip above)
 
-from chattts_velocity.serve import ServerConfig, create_app  # noqa: E402
-from chattts_velocity.serve.metrics import DECODE_MAX_BATCH, ENGINE_METRICS, SPEECH_METRICS  # noqa: E402
+from chattts_velocity.serve import ServerConfig, create_app  # noqa: E402 (after the importorskip above)
+from chattts_velocity.serve.metrics import DECODE_MAX_BATCH, ENGINE_METRICS, SPEECH_METRICS  # noqa: E402 (after the importorskip above)
 
 
 def samples(client: TestClient, name: str) -> dict[str, float]:

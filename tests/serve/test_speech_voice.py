@@ -8,10 +8,10 @@ import torch
 pytest.importorskip("fastapi")
 pytest.importorskip("httpx")
 
-from fastapi.testclient import TestClient  # noqa: E402
+from fastapi.testclient import TestClient  # noqa: E402 (after the importorskip above)
 
-from chattts_velocity import text  # noqa: E402
-from chattts_velocity.text import speaker as speaker_module  # noqa: E402
+from chattts_velocity import text  # noqa: E402 (after the importorskip above)
+from chattts_velocity.text import speaker as speaker_module  # noqa: E402 (after the importorskip above)
 
 
 def speak(client: TestClient, voice: object) -> dict:

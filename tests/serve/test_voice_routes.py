@@ -10,11 +10,11 @@ import pytest
 pytest.importorskip("fastapi")
 pytest.importorskip("httpx")
 
-from fastapi.testclient import TestClient  # noqa: E402
+from fastapi.testclient import TestClient  # noqa: E402 (after the importorskip above)
 
-from chattts_velocity import Chat, RefineTextParams  # noqa: E402
-from chattts_velocity.serve import ServerConfig, create_app  # noqa: E402
-from chattts_velocity.text import decode_spk_emb  # noqa: E402
+from chattts_velocity import Chat, RefineTextParams  # noqa: E402 (after the importorskip above)
+from chattts_velocity.serve import ServerConfig, create_app  # noqa: E402 (after the importorskip above)
+from chattts_velocity.text import decode_spk_emb  # noqa: E402 (after the importorskip above)
 
 VOICES = "/v1/audio/voices"
 

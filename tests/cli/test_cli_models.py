@@ -116,7 +116,7 @@ def test_backend_cpu_refusal_names_the_real_cause_before_loading(monkeypatch, tm
 
 
 def test_kv_cache_dtype_flag_reaches_the_engine_config_and_refusals_are_one_line(demo_dir: Path,
-                                                                                 tmp_path: Path) -> None:
+                                                                                  tmp_path: Path) -> None:
     from chattts_velocity.cli import common
 
     args = cli.build_parser().parse_args(["say", "x", "-o", "x.wav", "--model", str(demo_dir),

@@ -13,7 +13,7 @@ import pytest
 from chattts_velocity import cli
 from chattts_velocity.demo import DEMO_MAX_NEW_TOKEN
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_the_page_imports_nothing_from_the_command_line() -> None:

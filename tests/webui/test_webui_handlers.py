@@ -12,18 +12,18 @@ import torch
 
 pytest.importorskip("gradio")
 
-from chattts_velocity.audio.formats import available_formats  # noqa: E402
-from chattts_velocity.schema import TextPieces  # noqa: E402
-from chattts_velocity.speech import TextFrontEnd  # noqa: E402
-from chattts_velocity.text import encode_spk_emb, sample_random_speaker, seed_context  # noqa: E402
-from webui.controls import (  # noqa: E402
+from chattts_velocity.audio.formats import available_formats  # noqa: E402 (after the importorskip above)
+from chattts_velocity.schema import TextPieces  # noqa: E402 (after the importorskip above)
+from chattts_velocity.speech import TextFrontEnd  # noqa: E402 (after the importorskip above)
+from chattts_velocity.text import encode_spk_emb, sample_random_speaker, seed_context  # noqa: E402 (after the importorskip above)
+from webui.controls import (  # noqa: E402 (after the importorskip above)
     CUSTOM,
     preset_for_seed,
     refine_prompt,
     speed_prompt,
     write_download,
 )
-from webui.handlers import Handlers, Request  # noqa: E402
+from webui.handlers import Handlers, Request  # noqa: E402 (after the importorskip above)
 
 HIDDEN = 64
 MAGIC = {"wav": b"RIFF", "flac": b"fLaC", "opus": b"OggS", "ogg": b"OggS"}
