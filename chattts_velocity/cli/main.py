@@ -126,7 +126,7 @@ def _add_export_ray_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--batch-size", type=int, default=16, help="lines handed to an actor at a time (default 16)")
 
 
-def _bench_module():
+def bench_module():
     """benchmarks/bench_engine.py of a source checkout (the same code as `python benchmarks/bench_engine.py`)."""
     import importlib.util
 
@@ -208,7 +208,7 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     package_warnings_in_one_line()
     if argv[:1] == ["bench"]:
-        _bench_module().main(argv[1:])
+        bench_module().main(argv[1:])
         return
     args = build_parser().parse_args(argv)
     try:

@@ -240,10 +240,10 @@ def test_bench_has_no_verify_and_picks_the_auto_precision(monkeypatch, demo_dir:
     import argparse
 
     from chattts_velocity.assets import AssetError
-    from chattts_velocity.cli.main import _bench_module
+    from chattts_velocity.cli.main import bench_module
     from chattts_velocity.model import kernels
 
-    bench = _bench_module()
+    bench = bench_module()
     parser = argparse.ArgumentParser()
     bench.add_arguments(parser)
     monkeypatch.setattr(kernels, "unsupported", lambda: "this CPU lacks avx512_bf16")
