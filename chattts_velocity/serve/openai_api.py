@@ -83,8 +83,9 @@ class ServerState:
 
     def speech(self, body: SpeechBody) -> tuple[SpeechInput, InferCodeParams, str]:
         """The body's text, refine pass, code params and voice kind; a ValueError names the body's field.
-        Runs on a text thread (SSML is read here; the voice's speaker string is decoded and checked once, by the
-        pipeline's text front end, when the service builds the request)."""
+        Runs on a text thread (SSML is read here). A speaker string is decoded once (text/speaker.py caches it by
+        string), and checked against the model by the pipeline's text front end when the service builds the
+        request."""
         sampling = sampling_kwargs(body, self.config.max_new_token)  # checked before any voice is drawn
         if body.loudness is not None:
             check_loudness(body.loudness)
