@@ -21,7 +21,6 @@ class GPTBackend(Protocol):
     """What the pipeline needs from a GPT stage. `params` is one SamplingParams for all prompts or one per prompt."""
 
     config: ModelConfig
-    engine: LLMEngine | None  # the velocity engine, for callers that step it themselves; None on the plain path
 
     def generate(self, prompts: list[Prompt], params: SamplingParams | list[SamplingParams], progress: bool = True,
                  should_stop: StopFlag = None, max_batch: int | None = None) -> list[GenerationOutput]:
@@ -39,6 +38,10 @@ class GPTBackend(Protocol):
 
     def shutdown(self) -> None:
         """Release threads and memory; the backend is unusable afterwards."""
+
+    @property
+    def engine(self) -> LLMEngine | None:
+        """The velocity engine, for callers that step it themselves (the server, Ray); None on the plain path."""
 
 
 def load_pretrained(
