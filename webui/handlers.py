@@ -27,6 +27,7 @@ from chattts_velocity.text.voices import PRESET_SEEDS
 
 from .clips import RunStats, read_clip
 from .controls import Request, batch_size, check_seed, preset_for_seed, refine_prompt, speed_prompt, write_download
+from .worker import batches, outcome
 
 Update = tuple  # (live chunk, full audio, download file, spoken text, stats)
 PROGRESS_EVERY_S = 0.5  # how often a run's progress line in the stats box is refreshed
@@ -53,7 +54,8 @@ class Handlers:
     """The callbacks of one UI; one SpeechPipeline is shared by every browser session.
 
     Every model call holds `_lock` (an abandoned stream's engine thread must end before the next run starts) and
-    stops at the next step once `_interrupted` is set (Interrupt, or the browser gone).
+    stops at the next step once its run's own stop flag is set (Interrupt, or the browser gone): a new run's flag
+    is a new Event, so starting it never revives an abandoned one. `_interrupted` records a press of Interrupt.
     """
 
     def __init__(self, pipeline: SpeechPipeline, use_vllm: bool = True, max_new_token: int = MAX_NEW_TOKEN) -> None:
@@ -62,6 +64,7 @@ class Handlers:
         self.max_new_token = max_new_token
         self._lock = threading.Lock()
         self._interrupted = threading.Event()
+        self._stop = threading.Event()  # the latest run's stop flag
         self._downloads = tempfile.mkdtemp(prefix="chattts-velocity-webui-")  # gradio serves files under tmp
 
     # ---- small callbacks ------------------------------------------------------------------
@@ -102,6 +105,7 @@ class Handlers:
 
     def interrupt(self) -> None:
         self._interrupted.set()
+        self._stop.set()
 
     # ---- generate -------------------------------------------------------------------------
     def generate(self, *values: object) -> Iterator[tuple]:
@@ -124,9 +128,11 @@ class Handlers:
                 raise ValueError("text: the text box is empty; type something to say or pick an example")
             params, options = self._code_params(r), self._split_options(r)
             self._interrupted.clear()
+            self._stop = options["stop"] = threading.Event()
             spoken = r.text
             if r.refine:
-                spoken = yield from self._wait(lambda: self._refine(r, options), stats, "refining the text")
+                spoken = yield from self._wait(lambda: self._refine(r, options), stats, "refining the text",
+                                               options["stop"])
             yield skip, skip, skip, spoken, skip
             if self._interrupted.is_set():  # pressed during the refine pass
                 yield skip, skip, skip, skip, "interrupted before audio"
@@ -134,7 +140,8 @@ class Handlers:
             if stream:
                 yield from self._stream(spoken, params, options, stats, r.fmt)
                 return
-            wav = yield from self._wait(lambda: self._infer(spoken, params, options), stats, "generating")
+            wav = yield from self._wait(lambda: self._infer(spoken, params, options), stats, "generating",
+                                        options["stop"])
             stats.add(len(wav), time.perf_counter())
             stats.end = time.perf_counter()
             yield skip, *self._results(wav, r.fmt), skip, self._final(stats)
@@ -142,10 +149,11 @@ class Handlers:
             warn(exc)
             yield skip, skip, skip, skip, f"error: {exc}"
 
-    def _wait(self, work: Callable[[], object], stats: RunStats, doing: str) -> Iterator[Update]:
+    def _wait(self, work: Callable[[], object], stats: RunStats, doing: str,
+              stop: threading.Event) -> Iterator[Update]:
         """Run work() in a thread; meanwhile show the progress line every PROGRESS_EVERY_S. Returns its result."""
         done: queue.Queue = queue.Queue()
-        worker = threading.Thread(target=lambda: done.put(_outcome(work)), daemon=True)
+        worker = threading.Thread(target=lambda: done.put(outcome(work)), daemon=True)
         worker.start()
         try:
             while True:
@@ -156,7 +164,7 @@ class Handlers:
                     yield gr.skip(), gr.skip(), gr.skip(), gr.skip(), stats.progress(doing)
         finally:
             if worker.is_alive():  # the browser went away: stop the engine (one TTS run at a time)
-                self._interrupted.set()
+                stop.set()
         if isinstance(result, Exception):
             raise result
         return result
@@ -165,7 +173,7 @@ class Handlers:
         with self._lock:
             requests = self.pipeline.code_requests(self.pipeline.frontend.pieces(spoken, split=options["split"]),
                                                    params)
-            return self.pipeline.generate(requests, use_vllm=self.use_vllm, stop=self._interrupted.is_set,
+            return self.pipeline.generate(requests, use_vllm=self.use_vllm, stop=options["stop"].is_set,
                                           max_batch=options["max_batch"], progress=False)[0]
 
     def _final(self, stats: RunStats) -> str:
@@ -188,7 +196,7 @@ class Handlers:
         pieces: list[np.ndarray] = []
         pending: list[np.ndarray] = []  # not yet sent to the live player
         try:
-            for batch in _batches(ready):
+            for batch in batches(ready, PROGRESS_EVERY_S):
                 pieces += batch
                 pending += batch
                 live = gr.skip()
@@ -199,7 +207,7 @@ class Handlers:
         finally:
             producer.join(timeout=0.5)
             if producer.is_alive():  # the browser went away: stop the engine (one TTS run at a time)
-                self._interrupted.set()
+                options["stop"].set()
         if pending:  # a run shorter than FIRST_LIVE_SAMPLES
             yield _live(pending), gr.skip(), gr.skip(), gr.skip(), stats.progress("streaming")
         full = np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
@@ -213,7 +221,7 @@ class Handlers:
                 requests = self.pipeline.code_requests(self.pipeline.frontend.pieces(spoken, split=options["split"]),
                                                        params)
                 for chunks in self.pipeline.stream(requests, options=StreamOptions(chunk_steps=params.stream_batch),
-                                                   use_vllm=self.use_vllm, stop=self._interrupted.is_set):
+                                                   use_vllm=self.use_vllm, stop=options["stop"].is_set):
                     chunk = np.asarray(chunks[0], dtype=np.float32)  # [n] new samples of text 0
                     if chunk.size:
                         stats.add(chunk.size, time.perf_counter())
@@ -230,7 +238,7 @@ class Handlers:
                                   manual_seed=check_seed(r.text_seed, "text seed"), show_tqdm=False)
         with self._lock:
             pieces = self.pipeline.frontend.pieces(r.text, split=options["split"])
-            refined = self.pipeline.refine(pieces, params, use_vllm=self.use_vllm, stop=self._interrupted.is_set,
+            refined = self.pipeline.refine(pieces, params, use_vllm=self.use_vllm, stop=options["stop"].is_set,
                                            max_batch=options["max_batch"])
             return "\n".join(refined.texts)
 
@@ -243,8 +251,7 @@ class Handlers:
 
     @staticmethod
     def _split_options(r: Request) -> dict:
-        """How long text runs (split into sentence pieces, pieces per batch); also checks the download format before
-        any work."""
+        """How long text runs (split into pieces, pieces per batch); also checks the download format first."""
         if r.fmt not in available_formats():
             raise ValueError(f"format: choose one of {list(available_formats())}, got {r.fmt!r}")
         return {"split": bool(r.split_text), "max_batch": batch_size(r.batch_size)}
@@ -270,31 +277,3 @@ class Handlers:
 def _live(chunks: list[np.ndarray]) -> tuple[int, np.ndarray]:
     return SAMPLE_RATE, float_to_int16(np.concatenate(chunks))
 
-
-def _outcome(work: Callable[[], object]) -> object:
-    """work()'s result, or the exception it raised (handed to the UI thread, which re-raises it)."""
-    try:
-        return work()
-    except Exception as exc:
-        return exc
-
-
-def _batches(ready: queue.Queue) -> Iterator[list[np.ndarray]]:
-    """Wait for the next chunk, then take every chunk already waiting; re-raise a producer error. An empty
-    batch every PROGRESS_EVERY_S without a chunk keeps the progress line moving."""
-    while True:
-        try:
-            batch = [ready.get(timeout=PROGRESS_EVERY_S)]
-        except queue.Empty:
-            yield []
-            continue
-        while not ready.empty():
-            batch.append(ready.get())
-        done = batch[-1] is None or isinstance(batch[-1], Exception)
-        chunks = [c for c in batch if isinstance(c, np.ndarray)]
-        if chunks:
-            yield chunks
-        if isinstance(batch[-1], Exception):
-            raise batch[-1]
-        if done:
-            return

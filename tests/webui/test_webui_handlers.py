@@ -3,6 +3,7 @@ receives."""
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -277,3 +278,32 @@ def test_a_speaker_for_another_model_is_refused_by_the_front_end() -> None:
         *_, stats = _final(Handlers(pipeline), speaker=wrong, audio_seed=None, refine=False)
     assert stats.startswith(f"error: speaker: this speaker has {HIDDEN + 3} values but the model needs {HIDDEN}")
     assert pipeline.calls == []
+
+
+class EndlessStreamPipeline(RecordingPipeline):
+    """stream() sends 1 s of audio, then more until its run's stop flag is set (10 s at most)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stops: list = []
+
+    def stream(self, requests: SimpleNamespace, *, stop, **options):
+        self.stops.append(stop)
+        yield [np.full(24000, 0.1, np.float32)]
+        for _ in range(1000):
+            if stop():
+                return
+            time.sleep(0.01)
+            yield [np.zeros(0, np.float32)]
+
+
+def test_a_new_run_never_revives_an_abandoned_stream() -> None:
+    pipeline = EndlessStreamPipeline()
+    handlers = Handlers(pipeline)
+    run = handlers.generate_stream(*_request(refine=False))
+    next(update for update in run if isinstance(update[0], tuple))  # the first live chunk is out
+    run.close()  # the browser went away mid-stream
+    (abandoned,) = pipeline.stops
+    assert abandoned()
+    *_, stats = _final(handlers, refine=False)  # the next run gets its own stop flag
+    assert stats.startswith("audio: ") and abandoned()
