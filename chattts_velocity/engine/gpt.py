@@ -11,7 +11,6 @@ from typing import Protocol
 from ..assets import AssetPaths
 from ..config import ModelConfig
 from ..schema import GenerationOutput, Prompt, SamplingParams
-from .llm_engine import LLMEngine
 
 StopFlag = Callable[[], bool] | None
 Deltas = list[tuple[int, GenerationOutput]]  # (prompt index, its new rows) for every prompt that moved
@@ -38,10 +37,6 @@ class GPTBackend(Protocol):
 
     def shutdown(self) -> None:
         """Release threads and memory; the backend is unusable afterwards."""
-
-    @property
-    def engine(self) -> LLMEngine | None:
-        """The velocity engine, for callers that step it themselves (the server, Ray); None on the plain path."""
 
 
 def load_pretrained(
