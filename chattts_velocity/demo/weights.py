@@ -5,7 +5,6 @@ pipeline then makes finite, noise-like audio. `python -m chattts_velocity.demo D
 """
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 import math
@@ -271,22 +270,3 @@ def write_demo_assets(
     atomic_write(asset / DEMO_MARKER, lambda p: p.write_text(json.dumps(marker, indent=1), encoding="utf-8"))
     return AssetPaths.from_root(asset.parent)
 
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="Write random ChatTTS weights in the official format.")
-    parser.add_argument("dir", help="download root; files go to DIR/asset/...")
-    parser.add_argument("--tiny", action="store_true", help="tiny test sizes instead of the official ones")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--force", action="store_true", help="write even into a folder holding other files")
-    args = parser.parse_args(argv)
-    from chattts_velocity.demo import check_demo_target
-
-    try:
-        check_demo_target(args.dir, args.force)
-    except ValueError as exc:
-        raise SystemExit(f"error: {exc}") from None
-    print(f"demo assets written to {write_demo_assets(args.dir, seed=args.seed, tiny=args.tiny).root}")
-
-
-if __name__ == "__main__":
-    main()

@@ -85,15 +85,20 @@ def encode_spk_emb(x: torch.Tensor) -> str:
 
 def decode_spk_emb(s: str, field: str = "speaker") -> torch.Tensor:
     """Upstream speaker string -> float16 [D]. Malformed or oversized strings raise ValueError naming `field`."""
-    return torch.from_numpy(_speaker_values(s, field).copy())  # [D]
+    try:
+        values = _speaker_values(s)
+    except ValueError as exc:
+        raise ValueError(f"{field}: {str(exc).split(': ', 1)[-1]}") from None
+    return torch.from_numpy(values.copy())  # [D]
 
 
 @functools.lru_cache(maxsize=256)
-def _speaker_values(s: str, field: str) -> np.ndarray:
-    """A speaker string's values, decoded once per distinct string (read-only; callers copy)."""
-    _, raw = _unpack(s, field, _SPK_HINT, MAX_SPEAKER_CHARS, 2 * MAX_SPEAKER_VALUES)
+def _speaker_values(s: str) -> np.ndarray:
+    """A speaker string's values, decoded once per distinct string whatever field names it (read-only; callers
+    copy)."""
+    _, raw = _unpack(s, "speaker", _SPK_HINT, MAX_SPEAKER_CHARS, 2 * MAX_SPEAKER_VALUES)
     if not raw or len(raw) % 2:
-        raise ValueError(f"{field}: decoded to {len(raw)} bytes, not a float16 vector {_SPK_HINT}")
+        raise ValueError(f"speaker: decoded to {len(raw)} bytes, not a float16 vector {_SPK_HINT}")
     values = np.frombuffer(raw, dtype="<f2").astype(np.float16)
     values.flags.writeable = False
     return values

@@ -49,7 +49,7 @@ def _error(response, status: int, param: str | None) -> dict:
 
 def _spy(client: TestClient, monkeypatch) -> list[list[str]]:
     """The sentence pieces (as the model reads them) of every speech request."""
-    seen, pipeline = [], client.app.state.server.chat.pipeline
+    seen, pipeline = [], client.app.state.server.pipeline
     original = pipeline.code_requests
     monkeypatch.setattr(pipeline, "code_requests", lambda pieces, *a, **kw: seen.append(list(pieces.texts))
                         or original(pieces, *a, **kw))
