@@ -77,7 +77,9 @@ def _wire_style(c: Controls) -> None:
     levels = [c["oral"], c["laugh"], c["pause"]]
     for slider in levels:
         slider.change(refine_prompt, levels, c["refine_prompt"], queue=False)
-    c["refine"].change(lambda on: [gr.update(interactive=on)] * 3, c["refine"], levels, queue=False)
+    refine_inputs = [*levels, c["refine_beams"]]
+    c["refine"].change(lambda on: [gr.update(interactive=on)] * len(refine_inputs), c["refine"], refine_inputs,
+                       queue=False)
     c["stream"].change(lambda on: (gr.update(visible=on), gr.update(visible=not on)), c["stream"],
                        [c["generate_stream"], c["generate"]], queue=False)
 

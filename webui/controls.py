@@ -39,6 +39,7 @@ class Request:
     oral: float
     laugh: float
     pause: float  # the [break_N] level
+    refine_beams: float  # 1: the refine pass samples; 2..params.SHARED_MAX_BEAMS: beam search (the most likely text)
     text_seed: float
     audio_seed: float
     speed: float

@@ -19,6 +19,7 @@ import numpy as np
 from chattts_velocity import InferCodeParams, RefineTextParams
 from chattts_velocity.audio import SAMPLE_RATE, float_to_int16
 from chattts_velocity.audio.formats import available_formats
+from chattts_velocity.params import SHARED_MAX_BEAMS
 from chattts_velocity.schema import MAX_NEW_TOKEN
 from chattts_velocity.speech import SpeechPipeline, StreamOptions
 from chattts_velocity.text import decode_prompt
@@ -26,7 +27,16 @@ from chattts_velocity.text.speaker import VOICE_SEED_MAX
 from chattts_velocity.text.voices import PRESET_SEEDS
 
 from .clips import RunStats, read_clip
-from .controls import Request, batch_size, check_seed, preset_for_seed, refine_prompt, speed_prompt, write_download
+from .controls import (
+    Request,
+    batch_size,
+    check_seed,
+    preset_for_seed,
+    refine_prompt,
+    speed_prompt,
+    whole,
+    write_download,
+)
 from .worker import batches, outcome
 
 Update = tuple  # (live chunk, full audio, download file, spoken text, stats)
@@ -235,7 +245,8 @@ class Handlers:
         # Same sliders for both passes, as in the upstream web UI (users compare the two).
         params = RefineTextParams(prompt=refine_prompt(r.oral, r.laugh, r.pause), temperature=float(r.temperature),
                                   top_P=float(r.top_p), top_K=int(r.top_k),
-                                  manual_seed=check_seed(r.text_seed, "text seed"), show_tqdm=False)
+                                  manual_seed=check_seed(r.text_seed, "text seed"), show_tqdm=False,
+                                  beam_width=whole(r.refine_beams, "refine beams", 1, SHARED_MAX_BEAMS))
         with self._lock:
             pieces = self.pipeline.frontend.pieces(r.text, split=options["split"])
             refined = self.pipeline.refine(pieces, params, use_vllm=self.use_vllm, stop=options["stop"].is_set,

@@ -10,6 +10,7 @@ import gradio as gr
 
 from chattts_velocity.audio import SAMPLE_RATE
 from chattts_velocity.audio.formats import WAV, available_formats
+from chattts_velocity.params import SHARED_MAX_BEAMS
 from chattts_velocity.text.voices import PRESET_SEEDS
 
 from .controls import BATCH_SIZE, CUSTOM, DEFAULT_PRESET, LEVELS, refine_prompt
@@ -112,6 +113,9 @@ def style_controls() -> Controls:
             c["oral"] = gr.Slider(0, _ORAL[0], _ORAL[1], step=1, label="Oral", elem_id="oral")
             c["laugh"] = gr.Slider(0, _LAUGH[0], _LAUGH[1], step=1, label="Laugh", elem_id="laugh")
             c["pause"] = gr.Slider(0, _BREAK[0], _BREAK[1], step=1, label="Break", elem_id="break")
+        c["refine_beams"] = gr.Slider(1, SHARED_MAX_BEAMS, 1, step=1, label="Refine beams", elem_id="refine-beams",
+                                      info="1 samples the refined text (by the text seed); more searches that many "
+                                           "beams for the most likely one")
         c["refine_prompt"] = gr.Textbox(refine_prompt(_ORAL[1], _LAUGH[1], _BREAK[1]), label="Refine prompt",
                                         interactive=False, elem_id="refine-prompt")
         c["text_seed"], c["text_dice"] = _seed_row(42, "Text seed (refine)", "🎲 Random seed", "text-seed",

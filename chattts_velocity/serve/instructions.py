@@ -17,6 +17,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from ..params import SHARED_MAX_BEAMS as MAX_BEAMS
 from ..params import InferCodeParams, RefineTextParams
 from ..text.controls import CONTROL_LEVELS, control_token
 from ..text.ssml import is_ssml, parse_ssml
@@ -25,7 +26,6 @@ from .voices import speed_prompt
 
 SPEED_WORDS = {"very slow": 1, "slow": 3, "slower": 3, "normal": 5, "normal speed": 5, "fast": 7, "faster": 7,
                "very fast": 9}
-MAX_BEAMS = 8  # refine beams: each is one more sequence in the engine for the refine pass
 UNDERSTOOD = (f"speed 0-{CONTROL_LEVELS['speed']}", *SPEED_WORDS,
               *(f"{name} 0-{CONTROL_LEVELS[name]}" for name in ("oral", "laugh", "break")), "refine",
               f"refine beams 1-{MAX_BEAMS}", "no refine")

@@ -14,6 +14,7 @@ import torch
 pytest.importorskip("gradio")
 
 from chattts_velocity.audio.formats import available_formats  # noqa: E402 (after the importorskip above)
+from chattts_velocity.params import SHARED_MAX_BEAMS  # noqa: E402 (after the importorskip above)
 from chattts_velocity.schema import TextPieces  # noqa: E402 (after the importorskip above)
 from chattts_velocity.speech import TextFrontEnd  # noqa: E402 (after the importorskip above)
 from chattts_velocity.text import encode_spk_emb, sample_random_speaker, seed_context  # noqa: E402 (after the importorskip above)
@@ -73,7 +74,7 @@ class RecordingPipeline:
 
 def _request(**changes) -> list:
     values = dict(text="Hello there.", speaker="", clip_code="", transcript="", refine=True, oral=2, laugh=0,
-                  pause=6, text_seed=42, audio_seed=2, speed=5, temperature=0.3, top_p=0.7, top_k=20,
+                  pause=6, refine_beams=1, text_seed=42, audio_seed=2, speed=5, temperature=0.3, top_p=0.7, top_k=20,
                   split_text=True, batch_size=4, fmt="wav")
     values.update(changes)
     return list(Request(**values).__dict__.values())
@@ -121,17 +122,25 @@ def test_download_is_encoded_in_the_chosen_format(fmt: str, tmp_path: Path) -> N
 
 def test_generate_passes_every_control_to_the_pipeline() -> None:
     pipeline = RecordingPipeline()
-    audio, download, spoken, stats = _final(Handlers(pipeline), speed=8, oral=4, laugh=1, pause=3, split_text=False,
-                                            batch_size=7, fmt="flac")
+    audio, download, spoken, stats = _final(Handlers(pipeline), speed=8, oral=4, laugh=1, pause=3, refine_beams=3,
+                                            split_text=False, batch_size=7, fmt="flac")
     refine, code = pipeline.calls
     assert (refine["pass"], code["pass"]) == ("refine", "code")
-    assert refine["params"].prompt == "[oral_4][laugh_1][break_3]"
+    assert refine["params"].prompt == "[oral_4][laugh_1][break_3]" and refine["params"].beam_width == 3
     assert code["params"].prompt == "[speed_8]"
     assert spoken == "Hello there. [oral_4][laugh_1][break_3]" == code["text"]
     for call in pipeline.calls:
         assert (call["split"], call["max_batch"]) == (False, 7)
     assert audio[1].size == 2400 * 9 and stats.startswith("audio: 0.90 s")
     assert Path(download).suffix == ".flac" and Path(download).read_bytes()[:4] == b"fLaC"
+
+
+def test_refine_beams_out_of_range_are_a_toast_naming_them() -> None:
+    pipeline = RecordingPipeline()
+    for beams in (0, SHARED_MAX_BEAMS + 1, 1.5):
+        *_, stats = _final(Handlers(pipeline), refine_beams=beams)
+        assert stats.startswith("error: refine beams:"), stats
+    assert pipeline.calls == []
 
 
 def test_speed_changes_the_audio_and_refine_off_skips_the_pass() -> None:
