@@ -140,7 +140,7 @@ def test_decode_equals_the_eager_torch_path(dtype, options, name, tolerance, len
     backend, kv = _select(dtype, **options)
     assert backend.name == name
     # the attention of DecodeMetadata steps follows the backend: the C++ kernel in compiled bf16 steps
-    kernel_attends = name == "torch.compile" and dtype == "bfloat16" and kernels.isa() == "avx512"
+    kernel_attends = name == "torch.compile" and dtype == "bfloat16" and UNSUPPORTED is None
     expected_attention = kernel_decode_attention if kernel_attends else paged_decode_attention
     assert all(layer.self_attn.decode_attention is expected_attention for layer in backend.model.layers)
     tables = [list(range(b * 4, b * 4 + 4)) for b in range(len(lens))]  # 16 positions each
@@ -151,12 +151,12 @@ def test_decode_equals_the_eager_torch_path(dtype, options, name, tolerance, len
     eager = TorchBackend(backend.model, eager_kv)
     for step in range(3):  # later steps read K/V that earlier decode steps wrote
         positions = [n + step for n in lens]
-        trimmed = [t[: p // BLOCK + 1] for t, p in zip(tables, positions)]
+        trimmed = [t[: p // BLOCK + 1] for t, p in zip(tables, positions, strict=True)]
         x = torch.randn(len(lens), HIDDEN, generator=gen)
         got, expected = backend.decode(x, positions, trimmed), eager.decode(x, positions, trimmed)
         assert got.shape == expected.shape == (len(lens), HIDDEN)
         assert (got.float() - expected.float()).abs().max().item() <= tolerance * expected.abs().max().item()
-    for pools, eager_pools in zip(kv.pairs, eager_kv.pairs):  # the new K/V rows landed where eager put them
-        for pool, eager_pool in zip(pools, eager_pools):
+    for pools, eager_pools in zip(kv.pairs, eager_kv.pairs, strict=True):  # new K/V rows landed where eager put them
+        for pool, eager_pool in zip(pools, eager_pools, strict=True):
             pool, eager_pool = pool[:NUM_BLOCKS].float(), eager_pool[:NUM_BLOCKS].float()
             assert (pool - eager_pool).abs().max().item() <= 2**-7 * eager_pool.abs().max().item()

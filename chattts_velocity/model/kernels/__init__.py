@@ -68,6 +68,17 @@ def unsupported() -> str | None:
 _unsupported = unsupported
 
 
+def inductor_simdlen() -> int:
+    """The vector width in bits of the ISA inductor generates C++ for here, for torch.compile's cpp.simdlen option.
+    Inductor takes that ISA from ATEN_CPU_CAPABILITY (the AVX2-only benchmarks set it), but its on-disk graph cache
+    is not keyed on the variable: a graph generated for AVX2 (8 floats a vector) and reused in a process that
+    compiles it for AVX-512 (16) stores past its buffers (heap corruption), and the converse leaves outputs half
+    written. An explicit simdlen selects the same ISA and is part of the key."""
+    from torch._inductor import cpu_vec_isa
+
+    return int(cpu_vec_isa.pick_vec_isa().bit_width())
+
+
 def kernel_path() -> str:
     """What runs a bf16 / int8 / int4 projection here: "amx", "avx512", "avx2", "neon", or "torch"."""
     chosen = isa()
