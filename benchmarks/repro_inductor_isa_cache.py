@@ -5,9 +5,10 @@ Two processes share one fresh TORCHINDUCTOR_CACHE_DIR and compile the same graph
 rotate-half in fp32). The first, under ATEN_CPU_CAPABILITY=avx2, generates loops for 8-float vectors and caches the
 graph. The second, under avx512, hits that entry and compiles the same source for 16-float vectors: each
 VectorizedN<float, 2> store writes 32 floats where the loop expected 16, 64 bytes past the buffer's end, and glibc
-aborts ("double free or corruption (!prev)"). In the other order the AVX-2 process gets the AVX-512 loops and half of
-each output stays unwritten (NaN). With --simdlen both processes pass torch.compile the vector width they would pick
-anyway (cpp.simdlen, what CompiledTorchBackend does), which is part of the key, and both give eager's values.
+aborts ("double free or corruption (!prev)"). In the other order the AVX2 process gets the AVX-512 loops and half
+of each output is never written (NaN or garbage). With --simdlen both processes pass torch.compile the vector width
+they would pick anyway (cpp.simdlen, as CompiledTorchBackend does), which is part of the key: both give eager's
+values.
 
     python benchmarks/repro_inductor_isa_cache.py [--order avx2,avx512 | avx512,avx2] [--simdlen]
 

@@ -1,8 +1,8 @@
 """Compiled decode graphs stay correct when processes that emulate another vector ISA (ATEN_CPU_CAPABILITY, as the
 AVX2-only benchmarks set it) share inductor's on-disk cache. Inductor does not key that cache on the variable, so the
 compiled backend names the vector width itself (kernels.inductor_simdlen); without it, a graph generated for AVX2 and
-reused where its kernels compile for AVX-512 overruns its buffers (glibc aborts), and the converse returns NaN.
-benchmarks/repro_inductor_isa_cache.py shows the same with torch alone."""
+reused where its kernels compile for AVX-512 overruns its buffers (glibc aborts), and the converse returns unwritten
+values. benchmarks/repro_inductor_isa_cache.py shows the same with torch alone."""
 from __future__ import annotations
 
 import os
