@@ -152,8 +152,8 @@ def dispatch(actors: dict, shards: list[Shard], in_flight: int) -> Iterator[tupl
             shard = queue.popleft()
             running[actors[name].run.remote(shard)] = (name, shard)
 
-    for name in actors:
-        for _ in range(in_flight):
+    for _ in range(in_flight):  # one shard each first, so every actor starts at once
+        for name in actors:
             hand(name)
     while running:
         (ref,), _ = ray.wait(list(running), num_returns=1)
