@@ -352,6 +352,29 @@ def test_export_on_ray_writes_the_local_export_s_files_with_timestamps_and_loudn
     assert abs(measured + 20.0) <= 0.5 or np.abs(loud).max() >= PEAK_LIMIT - 1e-3  # normalised (or peak-limited)
 
 
+def test_export_cli_with_ray_timestamps_and_loudness_then_resume(ray_cluster: dict, tiny_assets: Path,
+                                                                  tmp_path: Path, capsys) -> None:
+    """`chattts-velocity export --ray --timestamps --loudness` on the session's cluster, run twice."""
+    from chattts_velocity import cli
+
+    lines = tmp_path / "lines.txt"
+    lines.write_text("".join(f"Spoken line {WORDS[n]}.\n" for n in range(6)))
+    args = ["export", str(lines), "-o", str(tmp_path / "out"), "--model", str(tiny_assets), "--no-verify",
+            "--dtype", "float32", "--seed", "3", "--max-new-token", "24", "--timestamps", "--loudness", "-20",
+            "--ray", "--actors", "2", "--batch-size", "2"]
+    cli.main(args)
+    first = capsys.readouterr().out
+    assert "ray: 2 actor(s) ran [2, 4] lines in 3 shard(s)" in first  # 2 shards queued on one actor, 1 on the other
+    assert first.rstrip().endswith("6/6 succeeded")
+    wavs = sorted((tmp_path / "out").glob("*.wav"))
+    assert len(wavs) == 6 and all(p.with_suffix(".timestamps.json").is_file() for p in wavs)
+    doc = json.loads((tmp_path / "out" / "manifest.json").read_text(encoding="utf-8"))
+    assert doc["params"]["loudness"] == -20.0 and [e["seed"] for e in doc["lines"]] == [3, 4, 5, 6, 7, 8]
+
+    cli.main(args)  # everything is on record with its sidecar: nothing to synthesise
+    assert "wrote 0, skipped 6 existing, 0 failed" in capsys.readouterr().out
+
+
 def test_export_shard_worker_reports_lines_and_survives_a_failing_step(tiny_assets: Path, tmp_path: Path) -> None:
     """The actor's class alone (no cluster): a bad line fails alone; a failing engine step fails its lines only."""
     lines = tmp_path / "lines.jsonl"
