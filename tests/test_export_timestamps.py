@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import wave
+from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
@@ -30,7 +31,7 @@ def test_infer_many_timestamps_cover_the_same_audio(chat: Chat) -> None:
     assert isinstance(spoken, Spoken) and np.array_equal(spoken.wav, plain)
     stamps = spoken.timestamps
     assert [s.text for s in stamps] == list(chat.split(TEXT).texts) and len(stamps) > 1
-    assert stamps[0].start == 0 and all(a.end == b.start for a, b in zip(stamps, stamps[1:], strict=False))
+    assert stamps[0].start == 0 and all(a.end == b.start for a, b in pairwise(stamps))
     assert stamps[-1].end == pytest.approx(len(plain) / SAMPLE_RATE)
 
 

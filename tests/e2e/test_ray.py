@@ -27,15 +27,15 @@ openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 pyloudnorm = pytest.importorskip("pyloudnorm")
 
-from chattts_velocity.audio.loudness import PEAK_LIMIT  # noqa: E402
-from chattts_velocity.cluster import load_worker_chat  # noqa: E402
-from chattts_velocity.export import plan_export, run_export, wav_seconds  # noqa: E402
-from chattts_velocity.export.ray import RayExportOptions, ShardWorker, run_export_ray  # noqa: E402
-from chattts_velocity.export.runner import LineResult, shards_of  # noqa: E402
-from chattts_velocity.params import InferCodeParams  # noqa: E402
-from chattts_velocity.serve import ServerConfig  # noqa: E402
-from chattts_velocity.speech import StreamOptions  # noqa: E402
-from chattts_velocity.text import sample_random_speaker  # noqa: E402
+from chattts_velocity.audio.loudness import PEAK_LIMIT  # noqa: E402 (after the importorskip above)
+from chattts_velocity.cluster import load_worker_chat  # noqa: E402 (after the importorskip above)
+from chattts_velocity.export import plan_export, run_export, wav_seconds  # noqa: E402 (after the importorskip above)
+from chattts_velocity.export.ray import RayExportOptions, ShardWorker, run_export_ray  # noqa: E402 (after the importorskip above)
+from chattts_velocity.export.runner import LineResult, shards_of  # noqa: E402 (after the importorskip above)
+from chattts_velocity.params import InferCodeParams  # noqa: E402 (after the importorskip above)
+from chattts_velocity.serve import ServerConfig  # noqa: E402 (after the importorskip above)
+from chattts_velocity.speech import StreamOptions  # noqa: E402 (after the importorskip above)
+from chattts_velocity.text import sample_random_speaker  # noqa: E402 (after the importorskip above)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 REPO = Path(__file__).resolve().parents[2]
