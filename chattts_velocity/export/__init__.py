@@ -6,7 +6,8 @@ it per shard on a Ray actor pool (needs the [ray] extra, imported only from ther
 """
 from chattts_velocity.export.manifest import MANIFEST, replace_atomically, wav_seconds
 from chattts_velocity.export.plan import FIELDS, ExportLine, ExportPlan, plan_export, read_input
-from chattts_velocity.export.run import CHUNK_SIZE, Log, export, run_export
+from chattts_velocity.export.run import CHUNK_SIZE, export, run_export
+from chattts_velocity.export.runner import Log
 
 __all__ = [
     "CHUNK_SIZE", "FIELDS", "MANIFEST", "ExportLine", "ExportPlan", "Log", "export",
