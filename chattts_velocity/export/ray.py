@@ -129,12 +129,20 @@ def start_actors(model_dir: str, count: int, options: RayExportOptions, load_kwa
               for _ in range(count)]
     try:
         names = ray.get([actor.name.remote() for actor in actors], timeout=options.start_timeout_s)
-    except ray.exceptions.GetTimeoutError:
+    except (ray.exceptions.GetTimeoutError, ray.exceptions.RayActorError) as exc:
         for actor in actors:
             ray.kill(actor)
+        if isinstance(exc, ray.exceptions.RayActorError):  # its constructor raised: Chat.load's own message
+            raise ValueError(f"model_dir: an actor could not load {model_dir}: {_cause(exc)}") from None
         raise ValueError(f"actors: {count} actor(s) of {options.cpus_per_actor} CPU and {options.gpus_per_actor} "
                          f"GPU did not start in {options.start_timeout_s} s; ask for fewer or smaller actors") from None
     return dict(zip(names, actors, strict=True))
+
+
+def _cause(exc: Exception) -> str:
+    """The last line of the error an actor died of (Ray wraps it in its own report)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[-1] if lines else type(exc).__name__
 
 
 def dispatch(actors: dict, shards: list[Shard], in_flight: int) -> Iterator[tuple[str, list[LineResult]]]:

@@ -375,6 +375,17 @@ def test_export_cli_with_ray_timestamps_and_loudness_then_resume(ray_cluster: di
     assert "wrote 0, skipped 6 existing, 0 failed" in capsys.readouterr().out
 
 
+def test_export_on_ray_from_a_folder_that_is_no_model_is_one_clear_error(ray_cluster: dict, tmp_path: Path) -> None:
+    lines = tmp_path / "lines.txt"
+    lines.write_text("Hello.\n")
+    (tmp_path / "empty").mkdir()
+    plan = plan_export(lines, tmp_path / "out", seed=1)
+    with pytest.raises(ValueError, match="model_dir: an actor could not load"):
+        run_export_ray(tmp_path / "empty", plan, InferCodeParams(max_new_token=8, show_tqdm=False),
+                       RayExportOptions(actors=1), progress=False, log=lambda m: None, **LOAD)
+    assert plan.lines[0].status == "error" and "no result" in plan.lines[0].error  # on record, to run again
+
+
 def test_export_shard_worker_reports_lines_and_survives_a_failing_step(tiny_assets: Path, tmp_path: Path) -> None:
     """The actor's class alone (no cluster): a bad line fails alone; a failing engine step fails its lines only."""
     lines = tmp_path / "lines.jsonl"
