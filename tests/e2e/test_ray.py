@@ -31,7 +31,7 @@ from chattts_velocity.audio.loudness import PEAK_LIMIT  # noqa: E402 (after the 
 from chattts_velocity.cluster import load_worker_chat  # noqa: E402 (after the importorskip above)
 from chattts_velocity.export import plan_export, run_export, wav_seconds  # noqa: E402 (after the importorskip above)
 from chattts_velocity.export.ray import RayExportOptions, ShardWorker, run_export_ray  # noqa: E402 (after the importorskip above)
-from chattts_velocity.export.runner import LineResult, shards_of  # noqa: E402 (after the importorskip above)
+from chattts_velocity.export.runner import LineJob, LineResult, Shard, shards_of  # noqa: E402 (after the importorskip above)
 from chattts_velocity.params import InferCodeParams  # noqa: E402 (after the importorskip above)
 from chattts_velocity.serve import ServerConfig  # noqa: E402 (after the importorskip above)
 from chattts_velocity.speech import StreamOptions  # noqa: E402 (after the importorskip above)
@@ -384,6 +384,24 @@ def test_export_on_ray_from_a_folder_that_is_no_model_is_one_clear_error(ray_clu
         run_export_ray(tmp_path / "empty", plan, InferCodeParams(max_new_token=8, show_tqdm=False),
                        RayExportOptions(actors=1), progress=False, log=lambda m: None, **LOAD)
     assert plan.lines[0].status == "error" and "no result" in plan.lines[0].error  # on record, to run again
+
+
+def test_export_dispatch_reports_a_lost_actor_s_shard_and_hands_it_no_more(ray_cluster: dict) -> None:
+    from chattts_velocity.export.ray import dispatch
+
+    @ray.remote(num_cpus=0.25)
+    class Worker:  # an actor process that dies on the line "die"
+        def run(self, shard: Shard) -> list[LineResult]:
+            if any(job.text == "die" for job in shard.jobs):
+                os._exit(1)
+            return [LineResult(job.key, seconds=1.0) for job in shard.jobs]
+
+    shards = [Shard([LineJob(key, text, InferCodeParams())]) for key, text in enumerate(["a", "die", "b", "c"])]
+    got = {result.key: (name, result.error) for name, results in dispatch({"one": Worker.remote(),
+                                                                           "two": Worker.remote()}, shards, 1)
+           for result in results}
+    assert got[0] == ("one", None) and got[2] == ("one", None) and got[3] == ("one", None)
+    assert got[1][0] == "two" and "the Ray task failed (ActorDiedError" in got[1][1]
 
 
 def test_export_shard_worker_reports_lines_and_survives_a_failing_step(tiny_assets: Path, tmp_path: Path) -> None:
