@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 pytest.importorskip("fastapi")
 from chattts_velocity.serve import ray_serve  # noqa: E402 -- imports no ray
@@ -35,7 +36,7 @@ from chattts_velocity.export.runner import LineJob, LineResult, Shard, shards_of
 from chattts_velocity.params import InferCodeParams  # noqa: E402 (after the importorskip above)
 from chattts_velocity.serve import ServerConfig  # noqa: E402 (after the importorskip above)
 from chattts_velocity.speech import StreamOptions  # noqa: E402 (after the importorskip above)
-from chattts_velocity.text import sample_random_speaker  # noqa: E402 (after the importorskip above)
+from chattts_velocity.text import VoiceLibrary, encode_prompt, sample_random_speaker  # noqa: E402 (after the importorskip above)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 REPO = Path(__file__).resolve().parents[2]
@@ -350,6 +351,27 @@ def test_export_on_ray_writes_the_local_export_s_files_with_timestamps_and_loudn
     loud = parse_wav((tmp_path / "ray" / "00001.wav").read_bytes()).astype(np.float64) / 32768
     measured = pyloudnorm.Meter(24000).integrated_loudness(loud)
     assert abs(measured + 20.0) <= 0.5 or np.abs(loud).max() >= PEAK_LIMIT - 1e-3  # normalised (or peak-limited)
+
+
+def test_export_on_ray_speaks_saved_voices_and_cloned_clips_as_the_local_export_does(
+        ray_cluster: dict, tiny_assets: Path, tmp_path: Path) -> None:
+    library = VoiceLibrary(tmp_path / "voices")
+    library.save("Anna", speaker=sample_random_speaker(64))  # the tiny model's width
+    library.save("Clip", clip_code=encode_prompt(torch.randint(0, 100, (4, 12))), transcript="some words")
+    lines = tmp_path / "lines.jsonl"
+    lines.write_text("".join(json.dumps({"text": f"Voice line {WORDS[n]}.", "voice": ("Anna", "Clip")[n % 2]}) + "\n"
+                             for n in range(4)))
+    params = InferCodeParams(max_new_token=8, min_new_token=8, show_tqdm=False)
+    chat = load_worker_chat(str(tiny_assets), **LOAD)
+    local = run_export(chat, plan_export(lines, tmp_path / "local", seed=2, params=params, voices=library), params,
+                       2, progress=False, log=lambda m: None)
+    remote = run_export_ray(tiny_assets, plan_export(lines, tmp_path / "ray", seed=2, params=params, voices=library),
+                            params, RayExportOptions(actors=2, cpus_per_actor=0.5, batch_size=2), progress=False,
+                            log=lambda m: None, **LOAD)
+    assert remote.count("ok") == local.count("ok") == 4 and remote.clip_params(remote.lines[1])
+    for line in remote.lines:
+        assert (tmp_path / "ray" / line.output).read_bytes() == (tmp_path / "local" / line.output).read_bytes()
+    assert [line.request for line in remote.lines] == [line.request for line in local.lines]  # voices in the hash
 
 
 def test_export_cli_with_ray_timestamps_and_loudness_then_resume(ray_cluster: dict, tiny_assets: Path,
