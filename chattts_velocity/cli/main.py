@@ -89,9 +89,6 @@ def cmd_export(args: argparse.Namespace) -> None:
                        voice=args.voice, voices=VoiceLibrary(args.voices) if args.voices else None,
                        loudness=args.loudness, timestamps=args.timestamps)
     signal.signal(signal.SIGTERM, _interrupt)  # a kill ends like Ctrl-C: finished lines stay on record
-    for flag, given in (("--timestamps", args.timestamps), ("--loudness", args.loudness is not None)):
-        if args.ray and given:
-            raise SystemExit(f"{flag}: not available with --ray yet; run the export on this machine")
     if args.ray:
         _export_with_ray(args, plan, params)
     else:
@@ -102,28 +99,34 @@ def cmd_export(args: argparse.Namespace) -> None:
 
 
 def _export_with_ray(args: argparse.Namespace, plan, params) -> None:
+    from ..cluster import init_ray  # imports no ray: init_ray sets the loopback env first
     from ..export import ray as ray_export
-    from ..serve import ray_serve  # imports no ray: init_ray sets the loopback env first
 
     root, verify = model_folder(args)
-    if any(plan.clip_params(line) for line in plan.todo):
-        raise ValueError("voice: cloned voices (a clip, no speaker string) run on this machine only; drop --ray")
-    if plan.todo:
-        ray_serve.init_ray(args.ray_address, log_to_driver=True)
     options = ray_export.RayExportOptions(actors=args.actors, cpus_per_actor=args.cpus_per_actor,
                                           gpus_per_actor=args.gpus_per_actor, batch_size=args.batch_size)
+    if plan.todo:
+        init_ray(args.ray_address, log_to_driver=True)
     ray_export.run_export_ray(root, plan, params, options, verify=verify, dtype=resolve_dtype(args),
                               **engine_options(args))
 
 
 def _add_export_ray_flags(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("Ray Data (needs the [ray] extra)")
-    g.add_argument("--ray", action="store_true", help="synthesise on a Ray actor pool; this process writes the files")
+    from ..export.ray import RayExportOptions
+
+    default = RayExportOptions()
+    g = p.add_argument_group("Ray (needs the [ray] extra)")
+    g.add_argument("--ray", action="store_true",
+                   help="synthesise on a pool of Ray actors, the same files as without; this process writes them")
     g.add_argument("--ray-address", default=None, help="join this Ray cluster; default: a private loopback cluster")
-    g.add_argument("--actors", type=int, default=2, help="engines synthesising at once, one per actor (default 2)")
-    g.add_argument("--cpus-per-actor", type=float, default=0.5, help="keep actors x this below the cluster's CPUs")
-    g.add_argument("--gpus-per-actor", type=float, default=0.0, help="GPUs Ray reserves per actor (default 0)")
-    g.add_argument("--batch-size", type=int, default=16, help="lines handed to an actor at a time (default 16)")
+    g.add_argument("--actors", type=int, default=default.actors,
+                   help="engines synthesising at once, one per actor (default %(default)s)")
+    g.add_argument("--cpus-per-actor", type=float, default=default.cpus_per_actor,
+                   help="keep actors x this below the cluster's CPUs (default %(default)s)")
+    g.add_argument("--gpus-per-actor", type=float, default=default.gpus_per_actor,
+                   help="GPUs Ray reserves per actor (default %(default)s)")
+    g.add_argument("--batch-size", type=int, default=default.batch_size,
+                   help="lines an actor synthesises together, one shard (default %(default)s)")
 
 
 def bench_module():

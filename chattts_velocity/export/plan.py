@@ -19,7 +19,6 @@ from ..schema import check_sampling
 from ..text import decode_spk_emb
 from ..text.voices import VoiceLibrary, voice_params
 from .lock import lock_folder
-from .names import output_name
 from .manifest import (
     MANIFEST,
     append_journal,
@@ -31,6 +30,7 @@ from .manifest import (
     wav_seconds,
     write_record,
 )
+from .names import output_name
 
 FIELDS = ("text", "id", "speaker", "voice", "seed", "output")
 EMPTY = "empty line"
@@ -60,10 +60,10 @@ class ExportPlan:
     input: str
     out_dir: Path
     lines: list[ExportLine] = field(repr=False)  # every input line, empty ones included
-    speaker_widths: dict[str, int] = field(default_factory=dict, repr=False)  # speaker string -> its width
+    speakers: set[str] = field(default_factory=set, repr=False)  # speaker strings checked to decode
     meta: dict = field(default_factory=dict)  # the run's model, precision, sampling parameters and times
     voice_clips: dict[str, dict] = field(default_factory=dict, repr=False)  # voice name -> {spk_smp, txt_smp}
-    timestamps: bool = False  # also write each WAV's sentence spans to <output>.timestamps.json (not kept in the manifest)
+    timestamps: bool = False  # also write each WAV's spans to <output>.timestamps.json (not kept in the manifest)
     release: Callable[[], None] = field(default=lambda: None, repr=False)  # drops the output folder's lock
 
     @property
@@ -136,19 +136,19 @@ def plan_export(input_path: str | Path, out_dir: str | Path, seed: int | None = 
     locked first (export/lock.py): an unwritable folder or another export into it is a ValueError before any work.
     Bad lines get status "error"; a bad argument raises ValueError.
     """
-    widths: dict[str, int] = {}
+    speakers: set[str] = set()
     if speaker is not None and voice is not None:
         raise ValueError("voice: given with a speaker; choose one default for the lines")
     if seed is not None:
         _check_seed(seed, "seed")
     if speaker is not None:
-        _speaker_width(speaker, widths)
+        _check_speaker(speaker, speakers)
     record = params_record(params or InferCodeParams())
     if loudness is not None:
         record["loudness"] = check_loudness(loudness)
     rows, jsonl = read_input(input_path)
     release = lock_folder(Path(out_dir))
-    plan = ExportPlan(str(input_path), Path(out_dir), [], widths, {"params": record}, timestamps=timestamps,
+    plan = ExportPlan(str(input_path), Path(out_dir), [], speakers, {"params": record}, timestamps=timestamps,
                       release=release)
     plan.lines = [_parse(n, raw, jsonl, speaker, plan) for n, raw in rows]
     resolve_voices(plan, voice, voices)
@@ -167,14 +167,14 @@ def _parse(number: int, raw: str, jsonl: bool, speaker: str | None, plan: Export
     line = ExportLine(number, raw.strip(), speaker=speaker)
     try:
         if jsonl:
-            _fill_from_json(line, raw, plan.speaker_widths)
+            _fill_from_json(line, raw, plan.speakers)
         line.output = output_name(line.output, line.id, line.line, plan.out_dir)
     except ValueError as exc:
         line.status, line.error = "error", str(exc)
     return line
 
 
-def _fill_from_json(line: ExportLine, raw: str, widths: dict[str, int]) -> None:
+def _fill_from_json(line: ExportLine, raw: str, speakers: set[str]) -> None:
     try:
         obj = json.loads(raw)
     except json.JSONDecodeError as exc:
@@ -195,7 +195,7 @@ def _fill_from_json(line: ExportLine, raw: str, widths: dict[str, int]) -> None:
         line.seed = _check_seed(obj["seed"], "seed")
     if obj.get("speaker") is not None:
         line.speaker = obj["speaker"]
-        _speaker_width(line.speaker, widths)
+        _check_speaker(line.speaker, speakers)
     if obj.get("voice") is not None:
         line.voice = obj["voice"]
         if obj.get("speaker") is not None:
@@ -207,12 +207,14 @@ def _check_seed(value: object, name: str) -> int:
     return value
 
 
-def _speaker_width(speaker: object, widths: dict[str, int]) -> None:
-    """Decode once per distinct string to validate it; run_export checks the width against the model."""
+def _check_speaker(speaker: object, checked: set[str]) -> None:
+    """Decode once per distinct string to validate it before the model loads; whether its width fits the model is
+    the model's check (a line whose speaker does not fit fails alone, when it runs)."""
     if not isinstance(speaker, str):
         raise ValueError(f"speaker: must be a speaker string from sample_random_speaker(), got {speaker!r}")
-    if speaker not in widths:
-        widths[speaker] = decode_spk_emb(speaker).numel()
+    if speaker not in checked:
+        decode_spk_emb(speaker)
+        checked.add(speaker)
 
 
 def resolve_voices(plan: ExportPlan, default: str | None, voices: VoiceLibrary | None) -> None:
@@ -233,7 +235,7 @@ def resolve_voices(plan: ExportPlan, default: str | None, voices: VoiceLibrary |
             continue
         line.voice, line.speaker = line.voice.strip(), found["spk_emb"]
         if found["spk_emb"] is not None:
-            _speaker_width(found["spk_emb"], plan.speaker_widths)
+            _check_speaker(found["spk_emb"], plan.speakers)
         if found["spk_smp"] is not None:
             plan.voice_clips[line.voice] = {"spk_smp": found["spk_smp"], "txt_smp": found["txt_smp"]}
 

@@ -1,95 +1,70 @@
-"""Batch export on Ray Data: an ExportPlan's pending lines -> an actor pool (one engine per actor) -> WAV bytes.
+"""Batch export on Ray: an ExportPlan's pending lines, in shards, through the one runner on a pool of actors.
 
-In: export.plan_export's plan and a model folder. Out: the same plan, statuses filled in; the driver writes every
-WAV (atomically) and manifest.json, so actors may run on any node. Resuming works as for the local export.
+Each actor loads its own Chat from the model folder and runs export.runner.run_shard on the shards it is handed;
+the driver stores every returned line (export.run.store: the WAV, its sidecar, digest, journal) and writes
+manifest.json, so the output is the same as a local export's and actors may run on any node. Needs the [ray]
+extra; `ray` is imported inside functions so init_ray() can set the loopback environment first.
 """
 from __future__ import annotations
 
-import asyncio
-import dataclasses
-import math
 import os
 import socket
-from collections.abc import AsyncIterator
+from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from tqdm import tqdm
 
-from ..audio.encode import wav_bytes
-from ..audio.wav import SAMPLE_RATE
-from ..engine.async_engine import AsyncLLMEngine
+from ..cluster import init_ray, load_worker_chat
 from ..engine.progress import progress_bar
 from ..params import InferCodeParams
-from ..serve.ray_serve import init_ray, load_worker_chat
-from ..speech.service import SpeechService
-from .plan import ExportLine, ExportPlan
-from .manifest import file_digest, now, replace_atomically
-from .run import Log, report_done, report_plan
-
-NO_AUDIO = "the model produced no audio (it stopped at the first step); try another seed"
+from .manifest import now
+from .plan import ExportPlan
+from .run import report_done, report_plan, store
+from .runner import LineResult, Log, Shard, run_shard, shards_of
 
 
 @dataclass
 class RayExportOptions:
-    """The actor pool. The engine sees up to actors x batches_in_flight x 4 x batch_size rows at once
-    (Ray Data also runs 4 batches of one task concurrently in an async UDF)."""
+    """The actor pool: `actors` engines, each handed up to `batches_in_flight` shards of `batch_size` lines."""
 
     actors: int = 2
-    cpus_per_actor: float = 0.5  # keep actors x cpus below the cluster's CPUs, or Ray Data stalls (ray#44687)
+    cpus_per_actor: float = 0.5  # keep actors x cpus below the cluster's CPUs, or the actors wait forever
     gpus_per_actor: float = 0.0
-    batch_size: int = 16
-    batches_in_flight: int = 4  # concurrent UDF calls per actor, all feeding the one engine
-    manifest_every: int = 64  # rows written between manifest rewrites
-    start_timeout_s: int = 600  # wait for every actor to load before dispatching, so the first one ready
-    #                             does not take all the work; raises if the cluster cannot place them
+    batch_size: int = 64  # lines per shard: one infer_many call, so the engine batches them all (max_num_seqs)
+    batches_in_flight: int = 2  # shards queued per actor, so it starts the next as soon as one returns
+    manifest_every: int = 64  # lines stored between manifest rewrites
+    start_timeout_s: int = 600  # every actor must have loaded its model by then; raises if the cluster cannot
+    #                             place them (too few CPUs or GPUs)
 
     def __post_init__(self) -> None:
         for name in ("actors", "batch_size", "batches_in_flight", "manifest_every", "start_timeout_s"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)!r}")
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}: must be an integer >= 1, got {value!r}")
         if self.cpus_per_actor < 0 or self.gpus_per_actor < 0:
             raise ValueError("cpus_per_actor / gpus_per_actor: must be >= 0")
 
+    def shard_size(self, lines: int) -> int:
+        """Lines per shard for a job of `lines`: batch_size, or fewer so that every actor gets a shard."""
+        return max(1, min(self.batch_size, lines // self.actors))
 
-class Synthesizer:
-    """Ray Data UDF, one per actor: a Chat and its AsyncLLMEngine; every row of every batch in flight joins
-    the engine's running batch. A row's failure becomes its status/error, never the block's."""
 
-    def __init__(self, model_dir: str, params: InferCodeParams, load_kwargs: dict[str, Any]) -> None:
-        self.model_dir, self.params, self.load_kwargs = model_dir, params, load_kwargs
-        self._start()
+class ShardWorker:
+    """One actor: a Chat loaded from the model folder, running the export's runner on each shard it is handed."""
 
-    def _start(self) -> None:
-        chat = load_worker_chat(self.model_dir, **self.load_kwargs)
-        self.engine = AsyncLLMEngine(chat.engine())
-        self.service = SpeechService(chat.pipeline, self.engine)
-        self.engine.start()
+    def __init__(self, model_dir: str, load_kwargs: dict[str, Any]) -> None:
+        self.chat = load_worker_chat(model_dir, **load_kwargs)
 
-    async def __call__(self, batch: dict[str, np.ndarray]) -> AsyncIterator[dict[str, list]]:
-        engine = self.engine
-        rows = await asyncio.gather(*(self._row(str(text), int(seed), str(speaker)) for text, seed, speaker
-                                      in zip(batch["text"], batch["seed"], batch["speaker"], strict=True)))
-        if engine is self.engine and not engine.is_running:
-            # The loop died (its rows carry the error); a fresh engine serves the next batches.
-            self.service.shutdown()
-            self._start()
-        worker, peak = f"{socket.gethostname()}/{os.getpid()}", engine.stats.max_batch_size
-        yield {"key": list(batch["key"]), "wav": [r[0] for r in rows], "samples": [r[1] for r in rows],
-               "status": [r[2] for r in rows], "error": [r[3] for r in rows],
-               "worker": [worker] * len(rows), "engine_peak": [peak] * len(rows)}
+    def name(self) -> str:
+        return f"{socket.gethostname()}/{os.getpid()}"
 
-    async def _row(self, text: str, seed: int, speaker: str) -> tuple[bytes, int, str, str]:
-        params = dataclasses.replace(self.params, spk_emb=speaker or None, manual_seed=seed)
-        try:
-            wav = await self.service.synthesize(text, params)
-        except Exception as exc:  # noqa: BLE001 -- reported in the row; the block goes on
-            return b"", 0, "error", f"synthesis failed: {type(exc).__name__}: {exc}"
-        if len(wav) == 0:
-            return b"", 0, "error", NO_AUDIO
-        return wav_bytes(wav), len(wav), "ok", ""
+    def run(self, shard: Shard) -> list[LineResult]:
+        results: list[LineResult] = []
+        run_shard(self.chat, shard, results.append, print)
+        return results
 
 
 def run_export_ray(model_dir: str | Path, plan: ExportPlan, params: InferCodeParams | None = None,
@@ -103,82 +78,100 @@ def run_export_ray(model_dir: str | Path, plan: ExportPlan, params: InferCodePar
     """
     params = params or InferCodeParams(show_tqdm=False)
     options = options or RayExportOptions()
+    model_dir = str(Path(model_dir).resolve())
     report_plan(plan, log)
-    plan.meta.update(model=str(Path(model_dir).resolve()), precision=load_kwargs.get("dtype", "float32"), started=now())
-    keys = [k for k, line in enumerate(plan.lines) if line.status == "pending"]
+    plan.meta.update(model=model_dir, precision=load_kwargs.get("dtype", "float32"), started=now())
+    shards = shards_of(plan, params, options.shard_size(len(plan.todo)))
     try:
-        if keys:
-            dataset = export_dataset(str(Path(model_dir).resolve()), plan, keys, params, options, load_kwargs)
-            _collect(plan, dataset, len(keys), options.manifest_every, progress, log)
+        if shards:
+            _run_on_actors(model_dir, plan, shards, options, load_kwargs, progress, log)
     finally:
-        for line in plan.todo:  # never silently lost: Ray returned no row for it (job stopped early)
-            line.status, line.error = "error", "no result: the Ray job stopped before this line ran; run again"
+        for line in plan.todo:  # never silently lost: no result came back for it (the run stopped early)
+            line.status, line.error = "error", "no result: the Ray run stopped before this line ran; run again"
         plan.save()
         plan.release()
     report_done(plan, log)
     return plan
 
 
-def export_dataset(model_dir: str, plan: ExportPlan, keys: list[int], params: InferCodeParams,
-                   options: RayExportOptions, load_kwargs: dict[str, Any]):
-    """The lazy Dataset: one row per pending line (key = index in plan.lines) -> key, wav, samples, status, error."""
-    init_ray()  # a no-op on a connected driver; never let Ray Data auto-start a cluster on the network address
+def _run_on_actors(model_dir: str, plan: ExportPlan, shards: list[Shard], options: RayExportOptions,
+                   load_kwargs: dict[str, Any], progress: bool, log: Log) -> None:
+    init_ray()  # a no-op on a connected driver; never let Ray auto-start a cluster on the network address
     import ray
 
-    rows = [{"key": k, "text": plan.lines[k].text, "seed": plan.lines[k].seed, "speaker": plan.lines[k].speaker or ""}
-            for k in keys]
-    batch_size, blocks = spread(len(rows), options)
-    dataset = ray.data.from_items(rows, override_num_blocks=blocks)
-    pool = ray.data.ActorPoolStrategy(size=min(options.actors, blocks),
-                                      max_tasks_in_flight_per_actor=options.batches_in_flight,
-                                      max_concurrent_calls_per_actor=options.batches_in_flight)
-    gpus = {"num_gpus": options.gpus_per_actor} if options.gpus_per_actor else {}
-    dataset.context.wait_for_min_actors_s = options.start_timeout_s
-    return dataset.map_batches(Synthesizer, fn_constructor_args=(model_dir, params, load_kwargs),
-                               batch_size=batch_size, batch_format="numpy", compute=pool,
-                               num_cpus=options.cpus_per_actor, **gpus)
-
-
-def spread(num_rows: int, options: RayExportOptions) -> tuple[int, int]:
-    """(batch size, blocks) for num_rows lines: at least actors x batches_in_flight blocks, so every actor gets work.
-
-    Ray Data bundles blocks until a bundle holds batch_size rows, and a bundle is one task on one actor: 30 lines
-    in 2 blocks of 15 with batch_size 16 made one task, so one actor ran them all while the other idled. A batch of
-    at most num_rows / (actors x batches_in_flight) rows keeps every actor's batches in flight busy.
-    """
-    slots = options.actors * options.batches_in_flight
-    batch_size = max(1, min(options.batch_size, math.ceil(num_rows / slots)))
-    return batch_size, math.ceil(num_rows / batch_size)
-
-
-def _collect(plan: ExportPlan, dataset, total: int, manifest_every: int, progress: bool, log: Log) -> None:
-    workers: dict[str, int] = {}
-    peak = 0
-    with progress_bar(total, "export (ray)", "line", enabled=progress, leave=True) as bar:
-        for n, row in enumerate(dataset.iter_rows(), start=1):
-            store_row(plan, plan.lines[int(row["key"])], row, log)
-            workers[row["worker"]] = workers.get(row["worker"], 0) + 1
-            peak = max(peak, int(row["engine_peak"]))
-            bar.update(1)
-            if n % manifest_every == 0:
-                plan.save()
-    log(f"ray: {len(workers)} actor(s) ran {sorted(workers.values())} lines; engine batches reached {peak} sequences")
-
-
-def store_row(plan: ExportPlan, line: ExportLine, row: dict[str, Any], log: Log) -> None:
-    """Write one returned row's WAV (atomically) and record its status on the line."""
-    if row["status"] != "ok":
-        line.status, line.error = "error", str(row["error"])
-        log(f"line {line.line}: {line.error}")
-        return
-    data = bytes(row["wav"])
+    actors = start_actors(model_dir, min(options.actors, len(shards)), options, load_kwargs)
+    lines = {name: 0 for name in actors}
+    stored = 0
     try:
-        replace_atomically(plan.out_dir / line.output, lambda tmp: tmp.write_bytes(data))
-    except OSError as exc:  # a full disk or a blocked path fails this line only
-        line.status, line.error = "error", f"could not write {line.output}: {exc}"
-        log(f"line {line.line}: {line.error}")
-        return
-    line.status, line.error = "ok", None
-    line.duration = round(int(row["samples"]) / SAMPLE_RATE, 3)
-    line.audio = file_digest(plan.out_dir / line.output)
-    plan.journal(line)
+        with progress_bar(len(plan.todo), "export (ray)", "line", enabled=progress, leave=True) as bar:
+            for name, results in dispatch(actors, shards, options.batches_in_flight):
+                for result in results:
+                    store(plan, result, log)
+                    bar.update(1)
+                lines[name] += len(results)
+                if stored // options.manifest_every != (stored + len(results)) // options.manifest_every:
+                    plan.save()
+                stored += len(results)
+    finally:
+        for actor in actors.values():
+            ray.kill(actor)
+    log(f"ray: {len(actors)} actor(s) ran {sorted(lines.values())} lines in {len(shards)} shard(s)")
+
+
+def start_actors(model_dir: str, count: int, options: RayExportOptions, load_kwargs: dict[str, Any]) -> dict:
+    """name -> actor handle, once every actor has loaded its model (ValueError if they cannot be placed in time)."""
+    import ray
+
+    gpus = {"num_gpus": options.gpus_per_actor} if options.gpus_per_actor else {}
+    # A dead actor process is restarted (loading the model again) and its shard run again.
+    worker = ray.remote(max_restarts=1, max_task_retries=1)(ShardWorker)
+    actors = [worker.options(num_cpus=options.cpus_per_actor, **gpus).remote(model_dir, load_kwargs)
+              for _ in range(count)]
+    try:
+        names = ray.get([actor.name.remote() for actor in actors], timeout=options.start_timeout_s)
+    except (ray.exceptions.GetTimeoutError, ray.exceptions.RayActorError) as exc:
+        for actor in actors:
+            ray.kill(actor)
+        if isinstance(exc, ray.exceptions.RayActorError):  # its constructor raised: Chat.load's own message
+            raise ValueError(f"model_dir: an actor could not load {model_dir}: {_cause(exc)}") from None
+        raise ValueError(f"actors: {count} actor(s) of {options.cpus_per_actor} CPU and {options.gpus_per_actor} "
+                         f"GPU did not start in {options.start_timeout_s} s; ask for fewer or smaller actors") from None
+    return dict(zip(names, actors, strict=True))
+
+
+def _cause(exc: Exception) -> str:
+    """The last line of the error an actor died of (Ray wraps it in its own report)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[-1] if lines else type(exc).__name__
+
+
+def dispatch(actors: dict, shards: list[Shard], in_flight: int) -> Iterator[tuple[str, list[LineResult]]]:
+    """(actor name, its results) per shard as shards finish; each actor holds up to `in_flight` shards at once.
+
+    A shard whose actor failed for good comes back as an error on each of its lines, and that actor gets no more;
+    shards no actor is left to run are not yielded (the caller finds their lines still pending).
+    """
+    import ray
+
+    queue, running, lost = deque(shards), {}, set()
+
+    def hand(name: str) -> None:
+        if queue and name not in lost:
+            shard = queue.popleft()
+            running[actors[name].run.remote(shard)] = (name, shard)
+
+    for _ in range(in_flight):  # one shard each first, so every actor starts at once
+        for name in actors:
+            hand(name)
+    while running:
+        (ref,), _ = ray.wait(list(running), num_returns=1)
+        name, shard = running.pop(ref)
+        try:
+            results = ray.get(ref)
+        except ray.exceptions.RayError as exc:
+            if isinstance(exc, ray.exceptions.RayActorError):
+                lost.add(name)
+            reason = f"synthesis failed: the Ray task failed ({type(exc).__name__}: {exc}); run again"
+            results = [LineResult(job.key, error=reason) for job in shard.jobs]
+        yield name, results
+        hand(name)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 pytest.importorskip("fastapi")
 from chattts_velocity.serve import ray_serve  # noqa: E402 -- imports no ray
@@ -25,14 +26,18 @@ for _key, _value in ray_serve.LOOPBACK_ENV.items():  # before the first `import 
 ray = pytest.importorskip("ray")
 openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
+pyloudnorm = pytest.importorskip("pyloudnorm")
 
-from chattts_velocity.export import plan_export, wav_seconds  # noqa: E402 (after the importorskip above)
-from chattts_velocity.export.ray import RayExportOptions, run_export_ray  # noqa: E402 (after the importorskip above)
+from chattts_velocity.audio.loudness import PEAK_LIMIT  # noqa: E402 (after the importorskip above)
+from chattts_velocity.cluster import load_worker_chat  # noqa: E402 (after the importorskip above)
+from chattts_velocity.export import plan_export, run_export, wav_seconds  # noqa: E402 (after the importorskip above)
+from chattts_velocity.export.ray import RayExportOptions, ShardWorker, run_export_ray  # noqa: E402 (after the importorskip above)
+from chattts_velocity.export.runner import LineJob, LineResult, Shard, shards_of  # noqa: E402 (after the importorskip above)
 from chattts_velocity.params import InferCodeParams  # noqa: E402 (after the importorskip above)
 from chattts_velocity.serve import ServerConfig  # noqa: E402 (after the importorskip above)
 from chattts_velocity.serve.metrics import ENGINE_METRICS, SPEECH_METRICS  # noqa: E402 (after the importorskip above)
 from chattts_velocity.speech import StreamOptions  # noqa: E402 (after the importorskip above)
-from chattts_velocity.text import sample_random_speaker  # noqa: E402 (after the importorskip above)
+from chattts_velocity.text import VoiceLibrary, encode_prompt, sample_random_speaker  # noqa: E402 (after the importorskip above)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 REPO = Path(__file__).resolve().parents[2]
@@ -240,7 +245,7 @@ def test_serve_config_example_is_valid_and_loopback(ray_cluster: dict, tiny_asse
     assert load_kwargs["dtype"] == app.args["dtype"] and load_kwargs["kv_cache_memory"] > 0
 
 
-# ---- Ray Data export -----------------------------------------------------------------------------------
+# ---- the export on Ray actors ----------------------------------------------------------------------------
 BAD = (17, 123)  # 1-based lines whose speaker string has the wrong width for the tiny model
 WORDS = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet")
 
@@ -259,7 +264,7 @@ def test_data_export_200_lines_two_bad_then_resume(ray_cluster: dict, tiny_asset
     lines, out, logs = tmp_path / "lines.jsonl", tmp_path / "out", []
     write_lines(lines, bad_speaker=sample_random_speaker(768))  # a full-size voice; the tiny model has 64
     params = InferCodeParams(max_new_token=8, show_tqdm=False)
-    options = RayExportOptions(actors=2, cpus_per_actor=0.5, batch_size=16, batches_in_flight=2)
+    options = RayExportOptions(actors=2, cpus_per_actor=0.5, batch_size=16)
 
     started = time.perf_counter()
     plan = run_export_ray(tiny_assets, plan_export(lines, out, seed=5), params, options, progress=False,
@@ -277,9 +282,9 @@ def test_data_export_200_lines_two_bad_then_resume(ray_cluster: dict, tiny_asset
     assert f"line {BAD[0]}: synthesis failed" in "\n".join(logs)
     summary = next(line for line in logs if line.startswith("ray: "))
     print(summary)
-    actors, peak = re.fullmatch(r"ray: (\d+) actor\(s\) ran \[.*\] lines; engine batches reached (\d+) sequences",
-                                summary).groups()
-    assert int(actors) == 2 and int(peak) > options.batch_size  # several batches in flight share one engine
+    actors, first, second = re.fullmatch(r"ray: (\d+) actor\(s\) ran \[(\d+), (\d+)\] lines in 13 shard\(s\)",
+                                         summary).groups()
+    assert int(actors) == 2 and int(first) + int(second) == 200 and int(first) >= 16  # both actors ran shards
     assert not [p for p in out.iterdir() if p.name.endswith(".tmp")]
     stamps = {p.name: p.stat().st_mtime_ns for p in wavs}
 
@@ -294,60 +299,162 @@ def test_data_export_200_lines_two_bad_then_resume(ray_cluster: dict, tiny_asset
 
 
 def test_data_export_of_thirty_lines_runs_on_both_actors(ray_cluster: dict, tiny_assets: Path, tmp_path: Path) -> None:
-    # Before: 2 blocks of 15 lines, bundled by Ray Data into one 16-row task: one actor ran all 30, the other idled.
+    # 30 lines at 16 a shard would be 2 shards of 16 and 14; 15 and 15 keep both actors equally busy.
     lines, logs = tmp_path / "lines.jsonl", []
     lines.write_text("".join(json.dumps({"id": f"l{n}", "text": f"Line {WORDS[n % 10]} {n}."}) + "\n"
                              for n in range(30)))
-    options = RayExportOptions(actors=2, cpus_per_actor=0.5, batch_size=16, batches_in_flight=4)
+    options = RayExportOptions(actors=2, cpus_per_actor=0.5, batch_size=16)
     plan = run_export_ray(tiny_assets, plan_export(lines, tmp_path / "out", seed=3),
                           InferCodeParams(max_new_token=8, show_tqdm=False), options, progress=False,
                           log=logs.append, **LOAD)
     assert plan.count("ok") == 30
     summary = next(line for line in logs if line.startswith("ray: "))
     print(summary)
-    per_actor = re.fullmatch(r"ray: 2 actor\(s\) ran \[(\d+), (\d+)\] lines; .*", summary)
-    assert per_actor is not None, summary
-    assert min(int(n) for n in per_actor.groups()) >= 4  # every actor ran at least one batch of 4
+    assert summary == "ray: 2 actor(s) ran [15, 15] lines in 2 shard(s)"
 
 
-def test_synthesizer_reports_rows_and_replaces_a_dead_engine(tiny_assets: Path) -> None:
-    """The UDF alone (no cluster): a failing step fails its rows, not the batch; a dead engine loop is replaced."""
-    from chattts_velocity.export.ray import Synthesizer
+def test_export_on_ray_writes_the_local_export_s_files_with_timestamps_and_loudness(
+        ray_cluster: dict, tiny_assets: Path, tmp_path: Path) -> None:
+    """The same plan, seed, shards, timestamps and loudness: the same WAV digests and sidecars as on this machine.
 
-    synth = Synthesizer(str(tiny_assets), InferCodeParams(max_new_token=8, show_tqdm=False), LOAD)
-    batch = {"key": np.arange(3), "text": np.array(["One.", "Two.", "Three."], dtype=object),
-             "seed": np.array([1, 2, 3]), "speaker": np.array(["", "", sample_random_speaker(768)], dtype=object)}
+    Other shards give the same codes and timestamps; the float sums behind the audio depend on a row's place in its
+    batch, so a WAV may then differ by one 16-bit step in a few samples (docs/fidelity.md).
+    """
+    lines = tmp_path / "lines.txt"
+    lines.write_text("".join(f"Line {WORDS[n % 10]} {WORDS[n // 3 % 10]} of the comparison.\n" for n in range(12)))
+    params = InferCodeParams(max_new_token=24, min_new_token=24, show_tqdm=False)  # 0.5 s: loudness can measure it
+    settings = {"seed": 7, "params": params, "loudness": -20.0, "timestamps": True}
+    chat = load_worker_chat(str(tiny_assets), **LOAD)
+    local = {size: run_export(chat, plan_export(lines, tmp_path / f"local{size}", **settings), params, size,
+                              progress=False, log=lambda m: None) for size in (6, 12)}
+    logs: list[str] = []
+    remote = run_export_ray(tiny_assets, plan_export(lines, tmp_path / "ray", **settings), params,
+                            RayExportOptions(actors=2, cpus_per_actor=0.5, batch_size=6), progress=False,
+                            log=logs.append, **LOAD)
+    assert "ray: 2 actor(s) ran [6, 6] lines in 2 shard(s)" in logs
+    assert remote.count("ok") == local[6].count("ok") == 12
+    names = sorted(p.name for p in (tmp_path / "ray").iterdir() if p.suffix in (".wav", ".json"))
+    assert len(names) == 25
+    for name in names:
+        ray_file, local_file = tmp_path / "ray" / name, tmp_path / "local6" / name
+        if name != "manifest.json":
+            assert ray_file.read_bytes() == local_file.read_bytes(), name
+        if name.endswith(".timestamps.json"):
+            assert ray_file.read_bytes() == (tmp_path / "local12" / name).read_bytes(), name
+        elif name.endswith(".wav"):
+            ray_pcm, other = parse_wav(ray_file.read_bytes()), parse_wav((tmp_path / "local12" / name).read_bytes())
+            assert len(ray_pcm) == len(other) and np.abs(ray_pcm.astype(np.int32) - other).max() <= 1, name
+    manifest = {name: json.loads((tmp_path / name / "manifest.json").read_text(encoding="utf-8"))
+                for name in ("local6", "ray")}
+    assert manifest["local6"]["lines"] == manifest["ray"]["lines"]
+    assert [line.audio for line in remote.lines] == [line.audio for line in local[6].lines]
+    spans = json.loads((tmp_path / "ray" / "00001.timestamps.json").read_text(encoding="utf-8"))
+    seconds = wav_seconds(tmp_path / "ray" / "00001.wav")
+    assert spans[0]["start"] == 0 and spans[-1]["end"] == pytest.approx(seconds, abs=1e-4)
+    loud = parse_wav((tmp_path / "ray" / "00001.wav").read_bytes()).astype(np.float64) / 32768
+    measured = pyloudnorm.Meter(24000).integrated_loudness(loud)
+    assert abs(measured + 20.0) <= 0.5 or np.abs(loud).max() >= PEAK_LIMIT - 1e-3  # normalised (or peak-limited)
 
-    async def run() -> dict:
-        (out,) = [out async for out in synth(batch)]
-        return out
 
-    first = asyncio.run(run())
-    assert first["status"] == ["ok", "ok", "error"] and "spk_emb" in first["error"][2]
-    assert_clip(len(parse_wav(first["wav"][0])), 8) and first["samples"][0] == len(parse_wav(first["wav"][0]))
-    engine, real_step = synth.engine, synth.engine.engine.step
+def test_export_on_ray_speaks_saved_voices_and_cloned_clips_as_the_local_export_does(
+        ray_cluster: dict, tiny_assets: Path, tmp_path: Path) -> None:
+    library = VoiceLibrary(tmp_path / "voices")
+    library.save("Anna", speaker=sample_random_speaker(64))  # the tiny model's width
+    library.save("Clip", clip_code=encode_prompt(torch.randint(0, 100, (4, 12))), transcript="some words")
+    lines = tmp_path / "lines.jsonl"
+    lines.write_text("".join(json.dumps({"text": f"Voice line {WORDS[n]}.", "voice": ("Anna", "Clip")[n % 2]}) + "\n"
+                             for n in range(4)))
+    params = InferCodeParams(max_new_token=8, min_new_token=8, show_tqdm=False)
+    chat = load_worker_chat(str(tiny_assets), **LOAD)
+    local = run_export(chat, plan_export(lines, tmp_path / "local", seed=2, params=params, voices=library), params,
+                       2, progress=False, log=lambda m: None)
+    remote = run_export_ray(tiny_assets, plan_export(lines, tmp_path / "ray", seed=2, params=params, voices=library),
+                            params, RayExportOptions(actors=2, cpus_per_actor=0.5, batch_size=2), progress=False,
+                            log=lambda m: None, **LOAD)
+    assert remote.count("ok") == local.count("ok") == 4 and remote.clip_params(remote.lines[1])
+    for line in remote.lines:
+        assert (tmp_path / "ray" / line.output).read_bytes() == (tmp_path / "local" / line.output).read_bytes()
+    assert [line.request for line in remote.lines] == [line.request for line in local.lines]  # voices in the hash
+
+
+def test_export_cli_with_ray_timestamps_and_loudness_then_resume(ray_cluster: dict, tiny_assets: Path,
+                                                                  tmp_path: Path, capsys) -> None:
+    """`chattts-velocity export --ray --timestamps --loudness` on the session's cluster, run twice."""
+    from chattts_velocity import cli
+
+    lines = tmp_path / "lines.txt"
+    lines.write_text("".join(f"Spoken line {WORDS[n]}.\n" for n in range(6)))
+    args = ["export", str(lines), "-o", str(tmp_path / "out"), "--model", str(tiny_assets), "--no-verify",
+            "--dtype", "float32", "--seed", "3", "--max-new-token", "24", "--timestamps", "--loudness", "-20",
+            "--ray", "--actors", "2", "--batch-size", "2"]
+    cli.main(args)
+    first = capsys.readouterr().out
+    assert "ray: 2 actor(s) ran [2, 4] lines in 3 shard(s)" in first  # 2 shards queued on one actor, 1 on the other
+    assert first.rstrip().endswith("6/6 succeeded")
+    wavs = sorted((tmp_path / "out").glob("*.wav"))
+    assert len(wavs) == 6 and all(p.with_suffix(".timestamps.json").is_file() for p in wavs)
+    doc = json.loads((tmp_path / "out" / "manifest.json").read_text(encoding="utf-8"))
+    assert doc["params"]["loudness"] == -20.0 and [e["seed"] for e in doc["lines"]] == [3, 4, 5, 6, 7, 8]
+
+    cli.main(args)  # everything is on record with its sidecar: nothing to synthesise
+    assert "wrote 0, skipped 6 existing, 0 failed" in capsys.readouterr().out
+
+
+def test_export_on_ray_from_a_folder_that_is_no_model_is_one_clear_error(ray_cluster: dict, tmp_path: Path) -> None:
+    lines = tmp_path / "lines.txt"
+    lines.write_text("Hello.\n")
+    (tmp_path / "empty").mkdir()
+    plan = plan_export(lines, tmp_path / "out", seed=1)
+    with pytest.raises(ValueError, match="model_dir: an actor could not load"):
+        run_export_ray(tmp_path / "empty", plan, InferCodeParams(max_new_token=8, show_tqdm=False),
+                       RayExportOptions(actors=1), progress=False, log=lambda m: None, **LOAD)
+    assert plan.lines[0].status == "error" and "no result" in plan.lines[0].error  # on record, to run again
+
+
+def test_export_dispatch_reports_a_lost_actor_s_shard_and_hands_it_no_more(ray_cluster: dict) -> None:
+    from chattts_velocity.export.ray import dispatch
+
+    @ray.remote(num_cpus=0.25)
+    class Worker:  # an actor process that dies on the line "die"
+        def run(self, shard: Shard) -> list[LineResult]:
+            if any(job.text == "die" for job in shard.jobs):
+                os._exit(1)
+            return [LineResult(job.key, seconds=1.0) for job in shard.jobs]
+
+    shards = [Shard([LineJob(key, text, InferCodeParams())]) for key, text in enumerate(["a", "die", "b", "c"])]
+    got = {result.key: (name, result.error) for name, results in dispatch({"one": Worker.remote(),
+                                                                           "two": Worker.remote()}, shards, 1)
+           for result in results}
+    assert got[0] == ("one", None) and got[2] == ("one", None) and got[3] == ("one", None)
+    assert got[1][0] == "two" and "the Ray task failed (ActorDiedError" in got[1][1]
+
+
+def test_export_shard_worker_reports_lines_and_survives_a_failing_step(tiny_assets: Path, tmp_path: Path) -> None:
+    """The actor's class alone (no cluster): a bad line fails alone; a failing engine step fails its lines only."""
+    lines = tmp_path / "lines.jsonl"
+    rows = [{"text": "One."}, {"text": "Two."}, {"text": "Three.", "speaker": sample_random_speaker(768)}]
+    lines.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    params = InferCodeParams(max_new_token=8, show_tqdm=False)
+    plan = plan_export(lines, tmp_path / "out", seed=1)
+    (shard,) = shards_of(plan, params, 3)
+    plan.release()
+    worker = ShardWorker(str(tiny_assets), LOAD)
+
+    def run() -> dict[int, LineResult]:
+        return {result.key: result for result in worker.run(shard)}
+
+    first = run()
+    assert [first[k].error is None for k in range(3)] == [True, True, False] and "spk_emb" in first[2].error
+    assert_clip(len(parse_wav(first[0].wav)), 8) and first[0].seconds == len(parse_wav(first[0].wav)) / 24000
+    engine = worker.chat.engine()
+    real_step = engine.step
 
     def failing_step() -> list:
         raise RuntimeError("simulated kernel failure")
 
-    engine.engine.step = failing_step  # a step that raises: its rows fail, the loop lives on (fault isolation)
-    second = asyncio.run(run())
-    assert second["status"][:2] == ["error"] * 2 and "simulated kernel failure" in second["error"][0]
-    assert synth.engine is engine and engine.is_running
-
-    class Fatal(BaseException):
-        pass
-
-    def dying_step() -> list:
-        raise Fatal("the loop itself dies")
-
-    engine.engine.step = dying_step
-    asyncio.run(run())
-    assert synth.engine is not engine and synth.engine.is_running  # a dead loop is replaced by a fresh engine
-    engine.engine.step = real_step
-    third = asyncio.run(run())
-    assert third["status"] == ["ok", "ok", "error"]
-    # The same weights and seed in the new engine: the same codes; batched decoding may round one step apart.
-    assert np.abs(parse_wav(third["wav"][1]).astype(np.int32) - parse_wav(first["wav"][1])).max() <= 1
-    synth.engine.shutdown()
-    synth.service.shutdown()
+    engine.step = failing_step  # every batch fails, then every line alone: each line reports it
+    second = run()
+    assert all("simulated kernel failure" in second[k].error for k in (0, 1))
+    engine.step = real_step
+    third = run()
+    assert [third[k].wav for k in (0, 1)] == [first[k].wav for k in (0, 1)]  # same weights, seeds, batch: same bytes

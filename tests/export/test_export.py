@@ -5,6 +5,7 @@ import dataclasses
 import hashlib
 import io
 import json
+import math
 import wave
 from pathlib import Path
 from types import SimpleNamespace
@@ -15,9 +16,11 @@ import torch
 
 from chattts_velocity import Chat, InferCodeParams
 from chattts_velocity import export as export_mod
-from chattts_velocity.audio import wav_bytes
+from chattts_velocity.audio import Spoken, wav_bytes
+from chattts_velocity.audio.timestamps import Timestamp
 from chattts_velocity.export import export, plan_export, run_export
-from chattts_velocity.export import run as export_run
+from chattts_velocity.export.run import store
+from chattts_velocity.export.runner import run_shard, shards_of
 from chattts_velocity.text import sample_random_speaker
 
 STEPS = 8
@@ -241,14 +244,17 @@ class StubChat:
     def __init__(self, stop_after: int | None = None) -> None:
         self.stop_after, self.calls = stop_after, []
 
-    def infer_many(self, texts, params, **kw):
+    def infer_many(self, texts, params, timestamps: bool = False, **kw):
         self.calls.append(list(texts))
         for i, text in enumerate(texts):
             if self.stop_after is not None and i == self.stop_after:
                 raise KeyboardInterrupt
             if "boom" in text:
                 raise RuntimeError("model exploded")
-            yield i, np.zeros(0 if "silent" in text else 2400, np.float32) + 0.1
+            # a tone whose length and pitch follow the text and seed
+            t = np.arange(0 if "silent" in text else 2400 * len(text.split()), dtype=np.float32)
+            wav = 0.1 * np.sin(t * (0.01 + params[i].manual_seed % 7 / 100)).astype(np.float32)
+            yield i, Spoken(wav, [Timestamp(text, 0.0, len(wav) / 24000)]) if timestamps else wav
 
 
 def test_a_failing_batch_is_retried_until_the_culprit_is_alone(tmp_path: Path) -> None:
@@ -272,11 +278,13 @@ def test_interrupted_run_leaves_only_complete_files(tmp_path: Path, monkeypatch)
     assert sorted(p.name for p in out.glob("*.wav")) == [f"{k:05d}.wav" for k in range(1, 5)]
     assert [e["status"] for e in manifest(out).values()] == ["ok"] * 4 + ["pending"] * 6 and no_temp_files(out)
 
-    def die_mid_write(path, wav) -> None:
-        Path(path).write_bytes(wav_bytes(wav)[:100])
+    real_write = Path.write_bytes
+
+    def die_mid_write(path: Path, data: bytes) -> None:  # the disk fills while a WAV is written
+        real_write(path, data[:100])
         raise OSError("disk full")
 
-    monkeypatch.setattr(export_run, "write_wav", die_mid_write)
+    monkeypatch.setattr(Path, "write_bytes", die_mid_write)
     plan, _ = run(StubChat(), src, out)
     assert plan.count("skipped") == 4 and all("disk full" in line.error for line in plan.lines[4:])
     assert len(list(out.glob("*.wav"))) == 4 and no_temp_files(out)
@@ -363,16 +371,46 @@ def test_the_manifest_records_every_line_and_the_run(tmp_path: Path) -> None:
     assert doc["params"]["max_new_token"] == STEPS and doc["started"] <= doc["updated"]
 
 
-def test_ray_export_spreads_small_jobs_over_every_actors_batches_in_flight() -> None:
-    pytest.importorskip("fastapi")
-    from chattts_velocity.export.ray import RayExportOptions, spread
+def test_ray_export_shards_give_every_actor_work() -> None:
+    from chattts_velocity.export.ray import RayExportOptions
 
-    # 30 lines used to be 2 blocks of 15 that Ray Data bundled into one 16-row task: one actor ran them all
-    assert spread(30, RayExportOptions(actors=2, batch_size=16, batches_in_flight=4)) == (4, 8)
-    # big jobs: as before
-    assert spread(200, RayExportOptions(actors=2, batch_size=16, batches_in_flight=2)) == (16, 13)
-    assert spread(3, RayExportOptions(actors=4, batch_size=16)) == (1, 3)
-    for rows in range(1, 80):
-        batch, blocks = spread(rows, RayExportOptions(actors=3, batch_size=8, batches_in_flight=2))
-        assert batch <= 8 and blocks * batch >= rows > (blocks - 1) * batch
-        assert blocks >= min(rows, 3)  # every actor can be handed work at once
+    assert RayExportOptions(actors=2, batch_size=16).shard_size(30) == 15  # both actors get a shard
+    assert RayExportOptions(actors=2, batch_size=16).shard_size(200) == 16  # big jobs: batch_size lines a shard
+    assert RayExportOptions(actors=4, batch_size=16).shard_size(3) == 1
+    for lines in range(1, 80):
+        size = RayExportOptions(actors=3, batch_size=8).shard_size(lines)
+        assert 1 <= size <= 8 and math.ceil(lines / size) >= min(lines, 3)  # every actor can be handed a shard
+    for bad in ({"actors": 0}, {"batch_size": 1.5}, {"batches_in_flight": True}, {"cpus_per_actor": -1}):
+        with pytest.raises(ValueError, match=next(iter(bad)).split("_per")[0]):
+            RayExportOptions(**bad)
+
+
+def test_shards_run_elsewhere_and_stored_here_give_the_local_export_s_files(tmp_path: Path) -> None:
+    """What the Ray export does, without Ray: the runner per shard on a "worker", store() on the "driver"."""
+    src = tmp_path / "in.txt"
+    src.write_text("".join(f"line {w} and more words\n" for w in WORDS[:5]) + "boom\n", encoding="utf-8")
+    settings = {"seed": 1, "params": PARAMS, "loudness": -20.0, "timestamps": True}
+    local = run_export(StubChat(), plan_export(src, tmp_path / "local", **settings), PARAMS, progress=False,
+                       log=lambda m: None)
+
+    plan = plan_export(src, tmp_path / "sharded", **settings)
+    shards = shards_of(plan, PARAMS, 4)
+    assert [[job.key for job in shard.jobs] for shard in shards] == [[0, 1, 2, 3], [4, 5]]
+    assert [job.params.manual_seed for job in shards[1].jobs] == [5, 6] and shards[0].timestamps
+    for shard in reversed(shards):  # shards finish in any order
+        results: list = []
+        run_shard(StubChat(), shard, results.append, lambda m: None)
+        for result in results:
+            store(plan, result, lambda m: None)
+    plan.save()
+    plan.release()
+    assert [line.status for line in plan.lines] == [line.status for line in local.lines] == ["ok"] * 5 + ["error"]
+    assert [line.audio for line in plan.lines] == [line.audio for line in local.lines]
+    files = sorted(p.name for p in (tmp_path / "local").iterdir() if p.suffix in (".wav", ".json"))
+    assert len(files) == 11 and files == sorted(p.name for p in (tmp_path / "sharded").iterdir()
+                                                if p.suffix in (".wav", ".json"))
+    for name in files:
+        if name != "manifest.json":
+            assert (tmp_path / "local" / name).read_bytes() == (tmp_path / "sharded" / name).read_bytes(), name
+    loud = pcm((tmp_path / "local" / "00001.wav").read_bytes())
+    assert np.abs(loud).max() > 0.1 * 32768  # normalised to -20 LUFS, not the stub's quiet 0.1

@@ -55,5 +55,24 @@ def test_export_refuses_a_bad_target_naming_the_field(tmp_path: Path) -> None:
     src.write_text("Hello.\n", encoding="utf-8")
     with pytest.raises(ValueError, match="loudness"):
         plan_export(src, tmp_path / "o", loudness=5.0)
-    with pytest.raises(SystemExit, match="--loudness"):
-        cli.main(["export", str(src), "-o", str(tmp_path / "o"), "--model", "demo", "--loudness", "-16", "--ray"])
+    with pytest.raises(SystemExit, match="loudness"):
+        cli.main(["export", str(src), "-o", str(tmp_path / "o"), "--model", "demo", "--loudness", "5"])
+
+
+def test_export_cli_hands_loudness_and_timestamps_to_the_ray_runner(tmp_path: Path, monkeypatch) -> None:
+    import importlib
+
+    from chattts_velocity import cluster
+    from chattts_velocity.export import ray as ray_export
+
+    cli_main = importlib.import_module("chattts_velocity.cli.main")
+    src = tmp_path / "in.txt"
+    src.write_text("Hello.\nThere.\n", encoding="utf-8")
+    runs: list = []
+    monkeypatch.setattr(cli_main, "model_folder", lambda args: (tmp_path / "model", False))
+    monkeypatch.setattr(cluster, "init_ray", lambda *a, **k: runs.append("init"))
+    monkeypatch.setattr(ray_export, "run_export_ray", lambda root, plan, params, options, **kw: runs.append(
+        (root, plan.loudness, plan.timestamps, len(plan.todo), options.actors, options.batch_size, kw["dtype"])))
+    cli.main(["export", str(src), "-o", str(tmp_path / "o"), "--model", "demo", "--dtype", "float32", "--ray",
+              "--loudness", "-16", "--timestamps", "--actors", "3", "--batch-size", "8"])
+    assert runs == ["init", (tmp_path / "model", -16.0, True, 2, 3, 8, "float32")]

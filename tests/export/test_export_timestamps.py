@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from chattts_velocity import Chat, InferCodeParams, cli
+from chattts_velocity import Chat, InferCodeParams
 from chattts_velocity.audio import SAMPLE_RATE, Spoken
 from chattts_velocity.export import plan_export, run_export
 
@@ -51,9 +51,3 @@ def test_export_writes_a_sidecar_per_wav_only_when_asked(chat: Chat, tmp_path: P
     run_export(chat, plain, PARAMS, progress=False, log=lambda _: None)
     assert not list((tmp_path / "plain").glob("*.timestamps.json"))
 
-
-def test_export_cli_refuses_timestamps_on_ray(tmp_path: Path) -> None:
-    src = tmp_path / "in.txt"
-    src.write_text("Hello.\n", encoding="utf-8")
-    with pytest.raises(SystemExit, match="--timestamps"):
-        cli.main(["export", str(src), "-o", str(tmp_path / "o"), "--model", "demo", "--timestamps", "--ray"])
