@@ -188,6 +188,7 @@ class LLMEngine:
             "kv_cache_usage": self.block_manager.usage,
             "num_steps": self.stats.num_steps,
             "num_tokens_sampled": self.stats.num_tokens_sampled,
+            "num_preemptions": self.scheduler.num_preemptions,
             "steps_per_second": self.stats.num_tokens_sampled / max(self.stats.busy_seconds, 1e-9),
         }
 

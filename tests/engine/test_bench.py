@@ -48,8 +48,8 @@ def test_bad_counts_are_clear_errors(bench) -> None:
 def test_decode_ab_smoke_run(full_assets, tmp_path) -> None:
     from chattts_velocity.model import kernels
 
-    if kernels._unsupported() is not None:
-        pytest.skip(f"CPU kernels unsupported here: {kernels._unsupported()}")
+    if kernels.unsupported() is not None:
+        pytest.skip(f"CPU kernels unsupported here: {kernels.unsupported()}")
     spec = importlib.util.spec_from_file_location("bench_decode_ab", BENCH.parent / "bench_decode_ab.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -22,7 +22,7 @@ from chattts_velocity.model import (
 from chattts_velocity.model.attention import dequantize_kv
 from chattts_velocity.schema import Prompt, SamplingParams
 
-UNSUPPORTED = kernels._unsupported()
+UNSUPPORTED = kernels.unsupported()
 pytestmark = pytest.mark.skipif(UNSUPPORTED is not None, reason=f"CPU kernels unsupported here: {UNSUPPORTED}")
 BLOCK = 4
 HIDDEN, HEADS, INTER, LAYERS = 128, 4, 256, 2

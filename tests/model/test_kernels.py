@@ -12,7 +12,7 @@ import torch
 from chattts_velocity.model import DecodeMetadata, PackedLinear, kernels
 from chattts_velocity.model.attention import dequantize_kv, paged_decode_attention, quantize_kv
 
-UNSUPPORTED = kernels._unsupported()
+UNSUPPORTED = kernels.unsupported()
 needs_kernels = pytest.mark.skipif(UNSUPPORTED is not None, reason=f"CPU kernels unsupported here: {UNSUPPORTED}")
 gen = torch.Generator().manual_seed(0)
 WEIGHT = torch.randn(200, 96, generator=gen) * 0.05  # N % 4 == 0, K % 32 == 0, not powers of two

@@ -65,8 +65,6 @@ def unsupported() -> str | None:
     return _choice()[1]
 
 
-_unsupported = unsupported
-
 
 def kernel_path() -> str:
     """What runs a bf16 / int8 / int4 projection here: "amx", "avx512", "avx2", "neon", or "torch"."""
