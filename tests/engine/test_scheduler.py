@@ -167,7 +167,7 @@ def test_no_blocks_in_use_after_everything_finishes(caching):
 
 def _outputs(done: dict[str, Sequence]) -> dict[str, tuple]:
     """(finish reason, tokens, hidden) per request; hidden is None for one that ended at its first step."""
-    return {rid: (s.finish_reason, s.token_ids().tolist(), getattr(s.hidden_states(), "tolist", lambda: None)())
+    return {rid: (s.finish_reason, s.token_ids().tolist(), None if (h := s.hidden_states()) is None else h.tolist())
             for rid, s in done.items()}
 
 
