@@ -40,8 +40,13 @@ MIN_DYNAMIC = 2  # compiled steps pad batch and table width to >= 2: torch.compi
 
 
 class DecodeBackend(Protocol):
-    name: str  # "torch", "torch.compile", "cpu" or "triton": reported in LLMEngine.metrics()
-    sampler: Sampler  # the one sampler of the engine (the triton backend's samples on the device)
+    @property
+    def name(self) -> str:
+        """"torch", "torch.compile", "cpu" or "triton": reported in LLMEngine.metrics()."""
+
+    @property
+    def sampler(self) -> Sampler:
+        """The one sampler of the engine (the triton backend's samples on the device)."""
 
     def run(self, embeds: torch.Tensor, step: StepTensors) -> torch.Tensor:
         """One step (decode, prefill chunks, recompute, mixed): embeds [N, H] -> hidden [N, H]."""
@@ -62,7 +67,8 @@ class TorchBackend(ListInputs):
 
     def run(self, embeds: torch.Tensor, step: StepTensors) -> torch.Tensor:
         meta = attention_metadata(step, self.kv)
-        return self.model(embeds, meta.positions, self.kv.pairs, meta)
+        hidden: torch.Tensor = self.model(embeds, meta.positions, self.kv.pairs, meta)
+        return hidden
 
 
 class CompiledTorchBackend(ListInputs):
@@ -86,7 +92,8 @@ class CompiledTorchBackend(ListInputs):
     def run(self, embeds: torch.Tensor, step: StepTensors) -> torch.Tensor:
         if not step.decode_only:
             meta = attention_metadata(step, self.kv)
-            return self.model(embeds, meta.positions, self.kv.pairs, meta)
+            hidden: torch.Tensor = self.model(embeds, meta.positions, self.kv.pairs, meta)
+            return hidden
         return self._decode(embeds, step)[: step.num_seqs]
 
     def _decode(self, embeds: torch.Tensor, step: StepTensors) -> torch.Tensor:
@@ -98,7 +105,8 @@ class CompiledTorchBackend(ListInputs):
         for t in (embeds, pos, *meta):
             torch._dynamo.mark_dynamic(t, 0)
         torch._dynamo.mark_dynamic(meta.block_tables, 1)
-        return self.model(embeds, pos, self.kv.pairs, meta, run_layer=self.layer)  # [B_pad, H]
+        hidden: torch.Tensor = self.model(embeds, pos, self.kv.pairs, meta, run_layer=self.layer)  # [B_pad, H]
+        return hidden
 
     @torch.inference_mode()
     def _warm_up(self) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from ..assets import AssetPaths
 from ..config import ModelConfig
@@ -19,7 +19,9 @@ Deltas = list[tuple[int, GenerationOutput]]  # (prompt index, its new rows) for 
 class GPTBackend(Protocol):
     """What the pipeline needs from a GPT stage. `params` is one SamplingParams for all prompts or one per prompt."""
 
-    config: ModelConfig
+    @property
+    def config(self) -> ModelConfig:
+        """The GPT's dimensions (hidden_size is a speaker vector's width)."""
 
     def generate(self, prompts: list[Prompt], params: SamplingParams | list[SamplingParams], progress: bool = True,
                  should_stop: StopFlag = None, max_batch: int | None = None) -> list[GenerationOutput]:
@@ -46,7 +48,7 @@ def load_pretrained(
     dtype: str = "float32",
     compile: bool = False,
     kv_cache_dtype: str = "auto",
-    **engine_kwargs,
+    **engine_kwargs: Any,
 ) -> GPTBackend:
     """Load the GPT + Embed from an asset folder.
 

@@ -72,7 +72,7 @@ class LLMEngine:
         return cls(*load_weights(paths, config, engine_config), config, engine_config)
 
     @property
-    def embed(self):
+    def embed(self) -> Embed:
         return self.runner.embed
 
     def add_request(self, request_id: str | None, prompt: Prompt, params: SamplingParams) -> str:
@@ -123,8 +123,8 @@ class LLMEngine:
             if not batch.sample[b]:
                 continue
             status = seq.status
-            finished = status.is_finished
-            if finished and seq.request_id not in done:
+            ended = status.is_finished
+            if ended and seq.request_id not in done:
                 continue
             generated = len(seq.generated)
             appended = generated > 0 and status is not SequenceStatus.FINISHED_EOS
@@ -134,8 +134,8 @@ class LLMEngine:
                 request_id=seq.request_id,
                 token_ids=tokens if seq.num_rows == width else tokens[:, : seq.num_rows],  # [n, rows]
                 hidden=hidden,  # [n, H]
-                finished=finished,
-                finish_reason=status.value if finished else None,
+                finished=ended,
+                finish_reason=seq.finish_reason if ended else None,
                 extra={"num_generated": generated},
             ))
         return outputs

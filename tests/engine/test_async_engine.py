@@ -7,9 +7,9 @@ import time
 import pytest
 import torch
 
+from chattts_velocity import load_pretrained
 from chattts_velocity.assets import AssetPaths
 from chattts_velocity.engine.async_engine import AsyncLLMEngine
-from chattts_velocity import load_pretrained
 from chattts_velocity.schema import Prompt, SamplingParams
 from chattts_velocity.text import Tokenizer
 
@@ -53,13 +53,13 @@ def test_concurrent_requests_share_steps_and_match_the_sync_engine(tiny_assets, 
     engine = AsyncLLMEngine(fresh_engine(tiny_assets))
 
     async def main() -> list[list]:
-        return await asyncio.gather(*(collect(engine, p, sp) for p, sp in zip(ps, params)))
+        return await asyncio.gather(*(collect(engine, p, sp) for p, sp in zip(ps, params, strict=True)))
 
     try:
         results = asyncio.run(main())
     finally:
         engine.shutdown()
-    for deltas, ref, sp in zip(results, reference, params):
+    for deltas, ref, sp in zip(results, reference, params, strict=True):
         assert [d.finished for d in deltas] == [False] * (len(deltas) - 1) + [True]
         assert all(len(d.token_ids) <= 1 for d in deltas)  # deltas, not cumulative outputs
         tokens = torch.cat([d.token_ids for d in deltas])

@@ -151,12 +151,13 @@ def test_decode_equals_the_eager_torch_path(dtype, options, name, tolerance, len
     eager = TorchBackend(backend.model, eager_kv)
     for step in range(3):  # later steps read K/V that earlier decode steps wrote
         positions = [n + step for n in lens]
-        trimmed = [t[: p // BLOCK + 1] for t, p in zip(tables, positions)]
+        trimmed = [t[: p // BLOCK + 1] for t, p in zip(tables, positions, strict=True)]
         x = torch.randn(len(lens), HIDDEN, generator=gen)
         got, expected = backend.decode(x, positions, trimmed), eager.decode(x, positions, trimmed)
         assert got.shape == expected.shape == (len(lens), HIDDEN)
         assert (got.float() - expected.float()).abs().max().item() <= tolerance * expected.abs().max().item()
-    for pools, eager_pools in zip(kv.pairs, eager_kv.pairs):  # the new K/V rows landed where eager put them
-        for pool, eager_pool in zip(pools, eager_pools):
+    # the new K/V rows landed where eager put them
+    for pools, eager_pools in zip(kv.pairs, eager_kv.pairs, strict=True):
+        for pool, eager_pool in zip(pools, eager_pools, strict=True):
             pool, eager_pool = pool[:NUM_BLOCKS].float(), eager_pool[:NUM_BLOCKS].float()
             assert (pool - eager_pool).abs().max().item() <= 2**-7 * eager_pool.abs().max().item()

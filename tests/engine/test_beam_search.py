@@ -57,7 +57,7 @@ def test_width_one_is_greedy_decoding_on_both_paths(chat: Chat, prompts) -> None
         (chat.gpt(True).generate(prompts, greedy, False), engine_beams(chat, prompts, beam)),
     ]
     for sampled, searched in cases:
-        for a, b in zip(sampled, searched):
+        for a, b in zip(sampled, searched, strict=True):
             assert len(a.token_ids) >= 3
             assert torch.equal(a.token_ids, b.token_ids) and a.finish_reason == b.finish_reason
 
@@ -151,7 +151,7 @@ def test_a_small_pool_preempts_beams_and_gets_the_same_result(chat: Chat, tiny_a
     assert manager.num_blocks == 7  # 2 layers x K,V x 16 positions x 4 heads x 16 dims x 4 bytes per block
     outputs = llm.generate(prompts, params, progress=False)
     assert llm.engine.scheduler.num_preemptions > 0
-    for a, b in zip(expected, outputs):
+    for a, b in zip(expected, outputs, strict=True):
         assert torch.equal(a.token_ids, b.token_ids) and a.finish_reason == b.finish_reason
     assert manager.num_free_blocks == manager.num_blocks
 

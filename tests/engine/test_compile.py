@@ -6,8 +6,7 @@ import torch
 from torch._dynamo.utils import counters
 from torch._inductor.utils import run_and_get_code
 
-from chattts_velocity import Chat, InferCodeParams
-from chattts_velocity import load_pretrained
+from chattts_velocity import Chat, InferCodeParams, load_pretrained
 from chattts_velocity.model import DecodeMetadata
 from chattts_velocity.model.llama import run_decoder_layer
 from chattts_velocity.text import Tokenizer
@@ -35,7 +34,7 @@ def test_compiled_fp32_equals_the_plain_path(tiny_assets, compiled_fp32) -> None
     prompts = _prompts(tiny_assets, TEXTS)
     plain = load_pretrained(tiny_assets).generate(prompts, _params(24), progress=False)
     fast = compiled_fp32.generate(prompts, _params(24), progress=False)
-    for a, b in zip(plain, fast):
+    for a, b in zip(plain, fast, strict=True):
         assert torch.equal(a.token_ids, b.token_ids)
         assert (a.hidden - b.hidden).abs().max().item() <= 1e-4
 
@@ -93,7 +92,7 @@ def test_engines_of_other_dtypes_in_one_process_keep_their_own_graphs(tiny_asset
         reduced = other.generate(prompts, _params(12), progress=False)
         plain = load_pretrained(tiny_assets).generate(prompts, _params(12), progress=False)
         exact = compiled_fp32.generate(prompts, _params(12), progress=False)
-        for p, e, r in zip(plain, exact, reduced):
+        for p, e, r in zip(plain, exact, reduced, strict=True):
             assert torch.equal(p.token_ids, e.token_ids) and (p.hidden - e.hidden).abs().max().item() <= 1e-4
             # its own, reduced-precision graph: close to fp32 until the first differing code changes the history
             same = (p.token_ids == r.token_ids).all(dim=1).long()

@@ -31,7 +31,8 @@ def _seq(name: str, generated: int = 0, mode: str = "code", **params) -> Sequenc
     seq = Sequence(name, make_prompt(4), SamplingParams(mode=mode, **params))
     rng = random.Random(name)
     for _ in range(generated):
-        seq.append_token(tuple(rng.randrange(8) for _ in range(seq.num_rows)), None)  # small ids repeat: the penalty bites
+        # small ids repeat: the penalty bites
+        seq.append_token(tuple(rng.randrange(8) for _ in range(seq.num_rows)), None)
     return seq
 
 

@@ -42,7 +42,8 @@ def test_int8_packed_linear_is_within_quantisation_error() -> None:
     y = lin(X).double()
     exact = X.double() @ WEIGHT.double().T
     # plus the bf16 rounding of x and of the output
-    bound = X.double().abs().sum(1, keepdim=True) * per_weight + 3 * 2**-8 * (X.double().abs() @ WEIGHT.double().abs().T)
+    bound = (X.double().abs().sum(1, keepdim=True) * per_weight
+             + 3 * 2**-8 * (X.double().abs() @ WEIGHT.double().abs().T))
     assert ((y - exact).abs() <= bound + 1e-6).all()
 
 
@@ -83,7 +84,8 @@ def teacher_forced_agreement(assets, dtype: str, num_seqs: int, steps: int, deco
     outputs = ref.generate(prompts, _params(steps), progress=False)
     codes = [o.token_ids for o in outputs]
     score = _decoded_logits if decode_steps else _prefilled_logits
-    same = [(a.argmax(-1) == b.argmax(-1)) for a, b in zip(score(ref, prompts, codes), score(fast, prompts, codes))]
+    pairs = zip(score(ref, prompts, codes), score(fast, prompts, codes), strict=True)
+    same = [(a.argmax(-1) == b.argmax(-1)) for a, b in pairs]
     return torch.cat([s.flatten() for s in same]).float().mean().item()
 
 
@@ -91,8 +93,9 @@ def teacher_forced_agreement(assets, dtype: str, num_seqs: int, steps: int, deco
 def _prefilled_logits(llm, prompts, codes: list[torch.Tensor]) -> list[torch.Tensor]:
     """Per sequence, code logits [T, 4, V] predicting each generated position, from one prefill of prompt + codes."""
     runner, logits = llm.engine.runner, []
-    for prompt, seq_codes in zip(prompts, codes):
-        hidden = _prefill(runner, prompt, seq_codes, list(range(-(-(len(prompt) + len(seq_codes)) // runner.block_size))))
+    for prompt, seq_codes in zip(prompts, codes, strict=True):
+        num_blocks = -(-(len(prompt) + len(seq_codes)) // runner.block_size)
+        hidden = _prefill(runner, prompt, seq_codes, list(range(num_blocks)))
         logits.append(runner.embed.code_logits(hidden[len(prompt) - 1 : -1]))
     return logits
 
@@ -104,13 +107,13 @@ def _decoded_logits(llm, prompts, codes: list[torch.Tensor]) -> list[torch.Tenso
     steps = codes[0].shape[0]
     width = -(-(max(len(p) for p in prompts) + steps) // runner.block_size)
     tables = [list(range(b * width, (b + 1) * width)) for b in range(len(prompts))]
-    last = [_prefill(runner, p, codes[0][:0], t)[-1] for p, t in zip(prompts, tables)]
+    last = [_prefill(runner, p, codes[0][:0], t)[-1] for p, t in zip(prompts, tables, strict=True)]
     hidden = [torch.stack(last)]  # [B, H] per step
     for t in range(steps - 1):
         ids = torch.stack([c[t] for c in codes])  # [B, 4]
         embeds = runner.embed.embed(ids, torch.zeros(len(ids), dtype=torch.bool)).to(runner.act_dtype)
         positions = [len(p) + t for p in prompts]
-        trimmed = [table[: q // runner.block_size + 1] for table, q in zip(tables, positions)]
+        trimmed = [table[: q // runner.block_size + 1] for table, q in zip(tables, positions, strict=True)]
         hidden.append(runner.backend.decode(embeds, positions, trimmed))
     logits = runner.embed.code_logits(torch.stack(hidden, 1).float().flatten(0, 1))  # [B * T, 4, V]
     return list(logits.view(len(prompts), steps, *logits.shape[1:]))

@@ -36,7 +36,8 @@ def forced(seed: int, **kw) -> InferCodeParams:
 def test_a_raising_processor_fails_its_request_and_the_others_finish_unchanged(chat: Chat) -> None:
     params = [forced(1), forced(2, logits_processors=(explode_at(5),)), forced(3), forced(4)]
     results = dict(chat.infer_many(TEXTS, params))
-    assert isinstance(results[1], ValueError) and "logits_processors: RuntimeError: user code exploded" in str(results[1])
+    assert isinstance(results[1], ValueError)
+    assert "logits_processors: RuntimeError: user code exploded" in str(results[1])
     alone = dict(chat.infer_many([TEXTS[i] for i in (0, 2, 3)], [params[i] for i in (0, 2, 3)]))
     for k, i in enumerate((0, 2, 3)):
         assert len(results[i]) == (2 * 16 - 1) * 256
@@ -64,7 +65,7 @@ def test_the_async_engine_fails_one_consumer_and_serves_the_rest(chat: Chat) -> 
         return [d async for d in engine.generate(prompt, sampling)]
 
     async def main() -> list:
-        return await asyncio.gather(*(collect(p, s) for p, s in zip(requests.prompts, requests.sampling)),
+        return await asyncio.gather(*(collect(p, s) for p, s in zip(requests.prompts, requests.sampling, strict=True)),
                                     return_exceptions=True)
 
     try:

@@ -58,7 +58,7 @@ def test_stream_and_generate_iter_rebuild_generate(chat: Chat, use_vllm: bool) -
 def test_the_two_backends_agree_through_the_interface(chat: Chat) -> None:
     req = requests(chat, near_greedy(12))
     plain, fast = (chat.gpt(v).generate(req.prompts, req.sampling, False) for v in (False, True))
-    for a, b in zip(plain, fast):
+    for a, b in zip(plain, fast, strict=True):
         assert torch.equal(a.token_ids, b.token_ids)
         assert (a.hidden - b.hidden).abs().max().item() <= 1e-4
 

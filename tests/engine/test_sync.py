@@ -54,7 +54,7 @@ def test_the_detector_sees_boolean_indexing_item_and_copies_back() -> None:
 def _decode_steps(engine, chat: Chat, steps: int) -> list[int]:
     params = InferCodeParams(temperature=0.3, max_new_token=12, min_new_token=12, show_tqdm=False)
     requests = chat.speech_requests(split_pieces(TEXTS, split=False), params)
-    for i, (prompt, sampling) in enumerate(zip(requests.prompts, requests.sampling)):
+    for i, (prompt, sampling) in enumerate(zip(requests.prompts, requests.sampling, strict=True)):
         engine.add_request(f"r{i}", prompt, sampling)
     engine.step()  # the prefill
     engine.step()  # a first decode step

@@ -54,13 +54,14 @@ def _near_greedy(steps: int, **kw) -> InferCodeParams:
 @needs_triton
 def test_engine_on_triton_equals_the_plain_path_mixed_lengths_with_speaker(chat: Chat, tiny_assets) -> None:
     torch.manual_seed(0)
-    requests = chat.speech_requests(split_pieces(TEXTS, split=False), _near_greedy(10, spk_emb=chat.sample_random_speaker()))
+    params = _near_greedy(10, spk_emb=chat.sample_random_speaker())
+    requests = chat.speech_requests(split_pieces(TEXTS, split=False), params)
     plain = chat.gpt(False).generate(requests.prompts, requests.sampling, False, max_batch=len(TEXTS))
     llm = load_pretrained(tiny_assets, is_vllm=True, backend="triton")
     fast = llm.generate(requests.prompts, requests.sampling, False)
     assert llm.engine.metrics()["backend"] == "triton"
     assert len({len(p.input_ids) for p in requests.prompts}) == len(TEXTS)  # ragged contexts in every decode step
-    for a, b in zip(plain, fast):
+    for a, b in zip(plain, fast, strict=True):
         assert len(b.token_ids) == 10 and torch.equal(a.token_ids, b.token_ids)
         assert (a.hidden - b.hidden).abs().max().item() <= 1e-4
 
@@ -81,7 +82,7 @@ def test_preemption_and_recompute_on_triton_give_the_same_codes(chat: Chat, tiny
                             kv_cache_memory=14 * per_block)
     constrained = tight.generate(prompts, params, progress=False)
     assert tight.engine.scheduler.num_preemptions > 0
-    for a, b in zip(free, constrained):
+    for a, b in zip(free, constrained, strict=True):
         assert torch.equal(a.token_ids, b.token_ids)
         assert (a.hidden - b.hidden).abs().max().item() <= 1e-4
     assert tight.engine.block_manager.num_used_blocks == 0
@@ -116,7 +117,8 @@ def _model() -> ChatTTSLlama:
     model = ChatTTSLlama(CONFIG)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            p.copy_(torch.rand(p.shape, generator=gen) + 0.5 if "norm" in name else torch.randn(p.shape, generator=gen) * 0.05)
+            p.copy_(torch.rand(p.shape, generator=gen) + 0.5 if "norm" in name
+                    else torch.randn(p.shape, generator=gen) * 0.05)
     return model.eval()
 
 
@@ -203,13 +205,13 @@ def test_padded_graph_step_equals_the_eager_step_and_leaves_other_blocks_alone()
     graphs = DecodeGraphs(backend.decode_step, kv, graph_batch_sizes(8), width=4, hidden=HIDDEN, dtype=torch.float32)
     for step in range(2):  # 3 rows run in the size-4 buffers: one padding row
         positions = [n + step for n in lens]
-        trimmed = [t[: p // BLOCK + 1] for t, p in zip(tables, positions)]
+        trimmed = [t[: p // BLOCK + 1] for t, p in zip(tables, positions, strict=True)]
         x = torch.randn(len(lens), HIDDEN, generator=gen)
         step_inputs = StepTensors.from_lists([1] * 3, [p + 1 for p in positions], trimmed, BLOCK, kv.device)
         got, expected = graphs.run(x, step_inputs), eager.decode(x, positions, trimmed)
         assert got.shape == (3, HIDDEN) and (got - expected).abs().max().item() <= 1e-5
-    for pools, eager_pools in zip(kv.pairs, eager_kv.pairs):
-        for pool, eager_pool in zip(pools, eager_pools):
+    for pools, eager_pools in zip(kv.pairs, eager_kv.pairs, strict=True):
+        for pool, eager_pool in zip(pools, eager_pools, strict=True):
             assert (pool[:NUM_BLOCKS] - eager_pool[:NUM_BLOCKS]).abs().max().item() <= 1e-6
 
 
@@ -229,7 +231,7 @@ def test_graph_replay_equals_eager_on_gpu(chat: Chat, tiny_assets) -> None:
     eager = _gpu_engine(tiny_assets, max_num_seqs=8)
     eager.engine.runner.backend.graphs = None  # every decode step eager
     for a, b in zip(graphed.generate(requests.prompts, requests.sampling, False),
-                    eager.generate(requests.prompts, requests.sampling, False)):
+                    eager.generate(requests.prompts, requests.sampling, False), strict=True):
         assert torch.equal(a.token_ids, b.token_ids)
         assert (a.hidden - b.hidden).abs().max().item() <= 1e-5
 

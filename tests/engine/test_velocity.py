@@ -4,10 +4,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from chattts_velocity import Chat, InferCodeParams, RefineTextParams
+from chattts_velocity import Chat, InferCodeParams, RefineTextParams, load_pretrained
 from chattts_velocity.engine.llm import LLM
 from chattts_velocity.text import split_pieces
-from chattts_velocity import load_pretrained
 
 TEXTS = ["Hello world.", "你好，今天天气很好，我们出去玩吧。", "Short", "A somewhat longer English sentence here."]
 
@@ -29,7 +28,7 @@ def _code_outputs(chat: Chat, use_vllm: bool, params: InferCodeParams, texts=TEX
 
 
 def _assert_same(plain, fast, hidden_tol: float) -> None:
-    for a, b in zip(plain, fast):
+    for a, b in zip(plain, fast, strict=True):
         assert torch.equal(a.token_ids, b.token_ids)
         assert a.finish_reason == b.finish_reason
         assert (a.hidden - b.hidden).abs().max().item() <= hidden_tol
@@ -109,7 +108,7 @@ def test_preemption_gives_identical_outputs(chat: Chat, tiny_assets) -> None:
     tight = _fresh_llm(tiny_assets, block_size=4, kv_cache_memory=_kv_bytes(tiny_assets, 24, 4),
                        max_model_len=96)
     constrained = tight.generate(prompts, params, progress=False)
-    for a, b in zip(free, constrained):
+    for a, b in zip(free, constrained, strict=True):
         assert torch.equal(a.token_ids, b.token_ids)
         assert (a.hidden - b.hidden).abs().max().item() <= 1e-5
     assert tight.engine.block_manager.num_used_blocks == 0

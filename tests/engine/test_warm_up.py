@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.triton, pytest.mark.skipif(REASON is not None, reason=
 def _key(kernel, args: tuple, kwargs: dict) -> tuple:
     skip = set(kernel.kwargs.get("do_not_specialize") or ())
     parts = [kernel.fn.__name__]
-    for name, value in zip(kernel.arg_names, args):
+    for name, value in zip(kernel.arg_names, args, strict=True):
         if isinstance(value, torch.Tensor):
             parts.append((name, str(value.dtype), value.data_ptr() % 16 == 0))
         elif isinstance(value, int) and not isinstance(value, bool) and name not in skip:
@@ -53,7 +53,7 @@ def test_no_kernel_variant_is_new_in_the_first_32_steps_after_load(tiny_assets, 
     requests = chat.speech_requests(split_pieces(["Hello world.", "A longer sentence to read."], split=False),
                                     params)
     engine = llm.engine
-    for i, (prompt, sampling) in enumerate(zip(requests.prompts, requests.sampling)):
+    for i, (prompt, sampling) in enumerate(zip(requests.prompts, requests.sampling, strict=True)):
         engine.add_request(f"r{i}", prompt, sampling)
     launches.clear()
     for _ in range(32):  # the prefill, then decode steps whose penalty history grows from 0 to its window

@@ -62,7 +62,7 @@ def _prefilled(model: ChatTTSLlama, lens: list[int], kv_dtype: torch.dtype = tor
 
 def _decode_inputs(lens: list[int], tables: list[list[int]]):
     pos = torch.tensor(lens)
-    slots = torch.tensor([t[p // BLOCK] * BLOCK + p % BLOCK for t, p in zip(tables, lens)])
+    slots = torch.tensor([t[p // BLOCK] * BLOCK + p % BLOCK for t, p in zip(tables, lens, strict=True)])
     width = max(map(len, tables))
     padded = torch.tensor([t + [0] * (width - len(t)) for t in tables])
     return pos, DecodeMetadata(slots, padded, pos + 1)
@@ -97,8 +97,9 @@ def _check_fused_against_layer_by_layer(model, lens, kv, tables, mode: str) -> N
     # which moves that row's later outputs by ~1e-3. bf16 also rounds the SiLU gate once instead of twice.
     assert error.max().item() <= 1e-2
     int8_kv = kv[0][0].dtype == torch.int8
-    for pools, fused_pools in zip(kv, kv_fused):  # the new K/V rows were written where the Python path wrote them
-        for pool, fused_pool in zip(pools, fused_pools):
+    # the new K/V rows were written where the Python path wrote them
+    for pools, fused_pools in zip(kv, kv_fused, strict=True):
+        for pool, fused_pool in zip(pools, fused_pools, strict=True):
             if int8_kv:  # rows quantised from fp32 values that differ in the last bits: one step apart at most
                 assert (pool[..., :-4].int() - fused_pool[..., :-4].int()).abs().max().item() <= 1
                 pool, fused_pool = dequantize_kv(pool, torch.float32), dequantize_kv(fused_pool, torch.float32)
@@ -156,7 +157,7 @@ def test_fused_decode_rejects_float32_pools_before_writing() -> None:
     pos, meta = _decode_inputs([3], tables)
     with torch.inference_mode(), pytest.raises(RuntimeError, match="bf16 pools"):
         FusedDecoder(model)(torch.randn(1, HIDDEN), pos, pools, meta)
-    assert all(torch.equal(k, b) for (k, _), b in zip(pools, before))
+    assert all(torch.equal(k, b) for (k, _), b in zip(pools, before, strict=True))
 
 
 def test_fused_decoder_without_kernel_tiles_is_a_clear_error() -> None:
@@ -207,7 +208,7 @@ def test_engine_decodes_with_fused_layers_and_compiles_nothing(mode: str) -> Non
     assert dict(counters["stats"]) == before  # no graph was compiled
     eager = _engine(mode, backend="torch")  # the layer-by-layer path over the same packed weights
     reference = _generate(eager, 6)
-    same = sum(torch.equal(a, b) for a, b in zip(tokens, reference))
+    same = sum(torch.equal(a, b) for a, b in zip(tokens, reference, strict=True))
     assert same >= 5  # a near-tie may flip once: both round q/K/V to bf16 after differently ordered sums
 
 
@@ -220,7 +221,7 @@ def test_fused_engine_recomputes_preempted_sequences(isa: str, mode: str) -> Non
     constrained = _generate(tight, 6, steps=30)
     assert tight.scheduler.num_preemptions > 0 and tight.block_manager.num_used_blocks == 0
     # recomputed positions run the decode step's op and kernels row by row: the same bits, the same tokens
-    assert all(torch.equal(a, b) for a, b in zip(free, constrained))
+    assert all(torch.equal(a, b) for a, b in zip(free, constrained, strict=True))
 
 
 def test_int8_kv_engine_decodes_fused_preempts_and_finishes() -> None:
@@ -234,7 +235,7 @@ def test_int8_kv_engine_decodes_fused_preempts_and_finishes() -> None:
     constrained = _generate(tight, 6, steps=30)
     assert tight.scheduler.num_preemptions > 0 and tight.block_manager.num_used_blocks == 0
     # recompute quantises the same rows with the same code (the decode op, row by row): the same bytes and tokens
-    assert all(torch.equal(a, b) for a, b in zip(free, constrained))
+    assert all(torch.equal(a, b) for a, b in zip(free, constrained, strict=True))
 
 
 @pytest.mark.parametrize("mode", ["bfloat16", "int8"])
@@ -255,7 +256,7 @@ def _forced_logits(engine: LLMEngine, prompts: list[Prompt], codes: list[torch.T
     width = -(-(max(len(p) for p in prompts) + steps) // BLOCK)
     tables = [list(range(b * width, (b + 1) * width)) for b in range(len(prompts))]
     last = []
-    for prompt, table in zip(prompts, tables):
+    for prompt, table in zip(prompts, tables, strict=True):
         meta = build_attention_metadata([len(prompt)], [len(prompt)], [table], BLOCK)
         last.append(runner.backend.forward(runner.embed.embed(prompt.input_ids, prompt.text_mask), meta)[-1])
     hidden = [torch.stack(last)]  # [B, H] per step
@@ -263,6 +264,6 @@ def _forced_logits(engine: LLMEngine, prompts: list[Prompt], codes: list[torch.T
         ids = torch.stack([c[t] for c in codes])  # [B, 4]
         embeds = runner.embed.embed(ids, torch.zeros(len(ids), dtype=torch.bool))
         positions = [len(p) + t for p in prompts]
-        trimmed = [table[: q // BLOCK + 1] for table, q in zip(tables, positions)]
+        trimmed = [table[: q // BLOCK + 1] for table, q in zip(tables, positions, strict=True)]
         hidden.append(runner.backend.decode(embeds, positions, trimmed))
     return runner.embed.code_logits(torch.stack(hidden, 1).float().flatten(0, 1))

@@ -51,14 +51,20 @@ def test_linears_within_bf16_rounding_and_batch_invariant(isa: str, mode: str, l
         if layout == "panels":
             pytest.skip("int4 has the tile layout only")
         w = lin.dequantized().double()
-        run = lambda x: op.linear_int4(x.bfloat16(), lin.packed, lin.scales)
+
+        def run(x: torch.Tensor) -> torch.Tensor:
+            return op.linear_int4(x.bfloat16(), lin.packed, lin.scales)
     elif mode == "int8":
         q = (lin.dequantized() / lin.scales[:, None]).round().to(torch.int8)
         weight, w = _layout(q, layout, 16), lin.dequantized().double()
-        run = lambda x: op.linear_int8(x.bfloat16(), weight, lin.scales)
+
+        def run(x: torch.Tensor) -> torch.Tensor:
+            return op.linear_int8(x.bfloat16(), weight, lin.scales)
     else:
         weight, w = _layout(WIDE.bfloat16(), layout, 32), WIDE.double()
-        run = lambda x: op.linear_bf16(x.bfloat16(), weight)
+
+        def run(x: torch.Tensor) -> torch.Tensor:
+            return op.linear_bf16(x.bfloat16(), weight)
     x = torch.randn(150, 96, generator=gen)
     whole = run(x)  # 150 rows: several 64-row AMX passes and 4-row tile groups, partial ones at the end
     assert whole.dtype == torch.bfloat16 and whole.shape == (150, 80)
@@ -105,7 +111,7 @@ def test_shapes_that_do_not_fit_tiles_use_torch_kernels(isa: str) -> None:
 
 @needs_kernels
 def test_kernel_rejects_mismatched_inputs_clearly(isa: str) -> None:
-    lin = PackedLinear(WEIGHT, "bfloat16")
+    PackedLinear(WEIGHT, "bfloat16")  # builds and loads the kernels
     with pytest.raises(RuntimeError, match="features"):
         kernels.ops().linear_bf16(torch.randn(2, 64).bfloat16(), kernels.to_tiles(WEIGHT.bfloat16(), 32))
 

@@ -19,7 +19,7 @@ def test_metadata_indices_follow_their_definitions():
     tables = [[7], [2, 0, 5], [4, 1]]
     meta = build_attention_metadata(q_lens, k_lens, tables, bs)
     positions, slots = [], []
-    for q, k, table in zip(q_lens, k_lens, tables):
+    for q, k, table in zip(q_lens, k_lens, tables, strict=True):
         for p in range(k - q, k):
             positions.append(p)
             slots.append(table[p // bs] * bs + p % bs)
@@ -29,7 +29,7 @@ def test_metadata_indices_follow_their_definitions():
     assert meta.block_tables.tolist() == [[7, -1, -1], [2, 0, 5], [4, 1, -1]]
     assert not meta.decode_only and meta.max_k == 10
     mask = meta.attn_mask[:, 0]
-    for b, (q, k) in enumerate(zip(q_lens, k_lens)):
+    for b, (q, k) in enumerate(zip(q_lens, k_lens, strict=True)):
         for i in range(q):
             assert mask[b, i].tolist() == [j <= k - q + i for j in range(10)]
 
@@ -75,7 +75,7 @@ def test_paged_attention_equals_dense_per_sequence(q_lens, k_lens, group_bytes, 
     assert out.shape == (n_new, HEADS, HEAD_DIM)
 
     start = 0
-    for b, (ql, kl, table) in enumerate(zip(q_lens, k_lens, tables)):
+    for ql, kl, table in zip(q_lens, k_lens, tables, strict=True):
         slots = torch.tensor([table[p // bs] * bs + p % bs for p in range(kl)])
         k_ctx = k_cache.flatten(0, 1)[slots]
         v_ctx = v_cache.flatten(0, 1)[slots]
@@ -112,7 +112,7 @@ def test_paged_attention_over_int8_pools_equals_dense_over_the_dequantised_conte
     store_kvcache(k_new, v_new, k_cache, v_cache, meta.slot_mapping)  # quantised on store
     out = paged_attention(q, k_cache, v_cache, meta)
     start = 0
-    for ql, kl, table in zip(q_lens, k_lens, tables):
+    for ql, kl, table in zip(q_lens, k_lens, tables, strict=True):
         slots = torch.tensor([table[p // bs] * bs + p % bs for p in range(kl)])
         k_ctx, v_ctx = (attention.dequantize_kv(c.flatten(0, 1)[slots], torch.float32) for c in (k_cache, v_cache))
         assert torch.equal(k_cache.flatten(0, 1)[slots][kl - ql:], attention.quantize_kv(k_new[start:start + ql]))

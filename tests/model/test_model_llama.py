@@ -23,7 +23,7 @@ def hf_incremental(hf: LlamaModel, chunks: list[torch.Tensor]) -> list[torch.Ten
 
 
 def max_err(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
-    return max((x - y).abs().max().item() for x, y in zip(a, b))
+    return max((x - y).abs().max().item() for x, y in zip(a, b, strict=True))
 
 
 @pytest.mark.parametrize("block_size,group_bytes", [(4, 1 << 20), (16, 1 << 20), (4, 40_000)])
@@ -40,7 +40,7 @@ def test_mixed_prefill_then_decode_matches_hf(hf_llama, make_runner, block_size,
     paged = {i: [] for i in steps}
     for t in range(33):
         outs = runner.step([(i, steps[i][t]) for i in steps])
-        for i, out in zip(steps, outs):
+        for i, out in zip(steps, outs, strict=True):
             paged[i].append(out)
 
     for i, chunks in steps.items():
@@ -60,7 +60,7 @@ def test_chunked_prefill_equals_one_shot_and_hf(hf_llama, make_runner):
     runner.step([(1, other_prompt)])
     chunks = [prompt[:8], prompt[8:16], prompt[16:]]
     pieces = []
-    for chunk, dec in zip(chunks, decodes):
+    for chunk, dec in zip(chunks, decodes, strict=True):
         outs = runner.step([(1, dec), (0, chunk)])
         pieces.append(outs[1])
     chunked = torch.cat(pieces)

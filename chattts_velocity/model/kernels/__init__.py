@@ -25,6 +25,7 @@ import tempfile
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -74,7 +75,7 @@ def kernel_path() -> str:
     return "amx" if amx_ready() else chosen
 
 
-def ops(which: str | None = None):
+def ops(which: str | None = None) -> Any:  # torch.ops.<library>: its ops are looked up by name at run time
     """torch.ops namespace of the ISA's library (loaded on first use): linear_bf16, decode_layer, ..."""
     which = which or isa()
     if which is None or not load(which):
@@ -104,7 +105,7 @@ def _choice() -> tuple[str | None, str | None]:
     return None, f"this CPU lacks {', '.join(missing)}"
 
 
-active_ops = None  # ops() of the ISA in use once load() succeeded: a module global, so compiled graphs can read it
+active_ops: Any = None  # ops() of the ISA in use once load() succeeded: a module global, so compiled graphs can read it
 
 
 def load(which: str | None = None) -> bool:
@@ -125,7 +126,7 @@ def _load(which: str | None) -> bool:
     if which is None:
         return False
     try:
-        torch.ops.load_library(str(_build(which)))
+        torch.ops.load_library(str(_build(which)))  # type: ignore[no-untyped-call]  # unannotated in torch
         _register_fakes(f"chattts_velocity_{which}")
         return True
     except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
@@ -188,20 +189,21 @@ def _build(which: str) -> Path:
 def _register_fakes(namespace: str) -> None:
     """Output shapes for torch.compile's tracing (the batch dimension stays symbolic)."""
 
-    @torch.library.register_fake(f"{namespace}::linear_bf16")
-    def _bf16(x, weight):
+    @torch.library.register_fake(f"{namespace}::linear_bf16")  # type: ignore[untyped-decorator]  # unannotated
+    def _bf16(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return x.new_empty(x.shape[0], weight.shape[0] * weight.shape[2])
 
-    @torch.library.register_fake(f"{namespace}::linear_int8")
-    def _int8(x, weight, scales):
+    @torch.library.register_fake(f"{namespace}::linear_int8")  # type: ignore[untyped-decorator]  # unannotated
+    def _int8(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
         return x.new_empty(x.shape[0], scales.shape[0])
 
-    @torch.library.register_fake(f"{namespace}::linear_int4")
-    def _int4(x, weight, scales):
+    @torch.library.register_fake(f"{namespace}::linear_int4")  # type: ignore[untyped-decorator]  # unannotated
+    def _int4(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
         return x.new_empty(x.shape[0], weight.shape[0] * 4)
 
-    @torch.library.register_fake(f"{namespace}::paged_decode_attention")
-    def _attention(q, k_cache, v_cache, block_tables, context_lens, scale):
+    @torch.library.register_fake(f"{namespace}::paged_decode_attention")  # type: ignore[untyped-decorator]  # unannotated
+    def _attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+                   context_lens: torch.Tensor, scale: float) -> torch.Tensor:
         return torch.empty_like(q)
 
 

@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 TARGETS = {80: 166912, 89: 101376, 90: 232448}  # compute capability -> opt-in shared memory per block (bytes)
 MODELS = {"chattts": (768, 12, 3072), "test": (64, 4, 128)}  # hidden, heads, intermediate
@@ -32,16 +33,17 @@ TYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "int64": "i64
          "uint8": "u8", "int8": "i8"}
 HERE = Path(__file__).parent
 MODULE = "chattts_velocity.model.kernels.triton.compile_check"
+Spec = dict[str, Any]  # one launch: kernel, signature, constexprs, options (JSON)
 
 
-def record() -> list[dict]:
+def record() -> list[Spec]:
     """Every distinct launch of the engine's kernels (run in a TRITON_INTERPRET=1 process)."""
     import torch
     from triton.runtime.interpreter import InterpretedFunction
 
     from chattts_velocity.model.kernels.triton import attention
 
-    launches: dict[str, dict] = {}
+    launches: dict[str, Spec] = {}
 
     def capture(self, *args, grid, warmup, **kwargs):
         spec = _spec(self, args, kwargs)
@@ -50,19 +52,19 @@ def record() -> list[dict]:
     attention.INTERPRETED = False  # record UPCAST as a GPU launch decides it
     InterpretedFunction.run = capture
     with torch.inference_mode():
-        for name, (hidden, heads, inter) in MODELS.items():
+        for hidden, heads, inter in MODELS.values():
             for dtype in DTYPES:
                 for block_size in BLOCK_SIZES:
                     _drive_backend(hidden, heads, inter, getattr(torch, dtype), block_size)  # warm-up: + sampler
     return list(launches.values())
 
 
-def _spec(kernel, args: tuple, kwargs: dict) -> dict:
+def _spec(kernel: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Spec:
     """Triton's view of one launch: argument types, constexpr values, compile options."""
     fn = kernel.fn
     params = inspect.signature(fn).parameters
     names = list(params)
-    values = dict(zip(names, args)) | {k: v for k, v in kwargs.items() if k in params}
+    values = dict(zip(names, args, strict=False)) | {k: v for k, v in kwargs.items() if k in params}
     skip = set(kernel.kwargs.get("do_not_specialize") or ()) if hasattr(kernel, "kwargs") else set()
     signature, constexprs = {}, {}
     for name in names:
@@ -109,7 +111,7 @@ def _drive_backend(hidden: int, heads: int, inter: int, dtype, block_size: int) 
     attention.decode_splits = original
 
 
-def compile_all(specs: list[dict], targets: list[int]) -> list[dict]:
+def compile_all(specs: list[Spec], targets: list[int]) -> list[dict[str, Any]]:
     """Compile each spec for each target (TRITON_INTERPRET unset); registers, shared and local memory per cubin."""
     import importlib
 
@@ -134,7 +136,7 @@ def compile_all(specs: list[dict], targets: list[int]) -> list[dict]:
     return results
 
 
-def _resources(compiled, cc: int) -> dict:
+def _resources(compiled: Any, cc: int) -> dict[str, Any]:
     """Registers and shared memory of the cubin (cuobjdump); spills from ptxas -v over the same PTX."""
     import triton
     from triton.backends.nvidia.compiler import get_ptxas
@@ -177,12 +179,13 @@ def source_key(targets: list[int]) -> str:
     return digest.hexdigest()[:20]
 
 
-def run(targets: list[int], cache_dir: Path | None = None) -> dict:
+def run(targets: list[int], cache_dir: Path | None = None) -> dict[str, Any]:
     """Record (child process, interpreter) then compile (child process, no interpreter); cached by source_key."""
     key = source_key(targets)
     cached = cache_dir / f"{key}.json" if cache_dir else None
     if cached and cached.is_file():
-        return json.loads(cached.read_text())
+        results: dict[str, Any] = json.loads(cached.read_text())
+        return results
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     root = str(HERE.parents[3])
     env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")])
