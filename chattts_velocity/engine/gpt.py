@@ -11,6 +11,7 @@ from typing import Any, Protocol
 from ..assets import AssetPaths
 from ..config import ModelConfig
 from ..schema import GenerationOutput, Prompt, SamplingParams
+from .llm_engine import LLMEngine
 
 StopFlag = Callable[[], bool] | None
 Deltas = list[tuple[int, GenerationOutput]]  # (prompt index, its new rows) for every prompt that moved
@@ -22,6 +23,10 @@ class GPTBackend(Protocol):
     @property
     def config(self) -> ModelConfig:
         """The GPT's dimensions (hidden_size is a speaker vector's width)."""
+
+    @property
+    def engine(self) -> LLMEngine | None:
+        """The velocity engine, for callers that step it themselves; None on the plain path."""
 
     def generate(self, prompts: list[Prompt], params: SamplingParams | list[SamplingParams], progress: bool = True,
                  should_stop: StopFlag = None, max_batch: int | None = None) -> list[GenerationOutput]:

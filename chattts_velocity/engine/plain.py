@@ -33,6 +33,7 @@ class PlainGPT:
 
     def __init__(self, llama: torch.nn.Module, embed: Embed, config: ModelConfig) -> None:
         self.llama, self.embed, self.config = llama.eval(), embed.eval(), config
+        self.engine = None  # GPTBackend.engine: this path steps no LLMEngine
         self.device = next(embed.parameters()).device
 
     @classmethod
