@@ -1,4 +1,4 @@
-"""Issue-17 targets 4 and 7 for bench_cpu.py: the seed contract in the fast modes and the int8 KV cache.
+"""Targets 4 and 7 of bench_cpu.py: the seed contract in the fast modes and the int8 KV cache.
 
 measure_seeds(chat, steps): a seeded text's codes and hidden states alone, among 8 and among 16 texts, through
 `Chat.speech_requests` + `Chat.gpt(True).generate` (the same seed, other texts around it).

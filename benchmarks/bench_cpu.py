@@ -1,4 +1,4 @@
-"""One command for every issue-17 target on this CPU, through the public API; one JSON per host kind.
+"""One command for every per-host performance target on this CPU, through the public API; one JSON per host kind.
 
     python benchmarks/bench_cpu.py --model .pytest-assets/full     # ~11 min; run it ALONE
     python benchmarks/bench_cpu.py --model .pytest-assets/tiny --quick --no-llamacpp   # smoke run, seconds
@@ -94,8 +94,8 @@ def measure_llamacpp(args, plan: dict, chats: dict) -> dict:
     if args.no_llamacpp:
         return {"skipped": "--no-llamacpp"}
     try:
-        import gguf  # noqa: F401
-        import llama_cpp  # noqa: F401
+        import gguf  # noqa: F401 (only checks that the bench extra is installed)
+        import llama_cpp  # noqa: F401 (only checks that the bench extra is installed)
     except ImportError as exc:
         return {"skipped": f"the bench extra is not installed ({exc}); "
                            "CMAKE_ARGS=\"-DGGML_NATIVE=ON\" pip install -e '.[bench]'"}
@@ -112,7 +112,7 @@ def target(label: str, measured, met) -> dict:
 
 
 def targets(report: dict) -> list[dict]:
-    """Every issue-17 target this run measures, met or not (target 4's preemption case is in the tests)."""
+    """Every target this run measures (docs/performance.md), met or not (target 4's preemption case is in the tests)."""
     m, p, w = report["measured"], ceilings(report), report["weight_bytes_per_step"]
     out = _llamacpp_targets(report["llamacpp"])
     for dtype in ("int8", "bfloat16"):
@@ -138,7 +138,7 @@ def targets(report: dict) -> list[dict]:
             target("5: default first chunk within 1e-4 of the whole-clip decode", default["first_chunk_error"],
                    default["first_chunk_error"] <= 1e-4)]
     share = m["bfloat16"]["batch"]["32"]["decode_share"]
-    out.append(target("6: Decoder+Vocos share of end-to-end time at 32 requests (bf16) below the issue's 23 %",
+    out.append(target("6: Decoder+Vocos share of end-to-end time at 32 requests (bf16) below 23 %",
                       share, share < 0.23))
     kv = m["kv_int8"]
     label = f"7: int8 KV / bf16 KV decode speed at {kv['seqs']} x {kv['context']} positions > 1"

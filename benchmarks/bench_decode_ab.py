@@ -20,12 +20,12 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from chattts_velocity import load_pretrained
-from chattts_velocity.engine.backends import CompiledTorchBackend
-from chattts_velocity.model import kernels
-from chattts_velocity.model.fused import FusedLayerWeights
-from chattts_velocity.params import InferCodeParams
-from chattts_velocity.text import Tokenizer, sample_random_speaker
+from chattts_velocity import load_pretrained  # noqa: E402 (imported once REPO is on sys.path)
+from chattts_velocity.engine.backends import CompiledTorchBackend  # noqa: E402 (imported once REPO is on sys.path)
+from chattts_velocity.model import kernels  # noqa: E402 (imported once REPO is on sys.path)
+from chattts_velocity.model.fused import FusedLayerWeights  # noqa: E402 (imported once REPO is on sys.path)
+from chattts_velocity.params import InferCodeParams  # noqa: E402 (imported once REPO is on sys.path)
+from chattts_velocity.text import Tokenizer, sample_random_speaker  # noqa: E402 (imported once REPO is on sys.path)
 
 STEPS_PER_TURN = 8
 
@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> None:
               "batches": {}}
     for batch in args.batches:
         ms = _run_batch(llm, batch, variants, args)
-        baseline = list(ms)[-1]  # compiled without AMX: session 2's decode step
+        baseline = list(ms)[-1]  # compiled without AMX: the step before the fused layer and AMX
         ratios = {name: ms[baseline] / t for name, t in ms.items()}
         report["batches"][str(batch)] = {"ms_per_step_median": ms, f"speedup_vs_{baseline}": ratios}
         print(f"N={batch}: " + ", ".join(f"{name} {t:.1f} ms ({ratios[name]:.2f}x)" for name, t in ms.items()))

@@ -32,7 +32,7 @@ if str(REPO) not in sys.path:
 
 # torch and the package load lazily in run(), so `chattts-velocity bench --help` stays instant
 
-TARGETS = (  # (label, velocity concurrency, plain concurrency, metric, target ratio) from issue 5
+TARGETS = (  # (label, velocity concurrency, plain concurrency, metric, target ratio)
     ("single stream vs plain@1", 1, 1, "steps_per_s", 3.0),
     ("32 concurrent vs plain@16 (GPT)", 32, 16, "steps_per_s", 6.0),
     ("32 concurrent vs plain@16 (end to end)", 32, 16, "audio_per_s_e2e", 4.0),
@@ -200,11 +200,11 @@ def summarise(suite, args: argparse.Namespace, repeats: list[dict]) -> dict:
               f"{row['steps_per_cpu_s_median']:>13.1f}{row['peak_rss_mb']:>13.0f}")
     ratios = {label: statistics.median(rep["ratios"][label] for rep in repeats if label in rep["ratios"])
               for label in {k for rep in repeats for k in rep["ratios"]}}
-    print("\nsame-run ratios (median over repeats; targets from issue 5):")
+    print("\nsame-run ratios (median over repeats; against TARGETS):")
     for label in sorted(ratios):
         target = next((t for name, *_, t in TARGETS if name == label), None)
-        verdict = "" if target is None else (" (target %.0fx: %s)" % (target, "met" if ratios[label] >= target
-                                                                         else "MISSED"))
+        met = target is not None and ratios[label] >= target
+        verdict = "" if target is None else f" (target {target:.0f}x: {'met' if met else 'MISSED'})"
         print(f"  {label}: {ratios[label]:.2f}x{verdict}")
     from benchmarks.bench_stream import summarise as summarise_stream
 

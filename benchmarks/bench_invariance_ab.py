@@ -74,7 +74,8 @@ def main(argv: list[str] | None = None) -> None:
                 print(dtype, tree, runs[tree][-1], flush=True)
         old, new = (runs[t] for t in args.trees)
         results[dtype] = {size: {"old": [r[size] for r in old], "new": [r[size] for r in new],
-                                 "ratio_new_over_old": statistics.median(b[size] / a[size] for a, b in zip(old, new))}
+                                 "ratio_new_over_old": statistics.median(
+                                     b[size] / a[size] for a, b in zip(old, new, strict=True))}
                           for size in old[0]}
     Path(args.out).write_text(json.dumps({"trees": args.trees, "steps": args.steps, "noamx": args.noamx,
                                           "results": results}, indent=1))

@@ -4,7 +4,8 @@ Paths: torch's own kernels (what a CPU without our kernels runs), the AVX2 kerne
 and the AVX-512 tiles where the CPU has AVX-512 BF16 (the AMX panels are bench_cpu.py's subject). On an AVX-512
 host the AVX2 rows emulate an AVX2-only host: CHATTTS_VELOCITY_CPU_KERNELS=avx2 for ours, and
 ONEDNN_MAX_CPU_ISA=AVX2 + ATEN_CPU_CAPABILITY=avx2 so torch's fallback kernels use AVX2 only too (memory bandwidth
-and core count stay this host's, so the figures are ratios, not an AVX2 laptop's speed). Each (path, precision) runs in its own process: load, warm up, then code
+and core count stay this host's, so the figures are ratios, not an AVX2 laptop's speed). Each (path, precision)
+runs in its own process: load, warm up, then code
 steps per second with prefill excluded (bench_public.decode_rate) for one stream and for 16 concurrent; the
 processes are interleaved over the repeats and each cell keeps its best. On a shared host wall-clock rates swing
 with the neighbours' load, so the run also times the 80 linears of one step on each ISA's kernels in one process
@@ -75,7 +76,7 @@ def linears(layers: int = 10, repeats: int = 7) -> dict:
         for which in isas:
             for dtype, tensors in packed.items():
                 op = getattr(kernels.ops(which), names[dtype])
-                variants[f"{which} {dtype}"] = lambda op=op, tensors=tensors: [
+                variants[f"{which} {dtype}"] = lambda op=op, tensors=tensors, x=x: [
                     op(x[k_of(w)], w, *rest) for w, *rest in tensors]
         times: dict[str, list[float]] = {name: [] for name in variants}
         with torch.inference_mode():

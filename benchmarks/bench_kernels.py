@@ -22,9 +22,9 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from chattts_velocity.model import DecodeMetadata, kernels  # noqa: E402
-from chattts_velocity.model.attention import paged_decode_attention  # noqa: E402
-from chattts_velocity.model.packed import _quantize_int8  # noqa: E402
+from chattts_velocity.model import DecodeMetadata, kernels  # noqa: E402 (imported once REPO is on sys.path)
+from chattts_velocity.model.attention import paged_decode_attention  # noqa: E402 (imported once REPO is on sys.path)
+from chattts_velocity.model.packed import _quantize_int8  # noqa: E402 (imported once REPO is on sys.path)
 
 SHAPES = [(2304, 768), (768, 768), (6144, 768), (768, 3072)]  # fused q/k/v, o, fused gate/up, down
 LAYERS, HEADS, HEAD_DIM, BLOCK = 20, 12, 64, 16
@@ -58,14 +58,15 @@ def linear_variants(rows: int) -> tuple[dict[str, Callable[[], object]], float]:
     ks = [k for _, k in SHAPES]
     variants = {
         "onednn bf16": lambda: [torch.ops.mkldnn._linear_pointwise(xb[k], w, None, "none", [], "")
-                                for layer in onednn for w, k in zip(layer, ks)],
-        "tiles bf16": lambda: [ops.linear_bf16(xb[k], w) for layer in tiles for w, k in zip(layer, ks)],
-        "tiles int8": lambda: [ops.linear_int8(xb[k], w, s) for layer in int8 for (w, s), k in zip(layer, ks)],
+                                for layer in onednn for w, k in zip(layer, ks, strict=True)],
+        "tiles bf16": lambda: [ops.linear_bf16(xb[k], w) for layer in tiles for w, k in zip(layer, ks, strict=True)],
+        "tiles int8": lambda: [ops.linear_int8(xb[k], w, s)
+                               for layer in int8 for (w, s), k in zip(layer, ks, strict=True)],
     }
     if panels:  # the AMX panel layout (kernels.to_panels) at every row count
-        variants["amx bf16"] = lambda: [ops.linear_bf16(xb[k], p) for lp in panels for p, k in zip(lp, ks)]
+        variants["amx bf16"] = lambda: [ops.linear_bf16(xb[k], p) for lp in panels for p, k in zip(lp, ks, strict=True)]
         variants["amx int8"] = lambda: [ops.linear_int8(xb[k], p, s) for lp in int8_panels
-                                        for (p, s), k in zip(lp, ks)]
+                                        for (p, s), k in zip(lp, ks, strict=True)]
     return variants, sum(n * k for n, k in SHAPES) * LAYERS * 2 / 1e9  # GB of bf16 weights
 
 

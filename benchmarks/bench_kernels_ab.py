@@ -20,8 +20,8 @@ spec = importlib.util.spec_from_file_location("old_kernels", OLD_TREE / "chattts
 old = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(old)
 torch.ops.load_library(str(old._build()))
-from chattts_velocity.model import kernels  # noqa: E402
-from chattts_velocity.model.packed import _quantize_int8  # noqa: E402
+from chattts_velocity.model import kernels  # noqa: E402 (imported once REPO is on sys.path)
+from chattts_velocity.model.packed import _quantize_int8  # noqa: E402 (imported once REPO is on sys.path)
 
 torch.set_num_threads(1)
 OLD, NEW = torch.ops.chattts_velocity_cpu, kernels.ops("avx512")
@@ -36,20 +36,29 @@ layouts = {
   "amx int8": ("linear_int8", [(kernels.to_panels(q), s) for q, s in Q]),
 }
 out: dict = {}
+
+
+def kdim(w: torch.Tensor) -> int:
+    """Input features of a packed weight: tiles [N/4, K/C, 4, C] or panels [N/16, K/2, 16, 2]."""
+    return w.shape[1] * (2 if w.shape[2] == 16 else w.shape[3])
+
+
 for M in (1, 16, 64):
     x = {k: torch.randn(M, k, generator=g).bfloat16() for k in (768, 3072)}
     variants = {}
     for name, (fn, packs) in layouts.items():
         for tree, ops in (("old", OLD), ("new", NEW)):
             f = getattr(ops, fn)
-            kdim = lambda w: w.shape[1] * (2 if w.shape[2] == 16 else w.shape[3])
-            variants[f"{name} {tree}"] = lambda f=f, packs=packs: [f(x[kdim(p[0])], *p) for p in packs]
+            variants[f"{name} {tree}"] = lambda f=f, packs=packs, x=x: [f(x[kdim(p[0])], *p) for p in packs]
     times = {n: [] for n in variants}
     with torch.inference_mode():
-        for n, v in variants.items(): v()
+        for v in variants.values():
+            v()  # warm-up
         for _ in range(7):
             for n, v in variants.items():
-                t = time.process_time(); v(); times[n].append((time.process_time() - t) * 1e3)
+                t = time.process_time()
+                v()
+                times[n].append((time.process_time() - t) * 1e3)
     out[M] = {n: min(t) for n, t in times.items()}
     out[f"{M} identical"] = {}
     for name in layouts:
@@ -57,7 +66,8 @@ for M in (1, 16, 64):
         print(f"M={M:3d} {name:11s} old {o:7.2f} ms  new {nw:7.2f} ms  new/old {nw/o:.3f}", flush=True)
     # identical results?
     for name, (fn, packs) in layouts.items():
-        p = packs[0]; xx = x[kdim(p[0])]
+        p = packs[0]
+        xx = x[kdim(p[0])]
         same = torch.equal(getattr(OLD, fn)(xx, *p), getattr(NEW, fn)(xx, *p))
         out[f"{M} identical"][name] = same
         print(f"   {name}: identical outputs old vs new: {same}")

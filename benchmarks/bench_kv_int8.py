@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from chattts_velocity import load_pretrained
+from chattts_velocity import load_pretrained  # noqa: E402 (imported once REPO is on sys.path)
 
 STEPS_PER_TURN = 8
 KV_DTYPES = ("auto", "int8")  # EngineConfig.kv_cache_dtype; "auto" is the weights' bf16

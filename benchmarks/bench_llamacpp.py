@@ -1,4 +1,4 @@
-"""llama.cpp against our engine on ChatTTS's GPT shape, in one run (issue 17, target 0).
+"""llama.cpp against our engine on ChatTTS's GPT shape, in one run (bench_cpu.py's target 0).
 
 Builds a random-weight Llama GGUF of exactly our GPT's shape (read from the model's gpt/config.json: hidden 768,
 20 layers, 12 heads, intermediate 3072; one output head of num_vq x num_audio_tokens = 2504 rows, where ours are

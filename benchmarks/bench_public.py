@@ -15,7 +15,7 @@ import torch
 
 from chattts_velocity import Chat, InferCodeParams
 from chattts_velocity.audio import decode_hidden_batch
-from chattts_velocity.speech import StreamOptions, StreamSet, stream_texts
+from chattts_velocity.speech import DecoderSource, StreamOptions, StreamSet, stream_texts
 
 SENTENCES = [
     "The quick brown fox jumps over the lazy dog near the river bank",
@@ -100,8 +100,7 @@ def batch_run(chat: Chat, n: int, steps: int) -> BatchRun:
         start = time.perf_counter()
         outputs = chat.gpt(True).generate(reqs.prompts, reqs.sampling, False)
         gpt = time.perf_counter() - start
-        decoder, _, vocos = chat.audio_modules
-        decode_hidden_batch(decoder, vocos, [o.hidden for o in outputs], chat.decode_dtype)
+        chat.pipeline.mel("decoder").decode(outputs)
     return BatchRun(n, steps, gpt, time.perf_counter() - start - gpt)
 
 
@@ -109,10 +108,10 @@ def stream_ttfa(chat: Chat, n: int, steps: int, options: StreamOptions) -> dict:
     """n texts streamed at once as Chat.infer(stream=True) streams them, with `options`: seconds from submission
     to each text's first audio."""
     reqs = requests(chat, n, steps)
-    streams = StreamSet(chat.decoder, chat.dvae, chat.vocos, options, chat.decode_dtype)
+    streams = StreamSet(options)
     first: dict[int, float] = {}
     start = time.perf_counter()
-    for chunks in stream_texts(streams, chat.gpt(True), reqs, True):
+    for chunks in stream_texts(streams, chat.gpt(True), reqs, chat.pipeline.mel("decoder")):
         for k, chunk in enumerate(chunks):
             if len(chunk):
                 first.setdefault(k, time.perf_counter() - start)
@@ -132,8 +131,8 @@ def first_chunk_error(chat: Chat, hidden: torch.Tensor, options: StreamOptions) 
     rounding would hide what the window costs); later chunks are exact by construction."""
     with torch.inference_mode():
         whole = decode_hidden_batch(chat.decoder, chat.vocos, [hidden])[0]
-        streams = StreamSet(chat.decoder, None, chat.vocos, options, None)
-        streams.open(0)
+        streams = StreamSet(options)
+        streams.open(0, DecoderSource(chat.decoder, chat.vocos, None))
         for row in hidden.split(1):
             chunk = streams.push({0: row}).get(0, np.zeros(0))
             if len(chunk):

@@ -28,12 +28,12 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from benchmarks import bench_runs  # noqa: E402
-from chattts_velocity import Chat, InferCodeParams  # noqa: E402
-from chattts_velocity.audio import SAMPLE_RATE  # noqa: E402
-from chattts_velocity.engine.async_engine import AsyncLLMEngine  # noqa: E402
-from chattts_velocity.speech import StreamOptions  # noqa: E402
-from chattts_velocity.speech.service import SpeechService  # noqa: E402
+from benchmarks import bench_runs  # noqa: E402 (imported once REPO is on sys.path)
+from chattts_velocity import Chat, InferCodeParams  # noqa: E402 (imported once REPO is on sys.path)
+from chattts_velocity.audio import SAMPLE_RATE  # noqa: E402 (imported once REPO is on sys.path)
+from chattts_velocity.engine.async_engine import AsyncLLMEngine  # noqa: E402 (imported once REPO is on sys.path)
+from chattts_velocity.speech import StreamOptions  # noqa: E402 (imported once REPO is on sys.path)
+from chattts_velocity.speech.service import SpeechService  # noqa: E402 (imported once REPO is on sys.path)
 
 RESULTS = REPO / "benchmarks" / "results"
 
@@ -93,7 +93,7 @@ def _service(args: argparse.Namespace) -> Iterator[SpeechService]:
     chat = Chat()
     chat.load(source="custom", custom_path=args.model, verify=False, use_vllm=True, dtype=args.dtype)
     engine = AsyncLLMEngine(chat.engine())
-    service = SpeechService(chat, engine, StreamOptions())
+    service = SpeechService(chat.pipeline, engine, StreamOptions())
     engine.start()
     try:
         yield service

@@ -17,7 +17,7 @@ import torch
 
 from chattts_velocity.audio import decode_hidden_batch
 from chattts_velocity.schema import GenerationOutput
-from chattts_velocity.speech import EMPTY, StreamOptions, StreamSet, delta_rows
+from chattts_velocity.speech import EMPTY, DecoderSource, MelSource, StreamOptions, StreamSet
 
 if TYPE_CHECKING:
     from benchmarks.bench_runs import Suite
@@ -27,7 +27,7 @@ OPTION_SETS = {  # at most 3: each one runs at every --ttfa-sizes count in every
     "first 8, lookahead 16": StreamOptions(first_chunk_steps=8, first_lookahead_steps=16),
     "first 4, lookahead 12": StreamOptions(first_chunk_steps=4, first_lookahead_steps=12),
 }
-TARGETS = {1: 0.5, 16: 1.5}  # issue 6: seconds to first audio alone / for every one of 16 concurrent requests
+TARGETS = {1: 0.5, 16: 1.5}  # seconds to first audio alone / for every one of 16 concurrent requests
 
 
 @dataclass
@@ -67,9 +67,9 @@ class StreamRun:
 def run_stream_ttfa(suite: Suite, n: int, options: StreamOptions, label: str = "") -> StreamRun:
     """n requests at once; returns each one's time to first streamed audio and the streamed clip's error."""
     engine, prompts, params = suite.llm.engine, suite.prompts(n), suite.params()
-    streams = StreamSet(suite.decoder, None, suite.vocos, options, suite.decode_dtype)
+    mel, streams = DecoderSource(suite.decoder, suite.vocos, suite.decode_dtype), StreamSet(options)
     for k in range(n):
-        streams.open(k, use_decoder=True)
+        streams.open(k, mel)
     chunks: list[list[np.ndarray]] = [[] for _ in range(n)]
     hidden: list[list[torch.Tensor]] = [[] for _ in range(n)]
     first: dict[int, float] = {}
@@ -79,7 +79,7 @@ def run_stream_ttfa(suite: Suite, n: int, options: StreamOptions, label: str = "
     try:
         while engine.has_unfinished_requests():
             deltas = [(index[d.request_id], d) for d in engine.step()]
-            out = _push(streams, deltas)
+            out = _push(streams, mel, deltas)
             now = time.perf_counter() - start
             ended = {k for k, d in deltas if d.finished}
             for k, chunk in out.items():
@@ -99,10 +99,10 @@ def run_stream_ttfa(suite: Suite, n: int, options: StreamOptions, label: str = "
                      [len(s) for s in streamed], _max_abs_diff(suite, streamed, hidden), at_end)
 
 
-def _push(streams: StreamSet, deltas: list[tuple[int, GenerationOutput]]) -> dict[int, np.ndarray]:
+def _push(streams: StreamSet, mel: MelSource, deltas: list[tuple[int, GenerationOutput]]) -> dict[int, np.ndarray]:
     """One engine step into the StreamSet, as speech.stream_texts does; returns the new samples per request."""
     with torch.inference_mode():
-        out = streams.push({k: delta_rows(d, True) for k, d in deltas if len(d.token_ids)})
+        out = streams.push({k: mel.rows(d) for k, d in deltas if len(d.token_ids)})
         ended = [k for k, d in deltas if d.finished]
         for k, chunk in streams.finish(ended).items():
             out[k] = np.concatenate([out.get(k, EMPTY), chunk])
@@ -111,9 +111,9 @@ def _push(streams: StreamSet, deltas: list[tuple[int, GenerationOutput]]) -> dic
 
 def _max_abs_diff(suite: Suite, streamed: list[np.ndarray], hidden: list[list[torch.Tensor]]) -> float:
     whole = decode_hidden_batch(suite.decoder, suite.vocos, [torch.cat(h) for h in hidden])  # float32
-    if any(len(s) != len(w) for s, w in zip(streamed, whole)):
+    if any(len(s) != len(w) for s, w in zip(streamed, whole, strict=True)):
         return float("inf")
-    return max(float(np.abs(s - w).max(initial=0.0)) for s, w in zip(streamed, whole))
+    return max(float(np.abs(s - w).max(initial=0.0)) for s, w in zip(streamed, whole, strict=True))
 
 
 def run_sizes(suite: Suite, sizes: list[int]) -> list[dict]:
@@ -132,12 +132,12 @@ def run_sizes(suite: Suite, sizes: list[int]) -> list[dict]:
 
 
 def summarise(repeats: list[dict]) -> list[dict]:
-    """Median over repeats per (option set, N), worst accuracy, and the issue 6 verdict; prints the table."""
+    """Median over repeats per (option set, N), worst accuracy, and the verdict against TARGETS; prints the table."""
     runs = [r for rep in repeats for r in rep.get("stream_ttfa", [])]
     if not runs:
         return []
     keys = list(dict.fromkeys((r["label"], r["concurrency"]) for r in runs))
-    print("\nstreaming time to first audio (float32 StreamSet decode; median over repeats; target: issue 6, "
+    print("\nstreaming time to first audio (float32 StreamSet decode; median over repeats; target: "
           "every request):")
     print(f"{'option set':<24}{'N':>4}{'TTFA mean':>11}{'median':>9}{'max':>8}{'wall s':>9}{'max |diff|':>12}"
           f"  target")

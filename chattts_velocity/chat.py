@@ -1,29 +1,30 @@
-"""Chat: the public spine. text -> normalise -> (refine) -> prompts -> GPT -> decoder -> vocos -> wav.
+"""Chat: upstream ChatTTS's facade over the speech pipeline (speech/pipeline.py).
 
 Drop-in for upstream `ChatTTS.Chat` callers: same method names, parameters and defaults, but one
 waveform per input text, no mutation of params, and the velocity engine behind `use_vllm=True`.
+Everything below turns upstream's arguments into the pipeline's (`use_decoder` into a mel source) and runs each
+call through one CallGate, so calls from many threads take the model one at a time.
 """
 from __future__ import annotations
 
 import logging
-import threading
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator
 
 import numpy as np
 import torch
 
-from . import audio, text
-from .assets import AssetPaths, find_assets, is_demo_folder, verify_assets
+from .assets import find_assets, is_demo_folder, verify_assets
+from .audio import Spoken
 from .audio.wav import SAMPLE_RATE
 from .config import ModelConfig
-from .engine.gpt import GPTBackend, load_pretrained
+from .engine.gpt import GPTBackend
+from .engine.llm_engine import LLMEngine
 from .params import InferCodeParams, RefineTextParams
-from .schema import GenerationOutput, Prompt, SamplingParams, SpeechRequests, TextPieces
-from .speech.calls import CallGate, Jobs, Stop
-
-if TYPE_CHECKING:
-    from .engine.llm_engine import LLMEngine
+from .schema import SpeechRequests, TextPieces
+from .speech import MelSource, SpeechPipeline, StreamOptions
+from .speech.calls import CallGate
+from .text import Normalizer, Tokenizer, check_texts
 
 
 class Chat:
@@ -32,19 +33,9 @@ class Chat:
 
     def __init__(self, logger: logging.Logger | None = None) -> None:
         self.logger = logger or logging.getLogger("chattts_velocity")
-        self.normalizer = text.Normalizer()
+        self.normalizer = Normalizer()  # register a language's normaliser here, before or after load()
         self._gate = CallGate()  # inference calls run one at a time, whichever thread makes them
-        self._loading = threading.Lock()
-        self._reset_modules()
-
-    def _reset_modules(self) -> None:
-        self.paths: AssetPaths | None = None
-        self.tokenizer: text.Tokenizer | None = None
-        self._gpts: dict[bool, GPTBackend] = {}  # use_vllm -> the backend load_pretrained chose
-        self.dvae = self.decoder = self.vocos = None
-        self.default_use_vllm, self.dtype, self.decode_dtype = False, "float32", None
-        self._load_kwargs: dict = {}
-        self.audio_modules: tuple = ()  # (Decoder, DVAE, Vocos) for decode_dtype: bf16 weights cast once, at load
+        self._pipeline: SpeechPipeline | None = None
 
     # ---- loading -------------------------------------------------------------------------
     def load(
@@ -78,48 +69,55 @@ class Chat:
             self.logger.warning("%s holds random demo weights (demo-assets): loading it unverified", paths.root)
         elif verify:
             verify_assets(paths)
-        device = str(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        self.paths = paths
-        self.device = torch.device(device)
-        self._load_kwargs = dict(device=device, dtype=dtype, compile=compile, kv_cache_dtype=kv_cache_dtype,
-                                 **engine_kwargs)
-        self.tokenizer = text.Tokenizer(paths.tokenizer_dir)
-        self.dvae = audio.DVAE.from_state_dict(audio.load_safetensors(paths.dvae)).to(self.device).eval()
-        self.decoder = audio.Decoder.from_state_dict(audio.load_safetensors(paths.decoder)).to(self.device).eval()
-        self.vocos = audio.Vocos.from_state_dict(audio.load_safetensors(paths.vocos)).to(self.device).eval()
-        self.default_use_vllm, self.dtype = use_vllm, dtype
-        self.decode_dtype = audio.audio_precision(decode_dtype, dtype, self.device)
-        self.audio_modules = audio.cast_for_autocast((self.decoder, self.dvae, self.vocos), self.decode_dtype)
-        self.gpt(use_vllm)
+        self._pipeline = SpeechPipeline.load(
+            paths, device=device, use_vllm=use_vllm, dtype=dtype, decode_dtype=decode_dtype,
+            normalizer=self.normalizer, compile=compile, kv_cache_dtype=kv_cache_dtype, **engine_kwargs)
         return self.has_loaded()
+
+    @property
+    def pipeline(self) -> SpeechPipeline:
+        """The loaded speech pipeline (what the server, the export and the web UI share)."""
+        if self._pipeline is None:
+            raise RuntimeError("Chat: call load() before infer()")
+        return self._pipeline
 
     def gpt(self, use_vllm: bool | None = None) -> GPTBackend:
         """The GPT stage for use_vllm (None: the one load() chose), loaded on first use; both may live side by side."""
-        if self.paths is None:
-            raise RuntimeError("Chat: call load() before infer()")
-        is_vllm = self.default_use_vllm if use_vllm is None else bool(use_vllm)
-        with self._loading:  # two threads asking for a backend not loaded yet load it once
-            if is_vllm not in self._gpts:
-                self._gpts[is_vllm] = load_pretrained(self.paths, is_vllm=is_vllm, **self._load_kwargs)
-        return self._gpts[is_vllm]
+        return self.pipeline.gpt(use_vllm)
 
     def engine(self) -> LLMEngine:
         """The velocity engine (loaded on first use) for callers that step it themselves: the server, Ray export."""
-        return self.gpt(True).engine
+        return self.pipeline.engine()
 
     @property
     def config(self) -> ModelConfig:
         """The GPT's dimensions (hidden_size is a speaker vector's width)."""
-        return self.gpt().config
+        return self.pipeline.config
+
+    # the loaded stages, None before load() (upstream's attributes)
+    paths = property(lambda self: self._loaded("paths"))
+    device = property(lambda self: self._loaded("device"))
+    dtype = property(lambda self: self._loaded("dtype", "float32"))
+    decode_dtype = property(lambda self: self._loaded("decode_dtype"))
+    default_use_vllm = property(lambda self: self._loaded("default_use_vllm", False))
+    dvae = property(lambda self: self._loaded("dvae"))
+    decoder = property(lambda self: self._loaded("decoder"))
+    vocos = property(lambda self: self._loaded("vocos"))
+
+    @property
+    def tokenizer(self) -> Tokenizer | None:
+        return None if self._pipeline is None else self._pipeline.frontend.tokenizer
+
+    def _loaded(self, name: str, default: object = None) -> object:
+        return default if self._pipeline is None else getattr(self._pipeline, name)
 
     def has_loaded(self, use_decoder: bool = False) -> bool:
-        stage = self.decoder if use_decoder else self.dvae
-        return all(m is not None for m in (self.tokenizer, self.vocos, stage)) and bool(self._gpts)
+        return self._pipeline is not None and self._mel(use_decoder).model is not None
 
     def unload(self) -> None:
-        for gpt in self._gpts.values():
-            gpt.shutdown()
-        self._reset_modules()
+        if self._pipeline is not None:
+            self._pipeline.shutdown()
+        self._pipeline = None
 
     def interrupt(self) -> None:
         """Stop the inference calls in flight now (any thread's, the ones waiting for their turn included) after
@@ -130,14 +128,11 @@ class Chat:
     def sample_random_speaker(self, seed: int | None = None) -> str:
         """A random voice (upstream's draw); with `seed`, the voice torch.manual_seed(seed) would give, drawn
         without touching the global RNG (safe while other threads sample)."""
-        return text.sample_random_speaker(self.config.hidden_size, device=self.device, seed=seed)
+        return self.pipeline.sample_random_speaker(seed)
 
     def sample_audio_speaker(self, wav: np.ndarray | torch.Tensor | str | Path, sample_rate: int = SAMPLE_RATE) -> str:
         """Encode a 24 kHz mono clip (array or audio file path) into an spk_smp string."""
-        wav = audio.load_clip(wav, sample_rate, expected_rate=SAMPLE_RATE)
-        with torch.inference_mode():
-            codes = self.dvae.encode(wav.to(self.device))  # [4, T]
-        return text.encode_prompt(codes.cpu())
+        return self.pipeline.sample_audio_speaker(wav, sample_rate)
 
     # ---- inference -----------------------------------------------------------------------
     def infer(
@@ -161,22 +156,23 @@ class Chat:
         Safe to call from several threads: calls take the model one at a time (a stream holds it until it is
         exhausted or closed). Texts are checked (lengths, then normalised content) before the call waits for it.
         """
-        gpt, code_params = self.gpt(use_vllm), params_infer_code or InferCodeParams()
+        pipeline, mel = self.pipeline, self._mel(use_decoder)
+        pipeline.gpt(use_vllm)  # loaded (or its load failed) before the call waits for its turn
+        code_params = params_infer_code or InferCodeParams()
         pieces = self.split(text, lang, do_text_normalization, do_homophone_replacement, split_text)
-        requests = self.speech_requests(pieces, code_params, use_decoder) if skip_refine_text else None
+        requests = pipeline.code_requests(pieces, code_params, mel) if skip_refine_text else None
         refine = params_refine_text or RefineTextParams()
         if stream and not (refine_text_only and not skip_refine_text):
-            return self._streamed(gpt, pieces, requests, refine, code_params, use_decoder, max_split_batch)
+            return self._streamed(pieces, requests, refine, code_params, mel, use_vllm, max_split_batch)
         with self._gate.call() as stop:
             if requests is None:
-                pieces = self._refine(gpt, pieces, refine, max_split_batch, stop)
+                pieces = pipeline.refine(pieces, refine, use_vllm=use_vllm, stop=stop, max_batch=max_split_batch)
                 if refine_text_only:
                     joined = ["\n".join(g) for g in pieces.group(pieces.texts)]
                     return joined[0] if isinstance(text, str) else joined
-                requests = self.speech_requests(pieces, code_params, use_decoder)
-            outputs = gpt.generate(requests.prompts, requests.sampling, code_params.show_tqdm, stop,
-                                   max_batch=max_split_batch)
-            return _join_audio(pieces.group(self._decode(outputs, use_decoder)))
+                requests = pipeline.code_requests(pieces, code_params, mel)
+            return pipeline.generate(requests, mel, use_vllm=use_vllm, stop=stop, max_batch=max_split_batch,
+                                     progress=code_params.show_tqdm)
 
     def infer_many(
         self,
@@ -190,7 +186,7 @@ class Chat:
         use_vllm: bool | None = None,
         progress: bool = False,
         timestamps: bool = False,
-    ) -> Iterator[tuple[int, np.ndarray | audio.Spoken | Exception]]:
+    ) -> Iterator[tuple[int, np.ndarray | Spoken | Exception]]:
         """Each text with its own params (voice, seed, ...), all at once; yields (index, wav) as texts finish
         (with `timestamps`, (index, Spoken(wav, each sentence piece's span))).
 
@@ -198,79 +194,35 @@ class Chat:
         error) instead, and the others go on. No refine pass. On the velocity engine every piece of every text
         shares the running batch.
         """
-        if not isinstance(params, (list, tuple)) or len(params) != len(text.check_texts(texts)):
+        if not isinstance(params, (list, tuple)) or len(params) != len(check_texts(texts)):
             raise ValueError(f"params: expected one InferCodeParams per text ({len(texts)})")
         pieces = self.split(texts, lang, do_text_normalization, do_homophone_replacement, split_text,
                             allow_empty=True)
-        jobs = Jobs()
-        for i, item_params in enumerate(params):
-            try:
-                if not pieces.of_text(i).texts:
-                    raise text.empty_text(i)
-                jobs.add(i, self.speech_requests(pieces.of_text(i), item_params, use_decoder))
-            except ValueError as exc:
-                yield i, exc
+        jobs = self.pipeline.jobs(pieces, list(params), self._mel(use_decoder))
+        yield from jobs.failed
         with self._gate.call() as stop:
-            for k, output in self.gpt(use_vllm).generate_iter(jobs.prompts, jobs.sampling, progress, stop):
-                for i, outputs in jobs.done(k, output):
-                    texts = pieces.of_text(i).texts if timestamps else None
-                    yield i, outputs if isinstance(outputs, Exception) else self._clip(outputs, use_decoder, texts)
+            yield from self.pipeline.run_jobs(jobs, use_vllm=use_vllm, progress=progress, timestamps=timestamps,
+                                              stop=stop)
 
-    # ---- text -> requests (public: the server, export and streaming build their requests here) ------------
+    # ---- text -> requests, in upstream's argument names (the pipeline's front end does the work) ------------
     def split(self, texts: str | list[str], lang: str | None = None, do_text_normalization: bool = True,
               do_homophone_replacement: bool = True, split_text: bool = True, allow_empty: bool = False) -> TextPieces:
-        """Checked texts (lengths first) -> the normalised sentence pieces that hold speech; a text left with none
-        is a text.EmptyText naming it (with `allow_empty`, it has no pieces)."""
-        return text.normalized_pieces(
-            texts, lambda p: self.normalizer(p, do_text_normalization, do_homophone_replacement, lang), split_text,
-            allow_empty)
+        """Checked texts (lengths first) -> the normalised sentence pieces that hold speech (TextFrontEnd.pieces)."""
+        return self.pipeline.frontend.pieces(texts, lang=lang, normalize=do_text_normalization,
+                                             homophones=do_homophone_replacement, split=split_text,
+                                             allow_empty=allow_empty)
 
     def speech_requests(self, pieces: TextPieces, params: InferCodeParams | list[InferCodeParams],
                         use_decoder: bool = True) -> SpeechRequests:
         """One audio-code request per piece; params is one InferCodeParams for all texts or one per text."""
-        per_text = params if isinstance(params, list) else [params] * pieces.num_texts
-        if len(per_text) != pieces.num_texts:
-            raise ValueError(f"params: got {len(per_text)} InferCodeParams for {pieces.num_texts} texts")
-        eos = self.config.audio_eos_id
-        prompts = [self._code_prompt(p, per_text[i]) for p, i in zip(pieces.texts, pieces.owner)]
-        sampling = [per_text[i].to_sampling_params("code", eos, use_decoder) for i in pieces.owner]
-        return SpeechRequests(pieces, prompts, sampling)
+        return self.pipeline.code_requests(pieces, params, self._mel(use_decoder))
 
-    def _code_prompt(self, piece: str, params: InferCodeParams) -> Prompt:
-        spk_emb = text.speaker_tensor(params.spk_emb, self.config.hidden_size)
-        spk_smp = text.decode_prompt(params.spk_smp) if params.spk_smp is not None else None
-        return self.tokenizer.code_prompt(piece, spk_emb, params.txt_smp, params.prompt, spk_smp)
+    def _mel(self, use_decoder: bool) -> MelSource:
+        """Upstream's flag as the pipeline's mel source (the one place inside the package that reads it)."""
+        return self.pipeline.mel("decoder" if use_decoder else "dvae")
 
-    def refine_requests(self, pieces: TextPieces, params: RefineTextParams) -> tuple[list[Prompt], SamplingParams]:
-        """The refine-text pass's requests, one per piece (for callers that run the engine themselves)."""
-        prompts = [self.tokenizer.refine_prompt(p, params.prompt) for p in pieces.texts]
-        return prompts, params.to_sampling_params("text", self.tokenizer.eos_id, return_hidden=False)
-
-    def refined_text(self, token_ids: torch.Tensor) -> str:
-        """A refine request's generated ids [T, 1] -> the text the code pass reads."""
-        return self.tokenizer.refined_text(token_ids[:, 0].tolist())
-
-    def _refine(self, gpt: GPTBackend, pieces: TextPieces, params: RefineTextParams, batch: int,
-                stop: Stop) -> TextPieces:
-        prompts, sampling = self.refine_requests(pieces, params)
-        outs = gpt.generate(prompts, sampling, params.show_tqdm, stop, max_batch=batch)
-        return pieces.replace([self.refined_text(o.token_ids) for o in outs])
-
-    # ---- GPT outputs -> audio ------------------------------------------------------------------------
-    def _decode(self, outputs: list[GenerationOutput], use_decoder: bool) -> list[np.ndarray]:
-        decoder, dvae, vocos = self.audio_modules
-        if use_decoder:
-            return audio.decode_hidden_batch(decoder, vocos, [o.hidden for o in outputs], self.decode_dtype)
-        return audio.decode_codes_batch(dvae, vocos, [o.token_ids for o in outputs], self.decode_dtype)
-
-    def _clip(self, outputs: list[GenerationOutput], use_decoder: bool, texts: list[str] | None):
-        """One text's pieces -> its waveform (and, given the piece texts, a Spoken with their timestamps)."""
-        waves = self._decode(outputs, use_decoder)
-        wav = np.concatenate(waves).astype(np.float32)
-        return wav if texts is None else audio.Spoken(wav, audio.piece_timestamps(texts, [len(w) for w in waves]))
-
-    def _streamed(self, gpt: GPTBackend, pieces: TextPieces, requests: SpeechRequests | None,
-                  refine: RefineTextParams, code_params: InferCodeParams, use_decoder: bool,
+    def _streamed(self, pieces: TextPieces, requests: SpeechRequests | None, refine: RefineTextParams,
+                  code_params: InferCodeParams, mel: MelSource, use_vllm: bool | None,
                   batch: int) -> Iterator[list[np.ndarray]]:
         """Audio as the GPT generates it: each yield holds one new (maybe empty) chunk per text.
 
@@ -278,16 +230,10 @@ class Chat:
         sees stream_batch new steps per chunk plus exact context on both sides (audio/streaming.py).
         The call holds the model from its first chunk until it is exhausted or closed.
         """
-        from .speech import StreamOptions, StreamSet, stream_texts
-
+        pipeline = self.pipeline
         with self._gate.call() as stop:
             if requests is None:
-                pieces = self._refine(gpt, pieces, refine, batch, stop)
-                requests = self.speech_requests(pieces, code_params, use_decoder)
+                pieces = pipeline.refine(pieces, refine, use_vllm=use_vllm, stop=stop, max_batch=batch)
+                requests = pipeline.code_requests(pieces, code_params, mel)
             options = StreamOptions(chunk_steps=code_params.stream_batch)
-            streams = StreamSet(*self.audio_modules, options, self.decode_dtype)
-            yield from stream_texts(streams, gpt, requests, use_decoder, stop)
-
-
-def _join_audio(groups: list[list[np.ndarray]]) -> list[np.ndarray]:
-    return [np.concatenate(g).astype(np.float32) if g else np.zeros(0, np.float32) for g in groups]
+            yield from pipeline.stream(requests, mel, options=options, use_vllm=use_vllm, stop=stop)

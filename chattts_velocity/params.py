@@ -49,6 +49,9 @@ class RefineTextParams:
         )
 
 
+SHARED_MAX_BEAMS = 8  # refine beams one request may ask of a shared model (server, page): each beam is a sequence
+
+
 @dataclass(repr=False, eq=False)
 class InferCodeParams(RefineTextParams):
     prompt: str = CODE_PROMPT

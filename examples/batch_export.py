@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 from chattts_velocity import Chat, InferCodeParams
-from chattts_velocity.demo import ensure_model
+from chattts_velocity.demo import default_max_new_token, ensure_model
 from chattts_velocity.export import plan_export, run_export
 
 
@@ -38,7 +38,8 @@ def main() -> None:
     parser.add_argument("--tiny", action="store_true", help="with --model demo: test-size weights")
     parser.add_argument("--no-verify", action="store_true", help="custom or fine-tuned weights: skip the sha256 check")
     parser.add_argument("--seed", type=int, default=None, help="line k uses seed + k - 1 (default: random)")
-    parser.add_argument("--max-new-token", type=int, default=150)  # random demo weights rarely stop on their own
+    parser.add_argument("--max-new-token", type=int, default=None,
+                        help="cap on audio steps per sentence (default: lower on demo weights, which rarely stop)")
     args = parser.parse_args()
 
     root, verify = ensure_model(args.model, args.tiny, args.no_verify)
@@ -50,7 +51,8 @@ def main() -> None:
 
     plan = plan_export(source, out, seed=args.seed)  # checks every line; no audio yet
     print(f"{len(plan.todo)} lines to synthesise, {plan.count('skipped')} already done")
-    run_export(chat, plan, InferCodeParams(max_new_token=args.max_new_token, show_tqdm=False))
+    cap = default_max_new_token(args.model) if args.max_new_token is None else args.max_new_token
+    run_export(chat, plan, InferCodeParams(max_new_token=cap, show_tqdm=False))
     for line in plan.lines:  # also in out/manifest.json
         print(f"line {line.line}: {line.status:7s} {line.output or '-'} seed={line.seed} {line.error or ''}")
     raise SystemExit(1 if plan.count("error") else 0)

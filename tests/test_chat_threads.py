@@ -37,7 +37,7 @@ def test_eight_threads_get_the_audio_each_gets_alone(chat: Chat) -> None:
         return chat.infer(f"Thread {seed} speaks.", skip_refine_text=True, params_infer_code=forced(seed))[0]
 
     with ThreadPoolExecutor(8) as pool:
-        together = dict(zip(range(8), pool.map(call, range(8))))
+        together = dict(zip(range(8), pool.map(call, range(8)), strict=True))
     for seed in range(8):
         assert np.array_equal(together[seed], alone[seed]), seed
     engine = chat.engine()
@@ -50,7 +50,7 @@ def test_interrupt_stops_the_calls_in_flight_and_not_later_ones(chat: Chat) -> N
 
     def running() -> None:
         chunks = chat.infer("A long one.", stream=True, skip_refine_text=True, params_infer_code=long)
-        for chunk in chunks:
+        for _ in chunks:
             started.set()
         results["running"] = chunks
 

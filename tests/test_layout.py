@@ -14,8 +14,19 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+def resolve(target: str, modules: set[str]) -> str | None:
+    """The module of ours that importing `target` runs last (`a.b.name` -> `a.b` when `name` is not a module)."""
+    while target and target not in modules:
+        target = target.rpartition(".")[0]
+    return target or None
+
+
 def imports(path: Path, modules: set[str]) -> set[str]:
-    """Modules of ours that `path` imports anywhere (top level or inside functions), packages' __init__ excluded."""
+    """Modules of ours that `path` imports anywhere: top level, inside functions, under `if TYPE_CHECKING:`.
+
+    `from pkg import name` counts pkg.name when that is a module, else pkg itself (its __init__), so importing a
+    package's re-exports counts as importing the package.
+    """
     name = module_name(path)
     package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
     found = set()
@@ -24,21 +35,16 @@ def imports(path: Path, modules: set[str]) -> set[str]:
         if isinstance(node, ast.ImportFrom):
             base = ".".join(package[: len(package) - node.level + 1] + [node.module or ""]) if node.level \
                 else node.module or ""
-            targets = [base.strip(".")] + [f"{base.strip('.')}.{a.name}" for a in node.names]
+            base = base.strip(".")
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
         elif isinstance(node, ast.Import):
             targets = [a.name for a in node.names]
-        for target in targets:
-            while target and target not in modules:
-                target = target.rpartition(".")[0]
-            if target and target != name and not (REPO / target.replace(".", "/") / "__init__.py").exists():
-                found.add(target)
+        found |= {m for t in targets if (m := resolve(t, modules)) and m != name}
     return found
 
 
-def test_no_import_cycles() -> None:
-    modules = {module_name(p): p for p in SOURCES}
-    graph = {m: imports(p, set(modules)) for m, p in modules.items()}
-
+def cycles(graph: dict[str, set[str]]) -> list[tuple[str, ...]]:
+    """Pairs (a, b) with a path a -> b and a path b -> a."""
     def reaches(start: str, goal: str) -> bool:
         seen, todo = set(), [start]
         while todo:
@@ -49,8 +55,125 @@ def test_no_import_cycles() -> None:
                 todo.append(nxt)
         return False
 
-    cycles = sorted({tuple(sorted((a, b))) for a in graph for b in graph[a] if reaches(b, a)})
-    assert cycles == []
+    return sorted({tuple(sorted((a, b))) for a in graph for b in graph[a] if reaches(b, a)})
+
+
+def module_graph() -> dict[str, set[str]]:
+    modules = {module_name(p): p for p in SOURCES}
+    return {m: imports(p, set(modules)) for m, p in modules.items()}
+
+
+def folder(module: str) -> str:
+    """The unit a module belongs to: a folder of the package (chattts_velocity.speech), a root module
+    (chattts_velocity.chat), the package's own __init__ (chattts_velocity), or webui."""
+    parts = module.split(".")
+    return ".".join(parts[:2]) if parts[0] == "chattts_velocity" else parts[0]
+
+
+def test_no_import_cycles_between_modules() -> None:
+    assert cycles(module_graph()) == []
+
+
+def test_no_import_cycles_between_folders() -> None:
+    """chat -> speech/calls.py and speech/service.py -> chat is a cycle of concepts even when no module cycles."""
+    graph: dict[str, set[str]] = {}
+    for module, targets in module_graph().items():
+        graph.setdefault(folder(module), set()).update(folder(t) for t in targets if folder(t) != folder(module))
+    assert cycles(graph) == []
+
+
+def is_private(name: str) -> bool:
+    return name.startswith("_") and not name.endswith("__")
+
+
+def private_names_defined(tree: ast.AST) -> set[str]:
+    """Private functions, classes, variables and attributes (`self._x = ...`, dataclass fields) a tree defines."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            found.add(node.name)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            found.add(node.id)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+            found.add(node.attr)
+    return {n for n in found if is_private(n)}
+
+
+def held_by_self(node: ast.expr) -> bool:
+    """`self.a.b`: an object reached through self's attributes."""
+    if not isinstance(node, ast.Attribute):
+        return False
+    while isinstance(node, ast.Attribute):
+        node = node.value
+    return isinstance(node, ast.Name) and node.id in ("self", "cls")
+
+
+class PrivateReaches(ast.NodeVisitor):
+    """`x._name` outside a class that defines `_name` (x not self or cls), and `from module import _name`."""
+
+    def __init__(self) -> None:
+        self.class_names: list[set[str]] = []
+        self.found: list[tuple[int, str]] = []
+
+    def visit_ClassDef(self, node: ast.ClassDef) -> None:
+        self.class_names.append(private_names_defined(node))
+        self.generic_visit(node)
+        self.class_names.pop()
+
+    def visit_Attribute(self, node: ast.Attribute) -> None:
+        on_self = isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")
+        # another instance of the class being defined (`other._x`), not an object self holds (`self.service._x`)
+        own_class = any(node.attr in names for names in self.class_names) and not held_by_self(node.value)
+        if is_private(node.attr) and not on_self and not own_class:
+            self.found.append((node.lineno, node.attr))
+        self.generic_visit(node)
+
+    def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
+        self.found += [(node.lineno, a.name) for a in node.names if is_private(a.name)]
+
+
+def our_module(name: str) -> bool:
+    return name.split(".")[0] in ("chattts_velocity", "webui")
+
+
+def module_reaches(tree: ast.AST, modules: set[str]) -> list[tuple[int, str]]:
+    """`module._name` where `module` is bound to one of our modules, and `from our.module import _name`."""
+    bound = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and our_module(node.module):
+            bound |= {a.asname or a.name for a in node.names if f"{node.module}.{a.name}" in modules}
+        elif isinstance(node, ast.Import):
+            bound |= {a.asname for a in node.names if a.asname and a.name in modules}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and is_private(node.attr) and isinstance(node.value, ast.Name) \
+                and node.value.id in bound:
+            found.append((node.lineno, node.attr))
+        elif isinstance(node, ast.ImportFrom) and (node.level or (node.module and our_module(node.module))):
+            found += [(node.lineno, a.name) for a in node.names if is_private(a.name)]
+    return found
+
+
+def test_no_package_code_reaches_into_another_modules_or_objects_private_names() -> None:
+    """`kernels._unsupported()` from another module, `self.service._keys` from another class, `from x import _y`:
+    a private name of ours used where it is not defined. Other libraries' private names are theirs."""
+    trees = {p: ast.parse(p.read_text()) for p in SOURCES}
+    ours = set().union(*map(private_names_defined, trees.values()))
+    found = []
+    for path, tree in trees.items():
+        visitor = PrivateReaches()
+        visitor.visit(tree)
+        found += [f"{path.relative_to(REPO)}:{line} {name}" for line, name in visitor.found if name in ours]
+    assert found == []
+
+
+def test_no_test_calls_a_modules_private_names() -> None:
+    """Tests use the package's public names (`kernels.unsupported()`, not `kernels._unsupported()`); white-box
+    checks of an object's own state (`manager._free`) are allowed: a test cannot always tell whose object it holds."""
+    modules = {module_name(p) for p in SOURCES}
+    found = [f"{p.relative_to(REPO)}:{line} {name}" for p in sorted((REPO / "tests").rglob("*.py"))
+             for line, name in module_reaches(ast.parse(p.read_text()), modules)]
+    assert found == []
 
 
 def test_the_root_holds_only_the_spine() -> None:

@@ -24,13 +24,13 @@ def test_the_python_snippet_runs_as_written(tiny_assets: Path, tmp_path: Path, m
     assert printed[0] == "0" and printed[2] == "1" and all(p.isdigit() for p in printed)
 
 
-def test_every_speed_figure_names_the_host_kind_it_was_measured_on() -> None:
+def test_speed_figures_live_in_the_generated_performance_doc() -> None:
+    """The README quotes no speed-up (a copy would drift from benchmarks/results); it points to the doc that
+    render_docs.py generates from the JSON instead."""
     text = (REPO / "README.md").read_text(encoding="utf-8")
     blocks = re.split(r"\n(?=- |\n)", text)  # paragraphs and bullets
-    with_figures = [b for b in blocks if re.search(r"\b\d+(\.\d+)?x\b", b)]
-    assert with_figures  # the README quotes its speed-ups
-    for block in with_figures:
-        assert "AVX-512 BF16" in block, block[:120]
+    assert [b[:120] for b in blocks if re.search(r"\b\d+(\.\d+)?x\b", b)] == []
+    assert "(docs/performance.md)" in text
 
 
 def test_serving_doc_shows_the_timestamps_file_export_writes(tmp_path: Path) -> None:

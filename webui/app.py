@@ -1,31 +1,32 @@
 """Gradio web UI for chattts_velocity: text + voice settings in, 24 kHz speech (optionally streamed) out.
 
-    python webui/app.py --model DIR|demo [--tiny] [--host 127.0.0.1] [--port 7860] [--plain]
+`chattts-velocity webui` (chattts_velocity/cli/webui.py) loads the model from its flags and serves this page;
+`python webui/app.py FLAGS` from a source checkout runs that command.
 """
 from __future__ import annotations
 
-import argparse
+import dataclasses
+import os
 import sys
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as `python webui/app.py` from a source checkout
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if __name__ == "__main__":  # this checkout's package importable in the command, whatever the working folder
+    _PATH = os.pathsep.join(p for p in (str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH")) if p)
+    os.execve(sys.executable, [sys.executable, "-m", "chattts_velocity.cli", "webui", *sys.argv[1:]],
+              {**os.environ, "PYTHONPATH": _PATH})
 
 import gradio as gr
 
-from chattts_velocity import Chat
-from chattts_velocity.cli.common import (add_webui_flags, check_port_free, load_chat, max_new_token,
-                                         package_warnings_in_one_line)
-from chattts_velocity.demo import uses_demo_weights
-from chattts_velocity.text.voices import VoiceLibrary
+from chattts_velocity.schema import MAX_NEW_TOKEN
+from chattts_velocity.speech import SpeechPipeline
+from chattts_velocity.text.voices import PRESET_SEEDS, VoiceLibrary
 from webui import layout
-from webui.controls import DEFAULT_PRESET, VOICE_PRESETS, refine_prompt
+from webui.controls import DEFAULT_PRESET, Request, refine_prompt
 from webui.handlers import Handlers, ffmpeg_available, random_seed
 from webui.layout import CSS, HIDDEN, THEME, Controls
 from webui.library import LibraryHandlers
 
-REQUEST_INPUTS = ("text", "speaker", "clip_code", "transcript", "refine", "oral", "laugh", "pause", "text_seed",
-                  "audio_seed", "speed", "temperature", "top_p", "top_k", "split_text", "batch_size", "fmt")
+REQUEST_INPUTS = tuple(f.name for f in dataclasses.fields(Request))  # the controls a run reads, in Request's order
 RUN_STATE = ("generate", "generate_stream", "interrupt", "live")  # what a run's start and end switch
 # Auto-play in the browser: gradio reads a player's autoplay once, when it mounts, so the checkbox
 # presses the player's Play button instead, once the new result has loaded (its duration shows): the
@@ -76,7 +77,9 @@ def _wire_style(c: Controls) -> None:
     levels = [c["oral"], c["laugh"], c["pause"]]
     for slider in levels:
         slider.change(refine_prompt, levels, c["refine_prompt"], queue=False)
-    c["refine"].change(lambda on: [gr.update(interactive=on)] * 3, c["refine"], levels, queue=False)
+    refine_inputs = [*levels, c["refine_beams"]]
+    c["refine"].change(lambda on: [gr.update(interactive=on)] * len(refine_inputs), c["refine"], refine_inputs,
+                       queue=False)
     c["stream"].change(lambda on: (gr.update(visible=on), gr.update(visible=not on)), c["stream"],
                        [c["generate_stream"], c["generate"]], queue=False)
 
@@ -105,12 +108,13 @@ def _wire_runs(c: Controls, handlers: Handlers) -> None:
     c["interrupt"].click(handlers.interrupt, None, None, queue=False)
 
 
-def build_ui(chat: Chat, use_vllm: bool = True, max_new_token: int = 2048,
+def build_ui(pipeline: SpeechPipeline, use_vllm: bool = True, max_new_token: int = MAX_NEW_TOKEN,
              voices: VoiceLibrary | None = None, demo_weights: bool = False) -> gr.Blocks:
-    """The whole page around one loaded Chat and a voice library (default: $CHATTTS_VELOCITY_VOICES);
-    demo_weights shows a notice that the audio is random. Launch with `.queue().launch(theme=THEME, css=CSS)`:
-    streaming needs the queue, and CSS hides the live player outside streaming runs."""
-    handlers = Handlers(chat, use_vllm=use_vllm, max_new_token=max_new_token)
+    """The whole page around one speech pipeline (a loaded Chat's `.pipeline`) and a voice library (default:
+    $CHATTTS_VELOCITY_VOICES); demo_weights shows a notice that the audio is random. Launch with launch(), or
+    `.queue().launch(theme=THEME, css=CSS)`: streaming needs the queue, and CSS hides the live player outside
+    streaming runs."""
+    handlers = Handlers(pipeline, use_vllm=use_vllm, max_new_token=max_new_token)
     library = LibraryHandlers(voices or VoiceLibrary())
     with gr.Blocks(title="ChatTTS velocity", analytics_enabled=False) as demo:
         gr.Markdown("## ChatTTS velocity\nType some Chinese or English text, pick a voice and press Generate.")
@@ -120,7 +124,7 @@ def build_ui(chat: Chat, use_vllm: bool = True, max_new_token: int = 2048,
             with gr.Column(scale=3, min_width=300):
                 c = layout.primary_controls()
                 examples_slot = gr.Column()  # filled below: examples need the controls they set
-                c.update(layout.voice_controls(handlers.speaker_for_seed(VOICE_PRESETS[DEFAULT_PRESET])[0]))
+                c.update(layout.voice_controls(handlers.speaker_for_seed(PRESET_SEEDS[DEFAULT_PRESET])[0]))
                 c.update(layout.library_controls(library.names()))
                 c.update(layout.style_controls())
                 c.update(layout.run_controls(ffmpeg_available()))
@@ -138,26 +142,11 @@ def build_ui(chat: Chat, use_vllm: bool = True, max_new_token: int = 2048,
     return demo
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="webui", description="chattts_velocity Gradio web UI")
-    add_webui_flags(p)  # the same flags as `chattts-velocity webui`
-    return p
-
-
-def serve(args: argparse.Namespace) -> None:
-    """Load the model and serve the UI until Ctrl-C; args from add_webui_flags (here or `chattts-velocity webui`)."""
-    package_warnings_in_one_line()
-    try:
-        check_port_free(args.host, args.port)
-        chat = load_chat(args, use_vllm=not args.plain)
-    except (ValueError, FileNotFoundError) as exc:
-        raise SystemExit(f"error: {exc}") from None
-    demo = build_ui(chat, use_vllm=not args.plain, max_new_token=max_new_token(args),
-                    voices=VoiceLibrary(args.voices),  # None: $CHATTTS_VELOCITY_VOICES or ~/.cache
-                    demo_weights=uses_demo_weights(args.model))
-    # quiet: gradio's own banner tells a user to edit launch(); ours names this command's flags
-    demo.queue().launch(server_name=args.host, server_port=args.port, share=args.share, theme=THEME, css=CSS,
-                        quiet=True, prevent_thread_lock=True)
+def launch(demo: gr.Blocks, host: str = "127.0.0.1", port: int = 7860, share: bool = False) -> None:
+    """Serve the page until Ctrl-C, saying where it is."""
+    # quiet: gradio's own banner tells a user to edit launch(); ours names the command's flags
+    demo.queue().launch(server_name=host, server_port=port, share=share, theme=THEME, css=CSS, quiet=True,
+                        prevent_thread_lock=True)
     print(served_at(demo.local_url, demo.share_url), flush=True)
     demo.block_thread()
 
@@ -170,11 +159,3 @@ def served_at(local_url: str, share_url: str | None) -> str:
     else:
         lines.append("--share adds a public gradio.live link; --host 0.0.0.0 serves this network")
     return "\n".join(lines)
-
-
-def main(argv: list[str] | None = None) -> None:
-    serve(build_parser().parse_args(argv))
-
-
-if __name__ == "__main__":
-    main()

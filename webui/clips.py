@@ -62,7 +62,7 @@ def read_clip(path: str | Path) -> np.ndarray:
 
     try:
         data, rate = sf.read(str(path), dtype="float32", always_2d=True)  # [N, channels]
-    except (RuntimeError, sf.LibsndfileError) as exc:
+    except (RuntimeError, sf.LibsndfileError):
         raise ValueError(f"clip: {Path(path).name} is not audio this page can read; "  # libsndfile's text names
                          "upload a WAV, FLAC, OGG or MP3 file") from None  # the server's temp path, not the cause
     if data.shape[0] == 0:

@@ -14,17 +14,16 @@ import numpy as np
 from chattts_velocity.audio import SAMPLE_RATE, wav_bytes
 from chattts_velocity.audio.formats import audio_format
 from chattts_velocity.schema import check_sampling
+from chattts_velocity.text.controls import CONTROL_LEVELS, DEFAULT_LEVELS, control_token
 from chattts_velocity.text.voices import PRESET_SEEDS
 
-# name -> audio seed, the server's presets (OpenAI's voice names): the same name is the same voice on the page
-# and through the API. The names carry no promise about the timbre; they are bookmarks.
-VOICE_PRESETS = PRESET_SEEDS
+# The voice presets are the server's (PRESET_SEEDS, name -> audio seed): the same name is the same voice on the
+# page and through the API.
 DEFAULT_PRESET = "default"
 CUSTOM = "Custom"  # the preset shown for a seed no preset names (a dice roll, a typed seed)
 
-# control -> (highest level, default): ChatTTS's tokenizer has [speed_0..9], [oral_0..9], [laugh_0..2],
-# [break_0..7]; the defaults are upstream's (InferCodeParams "[speed_5]", web UI "[oral_2][laugh_0][break_6]").
-LEVELS = {"speed": (9, 5), "oral": (9, 2), "laugh": (2, 0), "break": (7, 6)}
+# control -> (highest level, default), the sliders' ranges: the tokenizer's, and upstream's defaults
+LEVELS = {name: (high, DEFAULT_LEVELS[name]) for name, high in CONTROL_LEVELS.items()}
 BATCH_SIZE = (1, 16, 4)  # (lowest, highest, default) pieces per batch when long text is split
 
 
@@ -40,6 +39,7 @@ class Request:
     oral: float
     laugh: float
     pause: float  # the [break_N] level
+    refine_beams: float  # 1: the refine pass samples; 2..params.SHARED_MAX_BEAMS: beam search (the most likely text)
     text_seed: float
     audio_seed: float
     speed: float
@@ -65,12 +65,13 @@ def level(value: float | None, control: str) -> int:
 
 def speed_prompt(speed: float) -> str:
     """The code-pass prompt (InferCodeParams.prompt) for a speed level."""
-    return f"[speed_{level(speed, 'speed')}]"
+    return control_token("speed", level(speed, "speed"))
 
 
 def refine_prompt(oral: float, laugh: float, pause: float) -> str:
     """The refine-pass prompt (RefineTextParams.prompt): how chatty, how many laughs, how many breaks."""
-    return f"[oral_{level(oral, 'oral')}][laugh_{level(laugh, 'laugh')}][break_{level(pause, 'break')}]"
+    return "".join(control_token(name, level(value, name))
+                   for name, value in (("oral", oral), ("laugh", laugh), ("break", pause)))
 
 
 def batch_size(value: float) -> int:
@@ -80,7 +81,7 @@ def batch_size(value: float) -> int:
 
 def preset_for_seed(seed: float | None) -> str:
     """The preset whose seed this is, else CUSTOM: the dropdown follows the seed box."""
-    return next((name for name, s in VOICE_PRESETS.items() if s == seed), CUSTOM)
+    return next((name for name, s in PRESET_SEEDS.items() if s == seed), CUSTOM)
 
 
 def write_download(wav: np.ndarray, fmt: str, folder: str | Path) -> Path:

@@ -1,7 +1,7 @@
-"""Web UI event handlers: widget values -> Chat calls -> (audio, download, refined text, stats) updates.
+"""Web UI event handlers: widget values -> speech pipeline calls -> (audio, download, refined text, stats) updates.
 
-Only the public API is used (Chat, RefineTextParams, InferCodeParams, chattts_velocity.text speaker
-helpers). Bad input surfaces as a gr.Warning toast plus an "error:" line in the stats box.
+The page runs on a SpeechPipeline (Chat.pipeline): its text front end splits the text and checks the voice, its
+passes refine, generate and stream. Bad input surfaces as a gr.Warning toast plus an "error:" line in the stats box.
 """
 from __future__ import annotations
 
@@ -11,20 +11,33 @@ import shutil
 import tempfile
 import threading
 import time
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import gradio as gr
 import numpy as np
 
-from chattts_velocity import Chat, InferCodeParams, RefineTextParams
+from chattts_velocity import InferCodeParams, RefineTextParams
 from chattts_velocity.audio import SAMPLE_RATE, float_to_int16
 from chattts_velocity.audio.formats import available_formats
-from chattts_velocity.text import decode_prompt, decode_spk_emb, seed_context
+from chattts_velocity.params import SHARED_MAX_BEAMS
+from chattts_velocity.schema import MAX_NEW_TOKEN
+from chattts_velocity.speech import SpeechPipeline, StreamOptions
+from chattts_velocity.text import decode_prompt
 from chattts_velocity.text.speaker import VOICE_SEED_MAX
+from chattts_velocity.text.voices import PRESET_SEEDS
 
 from .clips import RunStats, read_clip
-from .controls import (VOICE_PRESETS, Request, batch_size, check_seed, preset_for_seed, refine_prompt, speed_prompt,
-                       write_download)
+from .controls import (
+    Request,
+    batch_size,
+    check_seed,
+    preset_for_seed,
+    refine_prompt,
+    speed_prompt,
+    whole,
+    write_download,
+)
+from .worker import batches, outcome
 
 Update = tuple  # (live chunk, full audio, download file, spoken text, stats)
 PROGRESS_EVERY_S = 0.5  # how often a run's progress line in the stats box is refreshed
@@ -48,21 +61,21 @@ def random_seed() -> int:
 
 
 class Handlers:
-    """The callbacks of one UI; one Chat is shared by every browser session.
+    """The callbacks of one UI; one SpeechPipeline is shared by every browser session.
 
-    Every Chat call except interrupt() holds `_lock`: an abandoned stream's engine thread must end
-    before the next run starts, and speaker sampling swaps the global torch RNG.
+    Every model call holds `_lock` (an abandoned stream's engine thread must end before the next run starts) and
+    stops at the next step once its run's own stop flag is set (Interrupt, or the browser gone): a new run's flag
+    is a new Event, so starting it never revives an abandoned one. `_interrupted` records a press of Interrupt.
     """
 
-    def __init__(self, chat: Chat, use_vllm: bool = True, max_new_token: int = 2048) -> None:
-        self.chat = chat
+    def __init__(self, pipeline: SpeechPipeline, use_vllm: bool = True, max_new_token: int = MAX_NEW_TOKEN) -> None:
+        self.pipeline = pipeline
         self.use_vllm = use_vllm
         self.max_new_token = max_new_token
         self._lock = threading.Lock()
-        self._interrupted = threading.Event()  # the page's own record: Chat.interrupt() stops only calls in flight
+        self._interrupted = threading.Event()
+        self._stop = threading.Event()  # the latest run's stop flag
         self._downloads = tempfile.mkdtemp(prefix="chattts-velocity-webui-")  # gradio serves files under tmp
-        with seed_context(0):
-            self.speaker_dim = decode_spk_emb(chat.sample_random_speaker()).numel()
 
     # ---- small callbacks ------------------------------------------------------------------
     def speaker_for_seed(self, seed: float | None) -> tuple:
@@ -72,18 +85,17 @@ class Handlers:
         if seed is None:  # cleared (a saved voice was picked): the speaker string stands on its own
             return gr.skip(), gr.skip(), gr.skip()
         try:
-            seed = check_seed(seed, "audio seed")
-            with self._lock, seed_context(seed):
-                return self.chat.sample_random_speaker(), preset_for_seed(seed), gr.skip()
+            seed = check_seed(seed, "audio seed")  # the seed's own generator: no lock, no global RNG
+            return self.pipeline.sample_random_speaker(seed=seed), preset_for_seed(seed), gr.skip()
         except ValueError as exc:
             warn(exc)
             return gr.skip(), gr.skip(), f"error: {exc}"
 
     def voice_for_preset(self, name: str) -> tuple:
         """Preset -> (audio seed, speaker string); Custom keeps both (it only names a seed no preset has)."""
-        if name not in VOICE_PRESETS:
+        if name not in PRESET_SEEDS:
             return gr.skip(), gr.skip()
-        return VOICE_PRESETS[name], self.speaker_for_seed(VOICE_PRESETS[name])[0]
+        return PRESET_SEEDS[name], self.speaker_for_seed(PRESET_SEEDS[name])[0]
 
     def encode_clip(self, path: str | None) -> tuple:
         """Uploaded or recorded voice clip -> (spk_smp string, stats line, clip player); a file that is not audio
@@ -93,7 +105,7 @@ class Handlers:
         try:
             clip = read_clip(path)
             with self._lock:
-                code = self.chat.sample_audio_speaker(clip, sample_rate=SAMPLE_RATE)
+                code = self.pipeline.sample_audio_speaker(clip, sample_rate=SAMPLE_RATE)
         except ValueError as exc:
             warn(exc)
             return "", f"error: {exc}", None
@@ -103,7 +115,7 @@ class Handlers:
 
     def interrupt(self) -> None:
         self._interrupted.set()
-        self.chat.interrupt()
+        self._stop.set()
 
     # ---- generate -------------------------------------------------------------------------
     def generate(self, *values: object) -> Iterator[tuple]:
@@ -126,9 +138,11 @@ class Handlers:
                 raise ValueError("text: the text box is empty; type something to say or pick an example")
             params, options = self._code_params(r), self._split_options(r)
             self._interrupted.clear()
+            self._stop = options["stop"] = threading.Event()
             spoken = r.text
             if r.refine:
-                spoken = yield from self._wait(lambda: self._refine(r, options), stats, "refining the text")
+                spoken = yield from self._wait(lambda: self._refine(r, options), stats, "refining the text",
+                                               options["stop"])
             yield skip, skip, skip, spoken, skip
             if self._interrupted.is_set():  # pressed during the refine pass
                 yield skip, skip, skip, skip, "interrupted before audio"
@@ -136,7 +150,8 @@ class Handlers:
             if stream:
                 yield from self._stream(spoken, params, options, stats, r.fmt)
                 return
-            wav = yield from self._wait(lambda: self._infer(spoken, params, options), stats, "generating")
+            wav = yield from self._wait(lambda: self._infer(spoken, params, options), stats, "generating",
+                                        options["stop"])
             stats.add(len(wav), time.perf_counter())
             stats.end = time.perf_counter()
             yield skip, *self._results(wav, r.fmt), skip, self._final(stats)
@@ -144,10 +159,11 @@ class Handlers:
             warn(exc)
             yield skip, skip, skip, skip, f"error: {exc}"
 
-    def _wait(self, work: Callable[[], object], stats: RunStats, doing: str) -> Iterator[Update]:
+    def _wait(self, work: Callable[[], object], stats: RunStats, doing: str,
+              stop: threading.Event) -> Iterator[Update]:
         """Run work() in a thread; meanwhile show the progress line every PROGRESS_EVERY_S. Returns its result."""
         done: queue.Queue = queue.Queue()
-        worker = threading.Thread(target=lambda: done.put(_outcome(work)), daemon=True)
+        worker = threading.Thread(target=lambda: done.put(outcome(work)), daemon=True)
         worker.start()
         try:
             while True:
@@ -158,15 +174,17 @@ class Handlers:
                     yield gr.skip(), gr.skip(), gr.skip(), gr.skip(), stats.progress(doing)
         finally:
             if worker.is_alive():  # the browser went away: stop the engine (one TTS run at a time)
-                self.chat.interrupt()
+                stop.set()
         if isinstance(result, Exception):
             raise result
         return result
 
     def _infer(self, spoken: str, params: InferCodeParams, options: dict) -> np.ndarray:
         with self._lock:
-            return self.chat.infer(spoken, skip_refine_text=True, params_infer_code=params, use_vllm=self.use_vllm,
-                                   **options)[0]
+            requests = self.pipeline.code_requests(self.pipeline.frontend.pieces(spoken, split=options["split"]),
+                                                   params)
+            return self.pipeline.generate(requests, use_vllm=self.use_vllm, stop=options["stop"].is_set,
+                                          max_batch=options["max_batch"], progress=False)[0]
 
     def _final(self, stats: RunStats) -> str:
         """The stats box after a run: an interrupted run says so in its first line."""
@@ -188,7 +206,7 @@ class Handlers:
         pieces: list[np.ndarray] = []
         pending: list[np.ndarray] = []  # not yet sent to the live player
         try:
-            for batch in _batches(ready):
+            for batch in batches(ready, PROGRESS_EVERY_S):
                 pieces += batch
                 pending += batch
                 live = gr.skip()
@@ -199,7 +217,7 @@ class Handlers:
         finally:
             producer.join(timeout=0.5)
             if producer.is_alive():  # the browser went away: stop the engine (one TTS run at a time)
-                self.chat.interrupt()
+                options["stop"].set()
         if pending:  # a run shorter than FIRST_LIVE_SAMPLES
             yield _live(pending), gr.skip(), gr.skip(), gr.skip(), stats.progress("streaming")
         full = np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
@@ -210,8 +228,10 @@ class Handlers:
         """Engine thread: puts float32 chunks, then None (done) or the exception that stopped it."""
         try:
             with self._lock:
-                for chunks in self.chat.infer(spoken, stream=True, skip_refine_text=True, params_infer_code=params,
-                                              use_vllm=self.use_vllm, **options):
+                requests = self.pipeline.code_requests(self.pipeline.frontend.pieces(spoken, split=options["split"]),
+                                                       params)
+                for chunks in self.pipeline.stream(requests, options=StreamOptions(chunk_steps=params.stream_batch),
+                                                   use_vllm=self.use_vllm, stop=options["stop"].is_set):
                     chunk = np.asarray(chunks[0], dtype=np.float32)  # [n] new samples of text 0
                     if chunk.size:
                         stats.add(chunk.size, time.perf_counter())
@@ -225,10 +245,13 @@ class Handlers:
         # Same sliders for both passes, as in the upstream web UI (users compare the two).
         params = RefineTextParams(prompt=refine_prompt(r.oral, r.laugh, r.pause), temperature=float(r.temperature),
                                   top_P=float(r.top_p), top_K=int(r.top_k),
-                                  manual_seed=check_seed(r.text_seed, "text seed"), show_tqdm=False)
+                                  manual_seed=check_seed(r.text_seed, "text seed"), show_tqdm=False,
+                                  beam_width=whole(r.refine_beams, "refine beams", 1, SHARED_MAX_BEAMS))
         with self._lock:
-            return self.chat.infer(r.text, refine_text_only=True, params_refine_text=params,
-                                   use_vllm=self.use_vllm, **options)
+            pieces = self.pipeline.frontend.pieces(r.text, split=options["split"])
+            refined = self.pipeline.refine(pieces, params, use_vllm=self.use_vllm, stop=options["stop"].is_set,
+                                           max_batch=options["max_batch"])
+            return "\n".join(refined.texts)
 
     def _code_params(self, r: Request) -> InferCodeParams:
         spk_emb, spk_smp, txt_smp = self._check_voice(r.speaker, r.clip_code, r.transcript)
@@ -239,10 +262,10 @@ class Handlers:
 
     @staticmethod
     def _split_options(r: Request) -> dict:
-        """Chat.infer's long-text keywords; also checks the download format before any work."""
+        """How long text runs (split into pieces, pieces per batch); also checks the download format first."""
         if r.fmt not in available_formats():
             raise ValueError(f"format: choose one of {list(available_formats())}, got {r.fmt!r}")
-        return {"split_text": bool(r.split_text), "max_split_batch": batch_size(r.batch_size)}
+        return {"split": bool(r.split_text), "max_batch": batch_size(r.batch_size)}
 
     def _check_voice(self, speaker: str, clip_code: str, transcript: str) -> tuple[str | None, ...]:
         """-> (spk_emb, spk_smp, txt_smp). A cloned clip wins over the speaker string."""
@@ -255,42 +278,13 @@ class Handlers:
             return None, clip_code, transcript
         if not speaker:
             return None, None, None
-        dim = decode_spk_emb(speaker).numel()
-        if dim != self.speaker_dim:
-            raise ValueError(f"speaker: this string holds a {dim}-wide voice but the loaded model needs "
-                             f"{self.speaker_dim}; press Random voice for a new one or paste one made for "
-                             "this model")
+        try:
+            self.pipeline.frontend.speaker(speaker, "speaker")  # the front end's width check (its decode is cached)
+        except ValueError as exc:
+            raise ValueError(f"{exc} (or press Random voice)") from None
         return speaker, None, None
 
 
 def _live(chunks: list[np.ndarray]) -> tuple[int, np.ndarray]:
     return SAMPLE_RATE, float_to_int16(np.concatenate(chunks))
 
-
-def _outcome(work: Callable[[], object]) -> object:
-    """work()'s result, or the exception it raised (handed to the UI thread, which re-raises it)."""
-    try:
-        return work()
-    except Exception as exc:
-        return exc
-
-
-def _batches(ready: queue.Queue) -> Iterator[list[np.ndarray]]:
-    """Wait for the next chunk, then take every chunk already waiting; re-raise a producer error. An empty
-    batch every PROGRESS_EVERY_S without a chunk keeps the progress line moving."""
-    while True:
-        try:
-            batch = [ready.get(timeout=PROGRESS_EVERY_S)]
-        except queue.Empty:
-            yield []
-            continue
-        while not ready.empty():
-            batch.append(ready.get())
-        done = batch[-1] is None or isinstance(batch[-1], Exception)
-        chunks = [c for c in batch if isinstance(c, np.ndarray)]
-        if chunks:
-            yield chunks
-        if isinstance(batch[-1], Exception):
-            raise batch[-1]
-        if done:
-            return

@@ -10,8 +10,10 @@ import gradio as gr
 
 from chattts_velocity.audio import SAMPLE_RATE
 from chattts_velocity.audio.formats import WAV, available_formats
+from chattts_velocity.params import SHARED_MAX_BEAMS
+from chattts_velocity.text.voices import PRESET_SEEDS
 
-from .controls import BATCH_SIZE, CUSTOM, DEFAULT_PRESET, LEVELS, VOICE_PRESETS, refine_prompt
+from .controls import BATCH_SIZE, CUSTOM, DEFAULT_PRESET, LEVELS, refine_prompt
 
 Controls = dict[str, gr.components.Component]
 HIDDEN = "velocity-hidden"
@@ -58,7 +60,7 @@ def primary_controls() -> Controls:
     c: Controls = {}
     c["text"] = gr.Textbox(label="Text", lines=4, max_lines=12, elem_id="input-text",
                            placeholder="Text to speak (Chinese and/or English)")
-    c["preset"] = gr.Dropdown([*VOICE_PRESETS, CUSTOM], value=DEFAULT_PRESET, label="Voice preset",
+    c["preset"] = gr.Dropdown([*PRESET_SEEDS, CUSTOM], value=DEFAULT_PRESET, label="Voice preset",
                               info="a bookmark for an audio seed; Custom for any other seed", elem_id="voice-preset")
     with gr.Row():
         c["generate"] = gr.Button("Generate", variant="primary", elem_id="generate")
@@ -70,7 +72,7 @@ def primary_controls() -> Controls:
 def voice_controls(default_speaker: str) -> Controls:
     c: Controls = {}
     with gr.Accordion("Voice: seed, speaker string, cloning", open=False, elem_id="group-voice"):
-        c["audio_seed"], c["audio_dice"] = _seed_row(VOICE_PRESETS[DEFAULT_PRESET], "Audio seed (voice)",
+        c["audio_seed"], c["audio_dice"] = _seed_row(PRESET_SEEDS[DEFAULT_PRESET], "Audio seed (voice)",
                                                      "🎲 Random voice", "audio-seed", "audio-dice")
         c["speaker"] = gr.Textbox(default_speaker, label="Speaker string", lines=2, max_lines=4, buttons=["copy"],
                                   info="made from the audio seed; paste one to reuse a voice, clear it for the "
@@ -111,6 +113,9 @@ def style_controls() -> Controls:
             c["oral"] = gr.Slider(0, _ORAL[0], _ORAL[1], step=1, label="Oral", elem_id="oral")
             c["laugh"] = gr.Slider(0, _LAUGH[0], _LAUGH[1], step=1, label="Laugh", elem_id="laugh")
             c["pause"] = gr.Slider(0, _BREAK[0], _BREAK[1], step=1, label="Break", elem_id="break")
+        c["refine_beams"] = gr.Slider(1, SHARED_MAX_BEAMS, 1, step=1, label="Refine beams", elem_id="refine-beams",
+                                      info="1 samples the refined text (by the text seed); more searches that many "
+                                           "beams for the most likely one")
         c["refine_prompt"] = gr.Textbox(refine_prompt(_ORAL[1], _LAUGH[1], _BREAK[1]), label="Refine prompt",
                                         interactive=False, elem_id="refine-prompt")
         c["text_seed"], c["text_dice"] = _seed_row(42, "Text seed (refine)", "🎲 Random seed", "text-seed",

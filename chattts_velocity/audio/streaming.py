@@ -51,6 +51,11 @@ def conv_radius(modules: list[nn.Module]) -> int:
     return radius
 
 
+def row_width(mel_model: Decoder | DVAE) -> int:
+    """C of the rows [n, C] mel_model reads: the GPT's hidden size (Decoder) or the codebook count (DVAE)."""
+    return 2 * mel_model.decoder.idim if isinstance(mel_model, Decoder) else mel_model.vq_layer.num_codes
+
+
 @dataclass(frozen=True)
 class ReceptiveField:
     mel_radius: int  # R_mel: mel frames each side seen by the Decoder / DVAE decoder (+ out_conv)
@@ -106,13 +111,13 @@ def _decode_group(mel_model: Decoder | DVAE, vocos: Vocos, field: ReceptiveField
     mel = mel_model(pad_batch([w.rows for w in group], mel_model.coef.device))  # [B, n_mels, 2 W_max]
     spans = [_mel_span(w, field) for w in group]
     crops = [mel[i, :, m0 - STEP_FRAMES * w.start: m1 - STEP_FRAMES * w.start].T
-             for i, (w, (m0, m1)) in enumerate(zip(group, spans))]  # [m1 - m0, n_mels] each
+             for i, (w, (m0, m1)) in enumerate(zip(group, spans, strict=True))]  # [m1 - m0, n_mels] each
     device = vocos.head.istft.window.device
     wavs = vocos(pad_batch(crops, device)).float().cpu().numpy()  # [B, (L_max - 1) * hop]
     hop = vocos.head.istft.hop_length
     # vocos row i starts at clip sample hop * m0_i
     return [wavs[i, hop * (w.first_block - m0): hop * (w.end_block - m0)].copy()
-            for i, (w, (m0, _)) in enumerate(zip(group, spans))]
+            for i, (w, (m0, _)) in enumerate(zip(group, spans, strict=True))]
 
 
 @torch.inference_mode()
@@ -123,7 +128,7 @@ def decode_windows(mel_model: Decoder | DVAE, vocos: Vocos, field: ReceptiveFiel
     inner = [i for i, w in enumerate(windows) if not w.at_end]
     groups = ([inner] if inner else []) + [[i] for i, w in enumerate(windows) if w.at_end]
     for idx in groups:
-        out.update(zip(idx, _decode_group(mel_model, vocos, field, [windows[i] for i in idx])))
+        out.update(zip(idx, _decode_group(mel_model, vocos, field, [windows[i] for i in idx]), strict=True))
     return [out[i] for i in range(len(windows))]
 
 
@@ -141,14 +146,13 @@ def _check_shared(streams: list[StreamDecoder]) -> None:
 class StreamDecoder:
     """One stream: push newly generated steps, get the samples that are final; flush at the end."""
 
-    def __init__(self, decoder: Decoder | None, dvae: DVAE | None, vocos: Vocos, use_decoder: bool = True,
-                 chunk_steps: int = 24, left_context_steps: int | None = None,
-                 lookahead_steps: int | None = None) -> None:
-        mel_model = decoder if use_decoder else dvae
-        if mel_model is None:
-            which = "decoder" if use_decoder else "dvae"
-            raise ValueError(f"{which}: required when use_decoder={use_decoder}")
-        self.mel_model, self.vocos, self.use_decoder = mel_model, vocos, use_decoder
+    def __init__(self, mel_model: Decoder | DVAE, vocos: Vocos, chunk_steps: int = 24,
+                 left_context_steps: int | None = None, lookahead_steps: int | None = None) -> None:
+        if not isinstance(mel_model, (Decoder, DVAE)):
+            raise ValueError(f"mel_model: expected a Decoder (hidden states) or a DVAE (codes), got "
+                             f"{type(mel_model).__name__}")
+        self.mel_model, self.vocos = mel_model, vocos
+        self.takes_hidden = isinstance(mel_model, Decoder)  # float hidden states [n, H]; else integer codes [n, 4]
         self.field = receptive_field(mel_model, vocos)
         self.chunk_steps = _positive("chunk_steps", chunk_steps, 1)
         left = self.field.left_steps if left_context_steps is None else left_context_steps
@@ -156,8 +160,8 @@ class StreamDecoder:
         self.left_context_steps = _positive("left_context_steps", left, 0)
         # >= 1 so a pushed step is never final before we know whether it is the clip's last (256 samples only)
         self.lookahead_steps = _positive("lookahead_steps", ahead, 1)
-        self.width = 2 * mel_model.decoder.idim if use_decoder else mel_model.vq_layer.num_codes
-        dtype = torch.float32 if use_decoder else torch.long
+        self.width = row_width(mel_model)
+        dtype = torch.float32 if self.takes_hidden else torch.long
         self._rows = torch.zeros(0, self.width, dtype=dtype, device=mel_model.coef.device)  # [n, C]
         self._start = 0  # absolute step of _rows[0]
         self._next = 0  # first step whose samples were not emitted yet
@@ -186,9 +190,9 @@ class StreamDecoder:
         if len(streams) != len(rows):
             raise ValueError(f"rows: expected one tensor per stream ({len(streams)}), got {len(rows)}")
         _check_shared(streams)
-        for stream, r in zip(streams, rows):
+        for stream, r in zip(streams, rows, strict=True):
             stream._check(r)
-        for stream, r in zip(streams, rows):
+        for stream, r in zip(streams, rows, strict=True):
             stream._rows = torch.cat([stream._rows, r.detach().to(stream._rows)])  # [n, C]
         return StreamDecoder._run(streams, [s._plan(at_end=False) for s in streams])
 
@@ -209,7 +213,7 @@ class StreamDecoder:
             return out
         first = streams[live[0]]
         wavs = decode_windows(first.mel_model, first.vocos, first.field, [windows[i] for i in live])
-        for i, wav in zip(live, wavs):
+        for i, wav in zip(live, wavs, strict=True):
             out[i] = wav
             streams[i]._advance(windows[i])
         return out
@@ -217,13 +221,13 @@ class StreamDecoder:
     def _check(self, rows: torch.Tensor) -> None:
         if self._closed:
             raise ValueError("stream: flush() was already called; start a new StreamDecoder")
-        what = "hidden" if self.use_decoder else "codes"
+        what = "hidden" if self.takes_hidden else "codes"
         if rows.dim() != 2 or rows.shape[1] != self.width:
             raise ValueError(f"{what}: expected [n, {self.width}] (time-major), got {tuple(rows.shape)}")
-        if rows.is_floating_point() != self.use_decoder:
-            raise ValueError(f"{what}: expected {'float hidden states' if self.use_decoder else 'integer codes'}, "
+        if rows.is_floating_point() != self.takes_hidden:
+            raise ValueError(f"{what}: expected {'float hidden states' if self.takes_hidden else 'integer codes'}, "
                              f"got {rows.dtype}")
-        size = None if self.use_decoder else self.mel_model.vq_layer.codebook_size
+        size = None if self.takes_hidden else self.mel_model.vq_layer.codebook_size
         if size is not None and rows.numel() and (rows.min() < 0 or rows.max() >= size):
             raise ValueError(f"codes: values must be in [0, {size}); drop the audio EOS step ({size}) first")
 

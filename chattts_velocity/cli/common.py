@@ -1,4 +1,4 @@
-"""What every command shares: the model flags, a loaded Chat from them, and the web UI's flags."""
+"""What every command shares: the model flags and a loaded Chat from them."""
 from __future__ import annotations
 
 import argparse
@@ -145,15 +145,3 @@ def check_port_free(host: str, port: int) -> None:
             raise ValueError(f"--port: cannot listen on {host}:{port} ({exc.strerror}); is another server "
                              "running there? pick another --port") from None
 
-
-def add_webui_flags(p: argparse.ArgumentParser) -> None:
-    """The flags of `chattts-velocity webui` and `python webui/app.py` (webui.app.serve reads them)."""
-    add_model_flags(p)
-    p.add_argument("--host", default="127.0.0.1", help="bind address (0.0.0.0 exposes the UI on the network)")
-    p.add_argument("--port", type=int, default=7860, help="port to listen on (default 7860)")
-    p.add_argument("--share", action="store_true", help="also create a public gradio.live link (anyone with it "
-                                                        "can use the page)")
-    p.add_argument("--plain", action="store_true", help="use the plain transformers path, not the engine")
-    add_step_cap_flag(p)
-    p.add_argument("--voices", metavar="DIR", help="the voice library folder, shared with the server (default "
-                                                   "$CHATTTS_VELOCITY_VOICES or ~/.cache/chattts_velocity/voices)")

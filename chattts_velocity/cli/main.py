@@ -9,9 +9,18 @@ from pathlib import Path
 
 from ..audio.wav import SAMPLE_RATE
 from ..demo import uses_demo_weights
-from .common import (add_model_flags, add_step_cap_flag, add_webui_flags, engine_options, load_chat, max_new_token,
-                     model_folder, package_warnings_in_one_line, resolve_dtype)
+from .common import (
+    add_model_flags,
+    add_step_cap_flag,
+    engine_options,
+    load_chat,
+    max_new_token,
+    model_folder,
+    package_warnings_in_one_line,
+    resolve_dtype,
+)
 from .serve import add_serve_parser
+from .webui import add_webui_parser
 
 DEMO_TEXTS = [
     "Hello! This is chattts velocity, reading a short sentence.",
@@ -117,7 +126,7 @@ def _add_export_ray_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--batch-size", type=int, default=16, help="lines handed to an actor at a time (default 16)")
 
 
-def _bench_module():
+def bench_module():
     """benchmarks/bench_engine.py of a source checkout (the same code as `python benchmarks/bench_engine.py`)."""
     import importlib.util
 
@@ -134,21 +143,6 @@ def _add_bench(sub) -> None:
     # `main` hands every argument after `bench` to benchmarks/bench_engine.py unparsed.
     sub.add_parser("bench", help="velocity vs plain path (and reference) in the same run; JSON results",
                    add_help=False)
-
-
-def cmd_webui(args: argparse.Namespace) -> None:
-    try:
-        from webui.app import serve
-    except ModuleNotFoundError as exc:
-        raise SystemExit(f"webui: cannot import {exc.name}; it needs gradio (pip install -e '.[webui]') "
-                         "and the webui/ folder of a source checkout") from None
-    serve(args)
-
-
-def _add_webui(sub) -> None:
-    p = sub.add_parser("webui", help="Gradio web UI (pip install -e '.[webui]'; ffmpeg for streaming)")
-    add_webui_flags(p)
-    p.set_defaults(func=cmd_webui)
 
 
 def _add_export(sub) -> None:
@@ -205,7 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(func=func)
     _add_export(sub)
     add_serve_parser(sub)
-    _add_webui(sub)
+    add_webui_parser(sub)
     _add_bench(sub)
     return parser
 
@@ -214,7 +208,7 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     package_warnings_in_one_line()
     if argv[:1] == ["bench"]:
-        _bench_module().main(argv[1:])
+        bench_module().main(argv[1:])
         return
     args = build_parser().parse_args(argv)
     try:

@@ -8,11 +8,19 @@ import argparse
 import sys
 from typing import TYPE_CHECKING
 
-from .common import (add_model_flags, add_step_cap_flag, check_port_free, engine_options, load_chat, max_new_token,
-                     model_folder, resolve_dtype)
+from .common import (
+    add_model_flags,
+    add_step_cap_flag,
+    check_port_free,
+    engine_options,
+    load_chat,
+    max_new_token,
+    model_folder,
+    resolve_dtype,
+)
 
 if TYPE_CHECKING:
-    from ..serve.openai_api import ServerConfig
+    from ..serve.config import ServerConfig
 
 
 LIMIT_FLAGS = {  # ServerConfig field -> (type, help); each is the flag --FIELD-WITH-DASHES, unset keeps the default
@@ -25,7 +33,7 @@ LIMIT_FLAGS = {  # ServerConfig field -> (type, help); each is the flag --FIELD-
 
 def server_config(args: argparse.Namespace) -> ServerConfig:
     """ServerConfig from the serve flags (unset ones keep its defaults); a bad value is a ValueError naming its flag."""
-    from ..serve.openai_api import ServerConfig
+    from ..serve.config import ServerConfig
     from ..speech.streams import StreamOptions
 
     stream = {k: getattr(args, k) for k in ("chunk_steps", "first_chunk_steps", "first_lookahead_steps")}
@@ -55,7 +63,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
         return
     check_port_free(args.host, args.port)
     chat = load_chat(args, compile=args.compile)  # a bad model fails here, in one line, before the server starts
-    run_server(chat, config, host=args.host, port=args.port)
+    run_server(chat.pipeline, config, host=args.host, port=args.port)
 
 
 def _serve_with_ray(args: argparse.Namespace, config) -> None:

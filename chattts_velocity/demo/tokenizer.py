@@ -11,18 +11,21 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from chattts_velocity.text.controls import CONTROL_LEVELS, control_token
+
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
 TOKENIZER_FILES = ("special_tokens_map.json", "tokenizer_config.json", "tokenizer.json")
 BASE_VOCAB_SIZE = 21128  # the bert-base-chinese WordPiece vocabulary
 BASE_SPECIALS = {"[PAD]": 0, "[UNK]": 100, "[CLS]": 101, "[SEP]": 102, "[MASK]": 103}
-# The 50 added specials, ids 21128..21177 in this order (spec 3).
+# The 50 added specials, ids 21128..21177 in the official tokenizer's order (control tokens last, every level).
 ADDED_SPECIALS: tuple[str, ...] = (
     "[Sasr]", "[Pasr]", "[Easr]", "[Stts]", "[Ptts]", "[Etts]", "[Sbreak]", "[Pbreak]", "[Ebreak]",
     "[uv_break]", "[v_break]", "[lbreak]", "[llbreak]", "[undefine]", "[laugh]", "[spk_emb]",
-    "[empty_spk]", "[music]", "[pure]", *(f"[break_{i}]" for i in range(8)), *(f"[laugh_{i}]" for i in range(3)),
-    *(f"[oral_{i}]" for i in range(10)), *(f"[speed_{i}]" for i in range(10)),
+    "[empty_spk]", "[music]", "[pure]",
+    *(control_token(name, level) for name in ("break", "laugh", "oral", "speed")
+      for level in range(CONTROL_LEVELS[name] + 1)),
 )
 CJK_PUNCT = "，。！？、；：“”‘’（）《》【】…—·～"
 N_CJK_SINGLE = 11000  # whole-character CJK entries; the rest of the 21128 are "##" continuations

@@ -5,7 +5,6 @@ pipeline then makes finite, noise-like audio. `python -m chattts_velocity.demo D
 """
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 import math
@@ -32,7 +31,7 @@ MAG_STD = 0.5  # std of the log-magnitude logits around MAG_BIAS
 
 @dataclass(frozen=True)
 class DemoDims:
-    """Every size of the checkpoint. FULL_DIMS is the official one (spec 2), TINY_DIMS the test size."""
+    """Every size of the checkpoint. FULL_DIMS is the official one, TINY_DIMS the test size."""
 
     hidden_size: int
     intermediate_size: int
@@ -64,7 +63,7 @@ TINY_DIMS = DemoDims(64, 128, 2, 4, 4, 32, 32, 16, 2, 32, 16, 2, 32, 64, 2)
 
 
 def gpt_config_dict(dims: DemoDims) -> dict:
-    """The asset/gpt/config.json fields (spec 2.1) with the sizes of `dims`."""
+    """The official asset/gpt/config.json fields with the sizes of `dims`."""
     return {
         "architectures": ["LlamaModel"], "attention_bias": False, "attention_dropout": 0.0,
         "bos_token_id": 1, "eos_token_id": 2, "hidden_act": "silu", "hidden_size": dims.hidden_size,
@@ -116,7 +115,7 @@ def _convnext_shapes(p: str, dim: int, inter: int, scale_name: str) -> Shapes:
 
 
 def _conv_net_shapes(p: str, idim: int, odim: int, hidden: int, bn_dim: int, n_layer: int) -> Shapes:
-    """DVAEDecoder (spec 9.1): conv_in (k3, GELU, k3), n_layer ConvNeXt blocks, conv_out (k1, no bias)."""
+    """DVAEDecoder (upstream's layout): conv_in (k3, GELU, k3), n_layer ConvNeXt blocks, conv_out (k1, no bias)."""
     out: Shapes = {p + "conv_in.0.weight": (bn_dim, idim, 3), p + "conv_in.0.bias": (bn_dim,),
                    p + "conv_in.2.weight": (hidden, bn_dim, 3), p + "conv_in.2.bias": (hidden,)}
     for j in range(n_layer):
@@ -271,22 +270,3 @@ def write_demo_assets(
     atomic_write(asset / DEMO_MARKER, lambda p: p.write_text(json.dumps(marker, indent=1), encoding="utf-8"))
     return AssetPaths.from_root(asset.parent)
 
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="Write random ChatTTS weights in the official format.")
-    parser.add_argument("dir", help="download root; files go to DIR/asset/...")
-    parser.add_argument("--tiny", action="store_true", help="tiny test sizes instead of the official ones")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--force", action="store_true", help="write even into a folder holding other files")
-    args = parser.parse_args(argv)
-    from chattts_velocity.demo import check_demo_target
-
-    try:
-        check_demo_target(args.dir, args.force)
-    except ValueError as exc:
-        raise SystemExit(f"error: {exc}") from None
-    print(f"demo assets written to {write_demo_assets(args.dir, seed=args.seed, tiny=args.tiny).root}")
-
-
-if __name__ == "__main__":
-    main()

@@ -81,12 +81,10 @@ class CompiledTorchBackend(ListInputs):
     def __init__(self, model: ChatTTSLlama, kv: PagedKV, act_dtype: torch.dtype) -> None:
         self.model, self.kv, self.act_dtype, self.sampler = model, kv, act_dtype, Sampler()
         kv_dtype, head_dim = kv.pairs[0][0].dtype, model.config.head_dim
-        # The C++ attention inside a compiled graph only with the AVX-512 library: the AVX2 one corrupted the heap
-        # there (a double free in tests/engine/test_backends.py), while it is exact in the eager cpu backend.
-        if kv.device.type == "cpu" and kv_dtype == torch.bfloat16 and head_dim % 32 == 0 and kernels.load() \
-                and kernels.isa() == "avx512":
+        if kv.device.type == "cpu" and kv_dtype == torch.bfloat16 and head_dim % 32 == 0 and kernels.load():
             model.use_decode_attention(kernel_decode_attention)
-        self.layer = torch.compile(run_decoder_layer, fullgraph=True, dynamic=False)
+        self.layer = torch.compile(run_decoder_layer, fullgraph=True, dynamic=False,
+                                   options={"cpp.simdlen": kernels.inductor_simdlen()})
         self._warm_up()
 
     def run(self, embeds: torch.Tensor, step: StepTensors) -> torch.Tensor:

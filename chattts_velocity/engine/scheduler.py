@@ -189,7 +189,7 @@ class Scheduler:
 
     @staticmethod
     def _append(seq: Sequence, token: tuple[int, ...], hidden: torch.Tensor | None) -> SequenceStatus | None:
-        """Finish rules (design.md 5): EOS in any row (not appended), or max_new_token reached."""
+        """Finish rules (upstream's): EOS in any row (not appended), or max_new_token reached."""
         if seq.is_beam:
             return None  # its beam search chooses and appends the token (engine/beam_engine.py)
         if seq.params.eos_token_id in token:  # the sampler masks EOS until min_new_token

@@ -65,7 +65,7 @@ class Synthesizer:
     def _start(self) -> None:
         chat = load_worker_chat(self.model_dir, **self.load_kwargs)
         self.engine = AsyncLLMEngine(chat.engine())
-        self.service = SpeechService(chat, self.engine)
+        self.service = SpeechService(chat.pipeline, self.engine)
         self.engine.start()
 
     async def __call__(self, batch: dict[str, np.ndarray]) -> AsyncIterator[dict[str, list]]:

@@ -3,6 +3,8 @@
     from chattts_velocity.serve import ServerConfig, create_app, run_server
     run_server(lambda: load_my_chat(), ServerConfig(api_key=None), host="127.0.0.1", port=8000)
 
+The app runs on a SpeechPipeline: give it one, a loaded Chat (its `.pipeline` is used), or a loader of either.
+
 Needs the [server] extra (fastapi, uvicorn); importing chattts_velocity itself does not.
 """
 from chattts_velocity.serve.openai_api import ServerConfig, create_app, run_server

@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from ..schema import MAX_NEW_TOKEN
 from ..speech.streams import StreamOptions
 
 API_KEY_ENV = "CHATTTS_VELOCITY_API_KEY"  # the key need not appear on the command line (or in `ps`)
@@ -16,7 +17,7 @@ class ServerConfig:
     max_input_chars: int = 4096
     max_body_bytes: int = 1 << 20  # larger bodies get 413 before they are read
     max_pieces: int = 128  # sentence pieces one input may split into
-    max_new_token: int = 2048  # per sentence piece; a request's max_new_tokens may only lower it
+    max_new_token: int = MAX_NEW_TOKEN  # per sentence piece; a request's max_new_tokens may only lower it
     split_text: bool = True  # sentence pieces generate concurrently and play in order
     warmup_steps: int = 16  # one short request at startup, so the first user does not pay first-call costs
     stream_options: StreamOptions = field(default_factory=StreamOptions)

@@ -2,8 +2,8 @@
 
 The API key (on /v1/*) is checked first, then the body size (Content-Length, or the bytes of a chunked body, read
 up to the limit and no further) and the time the body takes to arrive, then that a JSON body parses (nesting and
-integer size included: 10**5 levels or a 5001-digit integer are invalid_json, not a traceback). A refusal is OpenAI's error shape:
-401 invalid_api_key, 413 request_too_large, 408 request_timeout, 400 invalid_json.
+integer size included: 10**5 levels or a 5001-digit integer are invalid_json, not a traceback). A refusal is
+OpenAI's error shape: 401 invalid_api_key, 413 request_too_large, 408 request_timeout, 400 invalid_json.
 """
 from __future__ import annotations
 

@@ -17,17 +17,18 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from ..params import SHARED_MAX_BEAMS as MAX_BEAMS
 from ..params import InferCodeParams, RefineTextParams
+from ..text.controls import CONTROL_LEVELS, control_token
 from ..text.ssml import is_ssml, parse_ssml
 from .request import api_error
 from .voices import speed_prompt
 
-LEVELS = {"speed": 9, "oral": 9, "laugh": 2, "break": 7}  # control -> highest level (lowest is 0)
 SPEED_WORDS = {"very slow": 1, "slow": 3, "slower": 3, "normal": 5, "normal speed": 5, "fast": 7, "faster": 7,
                "very fast": 9}
-MAX_BEAMS = 8  # refine beams: each is one more sequence in the engine for the refine pass
-UNDERSTOOD = ("speed 0-9", *SPEED_WORDS, "oral 0-9", "laugh 0-2", "break 0-7", "refine", f"refine beams 1-{MAX_BEAMS}",
-              "no refine")
+UNDERSTOOD = (f"speed 0-{CONTROL_LEVELS['speed']}", *SPEED_WORDS,
+              *(f"{name} 0-{CONTROL_LEVELS[name]}" for name in ("oral", "laugh", "break")), "refine",
+              f"refine beams 1-{MAX_BEAMS}", "no refine")
 MAX_INSTRUCTIONS_CHARS = 500
 _CLAUSE_SPLIT = re.compile(r"[,;.\n]+")
 _LEVEL = re.compile(r"\[?(speed|oral|laugh|break)[\s_:=]*(\d+)\]?")
@@ -45,7 +46,7 @@ class Controls:
         """The refine pass's prompt, or None for no refine pass."""
         if self.refine_levels is None:
             return None
-        return "".join(f"[{name}_{self.refine_levels[name]}]" for name in ("oral", "laugh", "break")
+        return "".join(control_token(name, self.refine_levels[name]) for name in ("oral", "laugh", "break")
                        if name in self.refine_levels)
 
 
@@ -93,8 +94,8 @@ def _set_beams(controls: Controls, beams: int) -> None:
 
 
 def _set_level(controls: Controls, name: str, level: int) -> None:
-    if not 0 <= level <= LEVELS[name]:
-        raise ValueError(f"instructions: {name} {level} is out of range; use {name} 0-{LEVELS[name]}")
+    if not 0 <= level <= CONTROL_LEVELS[name]:
+        raise ValueError(f"instructions: {name} {level} is out of range; use {name} 0-{CONTROL_LEVELS[name]}")
     if name == "speed":
         if controls.speed is not None:
             raise ValueError("instructions: sets the speed twice; give it once")
@@ -125,7 +126,7 @@ def speech_input(text: str, speed: float, instructions: str | None, seed: int | 
         raise ValueError(f"{sources[-1]}: sets the speed and so does {sources[0]!r}; give the speed in one place")
     prompt = speed_prompt(ssml.rate if sources == ["input"] else speed)
     if controls.speed is not None:
-        prompt = f"[speed_{controls.speed}]"
+        prompt = control_token("speed", controls.speed)
     refine_prompt = controls.refine_prompt()
     refine = None if refine_prompt is None else RefineTextParams(prompt=refine_prompt, manual_seed=seed,
                                                                  show_tqdm=False, beam_width=controls.beams)

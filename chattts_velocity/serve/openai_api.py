@@ -1,8 +1,8 @@
 """Serving stage: the OpenAI-compatible speech API (FastAPI) over one SpeechService.
 
-POST /v1/audio/speech, /v1/models, /health, /metrics, and /v1/audio/voices (serve/voice_routes.py). The Chat and
-the AsyncLLMEngine are built in the app's lifespan, so the same app object runs under uvicorn and under Ray Serve
-(one engine per replica).
+POST /v1/audio/speech, /v1/models, /health, /metrics, and /v1/audio/voices (serve/voice_routes.py). The speech
+pipeline (or a loaded Chat's) and the AsyncLLMEngine are built in the app's lifespan, so the same app object runs
+under uvicorn and under Ray Serve (one engine per replica).
 """
 from __future__ import annotations
 
@@ -26,14 +26,17 @@ from ..audio.wav import SAMPLE_RATE
 from ..chat import Chat
 from ..engine.async_engine import AsyncLLMEngine
 from ..params import InferCodeParams
+from ..speech.pipeline import SpeechPipeline
 from ..speech.service import SpeechService, SpeechStream
 from ..speech.text_work import TextWorker
+from ..text.voices import VoiceLibrary
 from . import metrics
-from .config import API_KEY_ENV, ServerConfig  # noqa: F401 -- the names this module has always offered
 from .audio_stream import encoded_chunks
 from .cache import AudioCache, recorded
+from .config import API_KEY_ENV, ServerConfig  # noqa: F401 -- the names this module has always offered
 from .edge import Edge
 from .formats import sse_events
+from .instructions import SpeechInput, check_model, code_params, speech_input
 from .request import (
     SpeechBody,
     api_error,
@@ -43,27 +46,28 @@ from .request import (
     sampling_kwargs,
     validation_detail,
 )
-from ..text.voices import VoiceLibrary
-from .instructions import SpeechInput, check_model, code_params, speech_input
 from .voice_routes import VOICES_PATH, add_voice_routes
 from .voices import VoiceBook
 
 logger = logging.getLogger("chattts_velocity.serve")
 MODEL_ALIASES = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")
 DISCONNECT_POLL = 0.5  # seconds between client-disconnect checks of a non-streamed request
+Speech = SpeechPipeline | Chat  # what the app serves: a pipeline, or a loaded Chat's
+
+
 class ServerState:
     """Everything a route needs, built once per process (or Ray Serve replica) in the lifespan."""
 
-    def __init__(self, chat: Chat, config: ServerConfig) -> None:
-        self.chat, self.config = chat, config
-        self.engine = AsyncLLMEngine(chat.engine())
-        self.service = SpeechService(chat, self.engine, config.stream_options,
+    def __init__(self, pipeline: SpeechPipeline, config: ServerConfig) -> None:
+        self.pipeline, self.config = pipeline, config
+        self.engine = AsyncLLMEngine(pipeline.engine())
+        self.service = SpeechService(pipeline, self.engine, config.stream_options,
                                      TextWorker(config.text_workers, config.text_budget_s, config.text_processes))
         self.library = VoiceLibrary(config.voices_dir, config.max_voices)
-        self.voices = VoiceBook(chat.sample_random_speaker, chat.config.hidden_size, self.library)
+        self.voices = VoiceBook(pipeline.sample_random_speaker, self.library)
         self.cache = AudioCache(config.cache_mb << 20)
         self.metrics = metrics.ServerMetrics(lambda: {**self.engine.metrics(),
-                                                      "decode_max_batch": self.service.worker.max_batch})
+                                                      metrics.DECODE_MAX_BATCH: self.service.worker.max_batch})
         self.formats = available_formats()
         self.engine.start()
 
@@ -79,13 +83,15 @@ class ServerState:
 
     def speech(self, body: SpeechBody) -> tuple[SpeechInput, InferCodeParams, str]:
         """The body's text, refine pass, code params and voice kind; a ValueError names the body's field.
-        Runs on a text thread (SSML and speaker strings are decoded here)."""
+        Runs on a text thread (SSML is read here). A speaker string is decoded once (text/speaker.py caches it by
+        string), and checked against the model by the pipeline's text front end when the service builds the
+        request."""
         sampling = sampling_kwargs(body, self.config.max_new_token)  # checked before any voice is drawn
         if body.loudness is not None:
             check_loudness(body.loudness)
             if body.stream or body.stream_format == "sse":
                 raise ValueError("loudness: is measured on the whole clip; ask for it with stream=false")
-        voice = self.voices.params(body.voice)  # a speaker string is decoded (bounded) before the text is read
+        voice = self.voices.params(body.voice)
         plan = speech_input(body.input, body.speed, body.instructions, sampling.get("manual_seed"))
         return plan, code_params(plan, voice, sampling), self.voices.kind(body.voice)
 
@@ -144,14 +150,15 @@ class ServerState:
         return np.concatenate(chunks) if chunks else np.zeros(0, np.float32)
 
 
-def create_app(chat: Chat | Callable[[], Chat], config: ServerConfig | None = None) -> FastAPI:
-    """The API app. `chat` is a loaded Chat or a zero-argument loader (called in the lifespan, off the loop)."""
+def create_app(speech: Speech | Callable[[], Speech], config: ServerConfig | None = None) -> FastAPI:
+    """The API app. `speech` is a SpeechPipeline or a loaded Chat, or a zero-argument loader of either (called in
+    the lifespan, off the loop)."""
     config = config or ServerConfig()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        loaded = chat if isinstance(chat, Chat) else await asyncio.to_thread(chat)
-        app.state.server = ServerState(loaded, config)
+        loaded = speech if isinstance(speech, (SpeechPipeline, Chat)) else await asyncio.to_thread(speech)
+        app.state.server = ServerState(loaded.pipeline if isinstance(loaded, Chat) else loaded, config)
         try:
             await app.state.server.warm_up(config.warmup_steps)
             yield
@@ -216,7 +223,7 @@ def _add_info_routes(app: FastAPI, config: ServerConfig) -> None:
         # degraded: the latest step failed some requests; everyone else is still being served
         return JSONResponse({"status": "degraded" if engine.failing else "ok"})
 
-    @app.get("/metrics")
+    @app.get(metrics.METRICS_PATH)
     async def prometheus(request: Request) -> Response:
         return Response(request.app.state.server.metrics.render(), media_type=metrics.CONTENT_TYPE)
 
@@ -251,7 +258,7 @@ def _add_error_handlers(app: FastAPI) -> None:
         return JSONResponse({"error": validation_detail(list(exc.errors()))}, status_code=400)
 
 
-def run_server(chat: Chat | Callable[[], Chat], config: ServerConfig | None = None, host: str = "127.0.0.1",
+def run_server(speech: Speech | Callable[[], Speech], config: ServerConfig | None = None, host: str = "127.0.0.1",
                port: int = 8000, log_level: str = "info") -> None:
     """Serve the API with uvicorn (blocking). Binds loopback unless host says otherwise."""
     import uvicorn
@@ -259,5 +266,5 @@ def run_server(chat: Chat | Callable[[], Chat], config: ServerConfig | None = No
     from .timeouts import header_timeout_protocol
 
     config = config or ServerConfig()
-    uvicorn.run(create_app(chat, config), host=host, port=port, log_level=log_level,
+    uvicorn.run(create_app(speech, config), host=host, port=port, log_level=log_level,
                 http=header_timeout_protocol(config.header_timeout_s))

@@ -14,6 +14,8 @@ import re
 import time
 from typing import Any
 
+from .metrics import CONTENT_TYPE, METRICS_PATH
+
 logger = logging.getLogger("chattts_velocity")
 HUB_NAME, HUB_NAMESPACE = "chattts-metrics-hub", "chattts"
 PUSH_PERIOD_S = 5.0
@@ -77,7 +79,7 @@ class ClusterMetrics:
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         self.outer = {key: scope[key] for key in ("app",) if key in scope}
-        if scope["type"] == "http" and scope["path"] == "/metrics" and scope["method"] == "GET":
+        if scope["type"] == "http" and scope["path"] == METRICS_PATH and scope["method"] == "GET":
             return await self._answer(send)
         if scope["type"] == "lifespan" and self.pusher is None:
             self.pusher = asyncio.get_running_loop().create_task(self._push_forever())
@@ -90,14 +92,14 @@ class ClusterMetrics:
             page = merge_pages(pages)
         body = page.encode()
         await send({"type": "http.response.start", "status": status,
-                    "headers": [(b"content-type", b"text/plain; version=0.0.4; charset=utf-8"),
+                    "headers": [(b"content-type", CONTENT_TYPE.encode()),
                                 (b"content-length", str(len(body)).encode()), *self.headers]})
         await send({"type": "http.response.body", "body": body})
 
     async def _own_page(self) -> tuple[int, str]:
         """This replica's own /metrics (status, text), from the wrapped app."""
         scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "GET",
-                 "scheme": "http", "path": "/metrics", "raw_path": b"/metrics", "query_string": b"",
+                 "scheme": "http", "path": METRICS_PATH, "raw_path": METRICS_PATH.encode(), "query_string": b"",
                  "root_path": "", "headers": [], "client": ("127.0.0.1", 0), "server": ("127.0.0.1", 0), **self.outer}
         response: dict[str, Any] = {"status": 500, "body": b""}
 

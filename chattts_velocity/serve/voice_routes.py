@@ -80,7 +80,7 @@ def _save(state, fields: dict) -> Voice:
     """Check what the voice holds against this model (lengths before decoding), then save it (a text thread)."""
     if fields.get("speaker") is not None:
         check_voice_fields(fields["speaker"], None, None)
-        state.voices.check_speaker(fields["speaker"], "speaker")
+        state.pipeline.frontend.speaker(fields["speaker"], "speaker")  # the model's width and sane values
     if fields.get("clip_code") is not None:
         check_voice_fields(None, fields["clip_code"], fields.get("transcript"))
         _check_clip_fits(state, fields["clip_code"])
@@ -153,7 +153,7 @@ async def _upload_fields(request: Request, state) -> dict:
     data = await upload.read()
     clip = await asyncio.to_thread(_clip, data)
     try:
-        fields["clip_code"] = await asyncio.to_thread(state.chat.sample_audio_speaker, clip, SAMPLE_RATE)
+        fields["clip_code"] = await asyncio.to_thread(state.pipeline.sample_audio_speaker, clip, SAMPLE_RATE)
     except ValueError as exc:
         raise api_error(400, f"file: cannot be cloned ({exc})", "file") from None
     return fields

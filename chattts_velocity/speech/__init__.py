@@ -1,8 +1,13 @@
-"""Streaming speech: engine deltas -> StreamDecoders -> float32 24 kHz chunks, in order per text.
+"""Speech: the pipeline built once (text front end, GPT backends, mel sources) and streaming on top of it.
 
-streams.py holds the shared pieces (StreamOptions, StreamSet) and the synchronous `Chat.infer(stream=True)` loop;
-service.py the server's SpeechService (an AsyncLLMEngine plus one decode thread batching every live stream).
+pipeline.py holds SpeechPipeline (what Chat, the server, the export and the web UI share); frontend.py the text front
+end; mel.py the mel sources; streams.py the shared streaming pieces (StreamOptions, StreamSet); service.py the
+server's SpeechService (an AsyncLLMEngine plus one decode thread batching every live stream).
 """
-from chattts_velocity.speech.streams import EMPTY, StreamOptions, StreamSet, delta_rows, stream_texts
+from chattts_velocity.speech.frontend import SpeakerPrompt, TextFrontEnd
+from chattts_velocity.speech.mel import MEL_SOURCES, DecoderSource, DVAESource, MelSource
+from chattts_velocity.speech.pipeline import SpeechPipeline
+from chattts_velocity.speech.streams import EMPTY, StreamOptions, StreamSet, stream_texts
 
-__all__ = ["EMPTY", "StreamOptions", "StreamSet", "delta_rows", "stream_texts"]
+__all__ = ["EMPTY", "MEL_SOURCES", "DVAESource", "DecoderSource", "MelSource", "SpeakerPrompt", "SpeechPipeline",
+           "StreamOptions", "StreamSet", "TextFrontEnd", "stream_texts"]

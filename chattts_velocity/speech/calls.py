@@ -10,7 +10,8 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from ..schema import GenerationOutput, SpeechRequests, Prompt
+from ..schema import GenerationOutput, Prompt, SamplingParams, SpeechRequests, TextPieces
+from .mel import MelSource
 
 Stop = Callable[[], bool]
 
@@ -52,9 +53,11 @@ class CallGate:
 class Jobs:
     """infer_many's bookkeeping: every text's pieces in one flat request list, and which text is complete."""
 
-    def __init__(self) -> None:
+    def __init__(self, pieces: TextPieces, mel: MelSource) -> None:
+        self.pieces, self.mel = pieces, mel  # every text's pieces; what decodes their outputs
+        self.failed: list[tuple[int, Exception]] = []  # texts refused before generation, with their errors
         self.prompts: list[Prompt] = []
-        self.sampling: list = []
+        self.sampling: list[SamplingParams] = []
         self.owner: list[int] = []  # [P] text index of each flat piece
         self.outputs: dict[int, dict[int, GenerationOutput]] = {}  # text -> {piece: output}
         self.size: dict[int, int] = {}

@@ -13,7 +13,6 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -22,11 +21,10 @@ from ..audio.timestamps import Timeline
 from ..engine.async_engine import AsyncLLMEngine, RequestStream
 from ..params import InferCodeParams, RefineTextParams
 from ..schema import Prompt, SamplingParams, TextPieces
-from .streams import EMPTY, StreamOptions, StreamSet, delta_rows
+from .mel import MelSource
+from .pipeline import SpeechPipeline
+from .streams import EMPTY, StreamOptions, StreamSet
 from .text_work import TextWorker
-
-if TYPE_CHECKING:
-    from ..chat import Chat
 
 logger = logging.getLogger("chattts_velocity.serve")
 _END = object()  # a stream's last item on a chunk queue
@@ -37,7 +35,7 @@ Sink = Callable[[object], None]  # receives np.ndarray chunks, then _END (or an 
 @dataclass
 class _Open:
     key: str
-    use_decoder: bool
+    mel: MelSource
     sink: Sink
 
 
@@ -68,8 +66,8 @@ class DecodeWorker:
         self._thread = threading.Thread(target=self._loop, name="chattts-decode", daemon=True)
         self._thread.start()
 
-    def open(self, key: str, use_decoder: bool, sink: Sink) -> None:
-        self._inbox.put(_Open(key, use_decoder, sink))
+    def open(self, key: str, mel: MelSource, sink: Sink) -> None:
+        self._inbox.put(_Open(key, mel, sink))
 
     def push(self, key: str, rows: torch.Tensor | None, finished: bool) -> None:
         self._inbox.put(_Push(key, rows, finished))
@@ -101,7 +99,7 @@ class DecodeWorker:
         for m in messages:
             if isinstance(m, _Open):
                 try:
-                    self.streams.open(m.key, m.use_decoder)
+                    self.streams.open(m.key, m.mel)
                     self._sinks[m.key] = m.sink
                 except ValueError as exc:
                     m.sink(exc)
@@ -151,58 +149,55 @@ class DecodeWorker:
 class SpeechService:
     """Many concurrent texts on one AsyncLLMEngine; each text's audio streams as its pieces are generated."""
 
-    def __init__(self, chat: Chat, engine: AsyncLLMEngine, options: StreamOptions | None = None,
+    def __init__(self, pipeline: SpeechPipeline, engine: AsyncLLMEngine, options: StreamOptions | None = None,
                  text: TextWorker | None = None) -> None:
-        self.chat, self.engine, self.options = chat, engine, options or StreamOptions()
+        self.pipeline, self.engine, self.options = pipeline, engine, options or StreamOptions()
         self.text = text or TextWorker()  # normalising and tokenising run here, never on the event loop
-        self.worker = DecodeWorker(StreamSet(*chat.audio_modules, self.options, chat.decode_dtype))
+        self.worker = DecodeWorker(StreamSet(self.options))
         self._keys = itertools.count()
 
-    def prompts(self, text: str, params: InferCodeParams, use_decoder: bool = True, lang: str | None = None,
-                normalize: bool = True, split: bool = True, max_pieces: int | None = None,
-                ) -> list[tuple[Prompt, SamplingParams]]:
-        """The text's sentence pieces as engine requests (Chat.speech_requests, as Chat.infer builds them)."""
-        pieces = self.pieces(text, lang, normalize, split, max_pieces)
-        requests = self.chat.speech_requests(pieces, params, use_decoder)
-        return list(zip(requests.prompts, requests.sampling))
-
-    def pieces(self, text: str, lang: str | None = None, normalize: bool = True, split: bool = True,
+    def pieces(self, text: str, *, lang: str | None = None, normalize: bool = True, split: bool = True,
                max_pieces: int | None = None) -> TextPieces:
         """The text's normalised sentence pieces, at most max_pieces of them (a ValueError naming `input`)."""
-        return _at_most(self.chat.split(text, lang, normalize, normalize, split), max_pieces)
+        pieces = self.pipeline.frontend.pieces(text, lang=lang, normalize=normalize, homophones=normalize, split=split)
+        return _at_most(pieces, max_pieces)
 
-    async def text_pieces(self, text: str, lang: str | None = None, normalize: bool = True, split: bool = True,
+    async def text_pieces(self, text: str, *, lang: str | None = None, normalize: bool = True, split: bool = True,
                           max_pieces: int | None = None) -> TextPieces:
         """pieces(), off the event loop (speech/text_work.py)."""
-        return _at_most(await self.text.split(self.chat, text, lang, normalize, split), max_pieces)
+        pieces = await self.text.split(self.pipeline.frontend, text, lang=lang, normalize=normalize, split=split)
+        return _at_most(pieces, max_pieces)
 
     async def refine(self, pieces: TextPieces, params: RefineTextParams) -> TextPieces:
         """The refine-text pass on the shared engine: every piece at once, as Chat.infer's refine does."""
-        prompts, sampling = await self.text.run(self.chat.refine_requests, pieces, params)
+        prompts, sampling = await self.text.run(self.pipeline.frontend.refine_requests, pieces, params)
         tasks = [asyncio.ensure_future(self._text_ids(prompt, sampling)) for prompt in prompts]
         try:
             refined = await asyncio.gather(*tasks)
         finally:  # one failed (or the caller left): abort the others' engine requests
             for task in tasks:
                 task.cancel()
-        return pieces.replace(await self.text.run(lambda: [self.chat.refined_text(ids) for ids in refined]))
+        frontend = self.pipeline.frontend
+        return pieces.replace(await self.text.run(lambda: [frontend.refined_text(ids) for ids in refined]))
 
     async def _text_ids(self, prompt: Prompt, sampling: SamplingParams) -> torch.Tensor:
         rows = [delta.token_ids async for delta in self.engine.generate(prompt, sampling)]
         return torch.cat(rows) if rows else torch.zeros(0, 1, dtype=torch.long)  # [T, 1]
 
-    async def open(self, text: str, params: InferCodeParams, use_decoder: bool = True,
+    async def open(self, text: str, params: InferCodeParams, mel: MelSource | None = None,
                    refine: RefineTextParams | None = None, **text_options: object) -> SpeechStream:
-        """Queue every piece of text on the engine (after the refine pass if `refine`); bad input raises
-        ValueError here, before any audio."""
+        """Queue every piece of text on the engine (after the refine pass if `refine`), its audio from `mel`
+        (default: the Decoder); text_options are text_pieces()'s. Bad input raises ValueError here, before any
+        audio."""
+        mel = mel or self.pipeline.mel()
         stream = SpeechStream(self, time.perf_counter())
         try:
             pieces = await self.text_pieces(text, **text_options)
             if refine is not None:
                 pieces = await self.refine(pieces, refine)
-            requests = await self.text.run(self.chat.speech_requests, pieces, params, use_decoder)
+            requests = await self.text.run(self.pipeline.code_requests, pieces, params, mel)
             for piece, prompt, sampling in zip(pieces.texts, requests.prompts, requests.sampling, strict=True):
-                await stream.add(piece, prompt, sampling, use_decoder)
+                await stream.add(piece, prompt, sampling, mel)
         except BaseException:
             stream.close()
             raise
@@ -213,6 +208,10 @@ class SpeechService:
         stream = await self.open(text, params, **options)
         chunks = [chunk async for chunk in stream]
         return np.concatenate(chunks).astype(np.float32) if chunks else EMPTY
+
+    def new_key(self) -> str:
+        """A request id no other stream of this service has."""
+        return f"speech-{next(self._keys)}"
 
     def shutdown(self) -> None:
         self.worker.shutdown()
@@ -231,27 +230,27 @@ class SpeechStream:
         self._queues: list[asyncio.Queue] = []
         self._tasks: list[asyncio.Task] = []
 
-    async def add(self, text: str, prompt: Prompt, sampling: SamplingParams, use_decoder: bool) -> None:
-        key = f"speech-{next(self.service._keys)}"
+    async def add(self, text: str, prompt: Prompt, sampling: SamplingParams, mel: MelSource) -> None:
+        key = self.service.new_key()
         request = await self.service.engine.add_request(prompt, sampling, key)
         chunks: asyncio.Queue = asyncio.Queue()
-        self.service.worker.open(key, use_decoder, _sink(asyncio.get_running_loop(), chunks))
+        self.service.worker.open(key, mel, _sink(asyncio.get_running_loop(), chunks))
         self._keys.append(key)
         self._texts.append(text)
         self._queues.append(chunks)
-        self._tasks.append(asyncio.create_task(self._feed(key, request, use_decoder, chunks)))
+        self._tasks.append(asyncio.create_task(self._feed(key, request, mel, chunks)))
 
-    async def _feed(self, key: str, request: RequestStream, use_decoder: bool, chunks: asyncio.Queue) -> None:
+    async def _feed(self, key: str, request: RequestStream, mel: MelSource, chunks: asyncio.Queue) -> None:
         try:
             async for delta in self.service.engine.outputs(request):
-                rows = delta_rows(delta, use_decoder) if len(delta.token_ids) else None
+                rows = mel.rows(delta) if len(delta.token_ids) else None
                 self.service.worker.push(key, rows, delta.finished)
         except Exception as exc:  # noqa: BLE001 -- surfaces in the consumer, in order
             chunks.put_nowait(exc)
 
     async def __aiter__(self) -> AsyncIterator[np.ndarray]:
         try:
-            for text, chunks in zip(self._texts, self._queues):
+            for text, chunks in zip(self._texts, self._queues, strict=True):
                 samples = 0
                 while (item := await chunks.get()) is not _END:
                     if isinstance(item, BaseException):

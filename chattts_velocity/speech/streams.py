@@ -1,6 +1,6 @@
 """Streaming speech: engine deltas -> StreamDecoder -> float32 24 kHz chunks, in order per text.
 
-Shared by `Chat.infer(stream=True)` (here: the caller's thread steps the engine) and the OpenAI server
+Shared by `SpeechPipeline.stream` (here: the caller's thread steps the engine) and the OpenAI server
 (`speech/service.py`: an AsyncLLMEngine plus a decode thread running a StreamSet). With the default StreamOptions
 a text's chunks concatenate to its whole-clip waveform within the StreamDecoder tolerance (1e-5 max abs).
 """
@@ -9,17 +9,14 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
-from ..audio import DVAE, Decoder, Vocos
 from ..audio.streaming import StreamDecoder
-from ..schema import GenerationOutput, SpeechRequests
-
-if TYPE_CHECKING:
-    from ..engine.gpt import GPTBackend
+from ..engine.gpt import GPTBackend
+from ..schema import SpeechRequests
+from .mel import MelSource
 
 EMPTY = np.zeros(0, dtype=np.float32)
 
@@ -28,7 +25,7 @@ EMPTY = np.zeros(0, dtype=np.float32)
 class StreamOptions:
     """Chunking of the streamed audio. None = the StreamDecoder's exact receptive-field default.
 
-    The default starts low-latency (first chunk 4 steps, lookahead 24: benchmarks/bench_cpu.py, issue 17 target 5);
+    The default starts low-latency (first chunk 4 steps, lookahead 24: the stream tables of docs/performance.md);
     StreamOptions(first_chunk_steps=None, first_lookahead_steps=None) is the exact stream.
 
     first_chunk_steps / first_lookahead_steps apply until a stream's first audio; later chunks are exact again
@@ -55,26 +52,25 @@ class StreamOptions:
 
 
 class StreamSet:
-    """StreamDecoders by key on one set of modules; each push/finish decodes every due window in one batch."""
+    """StreamDecoders by key, each on its mel source; each push/finish decodes every due window in one batch per
+    source."""
 
-    def __init__(self, decoder: Decoder | None, dvae: DVAE | None, vocos: Vocos,
-                 options: StreamOptions | None = None, dtype: torch.dtype | None = None) -> None:
-        self.modules, self.options = (decoder, dvae, vocos), options or StreamOptions()
-        self.dtype = dtype  # bf16: the Decoder and Vocos run under autocast (the pipeline's decode_dtype); None: fp32
+    def __init__(self, options: StreamOptions | None = None) -> None:
+        self.options = options or StreamOptions()
         self.streams: dict[Hashable, StreamDecoder] = {}
+        self.sources: dict[Hashable, MelSource] = {}
         self._steady: dict[Hashable, tuple[int, int]] = {}  # key -> (chunk, lookahead) after the first audio
 
-    def open(self, key: Hashable, use_decoder: bool = True) -> None:
+    def open(self, key: Hashable, mel: MelSource) -> None:
         o = self.options
-        stream = StreamDecoder(*self.modules, use_decoder=use_decoder, chunk_steps=o.chunk_steps,
-                               left_context_steps=o.left_context_steps, lookahead_steps=o.lookahead_steps)
+        stream = mel.stream_decoder(o.chunk_steps, o.left_context_steps, o.lookahead_steps)
         if o.first_chunk_steps is not None or o.first_lookahead_steps is not None:
             self._steady[key] = (stream.chunk_steps, stream.lookahead_steps)
             # NOTE: StreamDecoder plans each window from these two attributes, so changing them
             # between pushes changes only the windows planned afterwards.
             stream.chunk_steps = o.first_chunk_steps or stream.chunk_steps
             stream.lookahead_steps = o.first_lookahead_steps or stream.lookahead_steps
-        self.streams[key] = stream
+        self.streams[key], self.sources[key] = stream, mel
 
     def push(self, rows: dict[Hashable, torch.Tensor]) -> dict[Hashable, np.ndarray]:
         """Append each key's new steps [n, C]; returns the samples that became final, per key."""
@@ -94,24 +90,21 @@ class StreamSet:
 
     def drop(self, key: Hashable) -> None:
         self.streams.pop(key, None)
+        self.sources.pop(key, None)
         self._steady.pop(key, None)
 
     def _batched(self, keys: list[Hashable], run: Callable[[list], list[np.ndarray]]) -> dict[Hashable, np.ndarray]:
         out: dict[Hashable, np.ndarray] = {}
-        device = self.modules[2].head.istft.window.device.type
-        with torch.autocast(device, dtype=self.dtype or torch.float32, enabled=self.dtype not in (None, torch.float32)):
-            for use_decoder in (True, False):  # push_many needs streams on the same mel model
-                group = [k for k in keys if self.streams[k].use_decoder == use_decoder]
-                if group:
-                    out.update(zip(group, run(group)))
+        by_source: dict[int, list[Hashable]] = {}  # push_many needs streams on the same modules
+        for key in keys:
+            by_source.setdefault(id(self.sources[key]), []).append(key)
+        for group in by_source.values():
+            with self.sources[group[0]].autocast():
+                out.update(zip(group, run(group), strict=True))
         return out
 
 
-def delta_rows(delta: GenerationOutput, use_decoder: bool) -> torch.Tensor:  # -> [n, C]
-    return delta.hidden if use_decoder and delta.hidden is not None else delta.token_ids
-
-
-# ---- synchronous streaming for Chat.infer(stream=True) ---------------------------------------------
+# ---- synchronous streaming for SpeechPipeline.stream ---------------------------------------------
 class InOrder:
     """Per text, releases piece audio in piece order: a later piece is held until the earlier ones finish."""
 
@@ -139,11 +132,11 @@ class InOrder:
         return out
 
 
-def stream_texts(streams: StreamSet, gpt: GPTBackend, requests: SpeechRequests, use_decoder: bool,
+def stream_texts(streams: StreamSet, gpt: GPTBackend, requests: SpeechRequests, mel: MelSource,
                  should_stop: Callable[[], bool] = lambda: False) -> Iterator[list[np.ndarray]]:
-    """Chat.infer(stream=True): yields one new chunk per text whenever any text has new audio."""
+    """SpeechPipeline.stream: yields one new chunk per text whenever any text has new audio."""
     for k in range(len(requests.prompts)):
-        streams.open(k, use_decoder)
+        streams.open(k, mel)
     order = InOrder(requests.pieces.owner, requests.pieces.num_texts)
     steps = gpt.stream(requests.prompts, requests.sampling, streams.options.chunk_steps, should_stop)
     for deltas in steps:
@@ -151,7 +144,7 @@ def stream_texts(streams: StreamSet, gpt: GPTBackend, requests: SpeechRequests, 
             if delta.error is not None:
                 raise delta.error
         with torch.inference_mode():
-            chunks = streams.push({k: delta_rows(d, use_decoder) for k, d in deltas if len(d.token_ids)})
+            chunks = streams.push({k: mel.rows(d) for k, d in deltas if len(d.token_ids)})
             ended = [k for k, d in deltas if d.finished]
             for k, chunk in streams.finish(ended).items():
                 chunks[k] = np.concatenate([chunks.get(k, EMPTY), chunk])

@@ -16,14 +16,12 @@ from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from functools import partial
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
 from ..schema import TextPieces
 from ..text.budget import time_budget
 from ..text.pool import split_in_worker, start_worker, uses_default_normalizers
-
-if TYPE_CHECKING:
-    from ..chat import Chat
+from .frontend import TextFrontEnd
 
 T = TypeVar("T")
 logger = logging.getLogger("chattts_velocity.serve")
@@ -48,18 +46,20 @@ class TextWorker:
 
         return await asyncio.get_running_loop().run_in_executor(self._threads, job)
 
-    async def split(self, chat: Chat, text: str, lang: str | None, normalize: bool, split: bool) -> TextPieces:
-        """chat.split(text, lang, normalize, normalize, split): a long text in a worker process when it reads the
-        same there."""
-        if self._processes is None or len(text) <= LONG_TEXT_CHARS or not self._reads_alike(chat):
-            return await self.run(chat.split, text, lang, normalize, normalize, split)
+    async def split(self, frontend: TextFrontEnd, text: str, *, lang: str | None = None, normalize: bool = True,
+                    split: bool = True) -> TextPieces:
+        """frontend.pieces(text, ...) with homophones as normalize: a long text in a worker process when it reads
+        the same there."""
+        pieces = partial(frontend.pieces, text, lang=lang, normalize=normalize, homophones=normalize, split=split)
+        if self._processes is None or len(text) <= LONG_TEXT_CHARS or not self._reads_alike(frontend):
+            return await self.run(pieces)
         job = partial(split_in_worker, text, lang, normalize, split, time.monotonic(), self.budget_s)
         try:
             return await asyncio.get_running_loop().run_in_executor(self._processes, job)
         except BrokenProcessPool:  # a worker died (killed, out of memory): new workers, and this text on a thread
             logger.warning("text worker process died; starting new ones")
             self._processes = self._new_processes()
-            return await self.run(chat.split, text, lang, normalize, normalize, split)
+            return await self.run(pieces)
 
     def _new_processes(self) -> ProcessPoolExecutor | None:
         if self._process_count == 0:
@@ -67,10 +67,10 @@ class TextWorker:
         return ProcessPoolExecutor(self._process_count, mp_context=multiprocessing.get_context("spawn"),
                                    initializer=start_worker)
 
-    def _reads_alike(self, chat: Chat) -> bool:
-        key = id(chat.normalizer)
+    def _reads_alike(self, frontend: TextFrontEnd) -> bool:
+        key = id(frontend.normalizer)
         if key not in self._portable:
-            self._portable[key] = uses_default_normalizers(chat.normalizer)
+            self._portable[key] = uses_default_normalizers(frontend.normalizer)
         return self._portable[key]
 
     def shutdown(self) -> None:

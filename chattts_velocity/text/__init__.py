@@ -2,6 +2,7 @@
 
 In: user text, speaker strings, voice-sample codes. Out: schema.Prompt for the engine.
 """
+from chattts_velocity.text.controls import CONTROL_LEVELS, DEFAULT_LEVELS, check_controls, control_token
 from chattts_velocity.text.normalizer import Normalizer, detect_language, split_text
 from chattts_velocity.text.pieces import (
     EmptyText,
@@ -25,12 +26,16 @@ from chattts_velocity.text.tokenizer import Tokenizer, pad_left
 from chattts_velocity.text.voices import Voice, VoiceLibrary, voice_params
 
 __all__ = [
+    "CONTROL_LEVELS",
+    "DEFAULT_LEVELS",
     "EmptyText",
     "Normalizer",
     "Tokenizer",
     "Voice",
     "VoiceLibrary",
+    "check_controls",
     "check_texts",
+    "control_token",
     "decode_prompt",
     "decode_spk_emb",
     "detect_language",

@@ -37,7 +37,8 @@ def _exit_with_parent(parent: int) -> None:
 
 def split_in_worker(text: str, lang: str | None, normalize: bool, split: bool, started: float,
                     budget_s: float | None) -> TextPieces:
-    """Chat.split(text, lang, normalize, normalize, split) with the worker's normaliser, under the budget."""
+    """TextFrontEnd.pieces(text, lang=lang, normalize=normalize, homophones=normalize, split=split) with the
+    worker's normaliser, under the budget."""
     with time_budget(budget_s, started):
         return normalized_pieces(text, lambda p: _normalizer(p, normalize, normalize, lang), split)
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 import functools
 import lzma
 import struct
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator
 
 import numpy as np
 import pybase16384 as b14
@@ -83,14 +83,19 @@ def encode_spk_emb(x: torch.Tensor) -> str:
     return b14.encode_to_string(_compress(arr.tobytes()))
 
 
-def decode_spk_emb(s: str) -> torch.Tensor:
-    """Upstream speaker string -> float16 [D]. Malformed or oversized strings raise ValueError."""
-    return torch.from_numpy(_speaker_values(s).copy())  # [D]
+def decode_spk_emb(s: str, field: str = "speaker") -> torch.Tensor:
+    """Upstream speaker string -> float16 [D]. Malformed or oversized strings raise ValueError naming `field`."""
+    try:
+        values = _speaker_values(s)
+    except ValueError as exc:
+        raise ValueError(f"{field}: {str(exc).split(': ', 1)[-1]}") from None
+    return torch.from_numpy(values.copy())  # [D]
 
 
 @functools.lru_cache(maxsize=256)
 def _speaker_values(s: str) -> np.ndarray:
-    """A speaker string's values, decoded once per distinct string (read-only; callers copy)."""
+    """A speaker string's values, decoded once per distinct string whatever field names it (read-only; callers
+    copy)."""
     _, raw = _unpack(s, "speaker", _SPK_HINT, MAX_SPEAKER_CHARS, 2 * MAX_SPEAKER_VALUES)
     if not raw or len(raw) % 2:
         raise ValueError(f"speaker: decoded to {len(raw)} bytes, not a float16 vector {_SPK_HINT}")
@@ -103,29 +108,32 @@ def _speaker_values(s: str) -> np.ndarray:
 SPEAKER_NORM_RANGE = (1e-2, 6e4)
 
 
-def speaker_tensor(spk_emb: str | torch.Tensor | None, hidden_size: int) -> torch.Tensor | None:
-    """InferCodeParams.spk_emb (a speaker string or a 1-D tensor) -> [hidden_size], checked against the model."""
+def speaker_tensor(spk_emb: str | torch.Tensor | None, hidden_size: int,
+                   field: str = "spk_emb") -> torch.Tensor | None:
+    """InferCodeParams.spk_emb (a speaker string or a 1-D tensor) -> [hidden_size], checked against the model
+    (pipeline code reaches it through TextFrontEnd.speaker); a ValueError names `field`."""
     if spk_emb is None:
         return None
     if isinstance(spk_emb, str):
-        spk_emb = decode_spk_emb(spk_emb)
+        spk_emb = decode_spk_emb(spk_emb, field)
     elif not (isinstance(spk_emb, torch.Tensor) and spk_emb.dim() == 1):
-        raise ValueError("spk_emb: expected a speaker string from sample_random_speaker() or a 1-D tensor")
+        raise ValueError(f"{field}: expected a speaker string from sample_random_speaker() or a 1-D tensor")
     if spk_emb.shape[0] != hidden_size:
-        raise ValueError(f"spk_emb: this speaker has {spk_emb.shape[0]} values but the model needs "
+        raise ValueError(f"{field}: this speaker has {spk_emb.shape[0]} values but the model needs "
                          f"{hidden_size}; sample it with this model's sample_random_speaker()")
-    return check_speaker_values(spk_emb)
+    return check_speaker_values(spk_emb, field)
 
 
-def check_speaker_values(x: torch.Tensor) -> torch.Tensor:
+def check_speaker_values(x: torch.Tensor, field: str = "spk_emb") -> torch.Tensor:
     """A speaker vector the model can use: finite, and not (nearly) all zeros (its direction is what counts)."""
     values = x.detach().float()
     if not bool(torch.isfinite(values).all()):
-        raise ValueError("spk_emb: holds NaN or infinite values; use a speaker from sample_random_speaker()")
+        raise ValueError(f"{field}: holds NaN or infinite values; use a speaker from sample_random_speaker()")
     norm = float(values.norm())
     if not SPEAKER_NORM_RANGE[0] <= norm <= SPEAKER_NORM_RANGE[1]:
-        raise ValueError(f"spk_emb: its norm {norm:.3g} is outside the sane range {SPEAKER_NORM_RANGE} (random "
-                         "speakers of the official model have norms around 130); use a speaker from sample_random_speaker()")
+        raise ValueError(f"{field}: its norm {norm:.3g} is outside the sane range {SPEAKER_NORM_RANGE} (random "
+                         "speakers of the official model have norms around 130); use a speaker from "
+                         "sample_random_speaker()")
     return x
 
 

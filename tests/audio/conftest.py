@@ -68,9 +68,8 @@ def numpy_htk_filterbank(n_freqs: int, n_mels: int, sample_rate: int, f_min: flo
                          f_max: float | None = None) -> np.ndarray:
     """HTK triangular filters written directly from the formula, in float64: [n_freqs, n_mels]."""
     f_max = sample_rate / 2 if f_max is None else f_max
-    hz_to_mel = lambda f: 2595.0 * np.log10(1.0 + f / 700.0)  # noqa: E731
-    mel_to_hz = lambda m: 700.0 * (10.0 ** (m / 2595.0) - 1.0)  # noqa: E731
-    edges = mel_to_hz(np.linspace(hz_to_mel(f_min), hz_to_mel(f_max), n_mels + 2))
+    mels = np.linspace(2595.0 * np.log10(1.0 + f_min / 700.0), 2595.0 * np.log10(1.0 + f_max / 700.0), n_mels + 2)
+    edges = 700.0 * (10.0 ** (mels / 2595.0) - 1.0)  # HTK mel -> Hz
     freqs = np.linspace(0.0, sample_rate // 2, n_freqs)[:, None]  # [n_freqs, 1]
     lo, mid, hi = edges[None, :-2], edges[None, 1:-1], edges[None, 2:]  # [1, n_mels] each
     rising = np.where((freqs >= lo) & (freqs <= mid), (freqs - lo) / (mid - lo), 0.0)

@@ -1,4 +1,4 @@
-"""DVAE / Decoder: decode and encode wiring, strict loading, and the full-size key/shape table (spec 2.4-2.6)."""
+"""DVAE / Decoder: decode and encode wiring, strict loading, and the official checkpoints' full-size key/shape table."""
 from __future__ import annotations
 
 import math
@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import decoder_shapes, dvae_shapes, vocos_shapes
 from safetensors.torch import save_file
 
 from chattts_velocity.audio import DVAE, Decoder, Vocos, load_safetensors
-from conftest import decoder_shapes, dvae_shapes, vocos_shapes
 
 
 def explicit_interleave(x: torch.Tensor) -> torch.Tensor:  # [B, 2C, T] -> [B, C, 2T]
@@ -41,7 +41,8 @@ def test_dvae_encode_matches_explicit_front_end(dvae_sd: dict[str, torch.Tensor]
     dvae = DVAE.from_state_dict(dvae_sd)
     wav = 0.3 * torch.randn(24000, generator=torch.Generator().manual_seed(5))
     codes = dvae.encode(wav.numpy())
-    assert codes.shape == (4, 47) and codes.dtype == torch.int32  # spec 9.5: 1 s -> F = 94 -> T = 47
+    # 1 s -> F = 94 mel frames -> T = 47 codes (2 frames per code)
+    assert codes.shape == (4, 47) and codes.dtype == torch.int32
     window = dvae_sd["preprocessor_mel.mel_spec.spectrogram.window"]
     spec = torch.stft(wav, 1024, 256, 1024, window, center=True, pad_mode="reflect", return_complex=True)
     mel = torch.matmul(spec.abs().T, dvae_sd["preprocessor_mel.mel_spec.mel_scale.fb"]).T  # [100, 94]
@@ -110,7 +111,7 @@ def test_load_safetensors_upcasts_to_float32(tmp_path: Path, decoder_sd: dict[st
         load_safetensors(tmp_path / "missing.safetensors")
 
 
-FULL = [  # spec 2.4-2.6: file, tensors, total numel, table
+FULL = [  # the official files: file, tensors, total numel, table
     (DVAE, 242, 15_083_472, dvae_shapes(dim=512, hidden=256, bn=128, n_layer=12)),
     (Decoder, 115, 25_920_740, decoder_shapes(idim=384, hidden=512, bn=128, n_layer=12)),
     (Vocos, 83, 13_584_998, vocos_shapes(dim=512, inter=1536, n_layer=8)),

@@ -1,4 +1,4 @@
-"""GFSQ: decode equals the spec 9.3 formula, encode follows the per-version algorithm, grid round trips."""
+"""GFSQ: decode equals upstream's FSQ formula, encode follows the per-version algorithm, grid round trips."""
 from __future__ import annotations
 
 import pytest
@@ -92,7 +92,7 @@ def test_encode_decode_round_trip_on_grid_values() -> None:
 
 
 def spec_encode(z: torch.Tensor, variant: FSQVariant) -> torch.Tensor:
-    """Spec 9.3 encode table for one group, z = project_in(x): [N, 4] -> levels [N, R=2, 4]."""
+    """Upstream's encode table for one group, z = project_in(x): [N, 4] -> levels [N, R=2, 4]."""
     if variant is FSQVariant.VQP_1_26:
         res, scales = torch.tanh(z / 1.25) * 1.25, (1.0, 0.2)
     else:

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import numpy_htk_filterbank
 
 from chattts_velocity.audio.mel import MelSpectrogramFeatures, htk_mel_filterbank
-from conftest import numpy_htk_filterbank
 
 
 @pytest.mark.parametrize(("n_freqs", "n_mels", "rate", "f_min", "f_max"),

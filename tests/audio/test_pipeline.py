@@ -26,7 +26,7 @@ def test_hidden_batch_lengths_and_content(models: tuple[DVAE, Decoder, Vocos]) -
     wavs = decode_hidden_batch(decoder, vocos, hiddens)
     assert [w.shape[0] for w in wavs] == [max(2 * t - 1, 0) * 256 for t in lengths]
     assert all(w.dtype == np.float32 for w in wavs)
-    for w, h in zip(wavs, hiddens):
+    for w, h in zip(wavs, hiddens, strict=True):
         if len(h):
             np.testing.assert_allclose(w, alone(decoder, vocos, h), rtol=0, atol=1e-5)
     assert not np.allclose(wavs[1], 0)
@@ -39,7 +39,7 @@ def test_equal_rows_are_one_plain_batch(models: tuple[DVAE, Decoder, Vocos], dty
     hiddens = [torch.randn(7, 64) for _ in range(3)]
     with torch.inference_mode(), torch.autocast("cpu", dtype=dtype or torch.float32, enabled=dtype is not None):
         batch = vocos(decoder(torch.stack(hiddens).transpose(1, 2)).float()).float().numpy()
-    for w, row in zip(decode_hidden_batch(decoder, vocos, hiddens, dtype), batch):
+    for w, row in zip(decode_hidden_batch(decoder, vocos, hiddens, dtype), batch, strict=True):
         np.testing.assert_array_equal(w, row)
 
 
@@ -70,7 +70,7 @@ def test_codes_batch_lengths(models: tuple[DVAE, Decoder, Vocos]) -> None:
     codes = [torch.randint(0, 625, (t, 4)) for t in (3, 7)]
     wavs = decode_codes_batch(dvae, vocos, codes)
     assert [len(w) for w in wavs] == [5 * 256, 13 * 256]
-    for w, c in zip(wavs, codes):  # each row as if decoded alone
+    for w, c in zip(wavs, codes, strict=True):  # each row as if decoded alone
         np.testing.assert_allclose(w, decode_codes_batch(dvae, vocos, [c])[0], rtol=0, atol=1e-5)
 
 
@@ -105,7 +105,7 @@ def test_weights_cast_once_give_autocasts_numbers(models: tuple[DVAE, Decoder, V
         rows = [torch.randint(0, 625, (t, 4)) for t in (9, 9, 4)]
         got, expected = (decode_codes_batch(d, v, rows, torch.bfloat16) for d, v in ((dvae16, vocos16),
                                                                                       (dvae, vocos)))
-    for a, b in zip(got, expected):
+    for a, b in zip(got, expected, strict=True):
         np.testing.assert_array_equal(a, b)
 
 
@@ -127,8 +127,8 @@ def test_full_size_rows_match_the_plain_batch_and_the_row_alone(full_assets) -> 
         decoder_cast, vocos_cast = cast_for_autocast((decoder, vocos), dtype)
         for got in (decode_hidden_batch(decoder, vocos, equal, dtype),
                     decode_hidden_batch(decoder_cast, vocos_cast, equal, dtype)):
-            for w, row in zip(got, plain):
+            for w, row in zip(got, plain, strict=True):
                 np.testing.assert_array_equal(w, row)
-    mixed = [h[:n] for h, n in zip(equal, (40, 9, 33, 1))]
-    for w, h in zip(decode_hidden_batch(decoder, vocos, mixed), mixed):
+    mixed = [h[:n] for h, n in zip(equal, (40, 9, 33, 1), strict=True)]
+    for w, h in zip(decode_hidden_batch(decoder, vocos, mixed), mixed, strict=True):
         np.testing.assert_allclose(w, decode_hidden_batch(decoder, vocos, [h])[0], rtol=0, atol=1e-4)

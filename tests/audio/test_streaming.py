@@ -4,10 +4,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from conftest import decoder_shapes, vocos_shapes
 
 from chattts_velocity.audio import DVAE, Decoder, Vocos, decode_codes_batch, decode_hidden_batch
 from chattts_velocity.audio.streaming import StreamDecoder, receptive_field
-from conftest import decoder_shapes, vocos_shapes
 
 TOL = 1e-5  # documented max abs difference to the whole-clip decode (measured <= 4e-7 here)
 HOP = 256
@@ -34,7 +34,7 @@ def stream(models: tuple[DVAE, Decoder, Vocos], use_decoder: bool, x: torch.Tens
            **kwargs: int) -> list[np.ndarray]:
     """Every push() output followed by the flush() output."""
     dvae, decoder, vocos = models
-    sd = StreamDecoder(decoder, dvae, vocos, use_decoder=use_decoder, **kwargs)
+    sd = StreamDecoder(decoder if use_decoder else dvae, vocos, **kwargs)
     outs = [sd.push(x[i: i + push]) for i in range(0, x.shape[0], push)]
     return outs + [sd.flush()]
 
@@ -109,7 +109,7 @@ def test_decode_cost_per_push_is_bounded(models: tuple) -> None:
     _, decoder, vocos = models
     frames: list[int] = []  # decoder-input steps of every Decoder call
     hook = decoder.register_forward_pre_hook(lambda _m, args: frames.append(args[0].shape[-1]))
-    sd = StreamDecoder(decoder, None, vocos, chunk_steps=24)
+    sd = StreamDecoder(decoder, vocos, chunk_steps=24)
     x = make_input(True, 600, seed=11)
     per_push = []
     for t in range(600):
@@ -125,7 +125,7 @@ def test_decode_cost_per_push_is_bounded(models: tuple) -> None:
 
 def test_first_chunk_latency(models: tuple) -> None:
     _, decoder, vocos = models
-    sd = StreamDecoder(decoder, None, vocos, chunk_steps=7)
+    sd = StreamDecoder(decoder, vocos, chunk_steps=7)
     x = make_input(True, 100, seed=5)
     sizes = [len(sd.push(x[t: t + 1])) for t in range(100)]
     first = next(t for t, n in enumerate(sizes) if n) + 1  # steps pushed when audio first appears
@@ -138,49 +138,49 @@ def test_first_chunk_latency(models: tuple) -> None:
 
 def test_empty_stream_and_empty_push(models: tuple) -> None:
     dvae, decoder, vocos = models
-    sd = StreamDecoder(decoder, None, vocos)
+    sd = StreamDecoder(decoder, vocos)
     empty = sd.push(torch.zeros(0, 64))
     assert empty.shape == (0,) and empty.dtype == np.float32
     out = sd.flush()
     assert out.shape == (0,) and out.dtype == np.float32
-    assert StreamDecoder(None, dvae, vocos, use_decoder=False).flush().shape == (0,)
+    assert StreamDecoder(dvae, vocos).flush().shape == (0,)
 
 
 def test_push_many_batches_streams(models: tuple) -> None:
     _, decoder, vocos = models
     lengths, pushes = [40, 97, 5, 70], [1, 3, 2, 6]
     xs = [make_input(True, t, seed=20 + t) for t in lengths]
-    streams = [StreamDecoder(decoder, None, vocos, chunk_steps=6) for _ in lengths]
+    streams = [StreamDecoder(decoder, vocos, chunk_steps=6) for _ in lengths]
     calls: list[int] = []
     hook = decoder.register_forward_pre_hook(lambda _m, args: calls.append(args[0].shape[0]))
     outs: list[list[np.ndarray]] = [[] for _ in lengths]
     cursor = [0] * len(lengths)
     for _ in range(max(lengths)):
-        rows = [x[c: c + p] for x, c, p in zip(xs, cursor, pushes)]
-        cursor = [c + p for c, p in zip(cursor, pushes)]
-        for o, wav in zip(outs, StreamDecoder.push_many(streams, rows)):
+        rows = [x[c: c + p] for x, c, p in zip(xs, cursor, pushes, strict=True)]
+        cursor = [c + p for c, p in zip(cursor, pushes, strict=True)]
+        for o, wav in zip(outs, StreamDecoder.push_many(streams, rows), strict=True):
             o.append(wav)
-    for o, wav in zip(outs, StreamDecoder.flush_many(streams)):
+    for o, wav in zip(outs, StreamDecoder.flush_many(streams), strict=True):
         o.append(wav)
     hook.remove()
     assert max(calls) > 1  # some windows really shared a Decoder call
-    for o, x in zip(outs, xs):
+    for o, x in zip(outs, xs, strict=True):
         np.testing.assert_allclose(np.concatenate(o), whole(models, True, x), rtol=0, atol=TOL)
 
 
 def test_bad_input_raises(models: tuple) -> None:
     dvae, decoder, vocos = models
-    with pytest.raises(ValueError, match="decoder"):
-        StreamDecoder(None, dvae, vocos)
+    with pytest.raises(ValueError, match="mel_model"):
+        StreamDecoder(vocos, vocos)
     for name in ("chunk_steps", "lookahead_steps"):
         with pytest.raises(ValueError, match=name):
-            StreamDecoder(decoder, None, vocos, **{name: 0})
-    sd = StreamDecoder(decoder, None, vocos)
+            StreamDecoder(decoder, vocos, **{name: 0})
+    sd = StreamDecoder(decoder, vocos)
     with pytest.raises(ValueError, match=r"hidden: expected \[n, 64\]"):
         sd.push(torch.randn(3, 32))
     with pytest.raises(ValueError, match="float hidden"):
         sd.push(torch.zeros(3, 64, dtype=torch.long))
-    codes = StreamDecoder(None, dvae, vocos, use_decoder=False)
+    codes = StreamDecoder(dvae, vocos)
     with pytest.raises(ValueError, match="integer codes"):
         codes.push(torch.zeros(3, 4))
     with pytest.raises(ValueError, match="audio EOS"):

@@ -13,7 +13,7 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from benchmarks import bench_serve  # noqa: E402
+from benchmarks import bench_serve  # noqa: E402 (imported once REPO is on sys.path)
 
 
 @pytest.mark.e2e

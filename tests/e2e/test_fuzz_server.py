@@ -16,11 +16,11 @@ import pytest
 httpx = pytest.importorskip("httpx")
 uvicorn = pytest.importorskip("uvicorn")
 pytest.importorskip("fastapi")
-from hypothesis import HealthCheck, given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
+from hypothesis import HealthCheck, given, settings  # noqa: E402 (after the importorskip above)
+from hypothesis import strategies as st  # noqa: E402 (after the importorskip above)
 
-from chattts_velocity import Chat  # noqa: E402
-from chattts_velocity.serve import ServerConfig, create_app  # noqa: E402
+from chattts_velocity import Chat  # noqa: E402 (after the importorskip above)
+from chattts_velocity.serve import ServerConfig, create_app  # noqa: E402 (after the importorskip above)
 
 pytestmark = pytest.mark.e2e
 KEY = "fuzz-key"

@@ -99,7 +99,7 @@ class HealthWatch:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._poll, daemon=True)
 
-    def __enter__(self) -> "HealthWatch":
+    def __enter__(self) -> HealthWatch:
         self._thread.start()
         return self
 
@@ -281,7 +281,7 @@ def _closed_within(sock: socket.socket, seconds: float) -> tuple[bool, bytes]:
         while chunk := sock.recv(4096):
             data += chunk
         return True, data
-    except socket.timeout:
+    except TimeoutError:
         return False, data
 
 

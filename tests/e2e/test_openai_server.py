@@ -21,9 +21,10 @@ httpx = pytest.importorskip("httpx")
 uvicorn = pytest.importorskip("uvicorn")
 pytest.importorskip("fastapi")
 
-from chattts_velocity import Chat  # noqa: E402
-from chattts_velocity.serve import ServerConfig, create_app  # noqa: E402
-from chattts_velocity.serve.voices import VoiceBook, speed_prompt  # noqa: E402
+from chattts_velocity import Chat  # noqa: E402 (after the importorskip above)
+from chattts_velocity.serve import ServerConfig, create_app  # noqa: E402 (after the importorskip above)
+from chattts_velocity.serve.metrics import ENGINE_METRICS, SPEECH_METRICS  # noqa: E402 (after the importorskip above)
+from chattts_velocity.serve.voices import VoiceBook, speed_prompt  # noqa: E402 (after the importorskip above)
 
 HOP = 256
 KEY = "test-key-123"
@@ -121,7 +122,7 @@ def test_speed_maps_to_speed_token(speed: float, n: int) -> None:
 
 def test_voice_book_resolves_names_seeds_and_strings() -> None:
     draws = iter(f"speaker-{i}" for i in range(100))
-    book = VoiceBook(lambda seed: next(draws), hidden_size=64)
+    book = VoiceBook(lambda seed: next(draws))
     assert book.resolve("alloy") == book.resolve("ALLOY") == book.resolve(1111) == book.resolve("1111")
     assert book.resolve(None) == book.resolve("default") != book.resolve("alloy")
     with pytest.raises(ValueError, match="voice"):
@@ -225,7 +226,7 @@ def test_bad_requests_get_openai_errors(server: Server, client, kw: dict, param:
 ])
 def test_hostile_sampling_values_get_400_and_the_engine_lives_on(server: Server, client, fields: str,
                                                                   param: str) -> None:
-    body = '{"input": "Hello.", "voice": "alloy", "response_format": "wav", %s}' % fields
+    body = '{"input": "Hello.", "voice": "alloy", "response_format": "wav", ' + fields + "}"
     reply = httpx.post(server.url + "/v1/audio/speech", content=body, headers={"content-type": "application/json"})
     assert reply.status_code == 400 and reply.json()["error"]["param"] == param
     assert_clip_length(len(parse_wav(client.audio.speech.create(**speech_kwargs(steps=6)).content)), 6)
@@ -240,7 +241,7 @@ def test_unknown_fields_are_ignored(server: Server, client) -> None:
 
 @pytest.mark.e2e
 def test_32_concurrent_clients_share_batches(server: Server) -> None:
-    steps_before = metric(server, "chattts_engine_shared_steps_total")
+    steps_before = metric(server, ENGINE_METRICS["num_shared_steps"].sample)
 
     async def main() -> list[bytes]:
         aclient = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=600)
@@ -254,10 +255,10 @@ def test_32_concurrent_clients_share_batches(server: Server) -> None:
         audio = parse_wav(data)
         assert_clip_length(len(audio), 20 + i % 8)
         assert np.abs(audio).max() > 0
-    assert metric(server, "chattts_engine_max_batch_size") >= 8
-    assert metric(server, "chattts_engine_shared_steps_total") - steps_before >= 20
-    assert metric(server, "chattts_kv_cache_blocks_used") == 0
-    assert metric(server, "chattts_time_to_first_audio_seconds_count") >= 32
+    assert metric(server, ENGINE_METRICS["max_batch_size"].sample) >= 8
+    assert metric(server, ENGINE_METRICS["num_shared_steps"].sample) - steps_before >= 20
+    assert metric(server, ENGINE_METRICS["kv_blocks_used"].sample) == 0
+    assert metric(server, SPEECH_METRICS["time_to_first_audio"].name + "_count") >= 32
 
 
 @pytest.mark.e2e
@@ -273,7 +274,8 @@ def test_client_disconnect_mid_stream_aborts_and_frees_blocks(server: Server, cl
     wait_until(lambda: engine.stats.num_aborted == aborted + 1)
     wait_until(lambda: engine.engine.block_manager.num_used_blocks == 0)
     assert not engine.engine.has_unfinished_requests()
-    assert metric(server, "chattts_speech_responses_total", status="disconnect", format="wav", voice_kind="preset") >= 1
+    responses = SPEECH_METRICS["responses"].sample
+    assert metric(server, responses, status="disconnect", format="wav", voice_kind="preset") >= 1
 
 
 @pytest.mark.e2e
@@ -377,7 +379,7 @@ def test_the_key_can_come_from_the_environment(tiny_assets, monkeypatch: pytest.
 @pytest.mark.e2e
 def test_saved_voices_instructions_and_models_through_the_openai_client(server: Server, client) -> None:
     state = server.state
-    speaker = state.chat.sample_random_speaker()
+    speaker = state.pipeline.sample_random_speaker()
     created = httpx.post(server.url + "/v1/audio/voices", json={"name": "e2e voice", "speaker": speaker,
                                                                 "overwrite": True})
     assert created.status_code == 201

@@ -26,12 +26,13 @@ ray = pytest.importorskip("ray")
 openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 
-from chattts_velocity.export import plan_export, wav_seconds  # noqa: E402
-from chattts_velocity.params import InferCodeParams  # noqa: E402
-from chattts_velocity.serve import ServerConfig  # noqa: E402
-from chattts_velocity.export.ray import RayExportOptions, run_export_ray  # noqa: E402
-from chattts_velocity.speech import StreamOptions  # noqa: E402
-from chattts_velocity.text import sample_random_speaker  # noqa: E402
+from chattts_velocity.export import plan_export, wav_seconds  # noqa: E402 (after the importorskip above)
+from chattts_velocity.export.ray import RayExportOptions, run_export_ray  # noqa: E402 (after the importorskip above)
+from chattts_velocity.params import InferCodeParams  # noqa: E402 (after the importorskip above)
+from chattts_velocity.serve import ServerConfig  # noqa: E402 (after the importorskip above)
+from chattts_velocity.serve.metrics import ENGINE_METRICS, SPEECH_METRICS  # noqa: E402 (after the importorskip above)
+from chattts_velocity.speech import StreamOptions  # noqa: E402 (after the importorskip above)
+from chattts_velocity.text import sample_random_speaker  # noqa: E402 (after the importorskip above)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 REPO = Path(__file__).resolve().parents[2]
@@ -157,17 +158,18 @@ class TestServe:
         with httpx.stream("POST", url + "/v1/audio/speech", json=body, timeout=120) as response:
             replica = response.headers[ray_serve.REPLICA_HEADER]
             next(response.iter_bytes())  # audio is flowing; leaving the block drops the connection
-        wait_until(lambda: replica_metrics(url, replica, "chattts_engine_requests_aborted_total") >= 1,
+        wait_until(lambda: replica_metrics(url, replica, ENGINE_METRICS["num_aborted"].sample) >= 1,
                    what="the engine requests aborted")
-        wait_until(lambda: replica_metrics(url, replica, "chattts_kv_cache_blocks_used") == 0, what="KV blocks freed")
+        wait_until(lambda: replica_metrics(url, replica, ENGINE_METRICS["kv_blocks_used"].sample) == 0,
+                   what="KV blocks freed")
 
     def test_non_streamed_client_timeout_aborts_too(self, url: str) -> None:
         body = {"input": FORCED_INPUT, "voice": "sage", "response_format": "wav", "seed": 6, **FORCED}
         names = replica_names(url)
-        before = {name: replica_metrics(url, name, "chattts_engine_requests_aborted_total") for name in names}
+        before = {name: replica_metrics(url, name, ENGINE_METRICS["num_aborted"].sample) for name in names}
         with pytest.raises(httpx.ReadTimeout):
             httpx.post(url + "/v1/audio/speech", json=body, timeout=1.0)
-        wait_until(lambda: sum(replica_metrics(url, name, "chattts_engine_requests_aborted_total")
+        wait_until(lambda: sum(replica_metrics(url, name, ENGINE_METRICS["num_aborted"].sample)
                                for name in names) > sum(before.values()), what="the engine requests aborted")
 
     def test_metrics_show_every_replica_labelled(self, url: str) -> None:
@@ -176,11 +178,12 @@ class TestServe:
 
         def labelled() -> set[str]:
             text = httpx.get(url + "/metrics", timeout=30).text
-            return set(re.findall(r'^chattts_speech_requests_total\{replica="([^"]+)"\} \d', text, re.MULTILINE))
+            requests = SPEECH_METRICS["requests"].sample
+            return set(re.findall(rf'^{requests}\{{replica="([^"]+)"\}} \d', text, re.MULTILINE))
 
         wait_until(lambda: labelled() == names, timeout=60, what="both replicas on one /metrics page")
         text = httpx.get(url + "/metrics", timeout=30).text
-        assert text.count("# TYPE chattts_speech_requests_total counter") == 1  # one family, two samples
+        assert text.count(f"# TYPE {SPEECH_METRICS['requests'].sample} counter") == 1  # one family, two samples
 
     def test_health_and_models_through_the_proxy(self, url: str) -> None:
         assert httpx.get(url + "/health", timeout=30).json() == {"status": "ok"}
@@ -293,7 +296,8 @@ def test_data_export_200_lines_two_bad_then_resume(ray_cluster: dict, tiny_asset
 def test_data_export_of_thirty_lines_runs_on_both_actors(ray_cluster: dict, tiny_assets: Path, tmp_path: Path) -> None:
     # Before: 2 blocks of 15 lines, bundled by Ray Data into one 16-row task: one actor ran all 30, the other idled.
     lines, logs = tmp_path / "lines.jsonl", []
-    lines.write_text("".join(json.dumps({"id": f"l{n}", "text": f"Line {WORDS[n % 10]} {n}."}) + "\n" for n in range(30)))
+    lines.write_text("".join(json.dumps({"id": f"l{n}", "text": f"Line {WORDS[n % 10]} {n}."}) + "\n"
+                             for n in range(30)))
     options = RayExportOptions(actors=2, cpus_per_actor=0.5, batch_size=16, batches_in_flight=4)
     plan = run_export_ray(tiny_assets, plan_export(lines, tmp_path / "out", seed=3),
                           InferCodeParams(max_new_token=8, show_tqdm=False), options, progress=False,

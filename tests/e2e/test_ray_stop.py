@@ -14,7 +14,7 @@ import pytest
 
 pytest.importorskip("ray")
 httpx = pytest.importorskip("httpx")
-from chattts_velocity.serve import ray_serve, ray_stop
+from chattts_velocity.serve import ray_serve, ray_stop  # noqa: E402 (only once ray and httpx are known present)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")]
 REPO = Path(__file__).resolve().parents[2]

@@ -9,10 +9,13 @@ import pytest
 openai = pytest.importorskip("openai")
 pytest.importorskip("av")
 
-from test_openai_server import Server, client, server, speech_kwargs  # noqa: E402,F401 -- the same server fixtures
+import test_openai_server as openai_server  # noqa: E402 (only once openai and av are known present)
 
-from chattts_velocity.audio import SAMPLE_RATE, samples_for_steps  # noqa: E402
-from chattts_velocity.audio.formats import FORMATS  # noqa: E402
+from chattts_velocity.audio import SAMPLE_RATE, samples_for_steps  # noqa: E402 (after the importorskips)
+from chattts_velocity.audio.formats import FORMATS  # noqa: E402 (after the importorskips)
+
+Server, speech_kwargs = openai_server.Server, openai_server.speech_kwargs
+server, client = openai_server.server, openai_server.client  # the same server fixtures, registered here by name
 
 OPENAI_FORMATS = ("mp3", "opus", "aac", "flac", "wav", "pcm")
 STEPS = 300  # long enough that a response's first bytes must come out before the engine finishes it

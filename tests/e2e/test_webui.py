@@ -8,8 +8,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 from page_driver import (
-    ARTIFACTS, assert_no_traceback, audio_seconds, browser_duration, expected_speaker, fetch_output_wav,
-    generate, open_group, open_groups,
+    ARTIFACTS,
+    assert_no_traceback,
+    audio_seconds,
+    browser_duration,
+    expected_speaker,
+    fetch_output_wav,
+    generate,
+    open_group,
+    open_groups,
 )
 
 from chattts_velocity.audio import float_to_int16
@@ -159,7 +166,11 @@ def test_stream_plays_chunks_then_gives_the_full_wav(webui_page, webui_server) -
     page.locator("#input-text textarea").fill("Streaming sends audio as soon as it is ready.")
     assert page.locator("#live-audio").is_hidden()  # shown only while a stream runs
     errors: list[str] = []
-    log_errors = lambda message: message.type == "error" and errors.append(message.text)  # noqa: E731
+
+    def log_errors(message) -> None:
+        if message.type == "error":
+            errors.append(message.text)
+
     page.on("console", log_errors)
     try:
         stats = generate(page, "#generate-stream")

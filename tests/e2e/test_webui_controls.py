@@ -6,8 +6,20 @@ import re
 
 import pytest
 from page_driver import (
-    ARTIFACTS, FINISHED, GROUPS, assert_no_traceback, browser_duration, expected_speaker, fetch_download,
-    fetch_output_wav, generate, open_group, open_groups, pick, set_slider, type_number,
+    ARTIFACTS,
+    FINISHED,
+    GROUPS,
+    assert_no_traceback,
+    browser_duration,
+    expected_speaker,
+    fetch_download,
+    fetch_output_wav,
+    generate,
+    open_group,
+    open_groups,
+    pick,
+    set_slider,
+    type_number,
 )
 
 pytestmark = pytest.mark.e2e

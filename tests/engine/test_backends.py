@@ -140,7 +140,7 @@ def test_decode_equals_the_eager_torch_path(dtype, options, name, tolerance, len
     backend, kv = _select(dtype, **options)
     assert backend.name == name
     # the attention of DecodeMetadata steps follows the backend: the C++ kernel in compiled bf16 steps
-    kernel_attends = name == "torch.compile" and dtype == "bfloat16" and kernels.isa() == "avx512"
+    kernel_attends = name == "torch.compile" and dtype == "bfloat16" and UNSUPPORTED is None
     expected_attention = kernel_decode_attention if kernel_attends else paged_decode_attention
     assert all(layer.self_attn.decode_attention is expected_attention for layer in backend.model.layers)
     tables = [list(range(b * 4, b * 4 + 4)) for b in range(len(lens))]  # 16 positions each

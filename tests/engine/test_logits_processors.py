@@ -68,7 +68,7 @@ def test_repetition_penalty_matches_the_asymmetric_rule_per_row():
 
 @pytest.mark.parametrize("left_pad", [False, True])
 def test_repetition_penalty_is_bit_identical_to_the_one_hot_formula(left_pad):
-    """Spec 7 step 9: freq = one_hot(window).sum, alpha = penalty ** freq over the whole row."""
+    """Upstream's repetition penalty: freq = one_hot(window).sum, alpha = penalty ** freq over the whole row."""
     gen = torch.Generator().manual_seed(2)
     logits = _logits(2)
     history = torch.randint(0, 5, (ROWS, 16), generator=gen)

@@ -54,8 +54,8 @@ def _near_greedy(steps: int, **kw) -> InferCodeParams:
 @needs_triton
 def test_engine_on_triton_equals_the_plain_path_mixed_lengths_with_speaker(chat: Chat, tiny_assets) -> None:
     torch.manual_seed(0)
-    params = _near_greedy(10, spk_emb=chat.sample_random_speaker())
-    requests = chat.speech_requests(split_pieces(TEXTS, split=False), params)
+    sampling = _near_greedy(10, spk_emb=chat.sample_random_speaker())
+    requests = chat.speech_requests(split_pieces(TEXTS, split=False), sampling)
     plain = chat.gpt(False).generate(requests.prompts, requests.sampling, False, max_batch=len(TEXTS))
     llm = load_pretrained(tiny_assets, is_vllm=True, backend="triton")
     fast = llm.generate(requests.prompts, requests.sampling, False)

@@ -11,7 +11,7 @@ PYTHON="${CHATTTS_REF_PYTHON:-python3}"
 MARKER="$VENV/.chattts_ref_ready"
 FREEZE="$VENV/ref-freeze.txt"
 
-# The reference stack, pinned. vector-quantize-pytorch must stay within 1.18.5-1.25.2 (spec 9.3).
+# The reference stack, pinned. vector-quantize-pytorch must stay within 1.18.5-1.25.2 (later versions change the GFSQ codes).
 REQUIREMENTS=(
     "torch==2.11.0"
     "torchaudio==2.11.0"

@@ -45,8 +45,9 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -205,7 +206,7 @@ def task_infer_code(run: Runner, task: dict[str, Any]) -> dict[str, Any]:
     for name in task.get("decode", ["decoder", "dvae"]):
         module, rows = (chat.decoder, out["hidden"]) if name == "decoder" else (chat.dvae, out["codes"])
         mels: list[torch.Tensor] = []
-        handle = module.register_forward_hook(lambda _m, _i, mel: mels.append(mel.clone()))
+        handle = module.register_forward_hook(lambda _m, _i, mel, mels=mels: mels.append(mel.clone()))
         try:  # _decode_to_wavs empties the list it is given: hand it copies
             out[f"wav_{name}"] = chat._decode_to_wavs([r.clone() for r in rows], name == "decoder")
         finally:

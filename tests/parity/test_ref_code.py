@@ -116,7 +116,7 @@ def run_ours(chat: Chat, case: CodeCase) -> Ours:
     with torch.inference_mode():
         mel = chat.decoder(audio.pad_batch(hiddens, torch.device("cpu")))  # the reference's zero-padded batch
         # the modules on that batch: Chat.infer decodes each row as if alone instead (docs/fidelity.md)
-        wavs = [w[: (2 * h.shape[0] - 1) * 256] for w, h in zip(chat.vocos(mel).numpy(), hiddens)]
+        wavs = [w[: (2 * h.shape[0] - 1) * 256] for w, h in zip(chat.vocos(mel).numpy(), hiddens, strict=True)]
     return Ours(ids, mask, outputs, mel.numpy(), wavs)
 
 
@@ -164,10 +164,10 @@ def test_code_ids_identical(request: pytest.FixtureRequest, case: CodeCase) -> N
     ours, ref = results(request, case)
     gap = decisive_min_gap(ref["top2_gap"], [len(c) for c in ref["codes"]])
     record("code", case.id, {"ids_identical": all(
-        np.array_equal(o.token_ids.numpy(), c) for o, c in zip(ours.outputs, ref["codes"])),
+        np.array_equal(o.token_ids.numpy(), c) for o, c in zip(ours.outputs, ref["codes"], strict=True)),
         "min_top2_gap": gap, "lengths": lengths(ours)})
     problems = [first_mismatch(o.token_ids.numpy(), codes, ref["top2_gap"], ref["top1"], b)
-                for b, (o, codes) in enumerate(zip(ours.outputs, ref["codes"]))]
+                for b, (o, codes) in enumerate(zip(ours.outputs, ref["codes"], strict=True))]
     problems = [p for p in problems if p]
     assert len(ours.outputs) == len(ref["codes"]) and not problems, f"{case.id}: " + "; ".join(problems)
 
@@ -193,7 +193,7 @@ def test_hidden_mel_wav_close(request: pytest.FixtureRequest, case: CodeCase) ->
     if [len(o.token_ids) for o in ours.outputs] != [len(c) for c in ref["codes"]]:
         pytest.fail(f"{case.id}: different lengths; see test_code_ids_identical")
     errors = {
-        "hidden": max(max_abs_error(o.hidden, h) for o, h in zip(ours.outputs, ref["hidden"])),
+        "hidden": max(max_abs_error(o.hidden, h) for o, h in zip(ours.outputs, ref["hidden"], strict=True)),
         "mel": max_abs_error(ours.mel, ref["mel_decoder"]),
         # ours cuts row b to (2*T_b - 1) * 256 samples; the reference keeps the padded batch width
         "wav": max(max_abs_error(w, ref["wav_decoder"][b, : len(w)]) for b, w in enumerate(ours.wavs)),

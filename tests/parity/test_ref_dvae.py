@@ -24,7 +24,7 @@ pytestmark = pytest.mark.parity
 
 TOLERANCE = 1e-4  # max abs error on mel and waveform
 MIN_MARGIN = 1e-5  # distance of every FSQ value (O(1)) from a rounding boundary, >> fp32 noise (~1e-6)
-FSQ_SCALE = 2.002  # (levels - 1) * (1 + 1e-3) / 2 for levels 5 (spec 9.3)
+FSQ_SCALE = 2.002  # (levels - 1) * (1 + 1e-3) / 2 for levels 5 (vector-quantize-pytorch's FSQ)
 STAGE_SCALES = (1.0, 0.25)  # vqp <= 1.25.2: residual stage r works at 4**-r
 NEAR_GREEDY = 1e-6
 TEXTS = ("你好。", "hello world, this is a parity test.", "今天天气很好[uv_break]我们去公园散步吧，好不好？")
@@ -107,14 +107,14 @@ def full_side(ref_client: RefClient, full_assets: Path) -> Side:
 
 
 def test_reference_uses_vqp_1_25_2(tiny_side: Side) -> None:
-    """The GFSQ numbers depend on vector-quantize-pytorch (spec 9.3); ours implement the 1.18.5-1.25.2 ones."""
+    """The GFSQ numbers depend on the vector-quantize-pytorch version; ours implement the 1.18.5-1.25.2 ones."""
     versions = json.loads(tiny_side.reference["_meta"]["versions"])
     assert versions["vector-quantize-pytorch"] == "1.25.2", versions
     record("versions", "reference", versions)
 
 
 def fsq_margin(chat: Chat, wav: np.ndarray) -> float:
-    """Smallest distance of a pre-rounding FSQ value from a half-integer (spec 9.3 formula, vqp 1.18.5-1.25.2).
+    """Smallest distance of a pre-rounding FSQ value from a half-integer (the FSQ formula of vqp 1.18.5-1.25.2).
 
     Recomputed from the checkpoint's project_in weights on our encoder features: if it is far above float
     noise, both implementations must round every value the same way.
@@ -125,7 +125,7 @@ def fsq_margin(chat: Chat, wav: np.ndarray) -> float:
         feats = dvae.encoder(dvae.downsample_conv(mel.unsqueeze(0)))[0].T.double()  # [T, D]
     margins = []
     groups = dvae.vq_layer.quantizer.rvqs
-    for chunk, rvq in zip(feats.chunk(len(groups), dim=-1), groups):
+    for chunk, rvq in zip(feats.chunk(len(groups), dim=-1), groups, strict=True):
         weight, bias = rvq.project_in.weight.detach().double(), rvq.project_in.bias.detach().double()
         residual = chunk @ weight.T + bias  # [T, 4]
         for scale in STAGE_SCALES:
@@ -145,7 +145,7 @@ def test_sample_audio_speaker_identical(request: pytest.FixtureRequest, clip: Cl
     same_codes = tuple(codes.shape) == ref["codes"].shape and np.array_equal(codes.numpy(), ref["codes"])
     record("dvae_encode", clip.id, {"codes_identical": same_codes, "spk_smp_identical": spk_smp == ref["spk_smp"],
                                     "frames": int(codes.shape[1]), "min_fsq_margin": margin})
-    assert codes.shape[1] == (len(clip.wav) // 256 + 1) // 2, "T = (N // 256 + 1) // 2 (spec 9.5)"
+    assert codes.shape[1] == (len(clip.wav) // 256 + 1) // 2, "T = (N // 256 + 1) // 2 (hop 256, 2 frames per code)"
     assert same_codes, f"{clip.id}: codes differ at {np.argwhere(codes.numpy() != ref['codes'])[:5].tolist()}"
     assert spk_smp == ref["spk_smp"], f"{clip.id}: spk_smp strings differ"
     assert np.array_equal(text.decode_prompt(ref["spk_smp"]).numpy(), codes.numpy())
@@ -163,7 +163,7 @@ def decoded(side: Side) -> dict[str, Any]:
         with torch.inference_mode():
             mel = chat.dvae(audio.pad_batch(codes, torch.device("cpu")))  # [B, 100, 2*T_max], the reference's batch
             # the modules on that batch: Chat.infer decodes each row as if alone instead (docs/fidelity.md)
-            wavs = [w[: (2 * len(c) - 1) * 256] for w, c in zip(chat.vocos(mel).numpy(), codes)]
+            wavs = [w[: (2 * len(c) - 1) * 256] for w, c in zip(chat.vocos(mel).numpy(), codes, strict=True)]
         side.decoded.update(codes=[c.numpy() for c in codes], mel=mel.numpy(), wavs=wavs)
     return side.decoded
 
@@ -173,7 +173,7 @@ def test_dvae_decode_close(request: pytest.FixtureRequest, size: str) -> None:
     side: Side = request.getfixturevalue(f"{size}_side")
     ours, ref = decoded(side), side.reference["decode"]
     assert ref["yielded"], f"{size}: the reference generated nothing"
-    same = [np.array_equal(a, b) for a, b in zip(ours["codes"], ref["codes"])]
+    same = [np.array_equal(a, b) for a, b in zip(ours["codes"], ref["codes"], strict=True)]
     assert len(same) == len(ref["codes"]) and all(same), f"{size}: codes differ (see test_ref_code)"
     lengths = [len(c) for c in ours["codes"]]
     errors = {

@@ -118,11 +118,11 @@ def test_refined_ids_identical(request: pytest.FixtureRequest, case: RefineCase)
     ours, ref = results(request, case)
     mine = [o.token_ids[:, 0].numpy() for o in ours.outputs]
     record("refine", case.id, {
-        "ids_identical": all(np.array_equal(a, b) for a, b in zip(mine, ref["ids"])),
+        "ids_identical": all(np.array_equal(a, b) for a, b in zip(mine, ref["ids"], strict=True)),
         "min_top2_gap": decisive_min_gap(ref["top2_gap"], [len(i) for i in ref["ids"]]),
         "lengths": [len(a) for a in mine], "finish": [o.finish_reason for o in ours.outputs]})
     problems = [first_mismatch(a, b, ref["top2_gap"], ref["top1"], row)
-                for row, (a, b) in enumerate(zip(mine, ref["ids"]))]
+                for row, (a, b) in enumerate(zip(mine, ref["ids"], strict=True))]
     problems = [p for p in problems if p]
     assert len(mine) == len(ref["ids"]) and not problems, f"{case.id}: " + "; ".join(problems)
 
@@ -134,7 +134,8 @@ def test_refined_text_identical(request: pytest.FixtureRequest, case: RefineCase
     assert ours.texts == [str(t) for t in ref["text"]]
     kept = [o.token_ids[:, 0].numpy() for o in ours.outputs]
     kept = [ids[ids < ours.break_0] for ids in kept]
-    assert all(np.array_equal(a, b) for a, b in zip(kept, ref["filtered"])), f"{case.id}: filtered ids differ"
+    assert all(np.array_equal(a, b) for a, b in zip(kept, ref["filtered"], strict=True)), \
+        f"{case.id}: filtered ids differ"
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if c.greedy], ids=[c.id for c in CASES if c.greedy])

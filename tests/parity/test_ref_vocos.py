@@ -20,7 +20,7 @@ N_FFT, N_MELS = 1024, 100
 
 
 def random_vocos_state(dim: int, inter: int, layers: int, seed: int) -> dict[str, torch.Tensor]:
-    """Official Vocos keys (spec 2.6) with random, well-scaled values: log-magnitudes stay far below the clip."""
+    """Official Vocos keys with random, well-scaled values: log-magnitudes stay far below the clip."""
     gen = torch.Generator().manual_seed(seed)
 
     def randn(*shape: int, scale: float = 1.0, shift: float = 0.0) -> torch.Tensor:
@@ -45,7 +45,8 @@ def random_vocos_state(dim: int, inter: int, layers: int, seed: int) -> dict[str
                   p + "dwconv.bias": randn(dim, scale=0.02), p + "norm.weight": randn(dim, scale=0.05, shift=1.0),
                   p + "norm.bias": randn(dim, scale=0.02), p + "pwconv1.weight": randn(inter, dim, scale=dim ** -0.5),
                   p + "pwconv1.bias": randn(inter, scale=0.02),
-                  p + "pwconv2.weight": randn(dim, inter, scale=inter ** -0.5), p + "pwconv2.bias": randn(dim, scale=0.02)}
+                  p + "pwconv2.weight": randn(dim, inter, scale=inter ** -0.5),
+                  p + "pwconv2.bias": randn(dim, scale=0.02)}
     return state
 
 

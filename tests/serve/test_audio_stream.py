@@ -9,9 +9,9 @@ import pytest
 
 pytest.importorskip("fastapi")
 
-from chattts_velocity.audio import float_to_int16  # noqa: E402
-from chattts_velocity.audio.formats import available_formats  # noqa: E402
-from chattts_velocity.serve.audio_stream import encoded_chunks  # noqa: E402
+from chattts_velocity.audio import float_to_int16  # noqa: E402 (after the importorskip above)
+from chattts_velocity.audio.formats import available_formats  # noqa: E402 (after the importorskip above)
+from chattts_velocity.serve.audio_stream import encoded_chunks  # noqa: E402 (after the importorskip above)
 
 CHUNKS = [(0.3 * np.sin(np.arange(k * 4800, (k + 1) * 4800) / 7.0)).astype(np.float32) for k in range(6)]
 

@@ -12,10 +12,11 @@ import pytest
 pytest.importorskip("fastapi")
 pyloudnorm = pytest.importorskip("pyloudnorm")
 
-from fastapi.testclient import TestClient  # noqa: E402
+from fastapi.testclient import TestClient  # noqa: E402 (after the importorskip above)
 
-from chattts_velocity.audio.loudness import check_loudness, normalize_loudness  # noqa: E402
-from chattts_velocity.serve.cache import AudioCache  # noqa: E402
+from chattts_velocity.audio.loudness import check_loudness, normalize_loudness  # noqa: E402 (after the importorskip above)
+from chattts_velocity.serve.cache import AudioCache  # noqa: E402 (after the importorskip above)
+from chattts_velocity.serve.metrics import SPEECH_METRICS  # noqa: E402 (after the importorskip above)
 
 
 def test_the_cache_keeps_the_most_recent_within_its_budget() -> None:
@@ -59,7 +60,7 @@ def post(client: TestClient, **body):
 
 def lookups(client: TestClient) -> dict[str, float]:
     page = client.get("/metrics").text
-    return {m[0]: float(m[1]) for m in re.findall(r'^chattts_audio_cache_lookups_total\{result="(\w+)"\} (\S+)$',
+    return {m[0]: float(m[1]) for m in re.findall(rf'^{SPEECH_METRICS["cache"].sample}\{{result="(\w+)"\}} (\S+)$',
                                                   page, re.MULTILINE)}
 
 

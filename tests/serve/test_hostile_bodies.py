@@ -68,7 +68,7 @@ def test_seeded_voices_drawn_on_many_threads_are_the_voices_of_their_seeds() -> 
         with seed_context(seed):
             return sample_random_speaker(64)
 
-    book = VoiceBook(lambda seed: sample_random_speaker(64, seed=seed), hidden_size=64)
+    book = VoiceBook(lambda seed: sample_random_speaker(64, seed=seed))
     stop, got = threading.Event(), {}
 
     def noise() -> None:  # another thread drawing from the global RNG all the while

@@ -5,7 +5,8 @@ import pytest
 
 pytest.importorskip("fastapi")
 
-from chattts_velocity.serve.instructions import parse_instructions, speech_input  # noqa: E402
+from chattts_velocity.schema import CODE_PROMPT  # noqa: E402 (after the importorskip above)
+from chattts_velocity.serve.instructions import parse_instructions, speech_input  # noqa: E402 (after the importorskip above)
 
 
 @pytest.mark.parametrize("text, speed, refine", [
@@ -32,7 +33,7 @@ def test_everything_else_is_refused_naming_instructions(text, why) -> None:
 
 
 def test_the_speed_is_set_in_one_place() -> None:
-    assert speech_input("Hi.", 1.0, None, None).prompt == "[speed_5]"
+    assert speech_input("Hi.", 1.0, None, None).prompt == CODE_PROMPT  # normal speed: the default prompt
     assert speech_input("Hi.", 2.0, None, None).prompt == "[speed_8]"
     assert speech_input("Hi.", 1.0, "speed 1", None).prompt == "[speed_1]"
     ssml = speech_input('<speak><prosody rate="50%">Hi.</prosody></speak>', 1.0, "oral 1", 9)

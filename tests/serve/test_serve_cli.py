@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -9,6 +10,7 @@ pytest.importorskip("fastapi")
 
 from chattts_velocity import cli
 from chattts_velocity.cli import serve as cli_serve
+from chattts_velocity.demo import DEMO_MAX_NEW_TOKEN
 from chattts_velocity.serve import openai_api, ray_serve
 from chattts_velocity.speech import StreamOptions
 
@@ -18,11 +20,12 @@ LOW_LATENCY = ["--chunk-steps", "12", "--first-chunk-steps", "8", "--first-looka
 
 @pytest.fixture
 def served(monkeypatch: pytest.MonkeyPatch) -> list[dict]:
-    """Every run_server call's arguments; the chat loader is never called."""
+    """Every run_server call's arguments (`speech`: what the server runs on); the chat loader is never called."""
     calls: list[dict] = []
     monkeypatch.setattr(openai_api, "run_server",
-                        lambda chat, config, **kw: calls.append({"chat": chat, "config": config, **kw}))
-    monkeypatch.setattr(cli_serve, "load_chat", lambda args, **kw: ("loaded", args.model, args.dtype, kw))
+                        lambda speech, config, **kw: calls.append({"speech": speech, "config": config, **kw}))
+    monkeypatch.setattr(cli_serve, "load_chat",
+                        lambda args, **kw: SimpleNamespace(pipeline=("loaded", args.model, args.dtype, kw)))
     monkeypatch.setattr(cli_serve, "check_port_free", lambda host, port: None)
     return calls
 
@@ -42,7 +45,7 @@ def test_unset_flags_keep_the_dataclass_defaults(served: list[dict]) -> None:
     assert config.stream_options == StreamOptions() == defaults.stream_options
     assert (config.stream_options.first_chunk_steps, config.stream_options.first_lookahead_steps) == (4, 24)
     assert config.max_input_chars == defaults.max_input_chars
-    assert config.max_new_token == 150  # the demo cap, unchanged by the new flags
+    assert config.max_new_token == DEMO_MAX_NEW_TOKEN  # the demo cap, unchanged by the new flags
 
 
 def test_ray_path_gets_the_same_config(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -79,7 +82,7 @@ def test_non_integer_is_an_argparse_error(served: list[dict], capsys: pytest.Cap
 
 def test_dtype_and_compile_reach_the_chat_loader(served: list[dict]) -> None:
     cli.main(["serve", "--dtype", "int8", "--compile"])
-    assert served[0]["chat"] == ("loaded", "demo", "int8", {"compile": True})
+    assert served[0]["speech"] == ("loaded", "demo", "int8", {"compile": True})  # the loaded Chat's pipeline
 
 
 def test_a_port_in_use_bad_model_or_missing_folder_is_one_line(capsys: pytest.CaptureFixture, tmp_path) -> None:

@@ -15,7 +15,8 @@ from chattts_velocity.serve.openai_api import SpeechBody, bad_request, sampling_
 CAP = 100
 HOSTILE = [  # raw JSON, as a client may send it
     ('"temperature": NaN', "temperature"), ('"temperature": Infinity', "temperature"),
-    ('"temperature": 1e-45', "temperature"), ('"temperature": true', "temperature"), ('"temperature": 0', "temperature"),
+    ('"temperature": 1e-45', "temperature"), ('"temperature": true', "temperature"),
+    ('"temperature": 0', "temperature"),
     ('"top_p": NaN', "top_p"), ('"top_p": 1.5', "top_p"), ('"top_p": "0.5"', "top_p"),
     ('"top_k": 9223372036854775808', "top_k"), ('"top_k": true', "top_k"), ('"top_k": 2.5', "top_k"),
     ('"seed": -1', "seed"), ('"seed": 9223372036854775808', "seed"), ('"seed": true', "seed"), ('"seed": "5"', "seed"),
@@ -27,7 +28,7 @@ HOSTILE = [  # raw JSON, as a client may send it
 
 
 def _body(fields: str) -> SpeechBody:
-    return SpeechBody.model_validate(json.loads('{"input": "Hi.", %s}' % fields))
+    return SpeechBody.model_validate(json.loads('{"input": "Hi.", ' + fields + "}"))
 
 
 @pytest.mark.parametrize("fields, param", HOSTILE)
@@ -40,8 +41,8 @@ def test_hostile_sampling_values_are_a_400_naming_the_body_field(fields: str, pa
 
 
 def test_good_values_become_infer_code_params_keywords() -> None:
-    body = _body('"temperature": 1e-6, "top_p": 1, "top_k": 2147483647, "seed": %d, "max_new_tokens": 100, '
-                 '"min_new_tokens": 100' % SEED_MAX)
+    body = _body(f'"temperature": 1e-6, "top_p": 1, "top_k": 2147483647, "seed": {SEED_MAX}, '
+                 '"max_new_tokens": 100, "min_new_tokens": 100')
     kwargs = sampling_kwargs(body, CAP)
     assert kwargs == {"temperature": 1e-6, "top_P": 1, "top_K": 2147483647, "manual_seed": SEED_MAX,
                       "max_new_token": 100, "min_new_token": 100}

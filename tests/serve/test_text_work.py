@@ -13,11 +13,11 @@ from chattts_velocity.text import Normalizer
 from chattts_velocity.text.budget import TextBudgetExceeded
 
 
-class FakeChat:
+class FakeFrontEnd:
     def __init__(self) -> None:
         self.normalizer = Normalizer()
 
-    def split(self, text, lang, normalize, homophones, split):
+    def pieces(self, text, *, lang, normalize, homophones, split):
         from chattts_velocity.text import normalized_pieces
 
         return normalized_pieces(text, lambda p: self.normalizer(p, normalize, homophones, lang), split)
@@ -25,15 +25,15 @@ class FakeChat:
 
 def test_a_long_text_reads_the_same_in_the_worker_process_and_a_dead_worker_is_replaced() -> None:
     pytest.importorskip("wetext")
-    chat, worker = FakeChat(), TextWorker(workers=1, budget_s=60, processes=1)
+    frontend, worker = FakeFrontEnd(), TextWorker(workers=1, budget_s=60, processes=1)
     text = "On 3/5/2024 we paid $3.50 for 12 apples. " * (LONG_TEXT_CHARS // 40 + 1)
     try:
-        in_process = asyncio.run(worker.split(chat, text, None, True, True))
-        assert in_process == chat.split(text, None, True, True, True)
+        in_process = asyncio.run(worker.split(frontend, text))
+        assert in_process == frontend.pieces(text, lang=None, normalize=True, homophones=True, split=True)
         for pid in list(worker._processes._processes):
             os.kill(pid, signal.SIGKILL)
-        assert asyncio.run(worker.split(chat, text, None, True, True)) == in_process  # on a thread this once
-        assert asyncio.run(worker.split(chat, text, None, True, True)) == in_process  # new workers
+        assert asyncio.run(worker.split(frontend, text)) == in_process  # on a thread this once
+        assert asyncio.run(worker.split(frontend, text)) == in_process  # new workers
     finally:
         worker.shutdown()
 

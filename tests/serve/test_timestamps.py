@@ -3,14 +3,15 @@ from __future__ import annotations
 
 import base64
 import json
+from itertools import pairwise
 
 import pytest
 
 pytest.importorskip("fastapi")
 
-from fastapi.testclient import TestClient  # noqa: E402
+from fastapi.testclient import TestClient  # noqa: E402 (after the importorskip above)
 
-from chattts_velocity.audio.timestamps import Timestamp, piece_timestamps  # noqa: E402
+from chattts_velocity.audio.timestamps import Timestamp, piece_timestamps  # noqa: E402 (after the importorskip above)
 
 
 def test_pieces_follow_each_other_without_gaps() -> None:
@@ -39,7 +40,7 @@ def test_sse_carries_one_timestamp_per_sentence_piece_in_the_audio(client: TestC
     pieces = client.app.state.server.service.pieces(TEXT).texts
     assert len(pieces) > 1 and [s["text"] for s in stamps] == list(pieces)
     assert stamps[0]["start"] == 0 and all(s["end"] > s["start"] for s in stamps)
-    assert all(a["end"] == b["start"] for a, b in zip(stamps, stamps[1:]))
+    assert all(a["end"] == b["start"] for a, b in pairwise(stamps))
     assert stamps[-1]["end"] == pytest.approx(len(audio) / 2 / 24000, abs=1e-4)
     first_stamp = next(i for i, e in enumerate(got) if e["type"] == "speech.audio.timestamp")
     assert any(e["type"] == "speech.audio.delta" for e in got[first_stamp:])  # sent as pieces finish, not at the end

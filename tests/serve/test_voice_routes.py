@@ -10,11 +10,11 @@ import pytest
 pytest.importorskip("fastapi")
 pytest.importorskip("httpx")
 
-from fastapi.testclient import TestClient  # noqa: E402
+from fastapi.testclient import TestClient  # noqa: E402 (after the importorskip above)
 
-from chattts_velocity import Chat, RefineTextParams  # noqa: E402
-from chattts_velocity.serve import ServerConfig, create_app  # noqa: E402
-from chattts_velocity.text import decode_spk_emb  # noqa: E402
+from chattts_velocity import Chat, RefineTextParams  # noqa: E402 (after the importorskip above)
+from chattts_velocity.serve import ServerConfig, create_app  # noqa: E402 (after the importorskip above)
+from chattts_velocity.text import decode_spk_emb  # noqa: E402 (after the importorskip above)
 
 VOICES = "/v1/audio/voices"
 
@@ -49,9 +49,9 @@ def _error(response, status: int, param: str | None) -> dict:
 
 def _spy(client: TestClient, monkeypatch) -> list[list[str]]:
     """The sentence pieces (as the model reads them) of every speech request."""
-    seen, chat = [], client.app.state.server.chat
-    original = chat.speech_requests
-    monkeypatch.setattr(chat, "speech_requests", lambda pieces, *a, **kw: seen.append(list(pieces.texts))
+    seen, pipeline = [], client.app.state.server.pipeline
+    original = pipeline.code_requests
+    monkeypatch.setattr(pipeline, "code_requests", lambda pieces, *a, **kw: seen.append(list(pieces.texts))
                         or original(pieces, *a, **kw))
     return seen
 
@@ -108,8 +108,8 @@ def test_a_voice_cloned_from_an_upload_speaks_with_its_clip(chat, tmp_path, monk
         voice = created.json()
         assert voice["has_clip"] and voice["speaker"] is None and voice["transcript"] == "a test clip"
         prompts = []
-        original = chat.speech_requests
-        monkeypatch.setattr(chat, "speech_requests", lambda *a, **kw: prompts.append(original(*a, **kw))
+        original = chat.pipeline.code_requests
+        monkeypatch.setattr(chat.pipeline, "code_requests", lambda *a, **kw: prompts.append(original(*a, **kw))
                             or prompts[-1])
         assert len(_speak(client, voice="clip")) > 0
         assert all(p.input_ids.shape[0] > 40 for p in prompts[0].prompts)  # the clip's codes are in the prompt
@@ -134,9 +134,9 @@ def test_unknown_model_is_openai_404_and_known_names_work(chat, tmp_path) -> Non
 
 def test_instructions_reach_the_refine_pass_or_are_refused(chat, tmp_path, monkeypatch) -> None:
     with _client(chat, tmp_path) as client:
-        refines, original = [], chat.refine_requests
-        monkeypatch.setattr(chat, "refine_requests", lambda pieces, params: refines.append(params.prompt)
-                            or original(pieces, params))
+        refines, original = [], chat.pipeline.frontend.refine_requests
+        monkeypatch.setattr(chat.pipeline.frontend, "refine_requests", lambda pieces, params:
+                            refines.append(params.prompt) or original(pieces, params))
         _speak(client, instructions="no refine, speed 3")
         assert refines == []
         seen = _spy(client, monkeypatch)

@@ -1,4 +1,4 @@
-"""Text normaliser (spec 11, 16.18) and sentence splitting (spec 8 step 2)."""
+"""Text normaliser (upstream's rules and homophone map) and sentence splitting (as upstream splits a text)."""
 from __future__ import annotations
 
 import importlib.util

@@ -13,7 +13,7 @@ from chattts_velocity.text.numbers import SpokenText, language_runs
 
 pytest.importorskip("wetext")
 
-UNK = 100  # [UNK] in the ChatTTS tokenizer (spec 3)
+UNK = 100  # [UNK] in the ChatTTS tokenizer
 
 ZH = [
     ("价格是25元，时间是2024年3月5日", "价格是二十五元，时间是二零二四年三月五日"),
@@ -97,7 +97,8 @@ BROAD = [s for s, _ in ZH + EN + MIXED] + [
     "24/7 support", "rock & roll", "50 ¢", "Q3 2024 results", "call 911", "1-800-FLOWERS", "https://example.com",
     "user_name@mail.example.org", "1:2:3", "12:45:30", "37.5°C", "100°F", "45°", "1 1/2 cups", "$0.99",
     "€1.01", "$3.5 million", "1e10", "2^10", "√2 ≈ 1.414", "a ≥ b ≠ c", "+5", "-12.5", "100€ please",
-    "No. 5 is mine", "the '80s", "Tracking SF1234567890", "a 5000 mAh battery", "RTX4090显卡", "1st-class tickets cost $1,200.", "© 2024 Company™", "50% off — today only!",
+    "No. 5 is mine", "the '80s", "Tracking SF1234567890", "a 5000 mAh battery", "RTX4090显卡",
+    "1st-class tickets cost $1,200.", "© 2024 Company™", "50% off — today only!",
 ]
 
 

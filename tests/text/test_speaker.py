@@ -1,4 +1,4 @@
-"""Speaker strings: base16384/LZMA bit-compatibility (spec 6.4), sampling, normalisation (spec 6.3)."""
+"""Speaker strings: base16384/LZMA bit-compatibility with upstream's strings, sampling, normalisation."""
 from __future__ import annotations
 
 import lzma

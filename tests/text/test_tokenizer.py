@@ -1,4 +1,4 @@
-"""Prompt layout with the real ChatTTS tokenizer (spec 3, 6.1, 6.2, 16.16-17)."""
+"""Prompt layout with the real ChatTTS tokenizer (upstream's prompt decoration, speaker and code prompts)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -107,7 +107,7 @@ def test_refined_text_drops_break_and_later_ids(tok: Tokenizer) -> None:
 
 
 def upstream_layout(texts: list[list[int]], codes: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
-    """Spec 3 written out directly: left-pad texts to the longest, then append the shared codes."""
+    """Upstream's batch layout written out directly: left-pad texts to the longest, then append the shared codes."""
     width = max(len(t) for t in texts)
     p = 0 if codes is None else codes.shape[1]
     ids = torch.zeros(len(texts), width + p, 4, dtype=torch.int64)
@@ -133,7 +133,7 @@ def test_pad_left_matches_upstream_layout(tok: Tokenizer, with_codes: bool) -> N
     got = pad_left(prompts)
     want = upstream_layout(bare, codes)
     assert [g.dtype for g in got] == [torch.int64, torch.int64, torch.bool]
-    for g, w in zip(got, want):
+    for g, w in zip(got, want, strict=True):
         assert torch.equal(g, w)
 
 

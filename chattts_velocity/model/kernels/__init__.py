@@ -67,6 +67,17 @@ def unsupported() -> str | None:
 
 
 
+def inductor_simdlen() -> int:
+    """The vector width in bits of the ISA inductor generates C++ for here, for torch.compile's cpp.simdlen option.
+    Inductor takes that ISA from ATEN_CPU_CAPABILITY (the AVX2-only benchmarks set it), but its on-disk graph cache
+    is not keyed on the variable: a graph generated for AVX2 (8 floats a vector) and reused in a process that
+    compiles it for AVX-512 (16) stores past its buffers (heap corruption), and the converse leaves outputs half
+    written. An explicit simdlen selects the same ISA and is part of the key."""
+    from torch._inductor import cpu_vec_isa
+
+    return int(cpu_vec_isa.pick_vec_isa().bit_width())
+
+
 def kernel_path() -> str:
     """What runs a bf16 / int8 / int4 projection here: "amx", "avx512", "avx2", "neon", or "torch"."""
     chosen = isa()
@@ -75,7 +86,7 @@ def kernel_path() -> str:
     return "amx" if amx_ready() else chosen
 
 
-def ops(which: str | None = None) -> Any:  # torch.ops.<library>: its ops are looked up by name at run time
+def ops(which: str | None = None) -> Any:
     """torch.ops namespace of the ISA's library (loaded on first use): linear_bf16, decode_layer, ..."""
     which = which or isa()
     if which is None or not load(which):
@@ -126,7 +137,7 @@ def _load(which: str | None) -> bool:
     if which is None:
         return False
     try:
-        torch.ops.load_library(str(_build(which)))  # type: ignore[no-untyped-call]  # unannotated in torch
+        torch.ops.load_library(str(_build(which)))  # type: ignore[no-untyped-call]  # torch leaves it unannotated
         _register_fakes(f"chattts_velocity_{which}")
         return True
     except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
@@ -188,23 +199,27 @@ def _build(which: str) -> Path:
 
 def _register_fakes(namespace: str) -> None:
     """Output shapes for torch.compile's tracing (the batch dimension stays symbolic)."""
+    fakes = {"linear_bf16": _fake_linear_bf16, "linear_int8": _fake_linear_int8, "linear_int4": _fake_linear_int4,
+             "paged_decode_attention": _fake_attention}
+    for op, fake in fakes.items():
+        torch.library.register_fake(f"{namespace}::{op}")(fake)
 
-    @torch.library.register_fake(f"{namespace}::linear_bf16")  # type: ignore[untyped-decorator]  # unannotated
-    def _bf16(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        return x.new_empty(x.shape[0], weight.shape[0] * weight.shape[2])
 
-    @torch.library.register_fake(f"{namespace}::linear_int8")  # type: ignore[untyped-decorator]  # unannotated
-    def _int8(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-        return x.new_empty(x.shape[0], scales.shape[0])
+def _fake_linear_bf16(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return x.new_empty(x.shape[0], weight.shape[0] * weight.shape[2])
 
-    @torch.library.register_fake(f"{namespace}::linear_int4")  # type: ignore[untyped-decorator]  # unannotated
-    def _int4(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-        return x.new_empty(x.shape[0], weight.shape[0] * 4)
 
-    @torch.library.register_fake(f"{namespace}::paged_decode_attention")  # type: ignore[untyped-decorator]  # unannotated
-    def _attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
-                   context_lens: torch.Tensor, scale: float) -> torch.Tensor:
-        return torch.empty_like(q)
+def _fake_linear_int8(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    return x.new_empty(x.shape[0], scales.shape[0])
+
+
+def _fake_linear_int4(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    return x.new_empty(x.shape[0], weight.shape[0] * 4)
+
+
+def _fake_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+                    context_lens: torch.Tensor, scale: float) -> torch.Tensor:
+    return torch.empty_like(q)
 
 
 def to_tiles(weight: torch.Tensor, chunk: int) -> torch.Tensor:

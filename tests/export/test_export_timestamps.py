@@ -3,14 +3,14 @@ from __future__ import annotations
 
 import json
 import wave
+from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from chattts_velocity import Chat, InferCodeParams
+from chattts_velocity import Chat, InferCodeParams, cli
 from chattts_velocity.audio import SAMPLE_RATE, Spoken
-from chattts_velocity import cli
 from chattts_velocity.export import plan_export, run_export
 
 STEPS = 8
@@ -31,7 +31,7 @@ def test_infer_many_timestamps_cover_the_same_audio(chat: Chat) -> None:
     assert isinstance(spoken, Spoken) and np.array_equal(spoken.wav, plain)
     stamps = spoken.timestamps
     assert [s.text for s in stamps] == list(chat.split(TEXT).texts) and len(stamps) > 1
-    assert stamps[0].start == 0 and all(a.end == b.start for a, b in zip(stamps, stamps[1:]))
+    assert stamps[0].start == 0 and all(a.end == b.start for a, b in pairwise(stamps))
     assert stamps[-1].end == pytest.approx(len(plain) / SAMPLE_RATE)
 
 

@@ -8,10 +8,10 @@ import torch
 
 pytest.importorskip("gradio")
 
-from chattts_velocity.text import encode_prompt, sample_random_speaker, seed_context  # noqa: E402
-from chattts_velocity.text.voices import VoiceLibrary  # noqa: E402
-from webui.controls import CUSTOM  # noqa: E402
-from webui.library import LibraryHandlers  # noqa: E402
+from chattts_velocity.text import encode_prompt, sample_random_speaker, seed_context  # noqa: E402 (after the importorskip above)
+from chattts_velocity.text.voices import VoiceLibrary  # noqa: E402 (after the importorskip above)
+from webui.controls import CUSTOM  # noqa: E402 (after the importorskip above)
+from webui.library import LibraryHandlers  # noqa: E402 (after the importorskip above)
 
 
 def _skipped(value: object) -> bool:

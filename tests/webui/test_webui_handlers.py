@@ -1,49 +1,80 @@
-"""Web UI handlers without a browser: control values -> the prompts, params and files Chat receives."""
+"""Web UI handlers without a browser: control values -> the prompts, params and files the speech pipeline
+receives."""
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
+import torch
 
 pytest.importorskip("gradio")
 
-from chattts_velocity.audio.formats import available_formats  # noqa: E402
-from chattts_velocity.text import sample_random_speaker, seed_context  # noqa: E402
-from webui.controls import (  # noqa: E402
-    CUSTOM, preset_for_seed, refine_prompt, speed_prompt, write_download,
+from chattts_velocity.audio.formats import available_formats  # noqa: E402 (after the importorskip above)
+from chattts_velocity.params import SHARED_MAX_BEAMS  # noqa: E402 (after the importorskip above)
+from chattts_velocity.schema import TextPieces  # noqa: E402 (after the importorskip above)
+from chattts_velocity.speech import TextFrontEnd  # noqa: E402 (after the importorskip above)
+from chattts_velocity.text import encode_spk_emb, sample_random_speaker, seed_context  # noqa: E402 (after the importorskip above)
+from webui.controls import (  # noqa: E402 (after the importorskip above)
+    CUSTOM,
+    preset_for_seed,
+    refine_prompt,
+    speed_prompt,
+    write_download,
 )
-from webui.handlers import Handlers, Request  # noqa: E402
+from webui.handlers import Handlers, Request  # noqa: E402 (after the importorskip above)
 
 HIDDEN = 64
 MAGIC = {"wav": b"RIFF", "flac": b"fLaC", "opus": b"OggS", "ogg": b"OggS"}
 
 
-class RecordingChat:
-    """Chat's public surface as the handlers use it; every infer call is recorded. The waveform's length
-    follows the speed prompt, so a test can see the prompt reached the code pass."""
+class RecordingFrontEnd(TextFrontEnd):
+    """The real front end's speaker check for a HIDDEN-wide model; a text is one piece, and knows its split flag."""
+
+    def __init__(self) -> None:
+        super().__init__(None, HIDDEN, audio_eos_id=625, normalizer=object())
+
+    def pieces(self, texts: str, *, split: bool = True, **options) -> TextPieces:
+        pieces = TextPieces([texts], [0], 1)
+        pieces.split = split
+        return pieces
+
+
+class RecordingPipeline:
+    """SpeechPipeline's surface as the handlers use it; every pass is recorded ({"pass": "refine" or "code",
+    "text", "params", "split", "max_batch"}). The waveform's length follows the speed prompt, so a test can see
+    the prompt reached the code pass."""
 
     def __init__(self) -> None:
         self.calls: list[dict] = []
+        self.frontend = RecordingFrontEnd()
 
-    def sample_random_speaker(self) -> str:
-        return sample_random_speaker(HIDDEN)
+    def sample_random_speaker(self, seed: int | None = None) -> str:
+        return sample_random_speaker(HIDDEN, seed=seed)
 
-    def interrupt(self) -> None:
-        pass
+    def record(self, kind: str, pieces: TextPieces, params, max_batch: int | None) -> None:
+        self.calls.append({"pass": kind, "text": pieces.texts[0], "params": params, "split": pieces.split,
+                           "max_batch": max_batch})
 
-    def infer(self, text: str, **kwargs):
-        self.calls.append({"text": text, **kwargs})
-        if kwargs.get("refine_text_only"):
-            return f"{text} {kwargs['params_refine_text'].prompt}"
-        speed = int(kwargs["params_infer_code"].prompt[len("[speed_"):-1])
+    def refine(self, pieces: TextPieces, params, *, max_batch: int | None = None, **options) -> TextPieces:
+        self.record("refine", pieces, params, max_batch)
+        return pieces.replace([f"{pieces.texts[0]} {params.prompt}"])
+
+    def code_requests(self, pieces: TextPieces, params) -> SimpleNamespace:
+        return SimpleNamespace(pieces=pieces, params=params)
+
+    def generate(self, requests: SimpleNamespace, *, max_batch: int | None = None, **options) -> list[np.ndarray]:
+        self.record("code", requests.pieces, requests.params, max_batch)
+        speed = int(requests.params.prompt[len("[speed_"):-1])
         return [np.full(2400 * (speed + 1), 0.25, dtype=np.float32)]
 
 
 def _request(**changes) -> list:
     values = dict(text="Hello there.", speaker="", clip_code="", transcript="", refine=True, oral=2, laugh=0,
-                  pause=6, text_seed=42, audio_seed=2, speed=5, temperature=0.3, top_p=0.7, top_k=20,
+                  pause=6, refine_beams=1, text_seed=42, audio_seed=2, speed=5, temperature=0.3, top_p=0.7, top_k=20,
                   split_text=True, batch_size=4, fmt="wav")
     values.update(changes)
     return list(Request(**values).__dict__.values())
@@ -89,40 +120,49 @@ def test_download_is_encoded_in_the_chosen_format(fmt: str, tmp_path: Path) -> N
     assert write_download(wav, fmt, tmp_path) != path  # a second run never overwrites the first
 
 
-def test_generate_passes_every_control_to_chat() -> None:
-    chat = RecordingChat()
-    audio, download, spoken, stats = _final(Handlers(chat), speed=8, oral=4, laugh=1, pause=3, split_text=False,
-                                            batch_size=7, fmt="flac")
-    refine, code = chat.calls
-    assert refine["params_refine_text"].prompt == "[oral_4][laugh_1][break_3]"
-    assert code["params_infer_code"].prompt == "[speed_8]"
+def test_generate_passes_every_control_to_the_pipeline() -> None:
+    pipeline = RecordingPipeline()
+    audio, download, spoken, stats = _final(Handlers(pipeline), speed=8, oral=4, laugh=1, pause=3, refine_beams=3,
+                                            split_text=False, batch_size=7, fmt="flac")
+    refine, code = pipeline.calls
+    assert (refine["pass"], code["pass"]) == ("refine", "code")
+    assert refine["params"].prompt == "[oral_4][laugh_1][break_3]" and refine["params"].beam_width == 3
+    assert code["params"].prompt == "[speed_8]"
     assert spoken == "Hello there. [oral_4][laugh_1][break_3]" == code["text"]
-    for call in chat.calls:
-        assert (call["split_text"], call["max_split_batch"]) == (False, 7)
+    for call in pipeline.calls:
+        assert (call["split"], call["max_batch"]) == (False, 7)
     assert audio[1].size == 2400 * 9 and stats.startswith("audio: 0.90 s")
     assert Path(download).suffix == ".flac" and Path(download).read_bytes()[:4] == b"fLaC"
 
 
+def test_refine_beams_out_of_range_are_a_toast_naming_them() -> None:
+    pipeline = RecordingPipeline()
+    for beams in (0, SHARED_MAX_BEAMS + 1, 1.5):
+        *_, stats = _final(Handlers(pipeline), refine_beams=beams)
+        assert stats.startswith("error: refine beams:"), stats
+    assert pipeline.calls == []
+
+
 def test_speed_changes_the_audio_and_refine_off_skips_the_pass() -> None:
-    chat = RecordingChat()
-    handlers = Handlers(chat)
+    pipeline = RecordingPipeline()
+    handlers = Handlers(pipeline)
     slow, fast = (_final(handlers, speed=s, refine=False)[0][1] for s in (2, 8))
     assert slow.size != fast.size
-    assert all(not c.get("refine_text_only") for c in chat.calls)
+    assert all(c["pass"] == "code" for c in pipeline.calls)
 
 
 @pytest.mark.parametrize(("changes", "field"), [({"batch_size": 0}, "batch size"), ({"fmt": "aiff"}, "format"),
                                                 ({"speed": 11}, "speed"), ({"laugh": 5}, "laugh")])
 def test_bad_control_values_end_in_an_error_line(changes: dict, field: str) -> None:
-    chat = RecordingChat()
+    pipeline = RecordingPipeline()
     with pytest.warns(UserWarning, match=f"^{field}:"):  # the toast (outside a page gradio warns instead)
-        *_, stats = _final(Handlers(chat), **changes)
+        *_, stats = _final(Handlers(pipeline), **changes)
     assert stats.startswith(f"error: {field}:")
-    assert not any("params_infer_code" in c for c in chat.calls)  # nothing was generated
+    assert pipeline.calls == []  # nothing was generated
 
 
 def test_seed_gives_the_speaker_and_the_preset_name() -> None:
-    handlers = Handlers(RecordingChat())
+    handlers = Handlers(RecordingPipeline())
     with seed_context(1111):
         want = sample_random_speaker(HIDDEN)
     speaker, preset, stats = handlers.speaker_for_seed(1111)
@@ -133,49 +173,50 @@ def test_seed_gives_the_speaker_and_the_preset_name() -> None:
     assert all(v.get("__type__") == "update" for v in kept) and stats.startswith("error: audio seed:")
 
 
-class InterruptedChat(RecordingChat):
-    """A person presses Interrupt while the code pass runs; the pass returns the audio made so far."""
+class InterruptedPipeline(RecordingPipeline):
+    """A person presses Interrupt while the code pass runs; the pass sees its stop flag and returns the audio made
+    so far."""
 
     handlers: Handlers
 
-    def infer(self, text: str, **kwargs):
-        if "params_infer_code" in kwargs:
-            self.handlers.interrupt()
-        return super().infer(text, **kwargs)
+    def generate(self, requests: SimpleNamespace, *, stop, **options) -> list[np.ndarray]:
+        self.handlers.interrupt()
+        assert stop()
+        return super().generate(requests, **options)
 
 
 def test_an_interrupted_run_says_so_in_the_stats() -> None:
-    chat = InterruptedChat()
-    handlers = chat.handlers = Handlers(chat)
+    pipeline = InterruptedPipeline()
+    handlers = pipeline.handlers = Handlers(pipeline)
     *_, stats = _final(handlers, refine=False)
     assert stats.startswith("interrupted:") and "audio: " in stats
-    *_, stats = _final(Handlers(RecordingChat()), refine=False)
+    *_, stats = _final(Handlers(RecordingPipeline()), refine=False)
     assert stats.startswith("audio: ")  # a normal finish does not
 
 
-class GatedChat(RecordingChat):
-    """infer() waits until the test has seen the page's progress line."""
+class GatedPipeline(RecordingPipeline):
+    """The refine pass waits until the test has seen the page's progress line."""
 
     def __init__(self) -> None:
         super().__init__()
         self.gate = threading.Event()
 
-    def infer(self, text: str, **kwargs):
+    def refine(self, pieces: TextPieces, params, **options) -> TextPieces:
         assert self.gate.wait(10), "no progress line was shown while the model worked"
-        return super().infer(text, **kwargs)
+        return super().refine(pieces, params, **options)
 
 
 def test_a_run_shows_one_progress_line_while_it_works(monkeypatch) -> None:
     from webui import handlers as module
 
     monkeypatch.setattr(module, "PROGRESS_EVERY_S", 0.01)
-    chat = GatedChat()
+    pipeline = GatedPipeline()
     shown = []
-    for update in Handlers(chat).generate(*_request(refine=True)):
+    for update in Handlers(pipeline).generate(*_request(refine=True)):
         if isinstance(update[3], str):
             shown.append(update[3])
             if shown[-1].startswith(("refining the text...", "generating...")):
-                chat.gate.set()
+                pipeline.gate.set()
     progress = [s for s in shown if "..." in s.splitlines()[0]]
     assert any(s.startswith("refining the text... ") for s in progress)
     assert all(len(s.splitlines()) == 1 and "step" not in s for s in progress)  # no "47/2.0k step" bounds
@@ -183,22 +224,22 @@ def test_a_run_shows_one_progress_line_while_it_works(monkeypatch) -> None:
 
 
 def test_an_empty_audio_seed_keeps_the_speaker_and_samples_freely() -> None:
-    chat = RecordingChat()
-    handlers = Handlers(chat)
+    pipeline = RecordingPipeline()
+    handlers = Handlers(pipeline)
     assert all(isinstance(v, dict) and v.get("__type__") == "update" for v in handlers.speaker_for_seed(None))
     speaker = sample_random_speaker(HIDDEN)
     *_, stats = _final(handlers, audio_seed=None, speaker=speaker, refine=False)
     assert stats.startswith("audio: ")
-    params = chat.calls[-1]["params_infer_code"]
+    params = pipeline.calls[-1]["params"]
     assert params.manual_seed is None and params.spk_emb == speaker
 
 
 def test_a_clip_upload_answers_in_the_stats(tmp_path: Path) -> None:
     import wave
 
-    chat = RecordingChat()
-    chat.sample_audio_speaker = lambda clip, sample_rate: f"codes of {len(clip)}"
-    handlers = Handlers(chat)
+    pipeline = RecordingPipeline()
+    pipeline.sample_audio_speaker = lambda clip, sample_rate: f"codes of {len(clip)}"
+    handlers = Handlers(pipeline)
     notes = tmp_path / "notes.wav"
     notes.write_text("not audio\n" * 20)
     with pytest.warns(UserWarning, match="^clip: notes.wav is not audio"):
@@ -213,19 +254,17 @@ def test_a_clip_upload_answers_in_the_stats(tmp_path: Path) -> None:
     assert code == "codes of 36000" and stats.startswith("clip encoded: 1.5 s")
 
 
-class StreamingChat(RecordingChat):
-    """infer(stream=True) yields an engine stream's chunks: a 0.1 s first chunk, then 0.5 s ones."""
+class StreamingPipeline(RecordingPipeline):
+    """stream() yields an engine stream's chunks: a 0.1 s first chunk, then 0.5 s ones."""
 
-    def infer(self, text: str, **kwargs):
-        if not kwargs.get("stream"):
-            return super().infer(text, **kwargs)
+    def stream(self, requests: SimpleNamespace, **options):
         return iter([[np.full(n, 0.1, np.float32)] for n in (2400, 12000, 12000)])
 
 
 def test_the_live_player_opens_on_enough_audio_for_a_segment() -> None:
     from webui.handlers import FIRST_LIVE_SAMPLES
 
-    updates = list(Handlers(StreamingChat()).generate_stream(*_request(refine=False)))
+    updates = list(Handlers(StreamingPipeline()).generate_stream(*_request(refine=False)))
     live = [u[0][1] for u in updates if isinstance(u[0], tuple)]
     assert updates[0][0].get("__type__") == "update"  # not None: no empty playlist for the browser to poll
     assert len(live[0]) >= FIRST_LIVE_SAMPLES and sum(map(len, live)) == 2400 + 12000 + 12000
@@ -239,3 +278,41 @@ def test_the_start_up_line_names_this_commands_flags_not_gradios_launch() -> Non
     assert "http://127.0.0.1:7860/" in local and "--share" in local and "share=True" not in local
     shared = served_at("http://127.0.0.1:7860/", "https://x.gradio.live")
     assert "public link: https://x.gradio.live" in shared
+
+
+def test_a_speaker_for_another_model_is_refused_by_the_front_end() -> None:
+    pipeline = RecordingPipeline()
+    wrong = encode_spk_emb(torch.randn(HIDDEN + 3))
+    with pytest.warns(UserWarning, match="^speaker: "):
+        *_, stats = _final(Handlers(pipeline), speaker=wrong, audio_seed=None, refine=False)
+    assert stats.startswith(f"error: speaker: this speaker has {HIDDEN + 3} values but the model needs {HIDDEN}")
+    assert pipeline.calls == []
+
+
+class EndlessStreamPipeline(RecordingPipeline):
+    """stream() sends 1 s of audio, then more until its run's stop flag is set (10 s at most)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stops: list = []
+
+    def stream(self, requests: SimpleNamespace, *, stop, **options):
+        self.stops.append(stop)
+        yield [np.full(24000, 0.1, np.float32)]
+        for _ in range(1000):
+            if stop():
+                return
+            time.sleep(0.01)
+            yield [np.zeros(0, np.float32)]
+
+
+def test_a_new_run_never_revives_an_abandoned_stream() -> None:
+    pipeline = EndlessStreamPipeline()
+    handlers = Handlers(pipeline)
+    run = handlers.generate_stream(*_request(refine=False))
+    next(update for update in run if isinstance(update[0], tuple))  # the first live chunk is out
+    run.close()  # the browser went away mid-stream
+    (abandoned,) = pipeline.stops
+    assert abandoned()
+    *_, stats = _final(handlers, refine=False)  # the next run gets its own stop flag
+    assert stats.startswith("audio: ") and abandoned()

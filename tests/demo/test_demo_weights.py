@@ -1,4 +1,4 @@
-"""Demo weights: official keys/shapes/dtypes (spec 2), determinism, config bytes, tokenizer, value scales."""
+"""Demo weights: official keys/shapes/dtypes, determinism, config bytes, tokenizer, value scales."""
 from __future__ import annotations
 
 import hashlib
@@ -11,7 +11,6 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from chattts_velocity.demo import tokenizer as demo_tokenizer
 from chattts_velocity.assets import (
     OFFICIAL_SHA256,
     AssetError,
@@ -19,6 +18,7 @@ from chattts_velocity.assets import (
     file_sha256,
     verify_assets,
 )
+from chattts_velocity.demo import tokenizer as demo_tokenizer
 from chattts_velocity.demo.weights import (
     FULL_DIMS,
     TINY_DIMS,
@@ -28,7 +28,7 @@ from chattts_velocity.demo.weights import (
     write_demo_assets,
 )
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "chattts-asset"
+SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "chattts-asset"
 SAFETENSORS = [rel for rel in OFFICIAL_SHA256 if rel.endswith(".safetensors")]
 # (tensors, parameters) per file, from spec sections 2.2-2.6
 SPEC_COUNTS = {

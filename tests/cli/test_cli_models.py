@@ -115,7 +115,8 @@ def test_backend_cpu_refusal_names_the_real_cause_before_loading(monkeypatch, tm
     assert "KV cache" not in message  # following the old advice (bfloat16) failed on such a CPU
 
 
-def test_kv_cache_dtype_flag_reaches_the_engine_config_and_refusals_are_one_line(demo_dir: Path, tmp_path: Path) -> None:
+def test_kv_cache_dtype_flag_reaches_the_engine_config_and_refusals_are_one_line(demo_dir: Path,
+                                                                                  tmp_path: Path) -> None:
     from chattts_velocity.cli import common
 
     args = cli.build_parser().parse_args(["say", "x", "-o", "x.wav", "--model", str(demo_dir),
@@ -138,6 +139,7 @@ def test_every_option_of_every_command_has_help() -> None:
 def test_one_demo_step_cap_decided_by_the_marker_not_the_name(command: str, demo_dir: Path, tmp_path: Path) -> None:
     from chattts_velocity.cli import common
     from chattts_velocity.demo import DEMO_MAX_NEW_TOKEN
+    from chattts_velocity.schema import MAX_NEW_TOKEN
 
     real = tmp_path / "demo"  # a folder called demo without the marker: not demo weights
     (real / "asset").mkdir(parents=True)
@@ -146,7 +148,7 @@ def test_one_demo_step_cap_decided_by_the_marker_not_the_name(command: str, demo
     for model in ("demo", str(demo_dir), str(real)):
         args = cli.build_parser().parse_args([*head, "--model", model])
         cap[model] = common.max_new_token(args)
-    assert cap == {"demo": DEMO_MAX_NEW_TOKEN, str(demo_dir): DEMO_MAX_NEW_TOKEN, str(real): 2048}
+    assert cap == {"demo": DEMO_MAX_NEW_TOKEN, str(demo_dir): DEMO_MAX_NEW_TOKEN, str(real): MAX_NEW_TOKEN}
     args = cli.build_parser().parse_args([*head, "--model", str(demo_dir), "--max-new-token", "7"])
     assert common.max_new_token(args) == 7
 
@@ -154,9 +156,10 @@ def test_one_demo_step_cap_decided_by_the_marker_not_the_name(command: str, demo
 def test_serve_config_takes_the_demo_cap_of_a_demo_folder(demo_dir: Path) -> None:
     pytest.importorskip("fastapi")
     from chattts_velocity.cli.serve import server_config
+    from chattts_velocity.demo import DEMO_MAX_NEW_TOKEN
 
     args = cli.build_parser().parse_args(["serve", "--model", str(demo_dir)])
-    assert server_config(args).max_new_token == 150
+    assert server_config(args).max_new_token == DEMO_MAX_NEW_TOKEN
 
 
 def test_say_needs_an_output_file_and_words(monkeypatch, tmp_path: Path, capsys) -> None:
@@ -237,10 +240,10 @@ def test_bench_has_no_verify_and_picks_the_auto_precision(monkeypatch, demo_dir:
     import argparse
 
     from chattts_velocity.assets import AssetError
-    from chattts_velocity.cli.main import _bench_module
+    from chattts_velocity.cli.main import bench_module
     from chattts_velocity.model import kernels
 
-    bench = _bench_module()
+    bench = bench_module()
     parser = argparse.ArgumentParser()
     bench.add_arguments(parser)
     monkeypatch.setattr(kernels, "unsupported", lambda: "this CPU lacks avx512_bf16")

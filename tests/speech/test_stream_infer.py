@@ -35,7 +35,7 @@ def test_stream_chunks_concatenate_to_the_non_stream_waveform(chat: Chat, use_vl
     for y in chunks:
         assert len(y) == len(TEXTS) and all(c.dtype == np.float32 and c.ndim == 1 for c in y)
         assert any(len(c) for c in y)
-    for got, ref in zip(joined(chunks, len(TEXTS)), whole):
+    for got, ref in zip(joined(chunks, len(TEXTS)), whole, strict=True):
         assert len(got) == len(ref)
         np.testing.assert_allclose(got, ref, rtol=0, atol=TOL)
         assert np.abs(ref).max() > 1e-3
@@ -86,9 +86,8 @@ def test_small_first_chunk_is_early_and_only_it_is_approximate(chat: Chat) -> No
 
     hidden = torch.randn(80, chat.decoder.decoder.idim * 2, generator=torch.Generator().manual_seed(0))  # [T, H]
     ref = decode_hidden_batch(chat.decoder, chat.vocos, [hidden])[0]
-    streams = StreamSet(chat.decoder, chat.dvae, chat.vocos, StreamOptions(chunk_steps=8, first_chunk_steps=4,
-                                                                          first_lookahead_steps=2))
-    streams.open("a")
+    streams = StreamSet(StreamOptions(chunk_steps=8, first_chunk_steps=4, first_lookahead_steps=2))
+    streams.open("a", chat.pipeline.mel("decoder"))
     parts, first_at = [], None
     for t in range(len(hidden)):
         chunk = streams.push({"a": hidden[t: t + 1]})["a"]

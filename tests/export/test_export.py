@@ -1,7 +1,6 @@
 """Batch export on tiny weights: naming, bad lines, resume without re-synthesis, seeds, atomic writes."""
 from __future__ import annotations
 
-
 import dataclasses
 import hashlib
 import io
@@ -16,9 +15,9 @@ import torch
 
 from chattts_velocity import Chat, InferCodeParams
 from chattts_velocity import export as export_mod
-from chattts_velocity.export import run as export_run
 from chattts_velocity.audio import wav_bytes
 from chattts_velocity.export import export, plan_export, run_export
+from chattts_velocity.export import run as export_run
 from chattts_velocity.text import sample_random_speaker
 
 STEPS = 8
@@ -370,7 +369,8 @@ def test_ray_export_spreads_small_jobs_over_every_actors_batches_in_flight() -> 
 
     # 30 lines used to be 2 blocks of 15 that Ray Data bundled into one 16-row task: one actor ran them all
     assert spread(30, RayExportOptions(actors=2, batch_size=16, batches_in_flight=4)) == (4, 8)
-    assert spread(200, RayExportOptions(actors=2, batch_size=16, batches_in_flight=2)) == (16, 13)  # big jobs: as before
+    # big jobs: as before
+    assert spread(200, RayExportOptions(actors=2, batch_size=16, batches_in_flight=2)) == (16, 13)
     assert spread(3, RayExportOptions(actors=4, batch_size=16)) == (1, 3)
     for rows in range(1, 80):
         batch, blocks = spread(rows, RayExportOptions(actors=3, batch_size=8, batches_in_flight=2))

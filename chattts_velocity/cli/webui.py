@@ -1,0 +1,45 @@
+"""`chattts-velocity webui`: its flags, and the page (webui/app.py) served on a Chat loaded from them.
+
+Imports nothing from gradio or webui/ until the command runs, so `chattts-velocity --help` works without them.
+"""
+from __future__ import annotations
+
+import argparse
+
+from ..demo import uses_demo_weights
+from .common import add_model_flags, add_step_cap_flag, check_port_free, load_chat, max_new_token
+
+
+def add_webui_flags(p: argparse.ArgumentParser) -> None:
+    add_model_flags(p)
+    p.add_argument("--host", default="127.0.0.1", help="bind address (0.0.0.0 exposes the UI on the network)")
+    p.add_argument("--port", type=int, default=7860, help="port to listen on (default 7860)")
+    p.add_argument("--share", action="store_true", help="also create a public gradio.live link (anyone with it "
+                                                        "can use the page)")
+    p.add_argument("--plain", action="store_true", help="use the plain transformers path, not the engine")
+    add_step_cap_flag(p)
+    p.add_argument("--voices", metavar="DIR", help="the voice library folder, shared with the server (default "
+                                                   "$CHATTTS_VELOCITY_VOICES or ~/.cache/chattts_velocity/voices)")
+
+
+def cmd_webui(args: argparse.Namespace) -> None:
+    """Load the model and serve the page until Ctrl-C."""
+    try:
+        from webui.app import build_ui, launch
+    except ModuleNotFoundError as exc:
+        raise SystemExit(f"webui: cannot import {exc.name}; it needs gradio (pip install -e '.[webui]') "
+                         "and the webui/ folder of a source checkout") from None
+    from ..text.voices import VoiceLibrary
+
+    check_port_free(args.host, args.port)
+    chat = load_chat(args, use_vllm=not args.plain)
+    page = build_ui(chat.pipeline, use_vllm=not args.plain, max_new_token=max_new_token(args),
+                    voices=VoiceLibrary(args.voices),  # None: $CHATTTS_VELOCITY_VOICES or ~/.cache
+                    demo_weights=uses_demo_weights(args.model))
+    launch(page, host=args.host, port=args.port, share=args.share)
+
+
+def add_webui_parser(sub) -> None:
+    p = sub.add_parser("webui", help="Gradio web UI (pip install -e '.[webui]'; ffmpeg for streaming)")
+    add_webui_flags(p)
+    p.set_defaults(func=cmd_webui)

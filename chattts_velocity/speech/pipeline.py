@@ -1,0 +1,191 @@
+"""SpeechPipeline: the speech stages built once from the assets, and the operations every caller shares.
+
+texts -> TextFrontEnd (normalise, split, voice, prompts) -> GPTBackend (refine pass, then code pass)
+      -> MelSource (Decoder on hidden states or DVAE on codes; Vocos) -> float32 24 kHz waveforms.
+`Chat` (upstream's facade), the server's SpeechService, the export and the web UI all hold one. Precision is
+decided here once: the GPT's at load_pretrained, the audio modules' (`decode_dtype`) below.
+"""
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..assets import AssetPaths
+from ..audio import (
+    DVAE,
+    Decoder,
+    Spoken,
+    Vocos,
+    audio_precision,
+    cast_for_autocast,
+    load_clip,
+    load_safetensors,
+    piece_timestamps,
+)
+from ..audio.wav import SAMPLE_RATE
+from ..config import ModelConfig
+from ..engine.gpt import GPTBackend, load_pretrained
+from ..engine.llm_engine import LLMEngine
+from ..params import InferCodeParams, RefineTextParams
+from ..schema import SpeechRequests, TextPieces
+from ..text import Normalizer, Tokenizer, empty_text, encode_prompt, sample_random_speaker
+from .calls import Jobs, Stop
+from .frontend import TextFrontEnd
+from .mel import MEL_SOURCES, DecoderSource, DVAESource, MelSource
+from .streams import StreamOptions, StreamSet, stream_texts
+
+
+def _never() -> bool:
+    return False
+
+
+class SpeechPipeline:
+    """Text front end + GPT backend(s) + mel sources + Vocos, for one asset folder on one device."""
+
+    def __init__(self, paths: AssetPaths, *, device: torch.device, dtype: str, decode_dtype: str | None,
+                 use_vllm: bool, normalizer: Normalizer | None, gpt_options: dict[str, object]) -> None:
+        self.paths, self.device, self.dtype, self.default_use_vllm = paths, device, dtype, use_vllm
+        self._gpt_options = dict(device=str(device), dtype=dtype, **gpt_options)
+        self._gpts: dict[bool, GPTBackend] = {}  # use_vllm -> the backend load_pretrained chose
+        self._loading = threading.Lock()
+        tokenizer = Tokenizer(paths.tokenizer_dir)
+        self.dvae = DVAE.from_state_dict(load_safetensors(paths.dvae)).to(device).eval()
+        self.decoder = Decoder.from_state_dict(load_safetensors(paths.decoder)).to(device).eval()
+        self.vocos = Vocos.from_state_dict(load_safetensors(paths.vocos)).to(device).eval()
+        self.decode_dtype = audio_precision(decode_dtype, dtype, device)  # None: exact float32
+        decoder, dvae, vocos = cast_for_autocast((self.decoder, self.dvae, self.vocos), self.decode_dtype)
+        self.mel_sources: dict[str, MelSource] = {
+            "decoder": DecoderSource(decoder, vocos, self.decode_dtype),
+            "dvae": DVAESource(dvae, vocos, self.decode_dtype),
+        }
+        config = self.gpt().config
+        self.frontend = TextFrontEnd(tokenizer, config.hidden_size, config.audio_eos_id, normalizer)
+
+    @classmethod
+    def load(cls, paths: AssetPaths | str | Path, *, device: str | torch.device | None = None,
+             use_vllm: bool = False, dtype: str = "float32", decode_dtype: str | None = None,
+             normalizer: Normalizer | None = None, **gpt_options: object) -> SpeechPipeline:
+        """Load every module from an asset folder (verified or not: that is the caller's choice).
+
+        use_vllm: the GPT backend loaded now (the other loads on first use). dtype: the GPT's weights ("float32",
+        "bfloat16", "int8", "int4"); decode_dtype: the Decoder's and Vocos's ("bfloat16" or "float32"; None picks
+        bfloat16 on CUDA or with a reduced-precision GPT). gpt_options: load_pretrained's (compile,
+        kv_cache_dtype, EngineConfig fields). device None: CUDA when available, else the CPU.
+        """
+        paths = paths if isinstance(paths, AssetPaths) else AssetPaths.from_root(paths)
+        device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        return cls(paths, device=device, dtype=dtype, decode_dtype=decode_dtype, use_vllm=use_vllm,
+                   normalizer=normalizer, gpt_options=gpt_options)
+
+    # ---- the stages ------------------------------------------------------------------------------
+    def gpt(self, use_vllm: bool | None = None) -> GPTBackend:
+        """The GPT backend (None: the one loaded first), loaded on first use; both may live side by side."""
+        is_vllm = self.default_use_vllm if use_vllm is None else bool(use_vllm)
+        with self._loading:  # two threads asking for a backend not loaded yet load it once
+            if is_vllm not in self._gpts:
+                self._gpts[is_vllm] = load_pretrained(self.paths, is_vllm=is_vllm, **self._gpt_options)
+        return self._gpts[is_vllm]
+
+    def engine(self) -> LLMEngine:
+        """The velocity engine (loaded on first use), for callers that step it themselves (server, Ray)."""
+        engine = self.gpt(True).engine
+        if engine is None:
+            raise RuntimeError("engine: the velocity GPT backend holds no LLMEngine")
+        return engine
+
+    @property
+    def config(self) -> ModelConfig:
+        """The GPT's dimensions (hidden_size is a speaker vector's width)."""
+        return self.gpt().config
+
+    def mel(self, name: str = "decoder") -> MelSource:
+        """The mel source named `name` (MEL_SOURCES: "decoder" on hidden states, "dvae" on codes)."""
+        if name not in self.mel_sources:
+            raise ValueError(f"mel source: must be one of {list(MEL_SOURCES)}, got {name!r}")
+        return self.mel_sources[name]
+
+    # ---- texts -> requests ---------------------------------------------------------------------------
+    def code_requests(self, pieces: TextPieces, params: InferCodeParams | list[InferCodeParams],
+                      mel: MelSource | None = None) -> SpeechRequests:
+        """One code-pass request per piece, returning what `mel` decodes (default: the Decoder's hidden states)."""
+        return self.frontend.code_requests(pieces, params, return_hidden=(mel or self.mel()).return_hidden)
+
+    def refine(self, pieces: TextPieces, params: RefineTextParams, *, use_vllm: bool | None = None,
+               stop: Stop = _never, max_batch: int | None = None) -> TextPieces:
+        """The refine-text pass: every piece rewritten by the GPT in text mode."""
+        prompts, sampling = self.frontend.refine_requests(pieces, params)
+        outputs = self.gpt(use_vllm).generate(prompts, sampling, params.show_tqdm, stop, max_batch=max_batch)
+        return self.frontend.refined(pieces, outputs)
+
+    # ---- requests -> audio ---------------------------------------------------------------------------
+    def generate(self, requests: SpeechRequests, mel: MelSource | None = None, *, use_vllm: bool | None = None,
+                 stop: Stop = _never, max_batch: int | None = None, progress: bool = True) -> list[np.ndarray]:
+        """The code pass and its audio: one float32 24 kHz waveform per text (its pieces joined in order)."""
+        mel = mel or self.mel()
+        outputs = self.gpt(use_vllm).generate(requests.prompts, requests.sampling, progress, stop,
+                                              max_batch=max_batch)
+        return [np.concatenate(g).astype(np.float32) if g else np.zeros(0, np.float32)
+                for g in requests.pieces.group(mel.decode(outputs))]
+
+    def jobs(self, pieces: TextPieces, params: list[InferCodeParams], mel: MelSource | None = None) -> Jobs:
+        """Each text's requests with its own params, in one flat list; a text that cannot be made (no piece, a bad
+        speaker) is recorded in Jobs.failed with its ValueError, and the others go on."""
+        if not isinstance(params, (list, tuple)) or len(params) != pieces.num_texts:
+            raise ValueError(f"params: expected one InferCodeParams per text ({pieces.num_texts})")
+        jobs = Jobs(pieces, mel or self.mel())
+        for i, item_params in enumerate(params):
+            try:
+                if not pieces.of_text(i).texts:
+                    raise empty_text(i)
+                jobs.add(i, self.code_requests(pieces.of_text(i), item_params, jobs.mel))
+            except ValueError as exc:
+                jobs.failed.append((i, exc))
+        return jobs
+
+    def run_jobs(self, jobs: Jobs, *, use_vllm: bool | None = None, progress: bool = False,
+                 timestamps: bool = False, stop: Stop = _never,
+                 ) -> Iterator[tuple[int, np.ndarray | Spoken | Exception]]:
+        """(text index, its waveform) as each text finishes (with `timestamps`, a Spoken with each piece's span);
+        a text whose generation failed yields its error instead."""
+        for k, output in self.gpt(use_vllm).generate_iter(jobs.prompts, jobs.sampling, progress, stop):
+            for i, outputs in jobs.done(k, output):
+                if isinstance(outputs, Exception):
+                    yield i, outputs
+                    continue
+                waves = jobs.mel.decode(outputs)
+                wav = np.concatenate(waves).astype(np.float32)
+                texts = jobs.pieces.of_text(i).texts
+                yield i, Spoken(wav, piece_timestamps(texts, [len(w) for w in waves])) if timestamps \
+                    else wav
+
+    def stream(self, requests: SpeechRequests, mel: MelSource | None = None, *,
+               options: StreamOptions | None = None, use_vllm: bool | None = None,
+               stop: Stop = _never) -> Iterator[list[np.ndarray]]:
+        """Audio as the GPT generates it: each yield holds one new (maybe empty) chunk per text; a text's chunks
+        concatenate to its generate() waveform, its pieces in order (speech/streams.py)."""
+        streams = StreamSet(options)
+        yield from stream_texts(streams, self.gpt(use_vllm), requests, mel or self.mel(), stop)
+
+    # ---- speakers ------------------------------------------------------------------------------------
+    def sample_random_speaker(self, seed: int | None = None) -> str:
+        """A random voice (upstream's draw); with `seed`, the voice torch.manual_seed(seed) would give, drawn
+        without touching the global RNG."""
+        return sample_random_speaker(self.config.hidden_size, device=self.device, seed=seed)
+
+    def sample_audio_speaker(self, wav: np.ndarray | torch.Tensor | str | Path,
+                             sample_rate: int = SAMPLE_RATE) -> str:
+        """Encode a 24 kHz mono clip (array or audio file path) into an spk_smp string."""
+        wav = load_clip(wav, sample_rate, expected_rate=SAMPLE_RATE)
+        with torch.inference_mode():
+            codes = self.dvae.encode(wav.to(self.device))  # [4, T]
+        return encode_prompt(codes.cpu())
+
+    def shutdown(self) -> None:
+        """Release the GPT backends' threads and memory; the pipeline is unusable afterwards."""
+        for gpt in self._gpts.values():
+            gpt.shutdown()
+        self._gpts.clear()
