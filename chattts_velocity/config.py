@@ -81,7 +81,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     scheduling: str = "fcfs"  # or "priority"
     device: str = "cpu"
-    dtype: str = "float32"  # "float32" (exact), "bfloat16", "float16", "int8", "int4" or "auto" (precision.py)
+    dtype: str = "float32"  # "float32" (exact), "bfloat16", "float16", "int8" or "int4" (precision.py)
     backend: str = "auto"  # decode backend: "auto", "torch", "cpu" or "triton" (engine/backends.py)
     kv_cache_dtype: str = "auto"  # "auto": the weights' dtype; "int8": one fp32 scale per (slot, head), cpu backend
     compile: bool = False  # torch.compile the decode step (torch backend)

@@ -1,6 +1,7 @@
 """Precision: every dtype of a loaded model, decided once from the user's choices.
 
-In: dtype ("auto" or a precision name), kv_cache_dtype, decode_dtype, device and decode backend.
+In: dtype ("auto" or a precision name), kv_cache_dtype, decode_dtype, device, decode backend and whether our C++
+CPU kernels run here (model.kernels.unsupported() is None; passed in: this module imports nothing of the package).
 Out: `Precision`, read by the engine (weights, packing, KV cache, activations) and the audio stage (decode dtype);
 nothing else derives a dtype from these strings.
 
@@ -48,10 +49,16 @@ class Precision:
 
     @classmethod
     def decide(cls, dtype: str = "float32", kv_cache_dtype: str = "auto", decode_dtype: str | None = None,
-               device: str | torch.device = "cpu", backend: str = "auto") -> Precision:
-        """The precision of these choices; a ValueError naming the field for a choice that cannot be."""
+               device: str | torch.device = "cpu", backend: str = "auto", cpu_kernels: bool | None = None,
+               ) -> Precision:
+        """The precision of these choices; a ValueError naming the field for a choice that cannot be.
+
+        cpu_kernels (whether our C++ CPU kernels run here) is read by dtype "auto" only, which needs it."""
         on = torch.device(device).type
-        name = fastest_dtype(on) if dtype == "auto" else dtype
+        if dtype == "auto" and cpu_kernels is None:
+            raise ValueError("dtype: 'auto' is resolved where the kernels are known: Precision.decide(dtype='auto', "
+                             "cpu_kernels=...) or the CLI's --dtype auto; the engine takes a precision name")
+        name = fastest_dtype(on, bool(cpu_kernels)) if dtype == "auto" else dtype
         if name not in DTYPES:
             raise ValueError(f"dtype: must be auto, {', '.join(DTYPES[:-1])} or {DTYPES[-1]}, got {dtype!r}")
         weights, packing = WEIGHTS[name]
@@ -77,7 +84,7 @@ class Precision:
                 f"activations {_name(self.activations)}, audio decode {audio}")
 
 
-def fastest_dtype(device_type: str) -> str:
+def fastest_dtype(device_type: str, cpu_kernels: bool) -> str:
     """The fastest precision whose quality docs/performance.md accepts (>= 95 % teacher-forced code agreement with
     float32) on this device type:
 
@@ -90,9 +97,7 @@ def fastest_dtype(device_type: str) -> str:
     """
     if device_type == "cuda":
         return "bfloat16"
-    from chattts_velocity.model import kernels  # imported on use: the model package imports config, which imports us
-
-    return "int8" if device_type == "cpu" and kernels.unsupported() is None else "float32"
+    return "int8" if device_type == "cpu" and cpu_kernels else "float32"
 
 
 def _kv_cache(choice: str, dtype: str, weights: torch.dtype, device: str, backend: str) -> torch.dtype:

@@ -42,15 +42,13 @@ def test_decode_dtype_overrides_the_audio_default(device: str, dtype: str) -> No
     assert Precision.decide(dtype, decode_dtype="bfloat16", device=device).audio == BF16
 
 
-def test_auto_is_the_fastest_accepted_precision_of_the_device(monkeypatch) -> None:
-    from chattts_velocity.model import kernels
-
-    assert Precision.decide("auto", device="cuda").dtype == "bfloat16"
-    monkeypatch.setattr(kernels, "unsupported", lambda: None)
-    assert Precision.decide("auto", device="cpu").dtype == "int8"
-    monkeypatch.setattr(kernels, "unsupported", lambda: "no AVX2 here")
-    assert Precision.decide("auto", device="cpu").dtype == "float32"
-    assert precision.fastest_dtype("mps") == "float32"
+def test_auto_is_the_fastest_accepted_precision_of_the_device() -> None:
+    assert Precision.decide("auto", device="cuda", cpu_kernels=False).dtype == "bfloat16"
+    assert Precision.decide("auto", device="cpu", cpu_kernels=True).dtype == "int8"
+    assert Precision.decide("auto", device="cpu", cpu_kernels=False).dtype == "float32"
+    assert precision.fastest_dtype("mps", True) == "float32"
+    with pytest.raises(ValueError, match="dtype: 'auto' is resolved where the kernels are known"):
+        Precision.decide("auto")  # the engine's config: it cannot know, so it takes a name
 
 
 @pytest.mark.parametrize("choices,error", [

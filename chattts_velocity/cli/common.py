@@ -23,7 +23,9 @@ def fastest_dtype() -> str:
     """The fastest accepted precision on the device Chat.load picks by default (precision.fastest_dtype)."""
     import torch
 
-    return precision.fastest_dtype("cuda" if torch.cuda.is_available() else "cpu")
+    from ..model import kernels
+
+    return precision.fastest_dtype("cuda" if torch.cuda.is_available() else "cpu", kernels.unsupported() is None)
 
 
 def resolve_dtype(args: argparse.Namespace) -> str:

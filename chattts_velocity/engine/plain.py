@@ -124,7 +124,7 @@ class PlainGPT:
         ids, mask, text_mask = pad_left(prompts)  # [B, L, 4], [B, L], [B, L]
         ids, mask = ids.to(self.device), mask.bool().to(self.device)
         emb = self.prompt_embeddings(prompts, ids, text_mask.to(self.device))
-        loop = _Loop(self, params, ids, mask)
+        loop = BatchLoop(self, params, ids, mask)
         bar = progress_bar(params.max_new_token, params.mode, "step", enabled=progress)
         with bar:
             for step in range(params.max_new_token):
@@ -148,7 +148,7 @@ class PlainGPT:
         return emb
 
 
-class _Loop:
+class BatchLoop:
     """State of one batched generation: upstream's loop over a left-padded batch, one step per call."""
 
     def __init__(self, gpt: PlainGPT, params: SamplingParams, ids: torch.Tensor, mask: torch.Tensor) -> None:

@@ -1,4 +1,4 @@
-"""Model stage, CUDA backend, checks: compile every Triton kernel the engine launches for real GPU targets, here.
+"""Engine stage, CUDA backend, checks: compile every Triton kernel the engine launches for real GPU targets, here.
 
 No GPU is needed: Triton compiles for a named target (`GPUTarget("cuda", cc, 32)`) with its bundled ptxas, and
 cuobjdump reads the registers, shared memory and local (spilled) memory of each cubin. This runs the code paths the
@@ -9,7 +9,7 @@ split count, prefill) and the device sampler (code and text vocabularies) under 
 launch captured instead of run, for ChatTTS's widths and the tests' sizes, fp32/bf16/fp16 pools and block sizes
 4 and 16, as a GPU launches them (the interpreter's fp32 upcast off).
 
-    python -m chattts_velocity.model.kernels.triton.compile_check --out benchmarks/results/triton_compile.json
+    python -m chattts_velocity.engine.triton_compile_check --out benchmarks/results/triton_compile.json
 """
 from __future__ import annotations
 
@@ -31,8 +31,9 @@ DTYPES = ("float32", "bfloat16", "float16")
 BLOCK_SIZES = (4, 16)
 TYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "int64": "i64", "int32": "i32", "bool": "i1",
          "uint8": "u8", "int8": "i8"}
-HERE = Path(__file__).parent
-MODULE = "chattts_velocity.model.kernels.triton.compile_check"
+ENGINE = Path(__file__).parent
+KERNELS = ENGINE.parent / "model" / "kernels" / "triton"
+MODULE = "chattts_velocity.engine.triton_compile_check"
 Spec = dict[str, Any]  # one launch: kernel, signature, constexprs, options (JSON)
 
 
@@ -45,7 +46,7 @@ def record() -> list[Spec]:
 
     launches: dict[str, Spec] = {}
 
-    def capture(self, *args, grid, warmup, **kwargs):
+    def capture(self: Any, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> None:
         spec = _spec(self, args, kwargs)
         launches[json.dumps(spec, sort_keys=True)] = spec
 
@@ -87,7 +88,7 @@ def _spec(kernel: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Spec:
             "options": options}
 
 
-def _drive_backend(hidden: int, heads: int, inter: int, dtype, block_size: int) -> None:
+def _drive_backend(hidden: int, heads: int, inter: int, dtype: Any, block_size: int) -> None:
     import torch
 
     from chattts_velocity.config import ModelConfig
@@ -173,8 +174,7 @@ def source_key(targets: list[int]) -> str:
     import triton
 
     digest = hashlib.sha256(f"{triton.__version__} {targets} {MODELS} {DTYPES} {BLOCK_SIZES}".encode())
-    engine = HERE.parents[2] / "engine"
-    for path in sorted([*HERE.glob("*.py"), engine / "triton_backend.py", engine / "device_sampler.py"]):
+    for path in sorted([*KERNELS.glob("*.py"), ENGINE / "triton_backend.py", ENGINE / "device_sampler.py"]):
         digest.update(path.read_bytes())
     return digest.hexdigest()[:20]
 
@@ -187,7 +187,7 @@ def run(targets: list[int], cache_dir: Path | None = None) -> dict[str, Any]:
         results: dict[str, Any] = json.loads(cached.read_text())
         return results
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    root = str(HERE.parents[3])
+    root = str(ENGINE.parents[1])
     env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")])
     recorded = subprocess.run([sys.executable, "-m", MODULE, "--record"], capture_output=True, text=True,
                               env=env | {"TRITON_INTERPRET": "1"}, check=True, cwd=root)
