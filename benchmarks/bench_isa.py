@@ -68,7 +68,7 @@ def linears(layers: int = 10, repeats: int = 7) -> dict:
               "int8": [(kernels.to_tiles(q, 16), s) for q, s in map(_quantize_int8, weights)],
               "int4": [kernels.to_int4_tiles(*_quantize_int4(w)) for w in weights]}
     names = {"bfloat16": "linear_bf16", "int8": "linear_int8", "int4": "linear_int4"}
-    isas = [name for name in ("avx512", "avx2") if set(kernels.ISAS[name].cpu_flags) <= kernels._cpu_flags()]
+    isas = [name for name in ("avx512", "avx2") if set(kernels.ISAS[name].cpu_flags) <= kernels.cpu_flags()]
     out = {}
     for rows in SIZES:
         x = {k: torch.randn(rows, k, generator=gen).bfloat16() for k in (768, 3072)}

@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
+
+from chattts_velocity.precision import Precision
 
 
 @dataclass(frozen=True)
@@ -31,7 +33,7 @@ class ModelConfig:
         return self.num_audio_tokens - 1
 
     @classmethod
-    def from_json(cls, path: str | Path) -> "ModelConfig":
+    def from_json(cls, path: str | Path) -> ModelConfig:
         path = Path(path)
         if path.is_dir():
             path = path / "config.json"
@@ -65,7 +67,6 @@ def _checked(path: Path, name: str, value: object, kind: str) -> int | float:
 
 
 BACKENDS = ("auto", "torch", "cpu", "triton")
-KV_CACHE_DTYPES = ("auto", "int8")
 
 
 @dataclass
@@ -80,37 +81,26 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     scheduling: str = "fcfs"  # or "priority"
     device: str = "cpu"
-    dtype: str = "float32"  # "float32" (exact), "bfloat16" (fast), "int8" / "int4" (weight-only quantised linears)
+    dtype: str = "float32"  # "float32" (exact), "bfloat16", "float16", "int8" or "int4" (precision.py)
     backend: str = "auto"  # decode backend: "auto", "torch", "cpu" or "triton" (engine/backends.py)
     kv_cache_dtype: str = "auto"  # "auto": the weights' dtype; "int8": one fp32 scale per (slot, head), cpu backend
     compile: bool = False  # torch.compile the decode step (torch backend)
     num_threads: int | None = None
     seed: int = 0  # seeds the generator that picks seeds for unseeded requests
+    precision: Precision = field(init=False, repr=False, compare=False)  # decided from dtype, kv_cache_dtype, ...
 
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
             raise ValueError("block_size, max_num_seqs and max_num_batched_tokens must be >= 1")
         if self.scheduling not in ("fcfs", "priority"):
             raise ValueError(f"scheduling: must be 'fcfs' or 'priority', got {self.scheduling!r}")
-        if self.dtype not in ("float32", "bfloat16", "float16", "int8", "int4"):
-            raise ValueError(f"dtype: must be float32, bfloat16, float16, int8 or int4, got {self.dtype!r}")
         if self.backend not in BACKENDS:
             raise ValueError(f"backend: must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
-        self._check_kv_cache_dtype()
-
-    def _check_kv_cache_dtype(self) -> None:
-        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
-            raise ValueError(f"kv_cache_dtype: must be one of {', '.join(KV_CACHE_DTYPES)}, "
-                             f"got {self.kv_cache_dtype!r}")
-        cpu_backend = self.device.split(":")[0] == "cpu" and self.backend in ("auto", "cpu")
-        if self.kv_cache_dtype == "int8" and not (cpu_backend and self.dtype in ("bfloat16", "int8", "int4")):
-            raise ValueError("kv_cache_dtype: 'int8' runs only on the cpu backend (device 'cpu', backend 'auto' or "
-                             f"'cpu', dtype 'bfloat16' or 'int8'), got device={self.device!r}, "
-                             f"backend={self.backend!r}, dtype={self.dtype!r}")
+        self.precision = Precision.decide(self.dtype, self.kv_cache_dtype, device=self.device, backend=self.backend)
 
     @classmethod
-    def from_kwargs(cls, **kwargs) -> "EngineConfig":
-        names = {f.name for f in fields(cls)}
+    def from_kwargs(cls, **kwargs) -> EngineConfig:
+        names = {f.name for f in fields(cls) if f.init}
         unknown = set(kwargs) - names
         if unknown:
             raise ValueError(f"EngineConfig: unknown option(s) {sorted(unknown)}; known: {sorted(names)}")

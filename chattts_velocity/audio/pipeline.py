@@ -19,20 +19,15 @@ from torch import nn
 
 from chattts_velocity.audio.dvae import DVAE, Decoder
 from chattts_velocity.audio.vocos import Vocos, frame_mask
+from chattts_velocity.precision import Precision
 
 M = TypeVar("M", bound=nn.Module)
 
 
 def audio_precision(choice: str | None, gpt_dtype: str, device: torch.device) -> torch.dtype | None:
-    """The Decoder's and Vocos's autocast dtype (None = exact float32) for Chat.load's decode_dtype `choice`.
-
-    None picks bfloat16 on CUDA (the GPU default) or with a bfloat16/int8/int4 GPT stage, float32 otherwise.
-    """
-    if choice is None:
-        choice = "bfloat16" if device.type == "cuda" or gpt_dtype in ("bfloat16", "int8", "int4") else "float32"
-    if choice not in ("bfloat16", "float32"):
-        raise ValueError(f"decode_dtype: must be 'bfloat16', 'float32' or None, got {choice!r}")
-    return torch.bfloat16 if choice == "bfloat16" else None
+    """The Decoder's and Vocos's autocast dtype (None = exact float32) for Chat.load's decode_dtype `choice`: the
+    audio part of Precision.decide (chattts_velocity/precision.py), the one place that rule lives."""
+    return Precision.decide(gpt_dtype, decode_dtype=choice, device=device).audio
 
 
 def cast_for_autocast(modules: tuple[M | None, ...], dtype: torch.dtype | None) -> tuple[M | None, ...]:

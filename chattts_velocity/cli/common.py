@@ -7,9 +7,10 @@ import sys
 import warnings
 from pathlib import Path
 
+from .. import precision
 from ..assets import AssetError
 from ..chat import Chat
-from ..config import BACKENDS, KV_CACHE_DTYPES
+from ..config import BACKENDS
 from ..demo import DEMO_MAX_NEW_TOKEN, default_max_new_token, ensure_model
 from ..params import InferCodeParams
 
@@ -19,24 +20,12 @@ DTYPES = ["auto", "float32", "bfloat16", "int8", "int4"]
 
 
 def fastest_dtype() -> str:
-    """The fastest precision whose quality docs/performance.md accepts (section 5: >= 95 % teacher-forced code
-    agreement with float32), for this host:
-
-    - int8 where our CPU kernels run (kernels.isa(): x86 with AVX2 + FMA, AVX-512 or AMX; aarch64): half of
-      bf16's weight bytes per step, faster at every batch size measured, 96 % agreement, the seed contract holds.
-      int4 reads fewer bytes (faster linears at one row) but its agreement is below the bar (docs/performance.md
-      section 11).
-    - bfloat16 on CUDA.
-    - float32 elsewhere: torch's bf16 / int8 kernels are only ~1.2-1.5x faster there and their numbers depend on
-      the batch (no seed contract), so exact float32 stays the default.
-    """
+    """The fastest accepted precision on the device Chat.load picks by default (precision.fastest_dtype)."""
     import torch
 
     from ..model import kernels
 
-    if torch.cuda.is_available():
-        return "bfloat16"
-    return "int8" if kernels.unsupported() is None else "float32"
+    return precision.fastest_dtype("cuda" if torch.cuda.is_available() else "cpu", kernels.unsupported() is None)
 
 
 def resolve_dtype(args: argparse.Namespace) -> str:
@@ -73,7 +62,7 @@ def add_model_flags(p: argparse.ArgumentParser, default_dtype: str = "auto") -> 
     p.add_argument("--backend", default="auto", choices=BACKENDS,
                    help="the engine's decode backend: auto (triton on CUDA, the fused C++ layers on capable CPUs, "
                         "else torch), or one of them (an error where it cannot run)")
-    p.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES,
+    p.add_argument("--kv-cache-dtype", default="auto", choices=precision.KV_CACHE_DTYPES,
                    help="auto: the KV cache in the engine's precision; int8: about half the bytes per cached position "
                         "(bfloat16/int8 engines on the fused C++ layers; docs/performance.md section 9)")
 

@@ -12,7 +12,7 @@ import queue
 import threading
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-
+from typing import Any
 
 from chattts_velocity.engine.llm_engine import LLMEngine
 from chattts_velocity.schema import GenerationOutput, Prompt, SamplingParams
@@ -37,8 +37,8 @@ class RequestStream:
 
     def __init__(self, request_id: str, loop: asyncio.AbstractEventLoop) -> None:
         self.request_id, self.loop = request_id, loop
-        self.queue: asyncio.Queue = asyncio.Queue()
-        self.accepted: asyncio.Future = loop.create_future()
+        self.queue: asyncio.Queue[GenerationOutput | BaseException] = asyncio.Queue()
+        self.accepted: asyncio.Future[None] = loop.create_future()
         self.finished = False
 
     def put(self, item: GenerationOutput | BaseException) -> None:
@@ -57,7 +57,7 @@ class RequestStream:
         else:
             self.accepted.set_exception(error)
 
-    def _call(self, func: Callable, arg: object) -> None:
+    def _call(self, func: Callable[[Any], None], arg: Any) -> None:
         try:
             self.loop.call_soon_threadsafe(func, arg)
         except RuntimeError:  # the owner's loop is closed: nobody is listening any more

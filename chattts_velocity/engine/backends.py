@@ -33,14 +33,20 @@ from chattts_velocity.model import (
     kernels,
 )
 from chattts_velocity.model.llama import run_decoder_layer
+from chattts_velocity.precision import Precision
 
 logger = logging.getLogger("chattts_velocity")
 MIN_DYNAMIC = 2  # compiled steps pad batch and table width to >= 2: torch.compile specialises sizes 0 and 1
 
 
 class DecodeBackend(Protocol):
-    name: str  # "torch", "torch.compile", "cpu" or "triton": reported in LLMEngine.metrics()
-    sampler: Sampler  # the one sampler of the engine (the triton backend's samples on the device)
+    @property
+    def name(self) -> str:
+        """"torch", "torch.compile", "cpu" or "triton": reported in LLMEngine.metrics()."""
+
+    @property
+    def sampler(self) -> Sampler:
+        """The one sampler of the engine (the triton backend's samples on the device)."""
 
     def run(self, embeds: torch.Tensor, step: StepTensors) -> torch.Tensor:
         """One step (decode, prefill chunks, recompute, mixed): embeds [N, H] -> hidden [N, H]."""
@@ -61,7 +67,8 @@ class TorchBackend(ListInputs):
 
     def run(self, embeds: torch.Tensor, step: StepTensors) -> torch.Tensor:
         meta = attention_metadata(step, self.kv)
-        return self.model(embeds, meta.positions, self.kv.pairs, meta)
+        hidden: torch.Tensor = self.model(embeds, meta.positions, self.kv.pairs, meta)
+        return hidden
 
 
 class CompiledTorchBackend(ListInputs):
@@ -83,7 +90,8 @@ class CompiledTorchBackend(ListInputs):
     def run(self, embeds: torch.Tensor, step: StepTensors) -> torch.Tensor:
         if not step.decode_only:
             meta = attention_metadata(step, self.kv)
-            return self.model(embeds, meta.positions, self.kv.pairs, meta)
+            hidden: torch.Tensor = self.model(embeds, meta.positions, self.kv.pairs, meta)
+            return hidden
         return self._decode(embeds, step)[: step.num_seqs]
 
     def _decode(self, embeds: torch.Tensor, step: StepTensors) -> torch.Tensor:
@@ -95,7 +103,8 @@ class CompiledTorchBackend(ListInputs):
         for t in (embeds, pos, *meta):
             torch._dynamo.mark_dynamic(t, 0)
         torch._dynamo.mark_dynamic(meta.block_tables, 1)
-        return self.model(embeds, pos, self.kv.pairs, meta, run_layer=self.layer)  # [B_pad, H]
+        hidden: torch.Tensor = self.model(embeds, pos, self.kv.pairs, meta, run_layer=self.layer)  # [B_pad, H]
+        return hidden
 
     @torch.inference_mode()
     def _warm_up(self) -> None:
@@ -128,24 +137,24 @@ class CpuBackend(ListInputs):
         return self.fused(embeds, step.positions, self.kv.pairs, step.row_metadata())
 
 
-def cpu_unavailable(model: ChatTTSLlama, kv: PagedKV) -> str | None:
+def cpu_unavailable(model: ChatTTSLlama, precision: Precision) -> str | None:
     """Why the cpu backend cannot run this engine, or None when it can."""
-    kv_dtype = kv.pairs[0][0].dtype
-    if kv_dtype not in (torch.bfloat16, torch.int8):
+    if precision.kv_cache not in (torch.bfloat16, torch.int8):
         return (f"its fused C++ layers need a bfloat16 KV cache (dtype 'bfloat16' or 'int8') or an int8 one "
-                f"(kv_cache_dtype 'int8'), this one is {kv_dtype}")
+                f"(kv_cache_dtype 'int8'), this one is {precision.kv_cache}")
     return fused_unavailable(model)
 
 
-def select_backend(config: EngineConfig, model: ChatTTSLlama, kv: PagedKV, act_dtype: torch.dtype) -> DecodeBackend:
+def select_backend(config: EngineConfig, model: ChatTTSLlama, kv: PagedKV) -> DecodeBackend:
     """The backend config.backend asks for. "auto": triton on CUDA devices where it can run, else cpu where it can
     run, else torch (compiled if config.compile).
 
     NOTE: one branch per backend, no registry. Asking for a backend that cannot run is a ValueError saying why,
     never a silent fallback; "auto" on CUDA falls back to torch with one warning when the triton backend fails at
-    load (a kernel compile or the CUDA graph capture). The triton module is imported only when it is chosen (importing it imports triton).
+    load (a kernel compile or the CUDA graph capture). The triton module is imported only when it is chosen
+    (importing it imports triton).
     """
-    choice = config.backend
+    choice, act_dtype = config.backend, config.precision.activations
     if choice == "triton" or (choice == "auto" and kv.device.type == "cuda"):
         from chattts_velocity.engine.triton_backend import (
             TritonBackend,
@@ -165,14 +174,14 @@ def select_backend(config: EngineConfig, model: ChatTTSLlama, kv: PagedKV, act_d
         if choice == "triton":
             raise ValueError(f"backend: 'triton' cannot run here: {reason}; use backend='torch' or 'auto'")
     if choice in ("auto", "cpu"):
-        reason = cpu_unavailable(model, kv)
+        reason = cpu_unavailable(model, config.precision)
         if reason is None:
             if config.compile:
                 logger.info("decode steps run fused C++ layers: nothing to compile")
             return CpuBackend(model, kv)
         if choice == "cpu":
             raise ValueError(f"backend: 'cpu' cannot run here: {reason}; use backend='torch' or 'auto'")
-        if kv.pairs[0][0].dtype == torch.int8:  # no other backend reads int8 pools
+        if config.precision.kv_cache == torch.int8:  # no other backend reads int8 pools
             raise ValueError(f"kv_cache_dtype: 'int8' needs the cpu backend, which cannot run here: {reason}")
     if config.compile:
         return CompiledTorchBackend(model, kv, act_dtype)

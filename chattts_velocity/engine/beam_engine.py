@@ -21,6 +21,7 @@ from chattts_velocity.engine.beam_search import BeamState, beam_logprobs
 from chattts_velocity.engine.scheduler import Scheduler
 from chattts_velocity.engine.sequence import Sequence, SequenceStatus
 from chattts_velocity.engine.step import ScheduledBatch, StepOutput
+from chattts_velocity.model import Embed
 from chattts_velocity.schema import GenerationOutput, Prompt, SamplingParams
 
 
@@ -61,7 +62,7 @@ class BeamGroup:
 class BeamSearch:
     """The engine's beam requests (LLMEngine.beams); `after_step` advances them and turns their deltas into outputs."""
 
-    def __init__(self, scheduler: Scheduler, embed) -> None:
+    def __init__(self, scheduler: Scheduler, embed: Embed) -> None:
         self.scheduler, self.embed = scheduler, embed
         self.groups: dict[str, BeamGroup] = {}
         self._owner: dict[str, BeamGroup] = {}  # beam sequence id -> its group
@@ -92,9 +93,9 @@ class BeamSearch:
         if not self.groups:
             return deltas
         owners = [self._owner.get(delta.request_id) for delta in deltas]
-        kept = [delta for delta, group in zip(deltas, owners) if group is None]
+        kept = [delta for delta, group in zip(deltas, owners, strict=True) if group is None]
         ended = []
-        for delta, group in zip(deltas, owners):
+        for delta, group in zip(deltas, owners, strict=True):
             if group is not None and delta.error is not None and group.request_id in self.groups:
                 ended.append(self._fail(group, delta.error))
         if out is not None:
@@ -133,7 +134,7 @@ class BeamSearch:
         parents = group.state.step(logprobs)
         old, group.seqs = group.seqs, []
         continued: set[int] = set()
-        for parent, beam in zip(parents, group.state.live):
+        for parent, beam in zip(parents, group.state.live, strict=True):
             if parent in continued:
                 group.seqs.append(self._fork(group, old[parent], beam.tokens))
             else:

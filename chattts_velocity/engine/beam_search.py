@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from chattts_velocity.engine import logits_processors as lp
+from chattts_velocity.model import Embed
 from chattts_velocity.schema import FinishReason, SamplingParams
 
 
@@ -57,8 +58,9 @@ class BeamState:
         sums = torch.tensor([b.logprob for b in self.live], dtype=torch.float64, device=logprobs.device)
         totals = logprobs.double() + sums.unsqueeze(1)  # [S, V]
         values, order = totals.view(-1).topk(min(2 * self.width + 1, totals.numel()))  # enough to fill `width`
-        live, parents = [], []
-        for value, index in sorted(zip(values.tolist(), order.tolist()), key=lambda c: (-c[0], c[1])):
+        live: list[Beam] = []
+        parents: list[int] = []
+        for value, index in sorted(zip(values.tolist(), order.tolist(), strict=True), key=lambda c: (-c[0], c[1])):
             if value == float("-inf") or len(live) == self.width:
                 break
             parent, token = divmod(index, vocab)
@@ -100,7 +102,7 @@ class BeamState:
         return all(b.logprob / len(b.tokens) ** self.length_penalty <= worst for b in self.live)
 
 
-def beam_logprobs(embed, hidden: torch.Tensor, beams: list[Beam], params: SamplingParams,
+def beam_logprobs(embed: Embed, hidden: torch.Tensor, beams: list[Beam], params: SamplingParams,
                   ) -> tuple[torch.Tensor, dict[int, Exception]]:
     """hidden [S, H] of the live beams -> the processed log-probabilities [S, V_text] float32, and
     {beam index: error} for beams whose custom logits processors raised (their rows are meaningless)."""

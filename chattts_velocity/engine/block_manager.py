@@ -123,11 +123,12 @@ class BlockManager:
         first = num_full
         while first > 0 and self.block_hashes[table[first - 1]] is None:
             first -= 1
+        parent = self.block_hashes[table[first - 1]] if first > 0 else b""
+        assert parent is not None  # the loop above stopped at a hashed block (or at the first)
         for i in range(first, num_full):
-            parent = self.block_hashes[table[i - 1]] if i > 0 else b""
-            key = self._block_key(seq, i, parent)
-            self.block_hashes[table[i]] = key
-            self._cached.setdefault(key, table[i])
+            parent = self._block_key(seq, i, parent)
+            self.block_hashes[table[i]] = parent
+            self._cached.setdefault(parent, table[i])
 
     def _cache_hits(self, seq: Sequence) -> list[int]:
         """Cached blocks holding the sequence's leading positions (never including position len-1)."""

@@ -54,7 +54,7 @@ class StaticInputs:
         """Copy one step's rows in (device-to-device copies only), padding rows after them."""
         positions, meta = padded_decode(step, self.kv, self.size, self.width)
         self.positions.copy_(positions)
-        for static, value in zip(self.meta, meta):
+        for static, value in zip(self.meta, meta, strict=True):
             static.copy_(value)
         self.embeds[: embeds.shape[0]].copy_(embeds)
         self.embeds[embeds.shape[0]:].zero_()
@@ -76,6 +76,8 @@ class DecodeGraphs:
     def run(self, embeds: torch.Tensor, step: StepTensors) -> torch.Tensor:
         """hidden [B, H] of a step of B <= max(sizes) sequences (a copy: the next replay overwrites the output)."""
         size = bucket(step.num_seqs, self.sizes)
+        if size is None:
+            raise ValueError(f"DecodeGraphs.run: {step.num_seqs} sequences, more than the largest graph; see covers()")
         inputs = self.inputs[size]
         inputs.fill(embeds, step)
         if size in self.graphs:
@@ -91,7 +93,7 @@ class DecodeGraphs:
         pool = torch.cuda.graph_pool_handle()
         for size in reversed(self.sizes):
             inputs = self.inputs[size]
-            side = torch.cuda.Stream()
+            side = torch.cuda.Stream()  # type: ignore[no-untyped-call]  # torch leaves Stream() unannotated
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
                 self.step(inputs.embeds, inputs.positions, inputs.meta)

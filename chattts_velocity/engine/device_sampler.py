@@ -72,7 +72,9 @@ class DeviceSampler(Sampler):
             top_p, top_k = _top_p_top_k_args(params)
             ops.apply_top_p_top_k(logits, self._send(top_p, device), self._send(top_k, device))
         logits = lp.apply_custom(logits, params.custom, params.rows_per_seq, params.failures)
-        return ops.mask_eos(logits, to_device(params.mask_eos, device), self._send(params.eos_ids, device))
+        eos_ids = self._send(params.eos_ids, device)
+        masked: torch.Tensor = ops.mask_eos(logits, to_device(params.mask_eos, device), eos_ids)
+        return masked
 
 
 def _temperature_penalty_args(params: lp.RowParams) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from ..assets import AssetPaths
 from ..config import ModelConfig
 from ..schema import GenerationOutput, Prompt, SamplingParams
+from .llm_engine import LLMEngine
 
 StopFlag = Callable[[], bool] | None
 Deltas = list[tuple[int, GenerationOutput]]  # (prompt index, its new rows) for every prompt that moved
@@ -19,7 +20,13 @@ Deltas = list[tuple[int, GenerationOutput]]  # (prompt index, its new rows) for 
 class GPTBackend(Protocol):
     """What the pipeline needs from a GPT stage. `params` is one SamplingParams for all prompts or one per prompt."""
 
-    config: ModelConfig
+    @property
+    def config(self) -> ModelConfig:
+        """The GPT's dimensions (hidden_size is a speaker vector's width)."""
+
+    @property
+    def engine(self) -> LLMEngine | None:
+        """The velocity engine, for callers that step it themselves; None on the plain path."""
 
     def generate(self, prompts: list[Prompt], params: SamplingParams | list[SamplingParams], progress: bool = True,
                  should_stop: StopFlag = None, max_batch: int | None = None) -> list[GenerationOutput]:
@@ -46,7 +53,7 @@ def load_pretrained(
     dtype: str = "float32",
     compile: bool = False,
     kv_cache_dtype: str = "auto",
-    **engine_kwargs,
+    **engine_kwargs: Any,
 ) -> GPTBackend:
     """Load the GPT + Embed from an asset folder.
 

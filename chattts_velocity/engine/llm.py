@@ -2,13 +2,16 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 
 from chattts_velocity.assets import AssetPaths
+from chattts_velocity.config import ModelConfig
 from chattts_velocity.engine.llm_engine import LLMEngine
 from chattts_velocity.engine.progress import progress_bar
-from chattts_velocity.schema import GenerationOutput, Prompt, SamplingParams, raise_first_error
+from chattts_velocity.model import Embed
+from chattts_velocity.schema import FinishReason, GenerationOutput, Prompt, SamplingParams, raise_first_error
 
 
 class LLM:
@@ -19,15 +22,15 @@ class LLM:
 
     @classmethod
     def from_assets(cls, paths: AssetPaths, device: str = "cpu", dtype: str = "float32", compile: bool = False,
-                    **engine_kwargs) -> "LLM":
+                    **engine_kwargs: Any) -> LLM:
         return cls(LLMEngine.from_assets(paths, device=device, dtype=dtype, compile=compile, **engine_kwargs))
 
     @property
-    def config(self):
+    def config(self) -> ModelConfig:
         return self.engine.config
 
     @property
-    def embed(self):
+    def embed(self) -> Embed:
         return self.engine.embed
 
     def generate(
@@ -58,7 +61,7 @@ class LLM:
             raise ValueError(f"params: got {len(params_list)} for {len(prompts)} prompts")
         ids: dict[str, int] = {}
         try:
-            for k, (p, sp) in enumerate(zip(prompts, params_list)):
+            for k, (p, sp) in enumerate(zip(prompts, params_list, strict=True)):
                 try:
                     ids[self.engine.add_request(None, p, sp)] = k
                 except ValueError as exc:
@@ -72,12 +75,15 @@ class LLM:
     def stream(self, prompts: list[Prompt], params: list[SamplingParams], chunk_steps: int = 1,
                should_stop: Callable[[], bool] | None = None) -> Iterator[list[tuple[int, GenerationOutput]]]:
         """Each engine step's deltas, stepped in the caller's thread. Interrupt ends every prompt."""
-        index = {self.engine.add_request(None, p, s): k for k, (p, s) in enumerate(zip(prompts, params))}
+        if len(params) != len(prompts):
+            raise ValueError(f"params: got {len(params)} for {len(prompts)} prompts")
+        index = {self.engine.add_request(None, p, s): k for k, (p, s) in enumerate(zip(prompts, params, strict=True))}
         live = set(index)
         try:
             while live:
                 if should_stop is not None and should_stop():
-                    yield [(index[rid], GenerationOutput.ended(rid, "interrupted")) for rid in sorted(live, key=index.get)]
+                    ended = sorted(live, key=index.__getitem__)
+                    yield [(index[rid], GenerationOutput.ended(rid, "interrupted")) for rid in ended]
                     return
                 deltas = self.engine.step()
                 live -= {d.request_id for d in deltas if d.finished}
@@ -96,7 +102,7 @@ class LLM:
                should_stop: Callable[[], bool] | None) -> Iterator[tuple[str, GenerationOutput]]:
         hidden_size = self.engine.config.hidden_size
         collected = {rid: _Collector(rid, hidden_size if sp.return_hidden else None)
-                     for rid, sp in zip(ids, params_list)}
+                     for rid, sp in zip(ids, params_list, strict=True)}
         total = sum(sp.max_new_token for sp in params_list)
         mode = params_list[0].mode if params_list else "code"
         with progress_bar(total, mode, "step", enabled=progress) as bar:
@@ -114,7 +120,7 @@ class LLM:
                     if collector.finished:
                         yield delta.request_id, collector.output()
 
-    def _abort(self, collected: dict[str, "_Collector"]) -> list[str]:
+    def _abort(self, collected: dict[str, _Collector]) -> list[str]:
         """Abort every unfinished request (interrupt); returns their ids."""
         aborted = [c.request_id for c in collected.values() if not c.finished]
         for rid in aborted:
@@ -131,9 +137,9 @@ class _Collector:
         self.tokens: list[torch.Tensor] = []
         self.hidden: list[torch.Tensor] = []
         self.finished = False
-        self.finish_reason = None
+        self.finish_reason: FinishReason | None = None
         self.error: Exception | None = None
-        self.rows = None
+        self.rows: int | None = None
 
     def add(self, delta: GenerationOutput) -> None:
         self.rows = delta.token_ids.shape[1]

@@ -43,7 +43,7 @@ def process(logits: torch.Tensor, params: RowParams) -> torch.Tensor:
     """The processor chain, in the one order above: logits [R, V] float32 (modified in place) -> [R, V]."""
     device = logits.device
     logits = apply_temperature(logits, params.temperatures.to(device))
-    if params.penalties is not None:
+    if params.penalties is not None and params.history is not None:
         logits = apply_repetition_penalty(logits, params.history.to(device), params.penalties.to(device))
     if params.top_p is not None:
         logits = apply_top_p(logits, params.top_p.to(device))

@@ -32,20 +32,18 @@ class ModelRunner:
 
     def __init__(
         self, model: ChatTTSLlama, embed: Embed, config: ModelConfig, engine_config: EngineConfig, num_blocks: int,
-        kv_dtype: torch.dtype | None = None,
     ) -> None:
         self.model, self.embed, self.config = model.eval(), embed.eval(), config
         self.block_size = engine_config.block_size
         self.device = next(model.parameters()).device
-        self.kv_dtype = kv_dtype or next(model.parameters()).dtype
-        self.act_dtype = torch.float32 if self.device.type == "cpu" else self.kv_dtype
+        self.kv_dtype, self.act_dtype = engine_config.precision.kv_cache, engine_config.precision.activations
         # one block beyond the scheduler's pool: the write target of padding rows in compiled steps
         self.kv_cache = allocate_kv_pairs(
             config.num_hidden_layers, num_blocks + 1, self.block_size, config.num_attention_heads,
             config.head_dim, self.kv_dtype, self.device,
         )
         kv = PagedKV(self.kv_cache, self.block_size, pad_block=num_blocks, device=self.device)
-        self.backend: DecodeBackend = select_backend(engine_config, model, kv, self.act_dtype)
+        self.backend: DecodeBackend = select_backend(engine_config, model, kv)
         logger.info("decode backend: %s", self.backend.name)
         width = -(-engine_config.max_model_len // self.block_size)
         self.block_tables = BlockTables(2 * engine_config.max_num_seqs, width, self.device)
@@ -99,7 +97,7 @@ class ModelRunner:
 
         offset = 0
         for seq, start, n, prefill in zip(batch.seqs, batch.num_computed_tokens, batch.num_new_tokens,
-                                          batch.is_prefill):
+                                          batch.is_prefill, strict=True):
             if not prefill:
                 last_rows.append(seq.last_row)
                 last_text.append(seq.is_text)

@@ -101,6 +101,9 @@ class ListInputs:
 
     kv: PagedKV
 
+    def run(self, embeds: torch.Tensor, step: StepTensors) -> torch.Tensor:
+        raise NotImplementedError  # each backend's own
+
     def forward(self, embeds: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         return self.run(embeds, StepTensors.from_attention_metadata(meta, self.kv.block_size))
 
@@ -129,7 +132,10 @@ class BlockTables:
 
     def rows(self, batch: ScheduledBatch) -> torch.Tensor:
         """Bring the batch's rows up to date -> block tables [B, w] (w: the widest table of the batch)."""
-        index, rows, cols, values = [], [], [], []
+        index: list[int] = []
+        rows: list[int] = []
+        cols: list[int] = []
+        values: list[int] = []
         for seq in batch.seqs:
             row = self._row.get(id(seq))
             if row is None or self._seq[row] is not seq:
@@ -170,7 +176,7 @@ class BlockTables:
 def step_tensors(batch: ScheduledBatch, tables: BlockTables, block_size: int) -> StepTensors:
     """The step's integer inputs: lengths from the batch, block tables from the persistent buffer."""
     q_lens = batch.num_new_tokens
-    k_lens = [done + new for done, new in zip(batch.num_computed_tokens, q_lens)]
+    k_lens = [done + new for done, new in zip(batch.num_computed_tokens, q_lens, strict=True)]
     return StepTensors.build(q_lens, k_lens, tables.rows(batch), block_size)
 
 

@@ -8,18 +8,22 @@ every step. It does not keep upstream's bugs (design.md section 9): the text-pha
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from ..config import ModelConfig
 from ..model.embed import Embed
 from ..model.loader import gpt_state_dict, load_embed
-from ..schema import MAX_REGENERATE, GenerationOutput, Prompt, SamplingParams, pad_left
+from ..schema import MAX_REGENERATE, FinishReason, GenerationOutput, Prompt, SamplingParams, pad_left
 from . import logits_processors as lp
 from .plain_beams import plain_beam_search
 from .progress import progress_bar
+
+if TYPE_CHECKING:
+    from transformers import DynamicCache
 
 logger = logging.getLogger("chattts_velocity")
 
@@ -33,7 +37,7 @@ class PlainGPT:
         self.device = next(embed.parameters()).device
 
     @classmethod
-    def load(cls, gpt_dir: str | Path, embed_path: str | Path, device: str = "cpu") -> "PlainGPT":
+    def load(cls, gpt_dir: str | Path, embed_path: str | Path, device: str = "cpu") -> PlainGPT:
         """transformers `LlamaModel` (SDPA, fp32) with the checkpoint's weights, loaded by key.
 
         Built from config.json and filled from model.safetensors ourselves (not `from_pretrained`),
@@ -47,9 +51,10 @@ class PlainGPT:
         hf_config._attn_implementation = "sdpa"
         with no_init_weights():
             llama = LlamaModel(hf_config)
-        llama.embed_tokens = None  # never used: inputs are embeddings (upstream deletes it too)
+        llama.embed_tokens = None  # type: ignore[assignment]  # never used: inputs are embeddings (upstream deletes it too)
         llama.load_state_dict(gpt_state_dict(gpt_dir), strict=True)
-        return cls(llama.to(device).float(), load_embed(embed_path).to(device), config)
+        llama = llama.to(device)  # type: ignore[arg-type]  # transformers types its wrapped .to() as unbound
+        return cls(llama.float(), load_embed(embed_path).to(device), config)
 
     def generate(
         self,
@@ -114,11 +119,12 @@ class PlainGPT:
                              f"({params.max_new_token}) = {width + params.max_new_token} exceeds "
                              f"max_position_embeddings ({limit}); lower max_new_token or shorten the text")
 
-    def _generate_once(self, prompts, params, progress, should_stop):
+    def _generate_once(self, prompts: list[Prompt], params: SamplingParams, progress: bool,
+                       should_stop: Callable[[], bool] | None) -> tuple[list[GenerationOutput], bool]:
         ids, mask, text_mask = pad_left(prompts)  # [B, L, 4], [B, L], [B, L]
         ids, mask = ids.to(self.device), mask.bool().to(self.device)
         emb = self.prompt_embeddings(prompts, ids, text_mask.to(self.device))
-        loop = _Loop(self, params, ids, mask)
+        loop = BatchLoop(self, params, ids, mask)
         bar = progress_bar(params.max_new_token, params.mode, "step", enabled=progress)
         with bar:
             for step in range(params.max_new_token):
@@ -130,7 +136,7 @@ class PlainGPT:
                     break
         return loop.outputs(should_stop is not None and should_stop()), False
 
-    def prompt_embeddings(self, prompts: list[Prompt], ids, text_mask) -> torch.Tensor:
+    def prompt_embeddings(self, prompts: list[Prompt], ids: torch.Tensor, text_mask: torch.Tensor) -> torch.Tensor:
         """ids [B, L, num_vq] (left-padded), text_mask [B, L] -> [B, L, H] with each speaker vector in its rows."""
         emb = self.embed.embed(ids, text_mask)  # [B, L, H]
         width = ids.shape[1]
@@ -142,8 +148,8 @@ class PlainGPT:
         return emb
 
 
-class _Loop:
-    """State of one batched generation (spec section 7 steps 1-17)."""
+class BatchLoop:
+    """State of one batched generation: upstream's loop over a left-padded batch, one step per call."""
 
     def __init__(self, gpt: PlainGPT, params: SamplingParams, ids: torch.Tensor, mask: torch.Tensor) -> None:
         self.gpt, self.params = gpt, params
@@ -161,8 +167,8 @@ class _Loop:
         self.hiddens: list[torch.Tensor] = []
         temps = torch.tensor(params.temperatures(self.rows), dtype=torch.float32, device=ids.device)
         self.temperatures = temps.repeat(batch)  # [B * rows], row b*rows+q
-        self.cache = None
-        self.generator = None
+        self.cache: DynamicCache | None = None
+        self.generator: torch.Generator | None = None
         if params.seed is not None:
             self.generator = torch.Generator(device=ids.device)
 
@@ -191,7 +197,8 @@ class _Loop:
             cache=self.cache, use_cache=True,
         )
         self.cache = out.cache
-        return out.last_hidden_state[:, -1]
+        hidden: torch.Tensor = out.last_hidden_state[:, -1]
+        return hidden
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.text_mode:
@@ -235,7 +242,7 @@ class _Loop:
 
     def _sample(self, logits: torch.Tensor) -> torch.Tensor:
         probs = torch.softmax(logits, dim=-1)
-        if self.generator is None:
+        if self.generator is None or self.params.seed is None:
             return torch.multinomial(probs, 1)
         return torch.multinomial(probs, 1, generator=self.generator.manual_seed(self.params.seed))
 
@@ -249,7 +256,7 @@ class _Loop:
         results = []
         for b, n in enumerate(self.end.tolist()):
             tokens = self.ids[b, self.start : self.start + n, : self.rows].cpu()
-            reason = "eos" if self.finish[b] else ("interrupted" if interrupted else "length")
+            reason: FinishReason = "eos" if self.finish[b] else ("interrupted" if interrupted else "length")
             results.append(GenerationOutput(
                 request_id=str(b), token_ids=tokens,
                 hidden=hiddens[b, :n].cpu() if hiddens is not None else None,

@@ -6,17 +6,29 @@ The live beams share one DynamicCache, reordered by their parents at every step 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Protocol
 
 import torch
 
+from ..model.embed import Embed
 from ..schema import GenerationOutput, Prompt, SamplingParams
 from .beam_search import BeamState, beam_logprobs
 
 
+class PlainStage(Protocol):
+    """What the beam search reads of a PlainGPT."""
+
+    llama: torch.nn.Module  # transformers' LlamaModel
+    embed: Embed
+    device: torch.device
+
+    def prompt_embeddings(self, prompts: list[Prompt], ids: torch.Tensor, text_mask: torch.Tensor) -> torch.Tensor:
+        """[B, P, H] input embeddings of left-padded prompts (ids [B, P, num_vq], text_mask [B, P])."""
+
+
 @torch.inference_mode()
-def plain_beam_search(gpt, prompt: Prompt, params: SamplingParams,
+def plain_beam_search(gpt: PlainStage, prompt: Prompt, params: SamplingParams,
                       should_stop: Callable[[], bool] | None = None, request_id: str = "0") -> GenerationOutput:
-    """gpt: a PlainGPT (llama, embed, device)."""
     state = BeamState(params)
     ids = prompt.input_ids.unsqueeze(0).to(gpt.device)  # [1, P, num_vq]
     embeds = gpt.prompt_embeddings([prompt], ids, prompt.text_mask.unsqueeze(0).to(gpt.device))  # [1, P, H]

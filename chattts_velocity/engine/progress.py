@@ -23,7 +23,8 @@ def progress_bar(total: int, desc: str, unit: str, enabled: bool = True, leave: 
     """tqdm where someone watches it live; elsewhere a Summary that writes one line when the work ends."""
     if enabled and not _live():
         return Summary(total, desc, unit)
-    return tqdm(total=total, desc=desc, unit=unit, disable=not enabled, leave=leave)
+    bar: Progress = tqdm(total=total, desc=desc, unit=unit, disable=not enabled, leave=leave)
+    return bar
 
 
 def _live() -> bool:

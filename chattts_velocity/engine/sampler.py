@@ -110,7 +110,7 @@ def _static_rows(seqs: list[Sequence], num_rows: int, cache: StaticCache) -> _St
     if hit is not None and hit[0] == key:
         return hit[1]
 
-    def per_row(values: list, dtype: torch.dtype) -> torch.Tensor:
+    def per_row(values: list[float] | list[int], dtype: torch.dtype) -> torch.Tensor:
         return torch.tensor(values, dtype=dtype).repeat_interleave(num_rows)  # [S] -> [R]
 
     params = [seq.params for seq in seqs]
@@ -155,7 +155,7 @@ def _history(seqs: list[Sequence], num_rows: int) -> torch.Tensor:
     width = max(counts, default=0)
     flat = array.array("q")  # one flat int64 buffer, filled by slices of each sequence's flat history
     pad = array.array("q", [-1]) * (width * num_rows)
-    for seq, count in zip(seqs, counts):
+    for seq, count in zip(seqs, counts, strict=True):
         if count:
             flat += seq.generated_flat[-count * num_rows:]
         flat += pad[: (width - count) * num_rows]
@@ -163,7 +163,7 @@ def _history(seqs: list[Sequence], num_rows: int) -> torch.Tensor:
     return table.transpose(1, 2).reshape(len(seqs) * num_rows, width)
 
 
-def int64_tensor(values: array.array) -> torch.Tensor:
+def int64_tensor(values: array.array[int]) -> torch.Tensor:
     """A host int64 tensor of an array('q') (a copy; torch.tensor reads Python lists element by element)."""
     if not values:
         return torch.empty(0, dtype=torch.int64)

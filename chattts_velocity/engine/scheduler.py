@@ -86,10 +86,6 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
-    @property
-    def num_unfinished(self) -> int:
-        return len(self.waiting) + len(self.running)
-
     def schedule(self) -> ScheduledBatch:
         # NOTE on the scheduling invariant: there is no prefill or decode phase. Every sequence
         # has num_computed_tokens (KV in cache) and len(seq) (prompt rows + generated tokens);
@@ -167,8 +163,8 @@ class Scheduler:
             seqs=seqs,
             num_new_tokens=new,
             num_computed_tokens=done,
-            is_prefill=[n > 1 or d < seq.num_prompt_tokens for seq, d, n in zip(seqs, done, new)],
-            sample=[d + n == len(seq) for seq, d, n in zip(seqs, done, new)],
+            is_prefill=[n > 1 or d < seq.num_prompt_tokens for seq, d, n in zip(seqs, done, new, strict=True)],
+            sample=[d + n == len(seq) for seq, d, n in zip(seqs, done, new, strict=True)],
         )
 
     def postprocess(self, batch: ScheduledBatch, out: StepOutput) -> list[Sequence]:

@@ -1,6 +1,7 @@
 """Engine stage: one request's state (prompt rows, generated tokens, hidden states, KV bookkeeping).
 
-In: schema.Prompt + schema.SamplingParams. Out: schema.GenerationOutput (see `Sequence.to_output`).
+In: schema.Prompt + schema.SamplingParams. Out: generated tokens and hidden states (LLMEngine turns them into
+GenerationOutput deltas).
 """
 from __future__ import annotations
 
@@ -10,12 +11,7 @@ from enum import Enum
 
 import torch
 
-from chattts_velocity.schema import (
-    FinishReason,
-    GenerationOutput,
-    Prompt,
-    SamplingParams,
-)
+from chattts_velocity.schema import FinishReason, Prompt, SamplingParams
 
 
 class SequenceStatus(Enum):
@@ -118,11 +114,6 @@ class Sequence:
         """Generated tokens so far: [G, num_rows] int64 (the EOS step is never stored)."""
         return torch.tensor(self.generated, dtype=torch.int64).view(-1, self.num_rows)
 
-    def recent_tokens(self, window: int) -> torch.Tensor:
-        """The last `window` generated tokens per row, oldest first: [num_rows, <=window] int64."""
-        recent = self.generated[-window:] if window > 0 else []
-        return torch.tensor(recent, dtype=torch.int64).view(-1, self.num_rows).T
-
     def hidden_states(self) -> torch.Tensor | None:
         """[G, H]; row k is the state that predicted generated token k. None if none kept."""
         if not self._hidden:
@@ -137,23 +128,6 @@ class Sequence:
             self._hidden.append(hidden)
         self.generated.append(token)
         self.generated_flat.extend(token)
-
-    def to_output(self) -> GenerationOutput:
-        """Snapshot for the caller; may be taken while the sequence is still running (streaming)."""
-        hidden = self.hidden_states()
-        return GenerationOutput(
-            request_id=self.request_id,
-            token_ids=self.token_ids(),  # [G, num_rows]
-            hidden=None if hidden is None or hidden.shape[0] == 0 else hidden.float(),  # [G, H]
-            finished=self.is_finished,
-            finish_reason=self.finish_reason,
-            extra={
-                "num_prompt_tokens": self.num_prompt_tokens,
-                "num_cached_tokens": self.num_cached_tokens,
-                "num_preemptions": self.num_preemptions,
-                "seed": self.seed,
-            },
-        )
 
 
 def _cache_salt(prompt: Prompt) -> bytes:

@@ -15,8 +15,11 @@ from __future__ import annotations
 
 import sys
 from collections import Counter
+from types import FrameType
+from typing import Any
 
 import torch
+from torch._ops import OpOverload
 from torch.utils._python_dispatch import TorchDispatchMode
 
 aten = torch.ops.aten
@@ -27,7 +30,7 @@ COPY_OPS = {aten._to_copy, aten.copy_}
 
 
 def _in_triton_interpreter() -> bool:
-    frame = sys._getframe(2)
+    frame: FrameType | None = sys._getframe(2)
     while frame is not None:
         if "triton" in frame.f_code.co_filename and "interpreter" in frame.f_code.co_filename:
             return True
@@ -35,24 +38,24 @@ def _in_triton_interpreter() -> bool:
     return False
 
 
-def _bool_index(args: tuple) -> bool:
+def _bool_index(args: tuple[Any, ...]) -> bool:
     indices = args[1] if len(args) > 1 else ()
     return any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in indices or ())
 
 
-def _device_to_host(func, args: tuple, kwargs: dict) -> bool:
+def _device_to_host(func: OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
     if func.overloadpacket is aten._to_copy:
         src, device = args[0], kwargs.get("device")
-        return src.is_cuda and device is not None and torch.device(device).type == "cpu"
+        return bool(src.is_cuda and device is not None and torch.device(device).type == "cpu")
     dst, src = args[0], args[1]
     return isinstance(src, torch.Tensor) and src.is_cuda and not dst.is_cuda
 
 
-class SyncDetector(TorchDispatchMode):
+class SyncDetector(TorchDispatchMode):  # type: ignore[no-untyped-call]  # torch's __init_subclass__ is unannotated
     """with SyncDetector() as syncs: engine.step()  ->  syncs.count, syncs.ops (op name -> count)."""
 
     def __init__(self) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]  # TorchDispatchMode.__init__ is unannotated
         self.ops: Counter[str] = Counter()
         self._cpu = torch.Tensor.cpu
 
@@ -60,7 +63,8 @@ class SyncDetector(TorchDispatchMode):
     def count(self) -> int:
         return sum(self.ops.values())
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+    def __torch_dispatch__(self, func: OpOverload, types: tuple[type, ...], args: tuple[Any, ...] = (),
+                           kwargs: dict[str, Any] | None = None) -> Any:
         kwargs = kwargs or {}
         packet = func.overloadpacket
         if packet in SYNC_OPS or packet in INDEX_OPS or packet in COPY_OPS or packet is aten.repeat_interleave:
@@ -68,27 +72,28 @@ class SyncDetector(TorchDispatchMode):
                 self.ops[str(packet)] += 1
         return func(*args, **kwargs)
 
-    def _syncs(self, func, args: tuple, kwargs: dict) -> bool:
+    def _syncs(self, func: OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
         packet = func.overloadpacket
         if packet in SYNC_OPS:
             return True
         if packet in INDEX_OPS:
             return _bool_index(args)
         if packet is aten.repeat_interleave:  # tensor repeats: the output size is their sum, read back
-            return func._overloadname != "self_int" and kwargs.get("output_size") is None
+            return bool(func._overloadname != "self_int" and kwargs.get("output_size") is None)
         return _device_to_host(func, args, kwargs)
 
-    def __enter__(self):
+    def __enter__(self) -> SyncDetector:
         detector, cpu = self, self._cpu
 
-        def counted_cpu(tensor: torch.Tensor, *args, **kwargs):
+        def counted_cpu(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
             if not tensor.is_cuda and not _in_triton_interpreter():
                 detector.ops["Tensor.cpu"] += 1
             return cpu(tensor, *args, **kwargs)
 
-        torch.Tensor.cpu = counted_cpu
-        return super().__enter__()
+        setattr(torch.Tensor, "cpu", counted_cpu)  # noqa: B010 -- assigning to a method: mypy refuses the plain form
+        super().__enter__()  # type: ignore[no-untyped-call]  # TorchDispatchMode.__enter__ is unannotated
+        return self
 
-    def __exit__(self, *exc):
-        torch.Tensor.cpu = self._cpu
-        return super().__exit__(*exc)
+    def __exit__(self, *exc: object) -> None:
+        setattr(torch.Tensor, "cpu", self._cpu)  # noqa: B010 -- see __enter__
+        super().__exit__(*exc)  # type: ignore[no-untyped-call]  # TorchDispatchMode.__exit__ is unannotated

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -23,6 +25,11 @@ from chattts_velocity.engine.device_sampler import DeviceSampler
 from chattts_velocity.engine.paged_kv import ListInputs, PagedKV, StepTensors, to_device
 from chattts_velocity.model import ChatTTSLlama, DecodeMetadata
 from chattts_velocity.model.kernels.triton import available
+from chattts_velocity.model.layers import RMSNorm
+from chattts_velocity.model.llama import LlamaAttention
+
+# q [N, heads, head_dim] (in the pool's dtype), the layer's K and V pools -> attention output [N, heads, head_dim]
+Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def triton_unavailable(kv: PagedKV) -> str | None:
@@ -60,7 +67,7 @@ class TritonBackend(ListInputs):
                                            model.config.hidden_size, act_dtype)
                 self.graphs.capture()
 
-    def device_guard(self):
+    def device_guard(self) -> contextlib.AbstractContextManager[Any]:
         """Launches and captures on the pool's device (device='cuda:1' must not run on the current device)."""
         return torch.cuda.device(self.kv.device) if self.kv.device.type == "cuda" else contextlib.nullcontext()
 
@@ -97,8 +104,9 @@ class TritonBackend(ListInputs):
         cu_q_lens, k_lens, max_q_len = lens[0, : num + 1], lens[1, :num], max(step.q_lens)
 
         def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
-            return self.attention.paged_prefill_attention(q, k_cache, v_cache, cu_q_lens, k_lens,
-                                                          step.block_tables, max_q_len)
+            out: torch.Tensor = self.attention.paged_prefill_attention(q, k_cache, v_cache, cu_q_lens, k_lens,
+                                                                       step.block_tables, max_q_len)
+            return out
 
         return self._layers(embeds, step.positions, step.slots, attend)
 
@@ -106,17 +114,19 @@ class TritonBackend(ListInputs):
         """embeds [B, H], positions [B] -> hidden [B, H]: device tensors only, so a CUDA graph can capture it."""
 
         def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
-            return self.attention.paged_decode_attention(q, k_cache, v_cache, meta.block_tables, meta.context_lens)
+            out: torch.Tensor = self.attention.paged_decode_attention(q, k_cache, v_cache, meta.block_tables,
+                                                                      meta.context_lens)
+            return out
 
         return self._layers(embeds, positions, meta.slot_mapping, attend)
 
-    def _layers(self, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, attend) -> torch.Tensor:
+    def _layers(self, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, attend: Attend) -> torch.Tensor:
         # x [N, H]. NOTE: the residual stream is added inside the next norm (fused_add_rms_norm): the same sums, in
         # the same dtype, as the torch layers' `residual + x`, so hidden states match theirs to rounding.
         norm = self.norm_rope
         residual = x
-        hidden = norm.rms_norm(x, self.model.layers[0].input_layernorm.weight, self.eps)
-        for i, (layer, kv_cache) in enumerate(zip(self.model.layers, self.kv.pairs)):
+        hidden: torch.Tensor = norm.rms_norm(x, self.model.layers[0].input_layernorm.weight, self.eps)
+        for i, (layer, kv_cache) in enumerate(zip(self.model.layers, self.kv.pairs, strict=True)):
             x = self._attention(layer.self_attn, hidden, positions, slots, kv_cache, attend)
             hidden, residual = self._add_norm(x, residual, layer.post_attention_layernorm)
             x = layer.mlp(hidden)
@@ -124,14 +134,16 @@ class TritonBackend(ListInputs):
             hidden, residual = self._add_norm(x, residual, next_norm)
         return hidden
 
-    def _add_norm(self, x: torch.Tensor, residual: torch.Tensor, norm) -> tuple[torch.Tensor, torch.Tensor]:
+    def _add_norm(self, x: torch.Tensor, residual: torch.Tensor, norm: RMSNorm) -> tuple[torch.Tensor, torch.Tensor]:
         # (norm(residual + x), residual + x) in the wider dtype, as torch's `residual + x` promotes (bf16 linears
         # on fp32 activations, on CPU)
         dtype = torch.promote_types(x.dtype, residual.dtype)
-        return self.norm_rope.fused_add_rms_norm(x.to(dtype), residual.to(dtype), norm.weight, self.eps)
+        summed: tuple[torch.Tensor, torch.Tensor] = self.norm_rope.fused_add_rms_norm(
+            x.to(dtype), residual.to(dtype), norm.weight, self.eps)
+        return summed
 
-    def _attention(self, attn, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
-                   kv_cache: tuple[torch.Tensor, torch.Tensor], attend) -> torch.Tensor:
+    def _attention(self, attn: LlamaAttention, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+                   kv_cache: tuple[torch.Tensor, torch.Tensor], attend: Attend) -> torch.Tensor:
         shape = (x.shape[0], attn.num_heads, attn.head_dim)
         q, k, v = (t.view(shape) for t in attn.project_qkv(x))
         rotary = self.model.rotary_emb

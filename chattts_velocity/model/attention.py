@@ -37,7 +37,9 @@ class AttentionMetadata:
     max_k: int  # max(k_lens): gathered context is trimmed to this length
     attn_mask: torch.Tensor | None  # [B, 1, max_q, max_k] bool (True = attend); None if nothing to mask
     decode_only: bool  # every q_len == 1: q needs no padding
-    workspace: dict = field(default_factory=dict, repr=False)  # per-step scratch, reused by every layer
+    # per-step scratch, reused by every layer: (pool dtype, device) -> (K, V) gather buffers
+    workspace: dict[tuple[torch.dtype, torch.device], tuple[torch.Tensor, torch.Tensor]] = field(
+        default_factory=dict, repr=False)
 
     @property
     def num_seqs(self) -> int:
@@ -69,10 +71,10 @@ def build_attention_metadata(
     """
     if not (len(q_lens) == len(k_lens) == len(block_tables)) or not q_lens:
         raise ValueError("build_attention_metadata: q_lens, k_lens and block_tables need one entry per sequence")
-    if any(q < 1 or q > k for q, k in zip(q_lens, k_lens)):
+    if any(q < 1 or q > k for q, k in zip(q_lens, k_lens, strict=True)):
         raise ValueError(f"build_attention_metadata: need 1 <= q_len <= k_len, got {q_lens} / {k_lens}")
     widths = [block_tables.shape[1]] * len(k_lens) if isinstance(block_tables, torch.Tensor) else map(len, block_tables)
-    if any(width * block_size < k for width, k in zip(widths, k_lens)):
+    if any(width * block_size < k for width, k in zip(widths, k_lens, strict=True)):
         raise ValueError("build_attention_metadata: a block table is too short for its k_len")
     num_seqs, max_q, max_k = len(q_lens), max(q_lens), max(k_lens)
     q_t = torch.tensor(q_lens)
@@ -218,7 +220,8 @@ def _scratch(meta: AttentionMetadata, cache: torch.Tensor, num_blocks: int) -> t
     # allocated once per step and reused by every layer
     key = (cache.dtype, cache.device)
     if key not in meta.workspace or meta.workspace[key][0].shape[0] < num_blocks:
-        meta.workspace[key] = tuple(cache.new_empty(num_blocks, *cache.shape[1:]) for _ in range(2))
+        shape = (num_blocks, *cache.shape[1:])
+        meta.workspace[key] = (cache.new_empty(shape), cache.new_empty(shape))
     return meta.workspace[key]
 
 
@@ -267,7 +270,7 @@ def paged_decode_attention(
     scores = (q.unsqueeze(1).float() * keys).sum(-1) * scale  # [B, T, heads]
     t = torch.arange(keys.shape[1], device=q.device)
     outside = (t[None, :] >= meta.context_lens[:, None]).unsqueeze(-1)  # [B, T, 1]
-    probs = scores.masked_fill(outside, float("-inf")).softmax(dim=1)
+    probs: torch.Tensor = scores.masked_fill(outside, float("-inf")).softmax(dim=1)
     return (probs.unsqueeze(-1) * values).sum(1).to(q.dtype)  # [B, heads, head_dim]
 
 
@@ -275,5 +278,6 @@ def kernel_decode_attention(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: DecodeMetadata
 ) -> torch.Tensor:
     """paged_decode_attention through kernels/cpu_attention.cpp: bf16 or int8 pools, head_dim % 32, kernels loaded."""
-    return kernels.active_ops.paged_decode_attention(
+    out: torch.Tensor = kernels.active_ops.paged_decode_attention(
         q, k_cache, v_cache, meta.block_tables, meta.context_lens, q.shape[-1] ** -0.5)
+    return out

@@ -5,7 +5,8 @@ bias-free weight-normed Linears whose effective weights are computed once and ca
 """
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -14,13 +15,15 @@ from torch.nn.utils.parametrizations import weight_norm
 
 
 def _weight_normed_linear(hidden_size: int, num_out: int) -> nn.Linear:
-    return weight_norm(nn.Linear(hidden_size, num_out, bias=False), name="weight", dim=0)
+    linear: nn.Linear = weight_norm(nn.Linear(hidden_size, num_out, bias=False), name="weight", dim=0)
+    return linear
 
 
 def _effective_weight(linear: nn.Module) -> torch.Tensor:
     # W = v * (g / ||v||_row): torch._weight_norm is the exact op the parametrization runs
-    p = linear.parametrizations.weight
-    return torch._weight_norm(p.original1, p.original0, 0)  # [num_out, hidden]
+    g = linear.get_parameter("parametrizations.weight.original0")  # [num_out, 1]
+    v = linear.get_parameter("parametrizations.weight.original1")  # [num_out, hidden]
+    return torch._weight_norm(v, g, 0)  # [num_out, hidden]
 
 
 class Embed(nn.Module):
@@ -30,13 +33,17 @@ class Embed(nn.Module):
         self.num_audio_tokens = num_audio_tokens
         self.num_text_tokens = num_text_tokens
         self.num_vq = num_vq
-        self.emb_code = nn.ModuleList(nn.Embedding(num_audio_tokens, hidden_size) for _ in range(num_vq))
+        # ModuleLists (keys emb_code.q.*, head_code.q.*), typed by what they hold
+        self.emb_code = cast(Sequence[nn.Embedding],
+                             nn.ModuleList(nn.Embedding(num_audio_tokens, hidden_size) for _ in range(num_vq)))
         self.emb_text = nn.Embedding(num_text_tokens, hidden_size)
         self.head_text = _weight_normed_linear(hidden_size, num_text_tokens)
-        self.head_code = nn.ModuleList(_weight_normed_linear(hidden_size, num_audio_tokens) for _ in range(num_vq))
+        self.head_code = cast(Sequence[nn.Linear], nn.ModuleList(_weight_normed_linear(hidden_size, num_audio_tokens)
+                                                                 for _ in range(num_vq)))
         # (head, dtype, device) -> (storage stamp of g/v, effective weight); see _head_weight
-        self._weight_cache: dict[tuple, tuple[tuple[int, ...], torch.Tensor]] = {}
-        self.register_load_state_dict_post_hook(lambda module, keys: module.refresh_weights())
+        self._weight_cache: dict[tuple[object, ...], tuple[tuple[int, ...], torch.Tensor]] = {}
+        self.register_load_state_dict_post_hook(  # type: ignore[no-untyped-call]  # unannotated in torch
+            lambda module, keys: module.refresh_weights())
 
     @classmethod
     def from_state_dict(cls, state_dict: Mapping[str, torch.Tensor]) -> Embed:
@@ -70,7 +77,8 @@ class Embed(nn.Module):
     @torch.no_grad()
     def embed_text(self, ids: torch.Tensor) -> torch.Tensor:
         # ids [N] -> [N, H]
-        return self.emb_text(ids.to(self.emb_text.weight.device))
+        embeds: torch.Tensor = self.emb_text(ids.to(self.emb_text.weight.device))
+        return embeds
 
     @torch.no_grad()
     def embed_codes(self, ids: torch.Tensor) -> torch.Tensor:
@@ -132,13 +140,16 @@ class Embed(nn.Module):
         # name "code"/"text" -> [out, H]; "code_t"/"text_t" -> the same transposed, [H, out] contiguous.
         # The stamp (storage addresses of g and v) notices .to()/assignments; load_state_dict clears the cache.
         if name.endswith("_t"):
-            return self._cached(name, dtype, device, lambda: self._head_weight(name[:-2], dtype, device).t().contiguous())
+            plain = name.removesuffix("_t")
+            return self._cached(name, dtype, device, lambda: self._head_weight(plain, dtype, device).t().contiguous())
         heads = [self.head_text] if name == "text" else list(self.head_code)
         return self._cached(name, dtype, device, lambda: torch.cat([_effective_weight(h) for h in heads], dim=0))
 
-    def _cached(self, name: str, dtype: torch.dtype, device: torch.device, make) -> torch.Tensor:
+    def _cached(self, name: str, dtype: torch.dtype, device: torch.device,
+                make: Callable[[], torch.Tensor]) -> torch.Tensor:
         heads = [self.head_text] if name.startswith("text") else list(self.head_code)
-        stamp = tuple(t.data_ptr() for h in heads for t in h.parametrizations.weight.parameters())
+        # parametrizations are registered at run time: torch types them as Tensor | Module
+        stamp = tuple(t.data_ptr() for h in heads for t in h.parametrizations.weight.parameters())  # type: ignore[union-attr]
         hit = self._weight_cache.get((name, dtype, device))
         if hit is not None and hit[0] == stamp:
             return hit[1]
@@ -152,7 +163,7 @@ class Embed(nn.Module):
         # hidden [N, H] -> [N, num_vq, num_audio_tokens] float32 (computed in hidden's dtype)
         weight = self._head_weight("code", hidden.dtype, hidden.device)  # [num_vq * V_audio, H]
         # one GEMM per codebook, as the reference does: bit-identical to head_code[q](hidden) at any N
-        logits = [F.linear(hidden, w) for w in weight.split(self.num_audio_tokens)]
+        logits = [F.linear(hidden, w) for w in torch.split(weight, self.num_audio_tokens)]
         return torch.stack(logits, dim=1).float()
 
     @torch.no_grad()

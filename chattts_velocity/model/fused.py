@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -24,17 +25,20 @@ class FusedLayerWeights:
     norms: torch.Tensor  # [2, H] fp32: input_layernorm, post_attention_layernorm
     weights: list[torch.Tensor]  # the qkv, o, gate_up and down projections in kernel layout (one mode for all)
     scales: list[torch.Tensor | None]  # per projection: int8 / int4 scales, or None
-    ops: object  # the torch.ops namespace of the library that packed them
+    ops: Any  # torch.ops.<library> of the library that packed them: its ops are looked up by name
 
     @classmethod
     def of(cls, layer: LlamaDecoderLayer) -> FusedLayerWeights | None:
         """None unless every projection of the layer is in our kernels' layout (see PackedLinear)."""
         attn, mlp = layer.self_attn, layer.mlp
-        packed = [attn.qkv_packed, attn.o_packed, mlp.gate_up_packed, mlp.down_packed]
-        if any(p is None or p.packed is None for p in packed):
-            return None
+        linears, weights = [], []
+        for linear in (attn.qkv_packed, attn.o_packed, mlp.gate_up_packed, mlp.down_packed):
+            if linear is None or linear.packed is None:
+                return None
+            linears.append(linear)
+            weights.append(linear.packed)
         norms = torch.stack([layer.input_layernorm.weight.detach(), layer.post_attention_layernorm.weight.detach()])
-        return cls(norms.float().contiguous(), [p.packed for p in packed], [p.scales for p in packed], packed[0].ops)
+        return cls(norms.float().contiguous(), weights, [p.scales for p in linears], linears[0].ops)
 
 
 def fused_unavailable(model: ChatTTSLlama) -> str | None:
@@ -62,7 +66,7 @@ class FusedDecoder:
         if reason is not None:
             raise ValueError(f"FusedDecoder: {reason}")
         self.model = model
-        self.layers = [FusedLayerWeights.of(layer) for layer in model.layers]
+        self.layers = [weights for layer in model.layers if (weights := FusedLayerWeights.of(layer)) is not None]
 
     def __call__(self, inputs_embeds: torch.Tensor, positions: torch.Tensor, kv_caches: Sequence[KVPair],
                  meta: DecodeMetadata) -> torch.Tensor:
@@ -70,7 +74,8 @@ class FusedDecoder:
         rotary, eps = self.model.rotary_emb, self.model.config.rms_norm_eps
         cos, sin = rotary.cos_cache, rotary.sin_cache
         x = inputs_embeds.float().contiguous()
-        for fused, (k_cache, v_cache) in zip(self.layers, kv_caches):
+        for fused, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
             x = fused.ops.decode_layer(x, positions, cos, sin, fused.norms, fused.weights, fused.scales, k_cache,
                                        v_cache, meta.slot_mapping, meta.block_tables, meta.context_lens, eps)
-        return self.model.norm(x)
+        hidden: torch.Tensor = self.model.norm(x)
+        return hidden

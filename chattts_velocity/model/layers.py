@@ -8,6 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from chattts_velocity.model.packed import PackedLinear
+
 
 class RMSNorm(nn.Module):
     def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
@@ -31,6 +33,9 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 class RotaryEmbedding(nn.Module):
     """cos/sin tables for positions 0..max_positions-1, computed once in fp32."""
+
+    cos_cache: torch.Tensor  # buffers, registered in __init__
+    sin_cache: torch.Tensor
 
     def __init__(self, head_dim: int, max_positions: int, base: float) -> None:
         super().__init__()
@@ -72,11 +77,14 @@ class LlamaMLP(nn.Module):
         self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
         self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
-        self.gate_up_packed: nn.Module | None = None  # fused gate/up rows; set by ChatTTSLlama.pack_linears
-        self.down_packed: nn.Module | None = None
+        self.gate_up_packed: PackedLinear | None = None  # fused gate/up rows; set by ChatTTSLlama.pack_linears
+        self.down_packed: PackedLinear | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.gate_up_packed is None:
-            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-        gate, up = self.gate_up_packed(x).chunk(2, dim=-1)  # [N, 2I] -> 2 x [N, I]
-        return self.down_packed(F.silu(gate) * up)
+        out: torch.Tensor
+        if self.gate_up_packed is None or self.down_packed is None:
+            out = self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        else:
+            gate, up = self.gate_up_packed(x).chunk(2, dim=-1)  # [N, 2I] -> 2 x [N, I]
+            out = self.down_packed(F.silu(gate) * up)
+        return out

@@ -9,6 +9,7 @@ fused.py runs a whole decode-step layer as one C++ op over the packed weights.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import cast
 
 import torch
 from torch import nn
@@ -49,11 +50,13 @@ class LlamaAttention(nn.Module):
         # x [N, H] -> q, k, v, each [N, H] (through the packed linears when set)
         if self.qkv_packed is None:
             return self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        return self.qkv_packed(x).split(x.shape[-1], dim=-1)  # [N, 3H] -> 3 x [N, H]
+        q, k, v = self.qkv_packed(x).split(x.shape[-1], dim=-1)  # [N, 3H] -> 3 x [N, H]
+        return q, k, v
 
     def project_out(self, out: torch.Tensor) -> torch.Tensor:
         # out [N, heads * head_dim] -> [N, H]
-        return self.o_proj(out) if self.o_packed is None else self.o_packed(out)
+        projected: torch.Tensor = self.o_proj(out) if self.o_packed is None else self.o_packed(out)
+        return projected
 
     def forward(
         self, x: torch.Tensor, positions: torch.Tensor, rotary: RotaryEmbedding, kv_cache: KVPair,
@@ -99,7 +102,8 @@ def run_decoder_layer(
     layer: LlamaDecoderLayer, x: torch.Tensor, positions: torch.Tensor, rotary: RotaryEmbedding,
     kv_cache: KVPair, meta: StepMetadata,
 ) -> torch.Tensor:
-    return layer(x, positions, rotary, kv_cache, meta)
+    hidden: torch.Tensor = layer(x, positions, rotary, kv_cache, meta)
+    return hidden
 
 
 class ChatTTSLlama(nn.Module):
@@ -108,7 +112,9 @@ class ChatTTSLlama(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = config
-        self.layers = nn.ModuleList(LlamaDecoderLayer(config) for _ in range(config.num_hidden_layers))
+        # a ModuleList (its layers are submodules, keys layers.i.*), typed by what it holds
+        self.layers = cast(Sequence[LlamaDecoderLayer],
+                           nn.ModuleList(LlamaDecoderLayer(config) for _ in range(config.num_hidden_layers)))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary_emb = RotaryEmbedding(config.head_dim, config.max_position_embeddings, config.rope_theta)
 
@@ -131,9 +137,10 @@ class ChatTTSLlama(nn.Module):
             raise ValueError(f"kv_caches: need one pool per layer ({len(self.layers)}), got {len(kv_caches)}")
         run_layer = run_decoder_layer if run_layer is None else run_layer
         x = inputs_embeds
-        for layer, kv_cache in zip(self.layers, kv_caches):
+        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             x = run_layer(layer, x, positions, self.rotary_emb, kv_cache, meta)
-        return self.norm(x)
+        hidden: torch.Tensor = self.norm(x)
+        return hidden
 
     def use_decode_attention(self, attention: DecodeAttention) -> None:
         """Every layer attends with `attention` in steps given DecodeMetadata (default: paged_decode_attention)."""

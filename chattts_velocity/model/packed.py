@@ -6,6 +6,8 @@ The checkpoint's nn.Linear modules stay untouched (their names are the state-dic
 """
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -20,7 +22,8 @@ MODES = ("float32", "bfloat16", "float16", "int8", "int4")
 # the kernel as is, so eager and compiled steps run exactly the same GEMM.
 @torch.library.custom_op("chattts_velocity::linear_onednn", mutates_args=())
 def linear_onednn(x: Tensor, packed: Tensor, out_features: int) -> Tensor:
-    return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+    out: Tensor = torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+    return out
 
 
 @linear_onednn.register_fake
@@ -29,7 +32,8 @@ def _linear_onednn_fake(x: Tensor, packed: Tensor, out_features: int) -> Tensor:
 
 
 def onednn_bf16_available() -> bool:
-    return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    available = torch.backends.mkldnn.is_available()  # type: ignore[no-untyped-call]  # unannotated in torch
+    return bool(available and torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 class PackedLinear(nn.Module):
@@ -57,7 +61,7 @@ class PackedLinear(nn.Module):
         # Kernel-specific forms are plain attributes: module.to() must not touch them.
         self.weight: Tensor | None = None  # [out, in] when used through F.linear
         self.packed: Tensor | None = None  # our kernels' layout: kernels.to_panels (AMX) or kernels.to_tiles
-        self.onednn = None  # opaque oneDNN bf16 weight
+        self.onednn: Tensor | None = None  # opaque oneDNN bf16 weight
         self.qweight: Tensor | None = None  # int8 [out, in] for torch's int8-weight kernel
         self.scales: Tensor | None = None  # int8: [out] per-channel scales; int4: [out/4, in/32, 4] per group
         self.isa: str | None = None  # the ISA whose library packed W (kernels.isa() then)
@@ -87,7 +91,7 @@ class PackedLinear(nn.Module):
             self.isa = kernels.isa()
 
     @property
-    def ops(self):
+    def ops(self) -> Any:  # torch.ops.<library>: its ops are looked up by name at run time
         """The torch.ops namespace of the library that packed W (a property: the module stays deep-copyable)."""
         return getattr(torch.ops, f"chattts_velocity_{self.isa}") if self.isa else None
 
@@ -101,34 +105,47 @@ class PackedLinear(nn.Module):
         return "onednn" if self.onednn is not None else "int8mm"
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, mode={self.mode}, kernel={self.kernel}"
+        return (f"in_features={self.in_features}, out_features={self.out_features}, mode={self.mode}, "
+                f"kernel={self.kernel}")
 
     def forward(self, x: Tensor) -> Tensor:  # x [N, in] -> [N, out]
         if self.weight is not None:
             return F.linear(x.to(self.weight.dtype), self.weight)
         x = x.to(torch.bfloat16)  # in a compiled step this cast fuses into the op that produced x
+        out: Tensor
         if self.packed is not None:
             if self.mode == "int8":
-                return self.ops.linear_int8(x, self.packed, self.scales)
-            if self.mode == "int4":
-                return self.ops.linear_int4(x, self.packed, self.scales)
-            return self.ops.linear_bf16(x, self.packed)
+                out = self.ops.linear_int8(x, self.packed, self.scales)
+            elif self.mode == "int4":
+                out = self.ops.linear_int4(x, self.packed, self.scales)
+            else:
+                out = self.ops.linear_bf16(x, self.packed)
+            return out
         if self.mode == "int8":
-            return torch._weight_int8pack_mm(x, self.qweight, self.scales)
+            assert self.qweight is not None and self.scales is not None  # int8 without our kernels sets both
+            out = torch._weight_int8pack_mm(x, self.qweight, self.scales)
+            return out
+        assert self.onednn is not None  # bf16 without our kernels and without a plain weight
         if torch.compiler.is_compiling():
-            return linear_onednn(x, self.onednn, self.out_features)
-        return torch.ops.mkldnn._linear_pointwise(x, self.onednn, None, "none", [], "")  # the custom op costs ~0.1 ms
+            out = linear_onednn(x, self.onednn, self.out_features)
+            return out
+        out = torch.ops.mkldnn._linear_pointwise(x, self.onednn, None, "none", [], "")  # the custom op costs ~0.1 ms
+        return out
 
     def dequantized(self) -> Tensor:
         """int8 / int4 mode: the weight the kernels multiply with, [out, in] float32."""
-        if self.mode == "int4" and self.packed is not None:
+        if self.mode not in ("int8", "int4"):
+            raise ValueError(f"dequantized: only for int8 and int4 modes, this is {self.mode}")
+        if self.mode == "int4" and self.packed is None:
+            assert self.weight is not None  # int4 without our kernels keeps the dequantised weight
+            return self.weight.float()
+        assert self.scales is not None  # set in both modes unless int4 fell back above
+        if self.mode == "int4":
+            assert self.packed is not None
             q, scales = kernels.from_int4_tiles(self.packed, self.scales)
             return q.float() * scales.repeat_interleave(kernels.INT4_GROUP, dim=1)
-        if self.mode == "int4":
-            return self.weight.float()
-        if self.mode != "int8":
-            raise ValueError(f"dequantized: only for int8 and int4 modes, this is {self.mode}")
         if self.packed is None:
+            assert self.qweight is not None
             qweight = self.qweight
         elif _is_panels(self.packed):
             qweight = kernels.from_panels(self.packed)

@@ -11,7 +11,7 @@ from chattts_velocity.engine.sampler import Sampler
 from chattts_velocity.engine.scheduler import Scheduler
 from chattts_velocity.engine.sequence import Sequence
 from chattts_velocity.engine.step import ScheduledBatch, StepOutput
-from chattts_velocity.schema import Prompt, SamplingParams
+from chattts_velocity.schema import GenerationOutput, Prompt, SamplingParams
 
 CODE_VOCAB = 626  # codes 0..624 + EOS 625
 TEXT_VOCAB = 300  # small stand-in for head_text
@@ -27,6 +27,24 @@ def make_prompt(length: int, seed: int = 0, num_vq: int = 4, spk: torch.Tensor |
     mask = torch.arange(length) < length - num_audio
     return Prompt(torch.cat([text, audio]), mask, spk, (1,) if spk is not None else ())
 
+
+
+def snapshot(seq: Sequence) -> GenerationOutput:
+    """Everything a sequence has generated so far, as one output (hidden float32, None if none kept)."""
+    hidden = seq.hidden_states()
+    return GenerationOutput(
+        request_id=seq.request_id,
+        token_ids=seq.token_ids(),  # [G, num_rows]
+        hidden=None if hidden is None or hidden.shape[0] == 0 else hidden.float(),  # [G, H]
+        finished=seq.is_finished,
+        finish_reason=seq.finish_reason,
+    )
+
+
+def recent_tokens(seq: Sequence, window: int) -> torch.Tensor:
+    """The last `window` generated tokens per row, oldest first: [num_rows, <=window] int64."""
+    recent = seq.generated[-window:] if window > 0 else []
+    return torch.tensor(recent, dtype=torch.int64).view(-1, seq.num_rows).T
 
 def make_seqs(n: int, prompt_len: int = 8, same_prompt: bool = False, **params) -> list[Sequence]:
     """n sequences `req-i` arriving at t=i; distinct prompts unless same_prompt."""

@@ -11,7 +11,7 @@ import torch
 from chattts_velocity import load_pretrained
 from chattts_velocity.config import EngineConfig, ModelConfig
 from chattts_velocity.engine.backends import PagedKV, TorchBackend, select_backend
-from chattts_velocity.engine.llm_engine import PRECISIONS
+from chattts_velocity.engine.weights import pack_for
 from chattts_velocity.model import (
     ChatTTSLlama,
     allocate_kv_pairs,
@@ -20,6 +20,7 @@ from chattts_velocity.model import (
     kernels,
     paged_decode_attention,
 )
+from chattts_velocity.precision import Precision
 
 UNSUPPORTED = kernels.unsupported()
 needs_kernels = pytest.mark.skipif(UNSUPPORTED is not None, reason=f"CPU kernels unsupported here: {UNSUPPORTED}")
@@ -30,7 +31,7 @@ CONFIG = ModelConfig(hidden_size=HIDDEN, intermediate_size=256, num_hidden_layer
 
 def _model(dtype: str, config: ModelConfig = CONFIG) -> ChatTTSLlama:
     """Random weights in dtype's weight precision, packed as LLMEngine packs them."""
-    weight_dtype, pack_mode = PRECISIONS[dtype]
+    precision = Precision.decide(dtype)
     gen = torch.Generator().manual_seed(0)
     model = ChatTTSLlama(config)
     with torch.no_grad():
@@ -39,19 +40,18 @@ def _model(dtype: str, config: ModelConfig = CONFIG) -> ChatTTSLlama:
                 p.copy_(torch.rand(p.shape, generator=gen) + 0.5)
             else:
                 p.copy_(torch.randn(p.shape, generator=gen) * 0.05)
-    model = model.to(weight_dtype).eval()
+    model = model.to(precision.weights).eval()
     model.rotary_emb.float().reset_tables()
-    if pack_mode is not None:
-        model.pack_linears(pack_mode)
+    pack_for(model, precision)
     return model
 
 
 def _select(dtype: str, config: ModelConfig = CONFIG, **options):
     model = _model(dtype, config)
     pairs = allocate_kv_pairs(config.num_hidden_layers, NUM_BLOCKS + 1, BLOCK, config.num_attention_heads,
-                              config.head_dim, PRECISIONS[dtype][0])
+                              config.head_dim, Precision.decide(dtype).kv_cache)
     kv = PagedKV(pairs, BLOCK, pad_block=NUM_BLOCKS, device=torch.device("cpu"))
-    return select_backend(EngineConfig(dtype=dtype, block_size=BLOCK, **options), model, kv, torch.float32), kv
+    return select_backend(EngineConfig(dtype=dtype, block_size=BLOCK, **options), model, kv), kv
 
 
 def test_auto_runs_float32_engines_on_eager_torch() -> None:
@@ -110,7 +110,7 @@ def test_int8_kv_cache_without_the_kernels_says_why(monkeypatch) -> None:
     kv = PagedKV(pairs, BLOCK, pad_block=NUM_BLOCKS, device=torch.device("cpu"))
     config = EngineConfig(dtype="bfloat16", kv_cache_dtype="int8", block_size=BLOCK)
     with pytest.raises(ValueError, match=f"kv_cache_dtype: 'int8' needs the cpu backend, .*{kernels.ENV_SWITCH}=0"):
-        select_backend(config, model, kv, torch.float32)
+        select_backend(config, model, kv)
 
 
 def test_int8_kv_cache_on_the_plain_path_is_refused(tiny_assets) -> None:

@@ -99,27 +99,3 @@ def test_max_position_embeddings_bounds_max_model_len(tiny_assets) -> None:
 
     engine = load_pretrained(tiny_assets, is_vllm=True, max_model_len=10**6).engine
     assert engine.engine_config.max_model_len == engine.config.max_position_embeddings
-
-
-def test_the_kv_budget_on_cuda_is_a_fraction_of_free_vram(monkeypatch) -> None:
-    from chattts_velocity.engine import llm_engine
-
-    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (8 * 2**30, 80 * 2**30))  # (free, total)
-    assert llm_engine._budget_bytes(0.5, "cuda") == 4 * 2**30  # half of what is free, not of the total
-    assert llm_engine._budget_bytes(None, "cuda:0") == llm_engine.DEFAULT_VRAM_FRACTION * 8 * 2**30
-    assert llm_engine._budget_bytes(None, "cpu") == llm_engine.DEFAULT_KV_BYTES
-    assert llm_engine._budget_bytes(3 * 2**20, "cuda") == 3 * 2**20
-
-
-def test_the_default_cpu_kv_pool_is_no_bigger_than_max_num_seqs_full_sequences() -> None:
-    from chattts_velocity.config import EngineConfig, ModelConfig
-    from chattts_velocity.engine.llm_engine import kv_cache_blocks
-
-    tiny = ModelConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                       num_key_value_heads=4, max_position_embeddings=4096)
-    full = ModelConfig()
-    engine = EngineConfig(max_num_seqs=64, max_model_len=4096, block_size=16)
-    assert kv_cache_blocks(tiny, engine, torch.float32) == 64 * 256  # was 65536 blocks: 1 GiB, all resident
-    assert kv_cache_blocks(full, engine, torch.float32) == 2**30 // (16 * 20 * 2 * 768 * 4)  # 1 GiB, as before
-    asked = EngineConfig(max_num_seqs=64, max_model_len=4096, kv_cache_memory=2**30)
-    assert kv_cache_blocks(tiny, asked, torch.float32) == 65536  # an explicit budget is taken as given

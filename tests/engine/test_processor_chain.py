@@ -10,7 +10,7 @@ import torch
 from fakes import make_prompt
 
 from chattts_velocity.engine import logits_processors as lp
-from chattts_velocity.engine.plain import _Loop
+from chattts_velocity.engine.plain import BatchLoop
 from chattts_velocity.engine.sampler import Sampler
 from chattts_velocity.engine.sequence import Sequence
 from chattts_velocity.schema import MIN_TEMPERATURE, TOP_K_MAX, SamplingParams
@@ -57,8 +57,8 @@ def _engine_rows(params: SamplingParams, generated, logits: torch.Tensor, batch:
 def _plain_rows(params: SamplingParams, generated, logits: torch.Tensor, batch: int = 1) -> None:
     prompt = make_prompt(5)
     ids = prompt.input_ids.unsqueeze(0).repeat(batch, 1, 1)  # [B, P, 4]
-    gpt = SimpleNamespace(config=SimpleNamespace(num_vq=4))  # _Loop._process needs no model
-    loop = _Loop(gpt, params, ids, torch.ones(ids.shape[:2], dtype=torch.bool))
+    gpt = SimpleNamespace(config=SimpleNamespace(num_vq=4))  # BatchLoop._process needs no model
+    loop = BatchLoop(gpt, params, ids, torch.ones(ids.shape[:2], dtype=torch.bool))
     for tokens in generated:  # what step() writes: the sampled rows, text ids repeated over the 4 channels
         loop.ids[:, loop.progress] = torch.tensor(tokens).expand(4) if loop.text_mode else torch.tensor(tokens)
         loop.progress += 1

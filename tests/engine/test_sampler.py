@@ -5,7 +5,7 @@ import random
 
 import pytest
 import torch
-from fakes import make_prompt
+from fakes import make_prompt, recent_tokens
 from transformers.generation import TopKLogitsWarper, TopPLogitsWarper
 
 from chattts_velocity.engine.sampler import Sampler, step_seed
@@ -41,7 +41,7 @@ def _random_seqs(n: int, seed: int = 0) -> list[Sequence]:
 def _reference(logits: torch.Tensor, seq: Sequence) -> list[int]:
     """One request alone, row by row: the spec's order with HF warpers and torch.multinomial."""
     p, rows = seq.params, []
-    history = seq.recent_tokens(p.penalty_window)  # [rows, <=W]
+    history = recent_tokens(seq, p.penalty_window)  # [rows, <=W]
     for q, temperature in enumerate(p.temperatures(seq.num_rows)):
         scores = logits[q].clone() / temperature
         counts = torch.zeros_like(scores)

@@ -10,6 +10,7 @@ from fakes import (
     make_scheduler,
     make_seqs,
     run,
+    snapshot,
 )
 
 from chattts_velocity.engine.sequence import Sequence, SequenceStatus
@@ -107,7 +108,7 @@ def test_eos_in_any_row_finishes_and_the_eos_step_is_dropped():
     for seq in make_seqs(2, max_new_token=6):
         sched.add(seq)
     done = run(sched, runner)
-    eos, other = done["req-0"].to_output(), done["req-1"].to_output()
+    eos, other = snapshot(done["req-0"]), snapshot(done["req-1"])
     assert eos.finish_reason == "eos" and eos.token_ids.tolist() == [[k] * 4 for k in (1, 2, 3)]
     assert eos.hidden[:, 0].tolist() == [0, 1, 2]  # hidden k predicted token k
     assert other.finish_reason == "length" and other.token_ids.shape == (6, 4)
@@ -118,7 +119,7 @@ def test_text_mode_eos_is_the_single_row():
     script = {"req-0": [(5,), (6,), (21136,)]}
     sched, runner = make_scheduler(), ScriptedRunner(script)
     sched.add(make_seqs(1, mode="text", eos_token_id=21136, max_new_token=9)[0])
-    out = run(sched, runner)["req-0"].to_output()
+    out = snapshot(run(sched, runner)["req-0"])
     assert out.finish_reason == "eos" and out.token_ids.tolist() == [[5], [6]]
 
 
@@ -165,7 +166,8 @@ def test_no_blocks_in_use_after_everything_finishes(caching):
 
 
 def _outputs(done: dict[str, Sequence]) -> dict[str, tuple]:
-    return {rid: (s.finish_reason, s.token_ids().tolist(), s.hidden_states().tolist())
+    """(finish reason, tokens, hidden) per request; hidden is None for one that ended at its first step."""
+    return {rid: (s.finish_reason, s.token_ids().tolist(), None if (h := s.hidden_states()) is None else h.tolist())
             for rid, s in done.items()}
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from fakes import make_prompt
+from fakes import make_prompt, recent_tokens, snapshot
 
 from chattts_velocity.engine.sequence import Sequence, SequenceStatus
 from chattts_velocity.schema import SamplingParams
@@ -53,13 +53,13 @@ def test_text_mode_tokens_repeat_over_channels_with_text_mask():
 
 def test_recent_tokens_window_excludes_prompt_oldest_first():
     seq = _seq(5)
-    assert seq.recent_tokens(16).shape == (4, 0)
+    assert recent_tokens(seq, 16).shape == (4, 0)
     for k in range(20):
         seq.append_token((k, k + 100, k + 200, k + 300), None)
-    recent = seq.recent_tokens(16)
+    recent = recent_tokens(seq, 16)
     assert recent.shape == (4, 16)
     assert recent[0].tolist() == list(range(4, 20)) and recent[3].tolist() == list(range(304, 320))
-    assert seq.recent_tokens(0).shape == (4, 0)
+    assert recent_tokens(seq, 0).shape == (4, 0)
 
 
 def test_hidden_states_align_with_tokens_across_buffer_growth():
@@ -68,19 +68,19 @@ def test_hidden_states_align_with_tokens_across_buffer_growth():
     for k, h in enumerate(expected):
         seq.append_token((k,) * 4, h)
     assert torch.equal(seq.hidden_states(), torch.stack(expected))
-    out = seq.to_output()
+    out = snapshot(seq)
     assert out.token_ids.shape == (40, 4) and out.token_ids[:, 0].tolist() == list(range(40))
     assert torch.equal(out.hidden, torch.stack(expected)) and out.hidden.dtype == torch.float32
 
 
 def test_output_without_hidden_and_when_empty():
     seq = _seq(5, return_hidden=False)
-    empty = seq.to_output()
+    empty = snapshot(seq)
     assert empty.token_ids.shape == (0, 4) and empty.hidden is None and not empty.finished
     seq.append_token((1, 2, 3, 4), torch.randn(8))
-    assert seq.to_output().hidden is None
+    assert snapshot(seq).hidden is None
     seq.status = SequenceStatus.FINISHED_LENGTH
-    out = seq.to_output()
+    out = snapshot(seq)
     assert out.finished and out.finish_reason == "length"
 
 

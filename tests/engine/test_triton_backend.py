@@ -128,7 +128,7 @@ def _kv(device: str = "cpu") -> PagedKV:
 
 
 def _select(device: str = "cpu", **options):
-    return select_backend(EngineConfig(block_size=BLOCK, **options), _model(), _kv(device), torch.float32)
+    return select_backend(EngineConfig(block_size=BLOCK, **options), _model(), _kv(device))
 
 
 def test_triton_on_cpu_without_the_interpreter_is_an_error_saying_why(monkeypatch) -> None:

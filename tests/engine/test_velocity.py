@@ -116,7 +116,9 @@ def test_preemption_gives_identical_outputs(chat: Chat, tiny_assets) -> None:
 
 
 def _preempted(llm: LLM) -> bool:
-    return llm.engine.scheduler.num_preemptions > 0
+    preemptions = llm.engine.metrics()["num_preemptions"]
+    assert preemptions == llm.engine.scheduler.num_preemptions
+    return preemptions > 0
 
 
 def _kv_bytes(assets, num_blocks: int, block_size: int) -> int:

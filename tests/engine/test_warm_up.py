@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.triton, pytest.mark.skipif(REASON is not None, reason=
 def _key(kernel, args: tuple, kwargs: dict) -> tuple:
     skip = set(kernel.kwargs.get("do_not_specialize") or ())
     parts = [kernel.fn.__name__]
-    for name, value in zip(kernel.arg_names, args, strict=True):
+    for name, value in zip(kernel.arg_names, args, strict=False):  # the arguments after args come by keyword
         if isinstance(value, torch.Tensor):
             parts.append((name, str(value.dtype), value.data_ptr() % 16 == 0))
         elif isinstance(value, int) and not isinstance(value, bool) and name not in skip:

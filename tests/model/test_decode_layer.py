@@ -106,7 +106,7 @@ def _check_fused_against_layer_by_layer(model, lens, kv, tables, mode: str) -> N
             assert (pool.float() - fused_pool.float()).abs().max().item() <= 2**-7 * pool.float().abs().max().item()
 
 
-@pytest.mark.skipif(not {"amx_tile", "amx_bf16"} <= kernels._cpu_flags(),
+@pytest.mark.skipif(not {"amx_tile", "amx_bf16"} <= kernels.cpu_flags(),
                     reason="needs AMX-BF16: compares the AMX panels with the AVX-512 tiles of CPUs without AMX, which "
                            "every other test here already takes on this CPU")
 @pytest.mark.parametrize("mode", ["bfloat16", "int8"])

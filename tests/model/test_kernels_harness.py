@@ -46,7 +46,7 @@ def test_neon_micro_kernels_and_paged_attention_match_the_reference(target: str,
 
 @pytest.mark.parametrize("isa", list(X86_TARGETS))
 def test_x86_micro_kernels_match_the_reference(isa: str, tmp_path: Path) -> None:
-    if platform.machine() not in ("x86_64", "AMD64") or not set(kernels.ISAS[isa].cpu_flags) <= kernels._cpu_flags():
+    if platform.machine() not in ("x86_64", "AMD64") or not set(kernels.ISAS[isa].cpu_flags) <= kernels.cpu_flags():
         pytest.skip(f"this CPU cannot run the {isa} kernels")
     if not shutil.which("g++"):
         pytest.skip("needs g++")

@@ -66,8 +66,6 @@ def unsupported() -> str | None:
     return _choice()[1]
 
 
-_unsupported = unsupported
-
 
 def inductor_simdlen() -> int:
     """The vector width in bits of the ISA inductor generates C++ for here, for torch.compile's cpp.simdlen option.
@@ -109,7 +107,7 @@ def _choice() -> tuple[str | None, str | None]:
         return ("neon", None) if switch in ("1", "neon") else (None, f"{ENV_SWITCH}={switch} names an x86 ISA")
     if switch == "neon":
         return None, f"{ENV_SWITCH}=neon needs an aarch64 CPU, this is {machine}"
-    flags = _cpu_flags()
+    flags = cpu_flags()
     wanted = {"avx2": ["avx2"], "avx512": ["avx512"], "noamx": ["avx512"]}.get(switch, ["avx512", "avx2"])
     for name in wanted:
         if set(ISAS[name].cpu_flags) <= flags:
@@ -118,7 +116,7 @@ def _choice() -> tuple[str | None, str | None]:
     return None, f"this CPU lacks {', '.join(missing)}"
 
 
-active_ops = None  # ops() of the ISA in use once load() succeeded: a module global, so compiled graphs can read it
+active_ops: Any = None  # ops() of the ISA in use once load() succeeded: a module global, so compiled graphs can read it
 
 
 def load(which: str | None = None) -> bool:
@@ -160,7 +158,7 @@ def warn_slow_path(mode: str) -> None:
 
 
 @functools.cache
-def _cpu_flags() -> set[str]:
+def cpu_flags() -> set[str]:
     try:
         text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
     except OSError:
@@ -245,7 +243,7 @@ def amx_ready() -> bool:
 
 @functools.cache
 def _amx_granted() -> bool:
-    return load("avx512") and {"amx_tile", "amx_bf16"} <= _cpu_flags() and ops("avx512").amx_ready()
+    return load("avx512") and {"amx_tile", "amx_bf16"} <= cpu_flags() and ops("avx512").amx_ready()
 
 
 def from_panels(panels: torch.Tensor) -> torch.Tensor:

@@ -110,10 +110,10 @@ def _combine_kernel(part_ptr, out_ptr, HEADS: tl.constexpr, HEAD_DIM: tl.constex
     base = part_ptr + (seq * HEADS + head) * SPLITS * (HEAD_DIM + 2)
     s = tl.arange(0, SPLITS)
     m = tl.load(base + s * (HEAD_DIM + 2) + HEAD_DIM)  # [SPLITS]
-    l = tl.load(base + s * (HEAD_DIM + 2) + HEAD_DIM + 1)
+    denom = tl.load(base + s * (HEAD_DIM + 2) + HEAD_DIM + 1)  # [SPLITS] each split's softmax sum
     m_max = tl.max(m, 0)
-    weight = tl.where(l > 0, tl.exp2(m - m_max), 0.0)  # empty splits (m = -inf, l = 0) weigh nothing
-    total = tl.sum(weight * l, 0)
+    weight = tl.where(denom > 0, tl.exp2(m - m_max), 0.0)  # empty splits (m = -inf, denom = 0) weigh nothing
+    total = tl.sum(weight * denom, 0)
     d = tl.arange(0, BLOCK_D)
     d_ok = d < HEAD_DIM
     acc = tl.load(base + s[:, None] * (HEAD_DIM + 2) + d[None, :], mask=d_ok[None, :], other=0.0)  # [SPLITS, D]

@@ -106,7 +106,7 @@ def apply_rope(
             raise ValueError(f"apply_rope: {name} must be [{positions.shape[0]}, heads, {cos_cache.shape[1]}] "
                              f"(one row per position), got {tuple(x.shape)}")
     cos_cache, sin_cache = cos_cache.contiguous(), sin_cache.contiguous()
-    return tuple(_rope(x, positions, cos_cache, sin_cache) for x in (q, k))
+    return _rope(q, positions, cos_cache, sin_cache), _rope(k, positions, cos_cache, sin_cache)
 
 
 def _rope(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

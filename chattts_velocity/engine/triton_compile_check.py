@@ -1,4 +1,4 @@
-"""Model stage, CUDA backend, checks: compile every Triton kernel the engine launches for real GPU targets, here.
+"""Engine stage, CUDA backend, checks: compile every Triton kernel the engine launches for real GPU targets, here.
 
 No GPU is needed: Triton compiles for a named target (`GPUTarget("cuda", cc, 32)`) with its bundled ptxas, and
 cuobjdump reads the registers, shared memory and local (spilled) memory of each cubin. This runs the code paths the
@@ -9,7 +9,7 @@ split count, prefill) and the device sampler (code and text vocabularies) under 
 launch captured instead of run, for ChatTTS's widths and the tests' sizes, fp32/bf16/fp16 pools and block sizes
 4 and 16, as a GPU launches them (the interpreter's fp32 upcast off).
 
-    python -m chattts_velocity.model.kernels.triton.compile_check --out benchmarks/results/triton_compile.json
+    python -m chattts_velocity.engine.triton_compile_check --out benchmarks/results/triton_compile.json
 """
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 TARGETS = {80: 166912, 89: 101376, 90: 232448}  # compute capability -> opt-in shared memory per block (bytes)
 MODELS = {"chattts": (768, 12, 3072), "test": (64, 4, 128)}  # hidden, heads, intermediate
@@ -30,39 +31,41 @@ DTYPES = ("float32", "bfloat16", "float16")
 BLOCK_SIZES = (4, 16)
 TYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "int64": "i64", "int32": "i32", "bool": "i1",
          "uint8": "u8", "int8": "i8"}
-HERE = Path(__file__).parent
-MODULE = "chattts_velocity.model.kernels.triton.compile_check"
+ENGINE = Path(__file__).parent
+KERNELS = ENGINE.parent / "model" / "kernels" / "triton"
+MODULE = "chattts_velocity.engine.triton_compile_check"
+Spec = dict[str, Any]  # one launch: kernel, signature, constexprs, options (JSON)
 
 
-def record() -> list[dict]:
+def record() -> list[Spec]:
     """Every distinct launch of the engine's kernels (run in a TRITON_INTERPRET=1 process)."""
     import torch
     from triton.runtime.interpreter import InterpretedFunction
 
     from chattts_velocity.model.kernels.triton import attention
 
-    launches: dict[str, dict] = {}
+    launches: dict[str, Spec] = {}
 
-    def capture(self, *args, grid, warmup, **kwargs):
+    def capture(self: Any, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> None:
         spec = _spec(self, args, kwargs)
         launches[json.dumps(spec, sort_keys=True)] = spec
 
     attention.INTERPRETED = False  # record UPCAST as a GPU launch decides it
     InterpretedFunction.run = capture
     with torch.inference_mode():
-        for name, (hidden, heads, inter) in MODELS.items():
+        for hidden, heads, inter in MODELS.values():
             for dtype in DTYPES:
                 for block_size in BLOCK_SIZES:
                     _drive_backend(hidden, heads, inter, getattr(torch, dtype), block_size)  # warm-up: + sampler
     return list(launches.values())
 
 
-def _spec(kernel, args: tuple, kwargs: dict) -> dict:
+def _spec(kernel: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Spec:
     """Triton's view of one launch: argument types, constexpr values, compile options."""
     fn = kernel.fn
     params = inspect.signature(fn).parameters
     names = list(params)
-    values = dict(zip(names, args)) | {k: v for k, v in kwargs.items() if k in params}
+    values = dict(zip(names, args, strict=False)) | {k: v for k, v in kwargs.items() if k in params}
     skip = set(kernel.kwargs.get("do_not_specialize") or ()) if hasattr(kernel, "kwargs") else set()
     signature, constexprs = {}, {}
     for name in names:
@@ -85,7 +88,7 @@ def _spec(kernel, args: tuple, kwargs: dict) -> dict:
             "options": options}
 
 
-def _drive_backend(hidden: int, heads: int, inter: int, dtype, block_size: int) -> None:
+def _drive_backend(hidden: int, heads: int, inter: int, dtype: Any, block_size: int) -> None:
     import torch
 
     from chattts_velocity.config import ModelConfig
@@ -109,7 +112,7 @@ def _drive_backend(hidden: int, heads: int, inter: int, dtype, block_size: int) 
     attention.decode_splits = original
 
 
-def compile_all(specs: list[dict], targets: list[int]) -> list[dict]:
+def compile_all(specs: list[Spec], targets: list[int]) -> list[dict[str, Any]]:
     """Compile each spec for each target (TRITON_INTERPRET unset); registers, shared and local memory per cubin."""
     import importlib
 
@@ -134,7 +137,7 @@ def compile_all(specs: list[dict], targets: list[int]) -> list[dict]:
     return results
 
 
-def _resources(compiled, cc: int) -> dict:
+def _resources(compiled: Any, cc: int) -> dict[str, Any]:
     """Registers and shared memory of the cubin (cuobjdump); spills from ptxas -v over the same PTX."""
     import triton
     from triton.backends.nvidia.compiler import get_ptxas
@@ -171,20 +174,20 @@ def source_key(targets: list[int]) -> str:
     import triton
 
     digest = hashlib.sha256(f"{triton.__version__} {targets} {MODELS} {DTYPES} {BLOCK_SIZES}".encode())
-    engine = HERE.parents[2] / "engine"
-    for path in sorted([*HERE.glob("*.py"), engine / "triton_backend.py", engine / "device_sampler.py"]):
+    for path in sorted([*KERNELS.glob("*.py"), ENGINE / "triton_backend.py", ENGINE / "device_sampler.py"]):
         digest.update(path.read_bytes())
     return digest.hexdigest()[:20]
 
 
-def run(targets: list[int], cache_dir: Path | None = None) -> dict:
+def run(targets: list[int], cache_dir: Path | None = None) -> dict[str, Any]:
     """Record (child process, interpreter) then compile (child process, no interpreter); cached by source_key."""
     key = source_key(targets)
     cached = cache_dir / f"{key}.json" if cache_dir else None
     if cached and cached.is_file():
-        return json.loads(cached.read_text())
+        results: dict[str, Any] = json.loads(cached.read_text())
+        return results
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    root = str(HERE.parents[3])
+    root = str(ENGINE.parents[1])
     env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")])
     recorded = subprocess.run([sys.executable, "-m", MODULE, "--record"], capture_output=True, text=True,
                               env=env | {"TRITON_INTERPRET": "1"}, check=True, cwd=root)
