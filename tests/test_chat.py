@@ -163,15 +163,17 @@ def test_a_fast_engine_decodes_audio_in_bf16_too(tiny_assets) -> None:
 
 
 def test_audio_precision_is_bf16_on_cuda_or_for_fast_engines_and_float32_on_request() -> None:
-    from chattts_velocity.audio import audio_precision
+    from chattts_velocity.precision import Precision
 
-    cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert audio_precision(None, "float32", cpu) is None  # the exact CPU default is unchanged
-    assert audio_precision(None, "float32", cuda) == torch.bfloat16  # the GPU default
-    assert audio_precision(None, "int8", cpu) == torch.bfloat16
-    assert audio_precision("float32", "bfloat16", cuda) is None
+    def audio(choice: str | None, dtype: str, device: str) -> torch.dtype | None:
+        return Precision.decide(dtype, decode_dtype=choice, device=device).audio
+
+    assert audio(None, "float32", "cpu") is None  # the exact CPU default is unchanged
+    assert audio(None, "float32", "cuda") == torch.bfloat16  # the GPU default
+    assert audio(None, "int8", "cpu") == torch.bfloat16
+    assert audio("float32", "bfloat16", "cuda") is None
     with pytest.raises(ValueError, match="decode_dtype"):
-        audio_precision("float16", "float32", cpu)
+        audio("float16", "float32", "cpu")
 
 
 def test_kv_cache_dtype_reaches_the_engine_and_only_the_engine(tiny_assets) -> None:
@@ -181,4 +183,4 @@ def test_kv_cache_dtype_reaches_the_engine_and_only_the_engine(tiny_assets) -> N
         Chat().load(source="custom", custom_path=tiny_assets, verify=False, use_vllm=True, dtype="bfloat16",
                     kv_cache_dtype="int8")
     with pytest.raises(ValueError, match="kv_cache_dtype=int8.*only apply to the velocity engine"):
-        Chat().load(source="custom", custom_path=tiny_assets, verify=False, kv_cache_dtype="int8")
+        Chat().load(source="custom", custom_path=tiny_assets, verify=False, dtype="bfloat16", kv_cache_dtype="int8")

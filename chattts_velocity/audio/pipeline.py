@@ -19,15 +19,8 @@ from torch import nn
 
 from chattts_velocity.audio.dvae import DVAE, Decoder
 from chattts_velocity.audio.vocos import Vocos, frame_mask
-from chattts_velocity.precision import Precision
 
 M = TypeVar("M", bound=nn.Module)
-
-
-def audio_precision(choice: str | None, gpt_dtype: str, device: torch.device) -> torch.dtype | None:
-    """The Decoder's and Vocos's autocast dtype (None = exact float32) for Chat.load's decode_dtype `choice`: the
-    audio part of Precision.decide (chattts_velocity/precision.py), the one place that rule lives."""
-    return Precision.decide(gpt_dtype, decode_dtype=choice, device=device).audio
 
 
 def cast_for_autocast(modules: tuple[M | None, ...], dtype: torch.dtype | None) -> tuple[M | None, ...]:

@@ -37,14 +37,16 @@ def resolve_dtype(args: argparse.Namespace) -> str:
 
 
 def load_line(chat: Chat) -> str:
-    """What a loaded Chat runs: precision, decode backend and, on the cpu backend, the kernels' ISA path."""
+    """What a loaded Chat runs: every stage's precision, the decode backend and, on the cpu backend, the kernels'
+    ISA path."""
     from ..model import kernels
 
+    precision = chat.pipeline.precision.describe()
     if not chat.default_use_vllm:
-        return f"loaded: precision {chat.dtype}, plain path (torch)"
+        return f"loaded: {precision}; plain path (torch)"
     backend = chat.engine().runner.backend.name
     path = f", kernels {kernels.kernel_path()}" if backend == "cpu" else ""
-    return f"loaded: precision {chat.dtype}, decode backend {backend}{path}"
+    return f"loaded: {precision}; decode backend {backend}{path}"
 
 
 def add_model_flags(p: argparse.ArgumentParser, default_dtype: str = "auto") -> None:

@@ -63,7 +63,7 @@ class ShardWorker:
 
     def run(self, shard: Shard) -> list[LineResult]:
         results: list[LineResult] = []
-        run_shard(self.chat, shard, results.append, print)
+        run_shard(self.chat.pipeline, shard, results.append, print)
         return results
 
 

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from tqdm import tqdm
 
+from ..chat import Chat
 from ..engine.progress import progress_bar
 from ..params import InferCodeParams
 from ..text.voices import VoiceLibrary
@@ -17,7 +18,7 @@ from .plan import ExportPlan, plan_export
 from .runner import LineResult, Log, run_shard, shards_of
 
 if TYPE_CHECKING:
-    from ..chat import Chat
+    from ..speech import SpeechPipeline
 
 CHUNK_SIZE = 256  # lines per infer_many call: bounds the prompts and finished audio held at once
 
@@ -28,19 +29,20 @@ def timestamps_path(wav_path: Path) -> Path:
     return wav_path.with_suffix(".timestamps.json")
 
 
-def run_export(chat: Chat | None, plan: ExportPlan, params: InferCodeParams | None = None,
+def run_export(speech: SpeechPipeline | Chat | None, plan: ExportPlan, params: InferCodeParams | None = None,
                chunk_size: int = CHUNK_SIZE, progress: bool = True, log: Log = tqdm.write) -> ExportPlan:
     """Synthesise the pending lines (statuses updated in place) and write the manifest.
 
-    `params` is every line's template (spk_emb and manual_seed are set per line). `chat` may be None
-    when nothing is pending.
+    `params` is every line's template (spk_emb and manual_seed are set per line). `speech` (a loaded Chat or its
+    pipeline) may be None when nothing is pending.
     """
+    pipeline = speech.pipeline if isinstance(speech, Chat) else speech
     params = params or InferCodeParams(show_tqdm=False)
     report_plan(plan, log)
-    if plan.todo and chat is None:
-        raise ValueError("chat: a loaded Chat is needed, the plan has lines to synthesise")
-    if chat is not None:
-        plan.meta.update(model=str(chat.paths.root), precision=chat.dtype, started=now())
+    if plan.todo and pipeline is None:
+        raise ValueError("speech: a loaded Chat or SpeechPipeline is needed, the plan has lines to synthesise")
+    if pipeline is not None:
+        plan.meta.update(model=str(pipeline.paths.root), precision=pipeline.dtype, started=now())
     shards = shards_of(plan, params, chunk_size)
     with progress_bar(len(plan.todo), "export", "line", enabled=progress and bool(shards), leave=True) as bar:
         def done(result: LineResult) -> None:
@@ -49,7 +51,7 @@ def run_export(chat: Chat | None, plan: ExportPlan, params: InferCodeParams | No
 
         try:
             for shard in shards:
-                run_shard(chat, shard, done, log)
+                run_shard(pipeline, shard, done, log)
                 plan.save()
         finally:
             plan.save()  # also on Ctrl-C, so the finished lines are on record
@@ -97,9 +99,9 @@ def report_done(plan: ExportPlan, log: Log) -> None:
     log(f"{plan.succeeded}/{len(plan.texts)} succeeded")
 
 
-def export(chat: Chat, input_path: str | Path, out_dir: str | Path, seed: int | None = None,
+def export(speech: SpeechPipeline | Chat, input_path: str | Path, out_dir: str | Path, seed: int | None = None,
            speaker: str | None = None, params: InferCodeParams | None = None, progress: bool = True,
            log: Log = tqdm.write, voice: str | None = None, voices: VoiceLibrary | None = None) -> ExportPlan:
     """plan_export + run_export: every line of `input_path` to a WAV in `out_dir`, resuming earlier runs."""
     plan = plan_export(input_path, out_dir, seed, speaker, params, voice, voices)
-    return run_export(chat, plan, params, progress=progress, log=log)
+    return run_export(speech, plan, params, progress=progress, log=log)

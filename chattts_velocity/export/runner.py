@@ -1,4 +1,4 @@
-"""Batch export, the one runner: a shard of a plan's pending lines -> Chat.infer_many -> each line's finished files.
+"""Batch export, the one runner: a shard of a plan's pending lines -> the speech pipeline -> each line's files.
 
 The local export runs it on every pending line, shard by shard; the Ray export runs it per shard on each actor.
 A result carries the files as bytes (the WAV, its timestamps sidecar), so whoever holds the output folder writes
@@ -21,7 +21,7 @@ from ..params import InferCodeParams
 from .plan import ExportPlan
 
 if TYPE_CHECKING:
-    from ..chat import Chat
+    from ..speech import SpeechPipeline
 
 NO_AUDIO = "the model produced no audio (it stopped at the first step); try another seed"
 Log = Callable[[str], None]
@@ -62,7 +62,7 @@ def shards_of(plan: ExportPlan, params: InferCodeParams, size: int) -> list[Shar
     return [Shard(jobs[start : start + size], plan.timestamps, plan.loudness) for start in range(0, len(jobs), size)]
 
 
-def run_shard(chat: Chat, shard: Shard, done: Callable[[LineResult], None], log: Log) -> None:
+def run_shard(pipeline: SpeechPipeline, shard: Shard, done: Callable[[LineResult], None], log: Log) -> None:
     """Synthesise every line of the shard; done() gets each line's result as it finishes (in any order).
 
     If the batch itself fails, its unfinished lines retry in halves until the culprit runs alone.
@@ -75,8 +75,8 @@ def run_shard(chat: Chat, shard: Shard, done: Callable[[LineResult], None], log:
 
     try:
         jobs = shard.jobs
-        for i, result in chat.infer_many([job.text for job in jobs], [job.params for job in jobs],
-                                         timestamps=shard.timestamps):
+        for i, result in pipeline.infer_many([job.text for job in jobs], [job.params for job in jobs],
+                                             timestamps=shard.timestamps):
             if isinstance(result, Exception):
                 finish(LineResult(jobs[i].key, error=f"synthesis failed: {type(result).__name__}: {result}"))
             else:
@@ -91,7 +91,7 @@ def run_shard(chat: Chat, shard: Shard, done: Callable[[LineResult], None], log:
         half = (len(rest) + 1) // 2
         for part in (rest[:half], rest[half:]):
             if part:
-                run_shard(chat, dataclasses.replace(shard, jobs=part), finish, log)
+                run_shard(pipeline, dataclasses.replace(shard, jobs=part), finish, log)
 
 
 def encode(key: int, result: np.ndarray | Spoken, loudness: float | None) -> LineResult:

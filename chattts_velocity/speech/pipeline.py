@@ -3,7 +3,7 @@
 texts -> TextFrontEnd (normalise, split, voice, prompts) -> GPTBackend (refine pass, then code pass)
       -> MelSource (Decoder on hidden states or DVAE on codes; Vocos) -> float32 24 kHz waveforms.
 `Chat` (upstream's facade), the server's SpeechService, the export and the web UI all hold one. Precision is
-decided here once: the GPT's at load_pretrained, the audio modules' (`decode_dtype`) below.
+decided here once (`self.precision`, precision.py): the engine derives the same GPT dtypes from the same choices.
 """
 from __future__ import annotations
 
@@ -20,7 +20,6 @@ from ..audio import (
     Decoder,
     Spoken,
     Vocos,
-    audio_precision,
     cast_for_autocast,
     load_clip,
     load_safetensors,
@@ -31,6 +30,7 @@ from ..config import ModelConfig
 from ..engine.gpt import GPTBackend, load_pretrained
 from ..engine.llm_engine import LLMEngine
 from ..params import InferCodeParams, RefineTextParams
+from ..precision import Precision
 from ..schema import SpeechRequests, TextPieces
 from ..text import Normalizer, Tokenizer, empty_text, encode_prompt, sample_random_speaker
 from .calls import Jobs, Stop
@@ -56,7 +56,9 @@ class SpeechPipeline:
         self.dvae = DVAE.from_state_dict(load_safetensors(paths.dvae)).to(device).eval()
         self.decoder = Decoder.from_state_dict(load_safetensors(paths.decoder)).to(device).eval()
         self.vocos = Vocos.from_state_dict(load_safetensors(paths.vocos)).to(device).eval()
-        self.decode_dtype = audio_precision(decode_dtype, dtype, device)  # None: exact float32
+        kv_cache_dtype, backend = gpt_options.get("kv_cache_dtype", "auto"), gpt_options.get("backend", "auto")
+        self.precision = Precision.decide(dtype, str(kv_cache_dtype), decode_dtype, device, str(backend))
+        self.decode_dtype = self.precision.audio  # None: exact float32
         decoder, dvae, vocos = cast_for_autocast((self.decoder, self.dvae, self.vocos), self.decode_dtype)
         self.mel_sources: dict[str, MelSource] = {
             "decoder": DecoderSource(decoder, vocos, self.decode_dtype),
@@ -145,6 +147,18 @@ class SpeechPipeline:
             except ValueError as exc:
                 jobs.failed.append((i, exc))
         return jobs
+
+    def infer_many(self, texts: list[str], params: list[InferCodeParams], mel: MelSource | None = None, *,
+                   timestamps: bool = False, progress: bool = False, use_vllm: bool | None = None,
+                   stop: Stop = _never, lang: str | None = None, normalize: bool = True, homophones: bool = True,
+                   split: bool = True) -> Iterator[tuple[int, np.ndarray | Spoken | Exception]]:
+        """pieces + jobs + run_jobs: each text with its own params, (index, waveform or error) as texts finish; the
+        texts that cannot be made come first."""
+        pieces = self.frontend.pieces(texts, lang=lang, normalize=normalize, homophones=homophones, split=split,
+                                      allow_empty=True)
+        jobs = self.jobs(pieces, list(params), mel)
+        yield from jobs.failed
+        yield from self.run_jobs(jobs, use_vllm=use_vllm, progress=progress, timestamps=timestamps, stop=stop)
 
     def run_jobs(self, jobs: Jobs, *, use_vllm: bool | None = None, progress: bool = False,
                  timestamps: bool = False, stop: Stop = _never,

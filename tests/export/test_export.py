@@ -127,13 +127,13 @@ def test_only_failed_lines_are_synthesised_again(chat: Chat, tmp_path: Path, mon
     for blocked in ("00003.wav", "00041.wav"):
         (out / blocked).rmdir()
     seen: list[str] = []
-    real = chat.infer_many
+    real = chat.pipeline.infer_many
 
     def counting(texts: list[str], params: list[InferCodeParams], **kw):
         seen.extend(texts)
         return real(texts, params, **kw)
 
-    monkeypatch.setattr(chat, "infer_many", counting)
+    monkeypatch.setattr(chat.pipeline, "infer_many", counting)
     plan, log = run(chat, src, out, seed=11)
     assert seen == [say(1), say(20)]  # file lines 3 and 41
     assert (plan.count("ok"), plan.count("skipped") - 24, log[-1]) == (2, 23, "25/25 succeeded")  # 24 empty lines
@@ -235,8 +235,8 @@ def test_a_line_too_long_for_the_engine_fails_alone(tiny_assets: Path, tmp_path:
     assert "max_model_len" in plan.lines[3].error
 
 
-class StubChat:
-    """infer_many that makes a tone per text, fails on 'boom' and can raise after some lines."""
+class StubPipeline:
+    """A speech pipeline whose infer_many makes a tone per text, fails on 'boom' and can raise after some lines."""
 
     config = SimpleNamespace(hidden_size=64)
     paths, dtype = SimpleNamespace(root=Path("stub-model")), "float32"
@@ -260,7 +260,7 @@ class StubChat:
 def test_a_failing_batch_is_retried_until_the_culprit_is_alone(tmp_path: Path) -> None:
     src, out = tmp_path / "in.txt", tmp_path / "out"
     src.write_text("one\ntwo\nboom\nfour\nsilent\nsix\n", encoding="utf-8")
-    stub = StubChat()
+    stub = StubPipeline()
     plan, log = run(stub, src, out)
     assert [line.status for line in plan.lines] == ["ok", "ok", "error", "ok", "error", "ok"]
     assert plan.lines[2].error == "synthesis failed: RuntimeError: model exploded"
@@ -274,7 +274,7 @@ def test_interrupted_run_leaves_only_complete_files(tmp_path: Path, monkeypatch)
     src, out = tmp_path / "in.txt", tmp_path / "out"
     src.write_text("".join(f"line {w}\n" for w in WORDS), encoding="utf-8")
     with pytest.raises(KeyboardInterrupt):
-        run(StubChat(stop_after=4), src, out)
+        run(StubPipeline(stop_after=4), src, out)
     assert sorted(p.name for p in out.glob("*.wav")) == [f"{k:05d}.wav" for k in range(1, 5)]
     assert [e["status"] for e in manifest(out).values()] == ["ok"] * 4 + ["pending"] * 6 and no_temp_files(out)
 
@@ -285,11 +285,11 @@ def test_interrupted_run_leaves_only_complete_files(tmp_path: Path, monkeypatch)
         raise OSError("disk full")
 
     monkeypatch.setattr(Path, "write_bytes", die_mid_write)
-    plan, _ = run(StubChat(), src, out)
+    plan, _ = run(StubPipeline(), src, out)
     assert plan.count("skipped") == 4 and all("disk full" in line.error for line in plan.lines[4:])
     assert len(list(out.glob("*.wav"))) == 4 and no_temp_files(out)
     monkeypatch.undo()
-    plan, log = run(StubChat(), src, out)
+    plan, log = run(StubPipeline(), src, out)
     assert (plan.count("skipped"), plan.count("ok"), log[-1]) == (4, 6, "10/10 succeeded")
 
 
@@ -308,7 +308,7 @@ def test_bad_arguments_raise_value_errors(tmp_path: Path) -> None:
     (tmp_path / "latin1.txt").write_bytes("caf\xe9\n".encode("latin-1"))
     with pytest.raises(ValueError, match="UTF-8"):
         plan_export(tmp_path / "latin1.txt", tmp_path / "out")
-    with pytest.raises(ValueError, match="chat"):
+    with pytest.raises(ValueError, match="^speech: a loaded Chat"):
         run_export(None, plan_export(src, tmp_path / "out"), progress=False, log=lambda m: None)
 
 
@@ -338,11 +338,11 @@ def test_a_killed_run_is_resumed_from_the_journal_and_changed_lines_are_made_aga
     src.write_text("".join(f"line {w}\n" for w in WORDS), encoding="utf-8")
     monkeypatch.setattr(export_mod.ExportPlan, "save", lambda plan: None)  # killed before any manifest write
     with pytest.raises(KeyboardInterrupt):
-        run(StubChat(stop_after=4), src, out)
+        run(StubPipeline(stop_after=4), src, out)
     monkeypatch.undo()
     assert not (out / "manifest.json").exists() and len((out / "manifest.journal").read_text().splitlines()) == 4
     src.write_text("".join(f"line {w}\n" for w in ["CHANGED", *WORDS[1:]]), encoding="utf-8")
-    plan, log = run(stub := StubChat(), src, out)
+    plan, log = run(stub := StubPipeline(), src, out)
     assert [line.status for line in plan.lines] == ["ok", "skipped", "skipped", "skipped"] + ["ok"] * 6
     assert stub.calls == [["line CHANGED", *[f"line {w}" for w in WORDS[4:]]]]  # the old 00001.wav is not trusted
     assert log[-1] == "10/10 succeeded" and not (out / "manifest.journal").exists()
@@ -353,16 +353,16 @@ def test_a_wav_the_record_does_not_know_is_made_again(tmp_path: Path) -> None:
     src.write_text("one\ntwo\n", encoding="utf-8")
     out.mkdir()
     (out / "00001.wav").write_bytes(wav_bytes(np.full(2400, 0.1, np.float32)))  # complete, but from who knows what
-    plan, _ = run(StubChat(), src, out)
+    plan, _ = run(StubPipeline(), src, out)
     assert [line.status for line in plan.lines] == ["ok", "ok"]
-    plan, _ = run(StubChat(), src, out, params=dataclasses.replace(PARAMS, temperature=0.5))
+    plan, _ = run(StubPipeline(), src, out, params=dataclasses.replace(PARAMS, temperature=0.5))
     assert [line.status for line in plan.lines] == ["ok", "ok"]  # other sampling parameters: a new request
 
 
 def test_the_manifest_records_every_line_and_the_run(tmp_path: Path) -> None:
     src, out = tmp_path / "in.txt", tmp_path / "out"
     src.write_text("one\n\n   \ntwo\n", encoding="utf-8")
-    plan, log = run(StubChat(), src, out)
+    plan, log = run(StubPipeline(), src, out)
     doc = json.loads((out / "manifest.json").read_text(encoding="utf-8"))
     assert [(e["line"], e["status"], e["reason"]) for e in doc["lines"]] == [
         (1, "ok", None), (2, "skipped", "empty line"), (3, "skipped", "empty line"), (4, "ok", None)]
@@ -390,7 +390,7 @@ def test_shards_run_elsewhere_and_stored_here_give_the_local_export_s_files(tmp_
     src = tmp_path / "in.txt"
     src.write_text("".join(f"line {w} and more words\n" for w in WORDS[:5]) + "boom\n", encoding="utf-8")
     settings = {"seed": 1, "params": PARAMS, "loudness": -20.0, "timestamps": True}
-    local = run_export(StubChat(), plan_export(src, tmp_path / "local", **settings), PARAMS, progress=False,
+    local = run_export(StubPipeline(), plan_export(src, tmp_path / "local", **settings), PARAMS, progress=False,
                        log=lambda m: None)
 
     plan = plan_export(src, tmp_path / "sharded", **settings)
@@ -399,7 +399,7 @@ def test_shards_run_elsewhere_and_stored_here_give_the_local_export_s_files(tmp_
     assert [job.params.manual_seed for job in shards[1].jobs] == [5, 6] and shards[0].timestamps
     for shard in reversed(shards):  # shards finish in any order
         results: list = []
-        run_shard(StubChat(), shard, results.append, lambda m: None)
+        run_shard(StubPipeline(), shard, results.append, lambda m: None)
         for result in results:
             store(plan, result, lambda m: None)
     plan.save()
