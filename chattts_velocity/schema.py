@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Callable, Literal
+from typing import Literal
 
 import torch
 
@@ -170,13 +170,13 @@ class TextPieces:
 
     def of_text(self, i: int) -> TextPieces:
         """Text i's pieces on their own (a one-text TextPieces)."""
-        texts = [t for t, owner in zip(self.texts, self.owner) if owner == i]
+        texts = [t for t, owner in zip(self.texts, self.owner, strict=True) if owner == i]
         return TextPieces(texts, [0] * len(texts), 1)
 
     def group(self, items: list) -> list[list]:
         """items [P], one per piece -> one list per text, in piece order."""
         grouped: list[list] = [[] for _ in range(self.num_texts)]
-        for item, i in zip(items, self.owner):
+        for item, i in zip(items, self.owner, strict=True):
             grouped[i].append(item)
         return grouped
 

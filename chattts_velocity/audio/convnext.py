@@ -65,7 +65,7 @@ class ConvNeXtStack(nn.Module):
 
     @classmethod
     def sized_like(cls, sd: dict[str, torch.Tensor], prefix: str, what: str,
-                   dilation: int = 2) -> "ConvNeXtStack":
+                   dilation: int = 2) -> ConvNeXtStack:
         """An unloaded stack whose sizes are read from the `<prefix>*` shapes of sd."""
         bn_dim, idim, _ = shape_of(sd, f"{prefix}conv_in.0.weight", what)
         hidden = shape_of(sd, f"{prefix}conv_in.2.weight", what)[0]

@@ -36,11 +36,11 @@ class Decoder(nn.Module):
         self.register_buffer("coef", coef)
 
     @classmethod
-    def from_state_dict(cls, sd: dict[str, torch.Tensor]) -> "Decoder":
+    def from_state_dict(cls, sd: dict[str, torch.Tensor]) -> Decoder:
         return load_strict(cls.sized_like(sd), sd, "Decoder").eval()
 
     @classmethod
-    def sized_like(cls, sd: dict[str, torch.Tensor]) -> "Decoder":
+    def sized_like(cls, sd: dict[str, torch.Tensor]) -> Decoder:
         """An unloaded Decoder with the sizes of sd (use from_state_dict to also load it)."""
         n_mels = shape_of(sd, "out_conv.weight", "Decoder")[0]
         return cls(ConvNeXtStack.sized_like(sd, "decoder.", "Decoder"), n_mels)
@@ -76,12 +76,12 @@ class DVAE(nn.Module):
 
     @classmethod
     def from_state_dict(cls, sd: dict[str, torch.Tensor],
-                        variant: FSQVariant = FSQVariant.VQP_1_18_5) -> "DVAE":
+                        variant: FSQVariant = FSQVariant.VQP_1_18_5) -> DVAE:
         return load_strict(cls.sized_like(sd, variant), sd, "DVAE").eval()
 
     @classmethod
     def sized_like(cls, sd: dict[str, torch.Tensor],
-                   variant: FSQVariant = FSQVariant.VQP_1_18_5) -> "DVAE":
+                   variant: FSQVariant = FSQVariant.VQP_1_18_5) -> DVAE:
         """An unloaded DVAE with the sizes of sd (use from_state_dict to also load it)."""
         return cls(
             ConvNeXtStack.sized_like(sd, "encoder.", "DVAE"),

@@ -1,8 +1,8 @@
 """Audio stage: ChatTTS's grouped residual FSQ (codes [B, G*R, T] <-> features [B, D, T]).
 
-The numbers of the reference depend on the installed vector_quantize_pytorch (its GFSQ rounding changed between releases), so the
-algorithm is chosen with `FSQVariant`. Default: VQP_1_18_5 (what ChatTTS HEAD ran against), i.e. decode
-scales (1, 1/4) and an encoder without the initial tanh bound, rounding half to even. VQP_1_12 adds the
+The numbers of the reference depend on the installed vector_quantize_pytorch (its GFSQ rounding changed between
+releases), so the algorithm is chosen with `FSQVariant`. Default: VQP_1_18_5 (what ChatTTS HEAD ran against), i.e.
+decode scales (1, 1/4) and an encoder without the initial tanh bound, rounding half to even. VQP_1_12 adds the
 initial bound tanh(z)*2.002 (training era); VQP_1_26 is >= 1.26: scales (1, 1/5), an initial
 tanh(z/1.25)*1.25, clamp to [-1, 1] and floor(x + 0.5) rounding. Only odd levels are supported.
 Code-channel order is c = g*R + r; index = sum_d l_d * prod(levels[:d]); code value = (l - L//2) / (L//2).
@@ -99,11 +99,11 @@ class GroupedResidualFSQ(nn.Module):
 
     def quantize(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, dim] -> [B, T, G*R]
         chunks = x.chunk(len(self.rvqs), dim=-1)
-        return torch.cat([rvq.quantize(c) for rvq, c in zip(self.rvqs, chunks)], -1)
+        return torch.cat([rvq.quantize(c) for rvq, c in zip(self.rvqs, chunks, strict=True)], -1)
 
     def dequantize(self, codes: torch.Tensor) -> torch.Tensor:  # [B, T, G*R] -> [B, T, dim]
         chunks = codes.chunk(len(self.rvqs), dim=-1)
-        return torch.cat([rvq.dequantize(c) for rvq, c in zip(self.rvqs, chunks)], -1)
+        return torch.cat([rvq.dequantize(c) for rvq, c in zip(self.rvqs, chunks, strict=True)], -1)
 
 
 class GFSQ(nn.Module):
@@ -119,7 +119,7 @@ class GFSQ(nn.Module):
     @classmethod
     def sized_like(cls, sd: dict[str, torch.Tensor], prefix: str, what: str,
                    levels: tuple[int, ...] = (5, 5, 5, 5), num_quantizers: int = 2,
-                   variant: FSQVariant = FSQVariant.VQP_1_18_5) -> "GFSQ":
+                   variant: FSQVariant = FSQVariant.VQP_1_18_5) -> GFSQ:
         groups = count_indexed(sd, f"{prefix}quantizer.rvqs.", what)
         d, group_dim = shape_of(sd, f"{prefix}quantizer.rvqs.0.project_in.weight", what)
         if d != len(levels):

@@ -82,7 +82,7 @@ class MelSpectrogramFeatures(nn.Module):
 
     @classmethod
     def sized_like(cls, sd: dict[str, torch.Tensor], prefix: str, what: str,
-                   hop_length: int = HOP_LENGTH, sample_rate: int = SAMPLE_RATE) -> "MelSpectrogramFeatures":
+                   hop_length: int = HOP_LENGTH, sample_rate: int = SAMPLE_RATE) -> MelSpectrogramFeatures:
         n_fft = shape_of(sd, f"{prefix}mel_spec.spectrogram.window", what)[0]
         n_freqs, n_mels = shape_of(sd, f"{prefix}mel_spec.mel_scale.fb", what)
         if n_freqs != n_fft // 2 + 1:

@@ -82,7 +82,7 @@ def _decode_rows(
     with torch.autocast(device_type, dtype=dtype or torch.float32, enabled=dtype not in (None, torch.float32)):
         for group in length_groups([r.shape[0] for r in rows]):
             wavs_of_group = _decode_group(mel_model, vocos, [rows[i] for i in group])
-            for i, wav in zip(group, wavs_of_group):
+            for i, wav in zip(group, wavs_of_group, strict=True):
                 wavs[i] = wav
     done = [w for w in wavs if w is not None]
     flat = torch.cat(done).cpu().numpy() if done else np.zeros(0, dtype=np.float32)  # one copy to the host

@@ -59,7 +59,10 @@ class ISTFT(nn.Module):
         n_fft, hop, frames = self.window.shape[0], self.hop_length, spec.shape[-1]
         window = self.window.to(torch.float32)
         length = n_fft + hop * (frames - 1)
-        fold = lambda x: F.fold(x, output_size=(1, length), kernel_size=(1, n_fft), stride=(1, hop))[:, 0, 0]
+
+        def fold(x: torch.Tensor) -> torch.Tensor:  # [B, n_fft, frames] overlap-added -> [B, length]
+            return F.fold(x, output_size=(1, length), kernel_size=(1, n_fft), stride=(1, hop))[:, 0, 0]
+
         signal = fold(torch.fft.irfft(spec, n=n_fft, dim=1) * window[None, :, None])  # [B, length]
         envelope = fold((window**2)[None, :, None].expand(1, n_fft, frames))  # [1, length]
         return (signal / envelope)[:, n_fft // 2: length - n_fft // 2]
@@ -104,13 +107,13 @@ class Vocos(nn.Module):
         self.head = head
 
     @classmethod
-    def from_state_dict(cls, sd: dict[str, torch.Tensor], hop_length: int = HOP_LENGTH) -> "Vocos":
+    def from_state_dict(cls, sd: dict[str, torch.Tensor], hop_length: int = HOP_LENGTH) -> Vocos:
         vocos = load_strict(cls.sized_like(sd, hop_length), sd, "Vocos").eval()
         vocos.head.istft.check_window()
         return vocos
 
     @classmethod
-    def sized_like(cls, sd: dict[str, torch.Tensor], hop_length: int = HOP_LENGTH) -> "Vocos":
+    def sized_like(cls, sd: dict[str, torch.Tensor], hop_length: int = HOP_LENGTH) -> Vocos:
         """An unloaded Vocos with the sizes of sd (use from_state_dict to also load it)."""
         dim, n_mels, kernel = shape_of(sd, "backbone.embed.weight", "Vocos")
         inter = shape_of(sd, "backbone.convnext.0.pwconv1.weight", "Vocos")[0]

@@ -45,7 +45,7 @@ class LLM:
         outputs: list[GenerationOutput | None] = [None] * len(prompts)
         for index, output in self.generate_iter(prompts, params, progress, should_stop):
             outputs[index] = output
-        return raise_first_error(outputs)  # type: ignore[arg-type]
+        return raise_first_error(outputs)  # type: ignore[arg-type]  # generate_iter fills every index
 
     def generate_iter(
         self,

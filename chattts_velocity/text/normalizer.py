@@ -1,7 +1,7 @@
 """Text stage: normalisation. Raw user text -> sentences, and sentence -> text the tokenizer reads well.
 
-Implements ChatTTS's Normalizer and its sentence splitting (which upstream runs before normalising); deviations are noted
-where they occur. Deviations by design: numbers and symbols are read aloud by default (numbers.py), and
+Implements ChatTTS's Normalizer and its sentence splitting (which upstream runs before normalising); deviations are
+noted where they occur. Deviations by design: numbers and symbols are read aloud by default (numbers.py), and
 punctuation outside the accepted class is mapped, not deleted (punctuation.py); whatever is still
 dropped is named in a warning.
 """
@@ -10,9 +10,10 @@ from __future__ import annotations
 import functools
 import logging
 import re
+from collections.abc import Callable
 from itertools import zip_longest
 from pathlib import Path
-from typing import Callable, Literal
+from typing import Literal
 
 from chattts_velocity.text.numbers import SpokenText
 from chattts_velocity.text.punctuation import fold_punctuation, rejected_characters, strip_rejected

@@ -119,7 +119,7 @@ def language_runs(text: str, default: str) -> list[tuple[str, str]]:
     known = [lang for lang in langs if lang is not None]
     current = known[0] if known else default
     runs: list[tuple[str, str]] = []
-    for chunk, lang in zip(chunks, langs):
+    for chunk, lang in zip(chunks, langs, strict=True):
         current = lang or current
         if runs and runs[-1][0] == current:
             runs[-1] = (current, runs[-1][1] + chunk)

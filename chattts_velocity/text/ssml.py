@@ -174,7 +174,7 @@ class _Reader:
         if match is None or order not in ("ymd", "mdy", "dmy"):
             self.fail(f"<say-as interpret-as='date'> holds {content!r}; write it as 2024-03-05 (format ymd, mdy or "
                       "dmy)")
-        parts = dict(zip(order, (int(g) for g in match.groups())))
+        parts = dict(zip(order, (int(g) for g in match.groups()), strict=True))
         if not (1 <= parts["m"] <= 12 and 1 <= parts["d"] <= 31 and parts["y"] >= 1):
             self.fail(f"<say-as interpret-as='date'> holds {content!r}, not a date in the {order} order")
         return f"{parts['y']:04d}-{parts['m']:02d}-{parts['d']:02d}"
