@@ -66,7 +66,7 @@ class Sampler:
             )
         if any(seq.seed is None for seq in seqs):
             raise ValueError("Sampler.prepare: every sequence needs a seed (Scheduler.add assigns one)")
-        # type: ignore below: no seed is None (checked above)
+        # mypy silenced below: no seed is None (checked above)
         noise_seeds = [step_seed(seq.seed, seq.num_generated) for seq in seqs]  # type: ignore[arg-type]
         return SamplingBatch(_row_params(seqs, num_rows, self._static), noise_seeds)
 

@@ -80,7 +80,7 @@ class Sequence:
 
     @property
     def finish_reason(self) -> FinishReason | None:
-        # type: ignore below: a finished status's value is one of FinishReason's strings
+        # mypy silenced below: a finished status's value is one of FinishReason's strings
         return self.status.value if self.status.is_finished else None  # type: ignore[return-value]
 
     def num_blocks(self, block_size: int) -> int:

@@ -26,7 +26,7 @@ class HeaderTimeout(H11Protocol):
     header_timeout = 10.0
     _header_timer: asyncio.TimerHandle | None = None
 
-    # type: ignore below: the base declares BaseTransport; uvicorn's h11 protocol is only given a Transport
+    # mypy silenced below: the base declares BaseTransport; uvicorn's h11 protocol is only given a Transport
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._arm()
