@@ -7,9 +7,14 @@ from __future__ import annotations
 
 import re
 
+from ..schema import CODE_PROMPT
+
 CONTROL_LEVELS = {"speed": 9, "oral": 9, "laugh": 2, "break": 7}  # control -> its highest level
-DEFAULT_LEVELS = {"speed": 5, "oral": 2, "laugh": 0, "break": 6}  # upstream's (code prompt; web UI's refine prompt)
 _CONTROL = re.compile(r"\[(speed|oral|laugh|break)_(\d+)\]")
+_DEFAULT_SPEED = _CONTROL.fullmatch(CODE_PROMPT)
+assert _DEFAULT_SPEED is not None  # CODE_PROMPT is one [speed_N] token
+# upstream's defaults: the code prompt's speed; the web UI's refine prompt "[oral_2][laugh_0][break_6]"
+DEFAULT_LEVELS = {"speed": int(_DEFAULT_SPEED.group(2)), "oral": 2, "laugh": 0, "break": 6}
 
 
 def control_token(control: str, level: int) -> str:
