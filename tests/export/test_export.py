@@ -29,12 +29,6 @@ PARAMS = InferCodeParams(max_new_token=STEPS, min_new_token=STEPS, show_tqdm=Fal
 WORDS = "alpha bravo charlie delta echo foxtrot golf hotel india juliet".split()
 
 
-@pytest.fixture(scope="module")
-def chat(tiny_assets: Path) -> Chat:
-    chat = Chat()
-    chat.load(source="custom", custom_path=tiny_assets, verify=False, use_vllm=True)
-    return chat
-
 
 def say(i: int) -> str:
     return f"Say {WORDS[i % 10]} {WORDS[i // 10 % 10]}."

@@ -22,12 +22,6 @@ PARAMS = InferCodeParams(max_new_token=STEPS, min_new_token=STEPS, show_tqdm=Fal
 LINES = "First line here.\nSecond line here.\nThird line here.\n"
 
 
-@pytest.fixture(scope="module")
-def chat(tiny_assets: Path) -> Chat:
-    chat = Chat()
-    chat.load(source="custom", custom_path=tiny_assets, verify=False, use_vllm=True)
-    return chat
-
 
 def export_lines(chat: Chat, tmp_path: Path, out: Path, **kw) -> object:
     src = tmp_path / "lines.txt"

@@ -16,12 +16,6 @@ from chattts_velocity.export import plan_export, run_export
 PARAMS = InferCodeParams(max_new_token=40, min_new_token=40, show_tqdm=False, manual_seed=3)
 
 
-@pytest.fixture(scope="module")
-def chat(tiny_assets: Path) -> Chat:
-    chat = Chat()
-    chat.load(source="custom", custom_path=tiny_assets, verify=False, use_vllm=True)
-    return chat
-
 
 def _export(chat: Chat, src: Path, out: Path, loudness: float | None):
     plan = plan_export(src, out, seed=1, loudness=loudness)

@@ -18,12 +18,6 @@ PARAMS = InferCodeParams(max_new_token=STEPS, min_new_token=STEPS, show_tqdm=Fal
 TEXT = "The first sentence is here. And then comes the second one! Is there a third?"
 
 
-@pytest.fixture(scope="module")
-def chat(tiny_assets: Path) -> Chat:
-    chat = Chat()
-    chat.load(source="custom", custom_path=tiny_assets, verify=False, use_vllm=True)
-    return chat
-
 
 def test_infer_many_timestamps_cover_the_same_audio(chat: Chat) -> None:
     (_, plain), = chat.infer_many([TEXT], [PARAMS])

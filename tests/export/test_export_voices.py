@@ -17,12 +17,6 @@ STEPS = 8
 PARAMS = InferCodeParams(max_new_token=STEPS, min_new_token=STEPS, show_tqdm=False)
 
 
-@pytest.fixture(scope="module")
-def chat(tiny_assets: Path) -> Chat:
-    chat = Chat()
-    chat.load(source="custom", custom_path=tiny_assets, verify=False, use_vllm=True)
-    return chat
-
 
 def _jsonl(path: Path, rows: list[dict]) -> Path:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
