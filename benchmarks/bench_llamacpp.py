@@ -20,6 +20,7 @@ import argparse
 import ctypes
 import functools
 import json
+import os
 import subprocess
 import sys
 import time
@@ -243,11 +244,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=2, help="best of this many runs per cell")
     parser.add_argument("--quick", action="store_true", help="sizes 1,4, 16 steps, one repeat")
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "results"))
+    parser.add_argument("--name", help="the results' host kind (default: this CPU's, e.g. spr-amx); name an "
+                                       "emulation, e.g. x86-avx2-emulated for an AVX2-only llama.cpp build run "
+                                       "against CHATTTS_VELOCITY_CPU_KERNELS=avx2")
     args = parser.parse_args(argv)
     sizes, steps = ([1, 4], 16) if args.quick else ([int(s) for s in args.sizes.split(",")], args.steps)
     cpu = cpu_identity()
     report = {"cpu": cpu, **compare(args.model, sizes, steps, repeats=1 if args.quick else args.repeats)}
-    path = Path(args.out) / f"llamacpp_{cpu['host_kind']}.json"
+    if args.name:
+        report["kernels_switch"] = os.environ.get("CHATTTS_VELOCITY_CPU_KERNELS", "1")
+    path = Path(args.out) / f"llamacpp_{args.name or cpu['host_kind']}.json"
     path.write_text(json.dumps(report, indent=1), encoding="utf-8")
     print(json.dumps(report["ratios"], indent=1), f"\nwritten to {path}")
 

@@ -27,7 +27,7 @@ from benchmarks.bench_isa import table as isa_table  # noqa: E402 (needs REPO on
 RESULTS = REPO / "benchmarks" / "results"
 BLOCK = re.compile(r"(<!-- generated: (?P<name>[\w.-]+) -->\n)(?P<body>.*?)(<!-- end -->)", re.S)
 DTYPES = ("bfloat16", "int8")
-LLAMA_PAIRS = {"bfloat16": "BF16", "int8": "Q8_0"}  # our precision -> llama.cpp's of the same bytes per weight
+LLAMA_PAIRS = {"bfloat16": "BF16", "int8": "Q8_0", "int4": "Q4_0"}  # ours -> llama.cpp's of the same bytes/weight
 
 
 def table(header: list[str], rows: list[list[str]]) -> str:
@@ -108,6 +108,8 @@ def llamacpp_table(results: Path, kind: str) -> str:
             for q, rates in run["llama_cpp_tokens_per_s"].items()]
     rows += [[f"ours {d}", *[f"{rates[n]:.1f}" for n in sizes]] for d, rates in run["ours_steps_per_s"].items()]
     for ours, theirs in LLAMA_PAIRS.items():
+        if ours not in run["ours_steps_per_s"] or theirs not in run["llama_cpp_tokens_per_s"]:
+            continue
         rows.append([f"ours {ours} / llama.cpp {theirs}", *[
             f"**{run['ours_steps_per_s'][ours][n] / run['llama_cpp_tokens_per_s'][theirs][n]:.2f}x**"
             for n in sizes]])
@@ -246,6 +248,7 @@ def renderers(results: Path) -> dict[str, Callable[[], str]]:
         for part, render_one in (("targets", targets_table), ("throughput", throughput_table),
                                  ("streams", streams_table), ("probes", probes_line)):
             found[f"{kind}.{part}"] = partial(from_json, render_one, results, f"cpu_{kind}")
+    for kind in host_kinds(results, "llamacpp_"):
         found[f"{kind}.llamacpp"] = partial(llamacpp_table, results, kind)
     for kind in host_kinds(results, "isa_"):
         found[f"isa-{kind}.steps"] = partial(from_json, isa_steps_table, results, f"isa_{kind}")
