@@ -21,7 +21,12 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-H100_TBS = 3.35  # HBM3 bandwidth of an H100 SXM
+BANDWIDTH_TBS = {"H200": 4.8, "H100": 3.35, "A100": 2.0}  # datasheet HBM bandwidth by the name CUDA reports
+
+
+def datasheet_bandwidth(device_name: str) -> float:
+    """The datasheet bandwidth of a GPU named like CUDA names it (an H100 SXM's 3.35 TB/s when unknown)."""
+    return next((tbs for key, tbs in BANDWIDTH_TBS.items() if key in device_name), BANDWIDTH_TBS["H100"])
 
 
 def roofline_steps_per_s(params: int, kv_bytes_per_position: int, batch: int, context: int, bandwidth: float,
@@ -96,12 +101,14 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--backends", default="triton,torch")
     parser.add_argument("--concurrency", default="1,16,64,256")
     parser.add_argument("--steps", type=int, default=100)
-    parser.add_argument("--bandwidth-tbs", type=float, default=H100_TBS, help="the GPU's memory bandwidth, TB/s")
+    parser.add_argument("--bandwidth-tbs", type=float,
+                        help="the GPU's memory bandwidth, TB/s (default: its datasheet figure, by name)")
     parser.add_argument("--tests", help="pytest's junit XML of the GPU tests, summarised into the JSON")
     parser.add_argument("--work", default=str(REPO / "benchmarks" / "results" / "gpu_check_runs"))
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "gpu_check.json"))
     args = parser.parse_args(argv)
     device = torch.cuda.get_device_name() if args.device == "cuda" else platform.processor() or "cpu"
+    args.bandwidth_tbs = args.bandwidth_tbs or datasheet_bandwidth(device)
     report = {"device": device, "torch": torch.__version__, "dtype": args.dtype, "steps": args.steps,
               "bandwidth_tbs": args.bandwidth_tbs, "tests": _tests(args.tests),
               "backends": {b: run_backend(args, b) for b in args.backends.split(",")}}

@@ -10,8 +10,8 @@ unset TRITON_INTERPRET
 mkdir -p benchmarks/results
 "$PYTHON" -c "import torch, triton; assert torch.cuda.is_available(), 'no CUDA device'; print(torch.cuda.get_device_name(), 'torch', torch.__version__, 'triton', triton.__version__)"
 JUNIT="$(mktemp --suffix=.xml)"
-timeout 300 "$PYTHON" -m pytest -q -p no:cacheprovider -m "gpu or triton" --junitxml="$JUNIT" \
+timeout 200 "$PYTHON" -m pytest -q -p no:cacheprovider -m "gpu or triton" --junitxml="$JUNIT" \
     tests/model/test_triton_kernels.py tests/engine/test_triton_backend.py tests/engine/test_device_sampler.py \
     tests/engine/test_sync.py tests/engine/test_warm_up.py tests/audio/test_gpu_decode.py || true
-timeout 360 "$PYTHON" benchmarks/gpu_check.py --device cuda --model demo --tests "$JUNIT" "$@"
+timeout 330 "$PYTHON" benchmarks/gpu_check.py --device cuda --model demo --tests "$JUNIT" "$@"
 rm -f "$JUNIT"

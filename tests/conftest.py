@@ -21,6 +21,13 @@ if not torch.cuda.is_available():
 
 
 @pytest.fixture(scope="session")
+def triton_device() -> str:
+    """Where tests run the triton backend: the GPU when there is one and no interpreter, else the CPU under Triton's
+    interpreter."""
+    return "cuda" if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1" else "cpu"
+
+
+@pytest.fixture(scope="session")
 def shared_assets() -> Path:
     if not (SHARED_ASSETS / "tokenizer" / "tokenizer.json").exists():
         pytest.skip(f"needs the real ChatTTS tokenizer and gpt/config.json at {SHARED_ASSETS} (its licence keeps it "

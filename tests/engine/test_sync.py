@@ -68,10 +68,10 @@ def _decode_steps(engine, chat: Chat, steps: int) -> list[int]:
 
 @pytest.mark.triton
 @needs_triton
-def test_a_triton_decode_step_syncs_at_most_once(tiny_assets) -> None:
+def test_a_triton_decode_step_syncs_at_most_once(tiny_assets, triton_device) -> None:
     chat = Chat()
     chat.load(source="custom", custom_path=tiny_assets, verify=False)
-    engine = load_pretrained(tiny_assets, is_vllm=True, backend="triton", max_num_seqs=4).engine
+    engine = load_pretrained(tiny_assets, is_vllm=True, device=triton_device, backend="triton", max_num_seqs=4).engine
     assert engine.runner.backend.name == "triton"
     assert all(count <= 1 for count in _decode_steps(engine, chat, 3))
 

@@ -20,7 +20,6 @@ from chattts_velocity.engine.paged_kv import StepTensors, padded_decode
 from chattts_velocity.model import (
     ChatTTSLlama,
     allocate_kv_pairs,
-    build_attention_metadata,
     kv_cache_bytes_per_block,
 )
 from chattts_velocity.model.kernels.triton import available
@@ -52,34 +51,36 @@ def _near_greedy(steps: int, **kw) -> InferCodeParams:
 
 @pytest.mark.triton
 @needs_triton
-def test_engine_on_triton_equals_the_plain_path_mixed_lengths_with_speaker(chat: Chat, tiny_assets) -> None:
+def test_engine_on_triton_equals_the_plain_path_mixed_lengths_with_speaker(chat: Chat, tiny_assets,
+                                                                          triton_device) -> None:
     torch.manual_seed(0)
     sampling = _near_greedy(10, spk_emb=chat.sample_random_speaker())
     requests = chat.speech_requests(split_pieces(TEXTS, split=False), sampling)
     plain = chat.gpt(False).generate(requests.prompts, requests.sampling, False, max_batch=len(TEXTS))
-    llm = load_pretrained(tiny_assets, is_vllm=True, backend="triton")
+    llm = load_pretrained(tiny_assets, is_vllm=True, device=triton_device, backend="triton")
     fast = llm.generate(requests.prompts, requests.sampling, False)
     assert llm.engine.metrics()["backend"] == "triton"
     assert len({len(p.input_ids) for p in requests.prompts}) == len(TEXTS)  # ragged contexts in every decode step
     for a, b in zip(plain, fast, strict=True):
-        assert len(b.token_ids) == 10 and torch.equal(a.token_ids, b.token_ids)
-        assert (a.hidden - b.hidden).abs().max().item() <= 1e-4
+        assert len(b.token_ids) == 10 and torch.equal(a.token_ids.cpu(), b.token_ids.cpu())
+        assert (a.hidden.cpu() - b.hidden.cpu()).abs().max().item() <= 1e-4
 
 
 @pytest.mark.triton
 @needs_triton
-def test_preemption_and_recompute_on_triton_give_the_same_codes(chat: Chat, tiny_assets) -> None:
+def test_preemption_and_recompute_on_triton_give_the_same_codes(chat: Chat, tiny_assets, triton_device) -> None:
     prompts = [chat.tokenizer.code_prompt(f"Sentence number {i} with a few words.", None, None, "[speed_5]", None)
                for i in range(4)]
     params = [InferCodeParams(manual_seed=i, max_new_token=10, min_new_token=10, show_tqdm=False)
               .to_sampling_params("code", 625, return_hidden=True) for i in range(4)]
     # both engines sample on the device (DeviceSampler): its Philox stream is not the CPU sampler's
-    free = load_pretrained(tiny_assets, is_vllm=True, backend="triton").generate(prompts, params, progress=False)
+    free = load_pretrained(tiny_assets, is_vllm=True, device=triton_device, backend="triton").generate(
+        prompts, params, progress=False)
     cfg = ModelConfig.from_json(f"{tiny_assets}/asset/gpt/config.json")
     per_block = kv_cache_bytes_per_block(cfg.num_hidden_layers, 4, cfg.num_attention_heads, cfg.head_dim)
     # 4 sequences of ~30 positions need ~32 blocks of 4: a pool of 14 forces preemption and recompute
-    tight = load_pretrained(tiny_assets, is_vllm=True, backend="triton", block_size=4, max_model_len=56,
-                            kv_cache_memory=14 * per_block)
+    tight = load_pretrained(tiny_assets, is_vllm=True, device=triton_device, backend="triton", block_size=4,
+                            max_model_len=56, kv_cache_memory=14 * per_block)
     constrained = tight.generate(prompts, params, progress=False)
     assert tight.engine.scheduler.num_preemptions > 0
     for a, b in zip(free, constrained, strict=True):
@@ -90,11 +91,11 @@ def test_preemption_and_recompute_on_triton_give_the_same_codes(chat: Chat, tiny
 
 @pytest.mark.triton
 @needs_triton
-def test_a_requests_codes_on_triton_do_not_depend_on_its_batch(chat: Chat, tiny_assets) -> None:
+def test_a_requests_codes_on_triton_do_not_depend_on_its_batch(chat: Chat, tiny_assets, triton_device) -> None:
     prompts = [chat.tokenizer.code_prompt(text, None, None, "[speed_5]", None) for text in TEXTS[:3]]
     params = [InferCodeParams(manual_seed=i, max_new_token=6, min_new_token=6, show_tqdm=False)
               .to_sampling_params("code", 625, return_hidden=False) for i in range(3)]  # temperature 0.3, top_p, top_k
-    llm = load_pretrained(tiny_assets, is_vllm=True, backend="triton")
+    llm = load_pretrained(tiny_assets, is_vllm=True, device=triton_device, backend="triton")
     assert type(llm.engine.runner.sampler).__name__ == "DeviceSampler"
     batched = llm.generate(prompts, params, progress=False)
     alone = llm.generate(prompts[1:2], params[1:2], progress=False)
@@ -122,8 +123,10 @@ def _model() -> ChatTTSLlama:
     return model.eval()
 
 
-def _kv(device: str = "cpu") -> PagedKV:
-    pairs = allocate_kv_pairs(CONFIG.num_hidden_layers, NUM_BLOCKS + 1, BLOCK, HEADS, CONFIG.head_dim)
+def _kv(device: str = "cpu", allocate: bool = False) -> PagedKV:
+    """The pool on `device` if `allocate`, else on the CPU with `device` only named (the backend-choice tests)."""
+    pairs = allocate_kv_pairs(CONFIG.num_hidden_layers, NUM_BLOCKS + 1, BLOCK, HEADS, CONFIG.head_dim,
+                              device=device if allocate else "cpu")
     return PagedKV(pairs, BLOCK, pad_block=NUM_BLOCKS, device=torch.device(device))
 
 
@@ -194,19 +197,21 @@ def test_padded_decode_pads_with_rows_that_write_only_the_pad_block() -> None:
 @pytest.mark.triton
 @needs_triton
 @torch.inference_mode()
-def test_padded_graph_step_equals_the_eager_step_and_leaves_other_blocks_alone() -> None:
-    backend = _select(backend="triton")
+def test_padded_graph_step_equals_the_eager_step_and_leaves_other_blocks_alone(triton_device) -> None:
+    backend = select_backend(EngineConfig(block_size=BLOCK, backend="triton"), _model().to(triton_device),
+                             _kv(triton_device, allocate=True))
     kv = backend.kv
     lens, tables = [5, 9, 2], [[0, 1, 2], [3, 4, 5], [6, 7]]
     gen = torch.Generator().manual_seed(1)
-    backend.forward(torch.randn(sum(lens), HIDDEN, generator=gen), build_attention_metadata(lens, lens, tables, BLOCK))
+    prefill = torch.randn(sum(lens), HIDDEN, generator=gen).to(kv.device)
+    backend.run(prefill, StepTensors.from_lists(lens, lens, tables, BLOCK, kv.device))
     eager_kv = PagedKV([(k.clone(), v.clone()) for k, v in kv.pairs], BLOCK, kv.pad_block, kv.device)
     eager = TorchBackend(backend.model, eager_kv)
     graphs = DecodeGraphs(backend.decode_step, kv, graph_batch_sizes(8), width=4, hidden=HIDDEN, dtype=torch.float32)
     for step in range(2):  # 3 rows run in the size-4 buffers: one padding row
         positions = [n + step for n in lens]
         trimmed = [t[: p // BLOCK + 1] for t, p in zip(tables, positions, strict=True)]
-        x = torch.randn(len(lens), HIDDEN, generator=gen)
+        x = torch.randn(len(lens), HIDDEN, generator=gen).to(kv.device)
         step_inputs = StepTensors.from_lists([1] * 3, [p + 1 for p in positions], trimmed, BLOCK, kv.device)
         got, expected = graphs.run(x, step_inputs), eager.decode(x, positions, trimmed)
         assert got.shape == (3, HIDDEN) and (got - expected).abs().max().item() <= 1e-5
@@ -243,14 +248,16 @@ def test_a_graphed_decode_step_never_syncs_the_host(tiny_assets) -> None:
     backend = _gpu_engine(tiny_assets, max_num_seqs=4).engine.runner.backend
     x = torch.randn(3, backend.model.config.hidden_size, device="cuda")
     positions, tables = [3, 1, 2], [[0], [1], [2]]
-    backend.decode(x, positions, tables)
+    # the step's inputs as the engine builds them (pinned copies) are test_sync's; here: the replay itself
+    step = StepTensors.from_lists([1] * 3, [p + 1 for p in positions], tables, backend.kv.block_size, backend.kv.device)
+    backend.run(x, step)
     torch.cuda.synchronize()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-        backend.decode(x, positions, tables)
+        backend.run(x, step)
     names = {event.name for event in prof.events()}
     assert not {n for n in names if "Synchronize" in n}, names
     torch.cuda.set_sync_debug_mode("error")
     try:
-        backend.decode(x, positions, tables)
+        backend.run(x, step)
     finally:
         torch.cuda.set_sync_debug_mode("default")
