@@ -1,6 +1,7 @@
 // The CPU kernels' micro-kernels and paged attention without torch, against reference values computed here in double:
-// the vector helpers (exp, bf16 / int8 rounding), tile_rows for bf16 / int8 / int4 tiles (within bf16 rounding, and
-// the same bits for a row at every row-group size M) and attend_heads over bf16 and int8 pools. Built for the ISA
+// the vector helpers (exp, bf16 / int8 rounding), tile_rows for bf16 / int8 tiles and tile_rows_q8 for int4 tiles
+// times Q8 activations (within bf16 rounding, and the same bits for a row at every row-group size M), the Q8
+// quantisation, and attend_heads over bf16 and int8 pools. Built for the ISA
 // the compiler targets (isa_<isa>.h via cpu_kernels.h's choice), e.g. aarch64 under qemu (test_kernels_harness.py).
 // Prints one line per check and exits 1 on the first failure.
 #include <cmath>
@@ -131,21 +132,39 @@ Tiles make_tiles(int64_t N, int64_t K) {
   return t;
 }
 
+// tile_rows (bf16 / int8) or tile_rows_q8 (int4) for rows [m0, m0 + rows) of x into y.
+template <int Rows, typename W>
+void run_rows(const W* w, const float* rs, const float* gs, Activations staged, const Q8Rows& q8, at::BFloat16* y,
+              int64_t m0, int64_t K, int64_t N) {
+  if constexpr (std::is_same_v<W, uint8_t>) {
+    const Q8Rows rows{q8.q + m0 * K, q8.scales + m0 * (K / kQ8Group)};
+    tile_rows_q8<Rows>(rows, w, gs, y + m0 * N, K, N, N / kTileRows);
+  } else {
+    tile_rows<Rows, W>(staged + m0 * K, w, rs, y + m0 * N, K, N, N / kTileRows);
+  }
+}
+
+// The kernel against the double product of its inputs: x's bf16 values (bf16, int8 weights) or its Q8 rows (int4).
 template <typename W>
 void linear_case(const char* name, const W* w, const float* rs, const float* gs, const std::vector<double>& ref_w,
                  const std::vector<uint16_t>& x, int64_t M, int64_t K, int64_t N) {
   std::vector<float> buffer;
   const Activations staged = prepare_activations(x.data(), M, K, buffer, std::is_same_v<W, uint16_t>);
+  std::vector<int8_t> q(M * K);
+  std::vector<float> q_scales(M * K / kQ8Group);
+  quantize_q8_rows(x.data(), M, K, q.data(), q_scales.data());
+  const Q8Rows q8{q.data(), q_scales.data()};
   std::vector<at::BFloat16> one(M * N), group(M * N);
-  for (int64_t m = 0; m < M; ++m) tile_rows<1, W>(staged + m * K, w, rs, gs, one.data() + m * N, K, N, N / kTileRows);
+  for (int64_t m = 0; m < M; ++m) run_rows<1, W>(w, rs, gs, staged, q8, one.data(), m, K, N);
   for (int64_t m0 = 0; m0 + kRowGroup <= M; m0 += kRowGroup)
-    tile_rows<kRowGroup, W>(staged + m0 * K, w, rs, gs, group.data() + m0 * N, K, N, N / kTileRows);
+    run_rows<kRowGroup, W>(w, rs, gs, staged, q8, group.data(), m0, K, N);
   bool close = true, invariant = true;
   for (int64_t m = 0; m < M; ++m)
     for (int64_t n = 0; n < N; ++n) {
       double exact = 0, bound = 0;
       for (int64_t k = 0; k < K; ++k) {
-        const double xv = from_bf16(x[m * K + k]);
+        const double xv = std::is_same_v<W, uint8_t> ? double(q[m * K + k]) * q_scales[(m * K + k) / kQ8Group]
+                                                     : double(from_bf16(x[m * K + k]));
         exact += xv * ref_w[n * K + k];
         bound += std::fabs(xv * ref_w[n * K + k]);
       }
@@ -159,6 +178,20 @@ void linear_case(const char* name, const W* w, const float* rs, const float* gs,
   check(invariant, what);
 }
 
+void q8_rows() {  // the activations' quantisation: scale = max |x| / 127 per group, values rounded half to even
+  const int64_t K = 64;
+  std::vector<uint16_t> x(K);
+  for (int64_t k = 0; k < K; ++k) x[k] = bf16(k < 32 ? 0.0f : (k - 40) * 0.5f);  // group 0 all zero
+  std::vector<int8_t> q(K);
+  float scales[2];
+  quantize_q8_rows(x.data(), 1, K, q.data(), scales);
+  bool ok = scales[0] == 0.0f && scales[1] == 11.5f / 127.0f;
+  for (int64_t k = 0; k < K; ++k)
+    ok &= q[k] == (k < 32 ? 0 : static_cast<int8_t>(std::nearbyint(from_bf16(x[k]) / scales[1])));
+  ok &= q[63] == 127 && q[32] == -44;  // 11.5 / (11.5 / 127) and -4 / (11.5 / 127) = -44.17..
+  check(ok, "quantize_q8_rows: zero group, scale max/127, values rounded");
+}
+
 void linears() {
   const int64_t M = 2 * kRowGroup, K = 96, N = 12;
   const Tiles t = make_tiles(N, K);
@@ -167,6 +200,7 @@ void linears() {
   linear_case("bf16", t.bf16.data(), nullptr, nullptr, t.w_bf16, x, M, K, N);
   linear_case("int8", t.int8.data(), t.row_scales.data(), nullptr, t.w_int8, x, M, K, N);
   linear_case("int4", t.int4.data(), nullptr, t.group_scales.data(), t.w_int4, x, M, K, N);
+  q8_rows();
 }
 
 // One sequence of `len` positions over pools of `heads` heads, blocks in a shuffled order.

@@ -54,6 +54,10 @@ def test_linears_within_bf16_rounding_and_batch_invariant(isa: str, mode: str, l
 
         def run(x: torch.Tensor) -> torch.Tensor:
             return op.linear_int4(x.bfloat16(), lin.packed, lin.scales)
+
+        def activations(x: torch.Tensor) -> torch.Tensor:  # int4 multiplies x's Q8 rows
+            q, scales = kernels.quantize_q8_rows(x.bfloat16())
+            return (q.double().reshape(len(x), -1, 32) * scales.double()[..., None]).reshape(x.shape)
     elif mode == "int8":
         q = (lin.dequantized() / lin.scales[:, None]).round().to(torch.int8)
         weight, w = _layout(q, layout, 16), lin.dequantized().double()
@@ -68,7 +72,8 @@ def test_linears_within_bf16_rounding_and_batch_invariant(isa: str, mode: str, l
     x = torch.randn(150, 96, generator=gen)
     whole = run(x)  # 150 rows: several 64-row AMX passes and 4-row tile groups, partial ones at the end
     assert whole.dtype == torch.bfloat16 and whole.shape == (150, 80)
-    assert ((whole.double() - x.double() @ w.T).abs() <= _bf16_bound(x, w.float())).all()
+    seen = activations(x) if mode == "int4" else x.bfloat16().double()
+    assert ((whole.double() - seen @ w.T).abs() <= _bf16_bound(seen.float(), w.float())).all()
     for start, rows in [(0, 1), (7, 1), (3, 2), (10, 3), (20, 4), (30, 5), (40, 17), (0, 64), (50, 65), (149, 1)]:
         assert torch.equal(run(x[start:start + rows]), whole[start:start + rows]), (start, rows)
 
@@ -248,3 +253,14 @@ def test_int4_tiles_are_a_pure_reordering_of_values_and_scales() -> None:
     assert tiles[1, 1, 2, 3].item() == (q[6, 35].item() + 8) | (q[6, 51].item() + 8) << 4
     back, back_scales = kernels.from_int4_tiles(tiles, tile_scales)
     assert torch.equal(back, q) and torch.equal(back_scales, scales)
+
+
+def test_q8_rows_scale_each_groups_max_to_127_and_round_half_to_even() -> None:
+    x = torch.zeros(2, 64)
+    x[0, 32:] = torch.arange(32) - 8.0  # group 1: max |x| 23, so scale 23 / 127
+    x[1, :32] = torch.linspace(-1, 1, 32)
+    q, scales = kernels.quantize_q8_rows(x.bfloat16())
+    assert scales[0, 0] == 0 and q[0, :32].eq(0).all()  # an all-zero group
+    assert scales[0, 1] == torch.tensor(23.0) / 127 and q[0, 63] == 127 and q[0, 32] == -44  # -8 * 127 / 23 = -44.2
+    error = q.double().reshape(2, 2, 32) * scales.double()[..., None] - x.bfloat16().double().reshape(2, 2, 32)
+    assert error.abs().le(scales.double()[..., None] / 2 + 1e-12).all()

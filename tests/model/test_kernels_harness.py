@@ -18,8 +18,7 @@ KERNELS = Path(kernels.__file__).parent
 CROSS, QEMU = "aarch64-linux-gnu-g++", "qemu-aarch64"
 NATIVE_ARM = platform.machine() in ("aarch64", "arm64")
 ARM_TARGETS = {"armv8-a": "-march=armv8-a", "armv8.6-a+bf16+i8mm+dotprod": "-march=armv8.6-a+bf16+i8mm+dotprod"}
-X86_TARGETS = {"avx2": ["-mavx2", "-mfma"],
-               "avx512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mfma"]}
+X86_TARGETS = {isa: [*kernels.ISAS[isa].compiler_flags] for isa in ("avx2", "avx512")}  # the library's own flags
 
 
 def _build_and_run(compiler: list[str], flags: list[str], tmp_path: Path, runner: list[str]) -> str:

@@ -46,8 +46,9 @@ class Isa:
 
 
 ISAS = {
-    "avx512": Isa(("avx512f", "avx512bw", "avx512_bf16"),
-                  ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mfma", "-mamx-tile", "-mamx-bf16"),
+    "avx512": Isa(("avx512f", "avx512bw", "avx512_bf16", "avx512_vnni"),  # every AVX-512 BF16 CPU has VNNI
+                  ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mavx512vnni", "-mfma", "-mamx-tile",
+                   "-mamx-bf16"),
                   ("cpu_amx.cpp",)),
     "avx2": Isa(("avx2", "fma"), ("-mavx2", "-mfma")),  # no -mavx512*: runs on any x86 CPU with AVX2 + FMA
     "neon": Isa((), ("-mcpu=native",)),  # the host's extensions (dotprod, bf16, i8mm) where present
@@ -281,6 +282,17 @@ def to_int4_tiles(q: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, 
     packed = groups[:, :, 0] | (groups[:, :, 1] << 4)  # [N, K/32, 16]
     tiles = packed.reshape(n // 4, 4, k // 32, 16).transpose(1, 2).contiguous()
     return tiles, scales.float().reshape(n // 4, 4, k // 32).transpose(1, 2).contiguous()
+
+
+def quantize_q8_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """What linear_int4 multiplies the int4 weights with (q8_rows.h): x [M, K] (K % 32 == 0) as int8 q [M, K] and
+    fp32 scales [M, K/32], per row and 32-column group scale = max |x| / 127 and q = x / scale rounded half to even
+    (0 for an all-zero group). x ~= q * scale of its group."""
+    m, k = x.shape
+    groups = x.float().reshape(m, k // INT4_GROUP, INT4_GROUP)
+    scales = groups.abs().amax(dim=2) / 127
+    q = torch.where(scales[..., None] > 0, torch.round(groups / scales[..., None].clamp(min=1e-30)), 0.0)
+    return q.to(torch.int8).reshape(m, k), scales
 
 
 def from_int4_tiles(tiles: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -14,7 +14,8 @@
 //   linear_bf16(x, weight): weight in the tile layout, or in the AMX panel layout (kernels.to_panels) on AMX CPUs.
 //   linear_int8(x, weight, scales): weight-only int8 with per-output-row scales, either layout. The int8 values
 //     are exact in bf16 / fp32, so the arithmetic is linear_bf16's, then the fp32 sum is scaled and rounded once.
-//   linear_int4(x, weight, scales): weight-only int4 tiles with a scale per 32-column group (below).
+//   linear_int4(x, weight, scales): int4 tiles with a scale per 32-column group, times x quantised per row and
+//     32-column group to int8 (q8_rows.h): integer dot products per group, scaled once (below).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -26,28 +27,32 @@ namespace {
 
 constexpr int64_t kBlockTiles = 8;  // tiles per cache-resident weight block (32 outputs, 48-192 KB of bf16)
 
-// All M rows of x times tiles [0, n) of a weight block, kRowGroup rows at a time (the block stays in cache meanwhile).
-template <typename W>
-void rows_times_block(Activations x, int64_t M, const W* w, const float* row_scales, const float* group_scales,
-                      at::BFloat16* y, int64_t K, int64_t N, int64_t n) {
+// kernel(rows, m0) for the rows of x in groups of kRowGroup (rows: a std::integral_constant, the group's size).
+template <typename Kernel>
+void row_groups(int64_t M, Kernel&& kernel) {
   for (int64_t m0 = 0; m0 < M; m0 += kRowGroup) {
-    const Activations xm = x + m0 * K;
-    at::BFloat16* ym = y + m0 * N;
     switch (std::min<int64_t>(kRowGroup, M - m0)) {
-      case 1: tile_rows<1, W>(xm, w, row_scales, group_scales, ym, K, N, n); break;
-      case 2: tile_rows<2, W>(xm, w, row_scales, group_scales, ym, K, N, n); break;
-      case 3: if constexpr (kRowGroup > 2) tile_rows<3, W>(xm, w, row_scales, group_scales, ym, K, N, n); break;
-      default: tile_rows<kRowGroup, W>(xm, w, row_scales, group_scales, ym, K, N, n); break;
+      case 1: kernel(std::integral_constant<int, 1>{}, m0); break;
+      case 2: kernel(std::integral_constant<int, 2>{}, m0); break;
+      case 3: if constexpr (kRowGroup > 2) kernel(std::integral_constant<int, 3>{}, m0); break;
+      default: kernel(std::integral_constant<int, static_cast<int>(kRowGroup)>{}, m0); break;
     }
   }
 }
 
-// y [M, N] bf16 = x [M, K] bf16 @ W.T, W in bf16, int8 (then times row_scales) or int4 tiles (times group_scales).
-// The weight streams from memory once per call: threads take blocks of kBlockTiles tiles and pass every row of x
-// over a block before the next.
+// All M rows of x times tiles [0, n) of a weight block, kRowGroup rows at a time (the block stays in cache meanwhile).
 template <typename W>
-at::Tensor tiles_linear(const at::Tensor& x, const at::Tensor& tiles, const float* row_scales,
-                        const float* group_scales) {
+void rows_times_block(Activations x, int64_t M, const W* w, const float* row_scales, at::BFloat16* y, int64_t K,
+                      int64_t N, int64_t n) {
+  row_groups(M, [&](auto rows, int64_t m0) {
+    tile_rows<decltype(rows)::value, W>(x + m0 * K, w, row_scales, y + m0 * N, K, N, n);
+  });
+}
+
+// y [M, N] bf16 = x [M, K] bf16 @ W.T, W in bf16 or int8 tiles (then times row_scales). The weight streams from
+// memory once per call: threads take blocks of kBlockTiles tiles and pass every row of x over a block before the next.
+template <typename W>
+at::Tensor tiles_linear(const at::Tensor& x, const at::Tensor& tiles, const float* row_scales) {
   const int64_t M = x.size(0), K = x.size(1), num_tiles = tiles.size(0), N = num_tiles * kTileRows;
   constexpr int64_t kTileElements = step_bytes<W>() / sizeof(W) * kTileRows;  // per 32 columns
   auto xb = x.contiguous();
@@ -64,15 +69,39 @@ at::Tensor tiles_linear(const at::Tensor& x, const at::Tensor& tiles, const floa
     for (int64_t b0 = t0; b0 < t1; b0 += kBlockTiles) {
       const int64_t n = std::min(kBlockTiles, t1 - b0), offset = b0 * (K / 32) * kTileElements;
       const float* block_scales = row_scales ? row_scales + b0 * kTileRows : nullptr;
-      const float* block_groups = group_scales ? group_scales + b0 * (K / 32) * kTileRows : nullptr;
       if constexpr (std::is_same_v<W, int8_t> && kWidenInt8Blocks) {
         if (widen) {
           widen_int8_block(wp + offset, buffer.data(), K, n);
-          rows_times_block<WideWeight>(xp, M, buffer.data(), block_scales, nullptr, yp + b0 * kTileRows, K, N, n);
+          rows_times_block<WideWeight>(xp, M, buffer.data(), block_scales, yp + b0 * kTileRows, K, N, n);
           continue;
         }
       }
-      rows_times_block<W>(xp, M, wp + offset, block_scales, block_groups, yp + b0 * kTileRows, K, N, n);
+      rows_times_block<W>(xp, M, wp + offset, block_scales, yp + b0 * kTileRows, K, N, n);
+    }
+  });
+  return y;
+}
+
+// y [M, N] bf16 = x [M, K] bf16 @ W.T for int4 tiles [N/4, K/32, 4, 16] with group_scales [N/4, K/32, 4]: x is
+// quantised once (Q8 rows), then blocks of tiles stream as in tiles_linear.
+at::Tensor int4_tiles_linear(const at::Tensor& x, const at::Tensor& tiles, const float* group_scales) {
+  const int64_t M = x.size(0), K = x.size(1), num_tiles = tiles.size(0), N = num_tiles * kTileRows;
+  const int64_t tile_bytes = K / 2 * kTileRows, tile_scales = K / kQ8Group * kTileRows;
+  auto xb = x.contiguous();
+  auto y = at::empty({M, N}, x.options());
+  std::vector<int8_t> q(static_cast<size_t>(M * K));
+  std::vector<float> scales(static_cast<size_t>(M * K / kQ8Group));
+  quantize_q8_rows(reinterpret_cast<const uint16_t*>(xb.data_ptr()), M, K, q.data(), scales.data());
+  const auto* wp = tiles.data_ptr<uint8_t>();
+  auto* yp = y.data_ptr<at::BFloat16>();
+  at::parallel_for(0, num_tiles, kBlockTiles, [&](int64_t t0, int64_t t1) {
+    for (int64_t b0 = t0; b0 < t1; b0 += kBlockTiles) {
+      const int64_t n = std::min(kBlockTiles, t1 - b0);
+      row_groups(M, [&](auto rows, int64_t m0) {
+        const Q8Rows xm{q.data() + m0 * K, scales.data() + m0 * (K / kQ8Group)};
+        tile_rows_q8<decltype(rows)::value>(xm, wp + b0 * tile_bytes, group_scales + b0 * tile_scales,
+                                            yp + m0 * N + b0 * kTileRows, K, N, n);
+      });
     }
   });
   return y;
@@ -98,7 +127,7 @@ at::Tensor linear_bf16(const at::Tensor& x, const at::Tensor& weight) {
   if (is_panels(weight)) return linear_bf16_amx(x.contiguous(), weight);
 #endif
   check_inputs(x, weight, 32, 32);
-  return tiles_linear<uint16_t>(x, weight, nullptr, nullptr);
+  return tiles_linear<uint16_t>(x, weight, nullptr);
 }
 
 at::Tensor linear_int8(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& scales) {
@@ -110,7 +139,7 @@ at::Tensor linear_int8(const at::Tensor& x, const at::Tensor& weight, const at::
   if (is_panels(weight)) return linear_int8_amx(x.contiguous(), weight, scales);
 #endif
   check_inputs(x, weight, 16, 16);
-  return tiles_linear<int8_t>(x, weight, scales.data_ptr<float>(), nullptr);
+  return tiles_linear<int8_t>(x, weight, scales.data_ptr<float>());
 }
 
 // int4 tiles [N/4, K/32, 4, 16] uint8 (byte j of a group: column j in its low nibble, j + 16 in its high one, each
@@ -121,7 +150,7 @@ at::Tensor linear_int4(const at::Tensor& x, const at::Tensor& weight, const at::
   TORCH_CHECK(scales.scalar_type() == at::kFloat && scales.is_contiguous() &&
                   scales.numel() == weight.size(0) * weight.size(1) * kTileRows,
               "scales must be contiguous float32 [N/4, K/32, 4]");
-  return tiles_linear<uint8_t>(x, weight, nullptr, scales.data_ptr<float>());
+  return int4_tiles_linear(x, weight, scales.data_ptr<float>());
 }
 
 }  // namespace chattts_velocity_cpu

@@ -10,6 +10,8 @@
 #include <type_traits>
 #include <vector>
 
+#include "q8_rows.h"
+
 namespace chattts_velocity_cpu {
 
 struct V16 {
@@ -139,7 +141,7 @@ inline Activations prepare_activations(const uint16_t* x, int64_t M, int64_t K, 
 
 template <typename W>
 constexpr int64_t step_bytes() {  // weight bytes of one 32-wide step of one row
-  return std::is_same_v<W, uint16_t> ? 64 : std::is_same_v<W, int8_t> ? 32 : 16;
+  return std::is_same_v<W, uint16_t> ? 64 : 32;
 }
 
 // The 32 weights of row r at a step as 4 x 8 fp32, in the activations' order.
@@ -158,28 +160,14 @@ inline void weights32(const int8_t* wt, int r, __m256 w[4]) {  // int8 tiles: tw
   w[0] = int8x8(lo), w[1] = int8x8(lo + 8), w[2] = int8x8(hi), w[3] = int8x8(hi + 8);
 }
 
-inline void weights32(const uint8_t* wt, int r, __m256 w[4]) {  // int4: low nibbles k..k+15, high k+16..k+31
-  const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(wt + 16 * r));
-  const __m128i mask = _mm_set1_epi8(0x0F), eight = _mm_set1_epi8(8);
-  const __m128i low = _mm_sub_epi8(_mm_and_si128(packed, mask), eight);
-  const __m128i high = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(packed, 4), mask), eight);
-  w[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(low));
-  w[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(low, 8)));
-  w[2] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(high));
-  w[3] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(high, 8)));
-}
-
-// Rows x[0, M) times `tiles` consecutive weight tiles: y[m * N + 4 t + r] = (row_scales[4 t + r] *) the sum; int4
-// (W = uint8_t) scales each 32-wide group's sum by group_scales [tiles, K / 32, 4]. Each (row, output) has one
-// accumulator and the same summation order at every M (the batch-invariance contract).
+// Rows x[0, M) times `tiles` consecutive weight tiles: y[m * N + 4 t + r] = (row_scales[4 t + r] *) the sum. Each
+// (row, output) has one accumulator and the same summation order at every M (the batch-invariance contract).
 template <int M, typename W>
-void tile_rows(Activations x, const W* w, const float* row_scales, const float* group_scales, at::BFloat16* y,
-               int64_t K, int64_t N, int64_t tiles) {
-  constexpr bool kInt4 = std::is_same_v<W, uint8_t>;
+void tile_rows(Activations x, const W* w, const float* row_scales, at::BFloat16* y, int64_t K, int64_t N,
+               int64_t tiles) {
   constexpr int64_t kStep = step_bytes<W>() * kTileRows / sizeof(W);
   for (int64_t t = 0; t < tiles; ++t) {
     const W* wt = w + t * (K / 32) * kStep;
-    const float* gs = kInt4 ? group_scales + t * (K / 32) * kTileRows : nullptr;
     __m256 acc[M][kTileRows];
     for (int m = 0; m < M; ++m)
       for (int r = 0; r < kTileRows; ++r) acc[m][r] = _mm256_setzero_ps();
@@ -191,13 +179,7 @@ void tile_rows(Activations x, const W* w, const float* row_scales, const float* 
         weights32(wt, r, wv);
         for (int m = 0; m < M; ++m) {
           const float* xm = x + m * K + k;
-          if constexpr (kInt4) {
-            __m256 group = _mm256_mul_ps(wv[0], _mm256_loadu_ps(xm));
-            for (int j = 1; j < 4; ++j) group = _mm256_fmadd_ps(wv[j], _mm256_loadu_ps(xm + 8 * j), group);
-            acc[m][r] = _mm256_fmadd_ps(group, _mm256_broadcast_ss(gs + k / 32 * kTileRows + r), acc[m][r]);
-          } else {
-            for (int j = 0; j < 4; ++j) acc[m][r] = _mm256_fmadd_ps(wv[j], _mm256_loadu_ps(xm + 8 * j), acc[m][r]);
-          }
+          for (int j = 0; j < 4; ++j) acc[m][r] = _mm256_fmadd_ps(wv[j], _mm256_loadu_ps(xm + 8 * j), acc[m][r]);
         }
       }
     }
@@ -206,6 +188,47 @@ void tile_rows(Activations x, const W* w, const float* row_scales, const float* 
         const float sum = hsum8(acc[m][r]);
         y[m * N + t * kTileRows + r] = at::BFloat16(row_scales ? row_scales[t * kTileRows + r] * sum : sum);
       }
+  }
+}
+
+// int4 tiles [tiles, K / 32, 4, 16] (byte j of a row's group: q + 8 of column j in its low nibble, of column j + 16
+// in its high one) times Q8 rows: per group the 32 products of int4 weight q and int8 activation in exact integers (|q| by
+// sign-adjusted x in vpmaddubsw: pairs of at most 2 x 8 x 127, then vpmaddwd to 8 int32 lanes), times the weight's
+// group scale and the row's, into 8 fp32 lanes per (row, output) in a fixed order at every M.
+template <int M>
+void tile_rows_q8(Q8Rows x, const uint8_t* w, const float* group_scales, at::BFloat16* y, int64_t K, int64_t N,
+                  int64_t tiles) {
+  const int64_t groups = K / kQ8Group;
+  const __m256i nibbles = _mm256_set1_epi8(0x0F), eight = _mm256_set1_epi8(8), ones = _mm256_set1_epi16(1);
+  for (int64_t t = 0; t < tiles; ++t) {
+    const uint8_t* wt = w + t * groups * 16 * kTileRows;
+    const float* gs = group_scales + t * groups * kTileRows;
+    __m256 acc[M][kTileRows];
+    for (int m = 0; m < M; ++m)
+      for (int r = 0; r < kTileRows; ++r) acc[m][r] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < groups; ++g, wt += 16 * kTileRows) {
+      prefetch(wt + kPrefetch);
+      __m256i xq[M];
+      __m256 xs[M];
+      for (int m = 0; m < M; ++m) {
+        xq[m] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q + m * K + g * kQ8Group));
+        xs[m] = _mm256_set1_ps(x.scales[m * groups + g]);
+      }
+      for (int r = 0; r < kTileRows; ++r) {
+        const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(wt + 16 * r));
+        const __m256i both = _mm256_set_m128i(_mm_srli_epi16(packed, 4), packed);  // columns 16-31 | 0-15
+        const __m256i q = _mm256_sub_epi8(_mm256_and_si256(both, nibbles), eight);
+        const __m256i magnitude = _mm256_sign_epi8(q, q);
+        const __m256 ws = _mm256_set1_ps(gs[g * kTileRows + r]);
+        for (int m = 0; m < M; ++m) {
+          const __m256i pairs = _mm256_maddubs_epi16(magnitude, _mm256_sign_epi8(xq[m], q));
+          const __m256 sums = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, ones));
+          acc[m][r] = _mm256_fmadd_ps(sums, _mm256_mul_ps(ws, xs[m]), acc[m][r]);
+        }
+      }
+    }
+    for (int m = 0; m < M; ++m)
+      for (int r = 0; r < kTileRows; ++r) y[m * N + t * kTileRows + r] = at::BFloat16(hsum8(acc[m][r]));
   }
 }
 

@@ -9,6 +9,8 @@
 #include <type_traits>
 #include <vector>
 
+#include "q8_rows.h"
+
 namespace chattts_velocity_cpu {
 
 using V16 = __m512;  // 16 fp32 lanes
@@ -86,32 +88,19 @@ inline __m512i weights32(const int8_t* wt, int r) {
   return reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo));
 }
 
-inline __m512i weights32(const uint8_t* wt, int r) {  // int4: 16 bytes, low nibbles k..k+15, high k+16..k+31
-  const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(wt + 16 * r));
-  const __m128i low = _mm_and_si128(packed, _mm_set1_epi8(0x0F));
-  const __m128i high = _mm_and_si128(_mm_srli_epi16(packed, 4), _mm_set1_epi8(0x0F));
-  const __m128i eight = _mm_set1_epi8(8);
-  const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_sub_epi8(low, eight)));
-  const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_sub_epi8(high, eight)));
-  return reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo));
-}
-
 template <typename W>
 constexpr int64_t step_bytes() {  // weight bytes of one 32-wide step of one row
-  return std::is_same_v<W, uint16_t> ? 64 : std::is_same_v<W, int8_t> ? 32 : 16;
+  return std::is_same_v<W, uint16_t> ? 64 : 32;
 }
 
 // Rows x[0, M) times `tiles` consecutive weight tiles from w: y[m * N + 4 t + r] = (row_scales[4 t + r] *) the sum.
-// int4 (W = uint8_t): each 32-wide step is one group, its sum scaled by group_scales [tiles, K / 32, 4] on its own.
 // Every row has its own accumulators and the same summation order whatever M is (the batch-invariance contract).
 template <int M, typename W>
-void tile_rows(Activations x, const W* w, const float* row_scales, const float* group_scales, at::BFloat16* y,
-               int64_t K, int64_t N, int64_t tiles) {
-  constexpr bool kInt4 = std::is_same_v<W, uint8_t>;
+void tile_rows(Activations x, const W* w, const float* row_scales, at::BFloat16* y, int64_t K, int64_t N,
+               int64_t tiles) {
   constexpr int64_t kStep = step_bytes<W>() * kTileRows / sizeof(W);  // W elements per 32-wide step of a tile
   for (int64_t t = 0; t < tiles; ++t) {
     const W* wt = w + t * (K / 32) * kStep;
-    const float* gs = kInt4 ? group_scales + t * (K / 32) * kTileRows : nullptr;
     __m512 acc[M][kTileRows];
     for (int m = 0; m < M; ++m)
       for (int r = 0; r < kTileRows; ++r) acc[m][r] = _mm512_setzero_ps();
@@ -122,20 +111,73 @@ void tile_rows(Activations x, const W* w, const float* row_scales, const float* 
       for (int r = 0; r < kTileRows; ++r) wv[r] = weights32(wt, r);
       for (int m = 0; m < M; ++m) {
         const __m512bh xv = reinterpret_cast<__m512bh>(_mm512_loadu_si512(x + m * K + k));
-        for (int r = 0; r < kTileRows; ++r) {
-          if constexpr (kInt4) {
-            const __m512 group = _mm512_dpbf16_ps(_mm512_setzero_ps(), xv, reinterpret_cast<__m512bh>(wv[r]));
-            acc[m][r] = _mm512_fmadd_ps(group, _mm512_set1_ps(gs[k / 32 * kTileRows + r]), acc[m][r]);
-          } else {
-            acc[m][r] = _mm512_dpbf16_ps(acc[m][r], xv, reinterpret_cast<__m512bh>(wv[r]));
-          }
-        }
+        for (int r = 0; r < kTileRows; ++r)
+          acc[m][r] = _mm512_dpbf16_ps(acc[m][r], xv, reinterpret_cast<__m512bh>(wv[r]));
       }
     }
     for (int m = 0; m < M; ++m)
       for (int r = 0; r < kTileRows; ++r) {
         const float sum = _mm512_reduce_add_ps(acc[m][r]);
         y[m * N + t * kTileRows + r] = at::BFloat16(row_scales ? row_scales[t * kTileRows + r] * sum : sum);
+      }
+  }
+}
+
+inline float hsum8(__m256 v) {  // fixed order: (lo4 + hi4), then pairs
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// int4 tiles [tiles, K / 32, 4, 16] (byte j of a row's group: q + 8 of column j in its low nibble, of column j + 16
+// in its high one) times Q8 rows, two output rows per register: lanes 0-7 row r, 8-15 row r + 1. Per group
+// vpdpbusd sums the (q + 8) x activation products in exact integers, starting from -8 x the activations' sums so
+// the lanes hold sum(q x); then times the weight's group scale and the row's, into fp32 lanes in a fixed order at
+// every M.
+template <int M>
+void tile_rows_q8(Q8Rows x, const uint8_t* w, const float* group_scales, at::BFloat16* y, int64_t K, int64_t N,
+                  int64_t tiles) {
+  const int64_t groups = K / kQ8Group;
+  const __m512i nibbles = _mm512_set1_epi8(0x0F), eight = _mm512_set1_epi8(8);
+  const __m512i rows_twice = _mm512_set_epi64(3, 2, 3, 2, 1, 0, 1, 0);  // 128-bit lanes: r, r, r + 1, r + 1
+  const __m512i shifts = _mm512_set_epi64(4, 4, 0, 0, 4, 4, 0, 0);        // high nibbles in lanes 1 and 3
+  const __m512i scale_lanes = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+  for (int64_t t = 0; t < tiles; ++t) {
+    const uint8_t* wt = w + t * groups * 16 * kTileRows;
+    const float* gs = group_scales + t * groups * kTileRows;
+    __m512 acc[M][kTileRows / 2];
+    for (int m = 0; m < M; ++m)
+      for (int p = 0; p < kTileRows / 2; ++p) acc[m][p] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < groups; ++g, wt += 16 * kTileRows) {
+      prefetch(wt + kPrefetch);
+      __m512i wq[kTileRows / 2];
+      __m512 ws[kTileRows / 2];
+      for (int p = 0; p < kTileRows / 2; ++p) {
+        const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wt + 32 * p));  // rows 2p, 2p + 1
+        const __m512i spread = _mm512_permutexvar_epi64(rows_twice, _mm512_castsi256_si512(bytes));
+        wq[p] = _mm512_and_si512(_mm512_srlv_epi64(spread, shifts), nibbles);
+        double two_scales;  // the two rows' fp32 scales of this group
+        std::memcpy(&two_scales, gs + g * kTileRows + 2 * p, sizeof two_scales);
+        ws[p] = _mm512_permutexvar_ps(scale_lanes, _mm512_castps128_ps512(_mm_castpd_ps(_mm_set_sd(two_scales))));
+      }
+      for (int m = 0; m < M; ++m) {
+        const __m256i group = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q + m * K + g * kQ8Group));
+        const __m512i xq = _mm512_broadcast_i64x4(group);  // the row's group for both output rows
+        const __m512i zero = _mm512_setzero_si512();
+        const __m512i start = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, eight, xq));
+        const __m512 xs = _mm512_set1_ps(x.scales[m * groups + g]);
+        for (int p = 0; p < kTileRows / 2; ++p) {
+          const __m512 sums = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(start, wq[p], xq));
+          acc[m][p] = _mm512_fmadd_ps(sums, _mm512_mul_ps(ws[p], xs), acc[m][p]);
+        }
+      }
+    }
+    for (int m = 0; m < M; ++m)
+      for (int p = 0; p < kTileRows / 2; ++p) {
+        const __m512d both = _mm512_castps_pd(acc[m][p]);
+        y[m * N + t * kTileRows + 2 * p] = at::BFloat16(hsum8(_mm256_castpd_ps(_mm512_castpd512_pd256(both))));
+        y[m * N + t * kTileRows + 2 * p + 1] = at::BFloat16(hsum8(_mm256_castpd_ps(_mm512_extractf64x4_pd(both, 1))));
       }
   }
 }

@@ -1,8 +1,8 @@
 // aarch64 NEON micro-kernels (Apple M-series, Graviton, Ampere): the vector helpers, the tile linear's inner loop
 // and the attention's row kernels behind the shared drivers (cpu_*.cpp). One V16 is four float32x4_t.
 // Where the compiler targets the BF16 extension (__ARM_FEATURE_BF16_VECTOR_ARITHMETIC: Graviton 3, M2 on), q . k of
-// bf16 rows uses BFDOT and fp32 -> bf16 uses BFCVT; elsewhere both are plain NEON. The int8 dot product extensions
-// (dotprod, i8mm) are not used: the linears are weight-only (activations stay bf16 / fp32, as on x86).
+// bf16 rows uses BFDOT and fp32 -> bf16 uses BFCVT; elsewhere both are plain NEON. The int4 linear's integer dot
+// products use SDOT where the compiler targets dotprod, else SMULL / SMLAL (the same exact sums); i8mm is not used.
 #pragma once
 
 #include <arm_neon.h>
@@ -11,6 +11,8 @@
 #include <cstring>
 #include <type_traits>
 #include <vector>
+
+#include "q8_rows.h"
 
 namespace chattts_velocity_cpu {
 
@@ -142,7 +144,7 @@ inline Activations prepare_activations(const uint16_t* x, int64_t M, int64_t K, 
 
 template <typename W>
 constexpr int64_t step_bytes() {  // weight bytes of one 32-wide step of one row
-  return std::is_same_v<W, uint16_t> ? 64 : std::is_same_v<W, int8_t> ? 32 : 16;
+  return std::is_same_v<W, uint16_t> ? 64 : 32;
 }
 
 // The 32 weights of row r at a step as 8 x 4 fp32, natural order.
@@ -155,24 +157,14 @@ inline void weights32(const int8_t* wt, int r, float32x4_t w[8]) {  // int8 tile
   int8x16(vld1q_s8(wt + 16 * kTileRows + 16 * r), w + 4);
 }
 
-inline void weights32(const uint8_t* wt, int r, float32x4_t w[8]) {  // int4: low nibbles k..k+15, high k+16..k+31
-  const uint8x16_t packed = vld1q_u8(wt + 16 * r);
-  const int8x16_t eight = vdupq_n_s8(8);
-  int8x16(vsubq_s8(vreinterpretq_s8_u8(vandq_u8(packed, vdupq_n_u8(0x0F))), eight), w);
-  int8x16(vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8(packed, 4)), eight), w + 4);
-}
-
-// Rows x[0, M) times `tiles` consecutive weight tiles: y[m * N + 4 t + r] = (row_scales[4 t + r] *) the sum; int4
-// (W = uint8_t) scales each 32-wide group's sum by group_scales [tiles, K / 32, 4]. Each (row, output) has one
-// accumulator and the same summation order at every M (the batch-invariance contract).
+// Rows x[0, M) times `tiles` consecutive weight tiles: y[m * N + 4 t + r] = (row_scales[4 t + r] *) the sum. Each
+// (row, output) has one accumulator and the same summation order at every M (the batch-invariance contract).
 template <int M, typename W>
-void tile_rows(Activations x, const W* w, const float* row_scales, const float* group_scales, at::BFloat16* y,
-               int64_t K, int64_t N, int64_t tiles) {
-  constexpr bool kInt4 = std::is_same_v<W, uint8_t>;
+void tile_rows(Activations x, const W* w, const float* row_scales, at::BFloat16* y, int64_t K, int64_t N,
+               int64_t tiles) {
   constexpr int64_t kStep = step_bytes<W>() * kTileRows / sizeof(W);
   for (int64_t t = 0; t < tiles; ++t) {
     const W* wt = w + t * (K / 32) * kStep;
-    const float* gs = kInt4 ? group_scales + t * (K / 32) * kTileRows : nullptr;
     float32x4_t acc[M][kTileRows];
     for (int m = 0; m < M; ++m)
       for (int r = 0; r < kTileRows; ++r) acc[m][r] = vdupq_n_f32(0);
@@ -184,13 +176,7 @@ void tile_rows(Activations x, const W* w, const float* row_scales, const float* 
         weights32(wt, r, wv);
         for (int m = 0; m < M; ++m) {
           const float* xm = x + m * K + k;
-          if constexpr (kInt4) {
-            float32x4_t group = vmulq_f32(wv[0], vld1q_f32(xm));
-            for (int j = 1; j < 8; ++j) group = vfmaq_f32(group, wv[j], vld1q_f32(xm + 4 * j));
-            acc[m][r] = vfmaq_n_f32(acc[m][r], group, gs[k / 32 * kTileRows + r]);
-          } else {
-            for (int j = 0; j < 8; ++j) acc[m][r] = vfmaq_f32(acc[m][r], wv[j], vld1q_f32(xm + 4 * j));
-          }
+          for (int j = 0; j < 8; ++j) acc[m][r] = vfmaq_f32(acc[m][r], wv[j], vld1q_f32(xm + 4 * j));
         }
       }
     }
@@ -199,6 +185,54 @@ void tile_rows(Activations x, const W* w, const float* row_scales, const float* 
         const float sum = vaddvq_f32(acc[m][r]);
         y[m * N + t * kTileRows + r] = at::BFloat16(row_scales ? row_scales[t * kTileRows + r] * sum : sum);
       }
+  }
+}
+
+// sum(q x) of 32 int4 weights (two int8x16: columns 0-15, 16-31) and 32 int8 activations in 4 int32 lanes, exact:
+// SDOT where the compiler targets the dot product extension, else SMULL / SMLAL (4 products of at most 8 x 127 per
+// int16 lane) and a pairwise widening add.
+inline int32x4_t group_dot(int8x16_t w0, int8x16_t w1, int8x16_t x0, int8x16_t x1) {
+#if defined(__ARM_FEATURE_DOTPROD)
+  return vdotq_s32(vdotq_s32(vdupq_n_s32(0), w0, x0), w1, x1);
+#else
+  int16x8_t sums = vmull_s8(vget_low_s8(w0), vget_low_s8(x0));
+  sums = vmlal_high_s8(sums, w0, x0);
+  sums = vmlal_s8(sums, vget_low_s8(w1), vget_low_s8(x1));
+  sums = vmlal_high_s8(sums, w1, x1);
+  return vpaddlq_s16(sums);
+#endif
+}
+
+// int4 tiles [tiles, K / 32, 4, 16] (byte j of a row's group: q + 8 of column j in its low nibble, of column j + 16
+// in its high one) times Q8 rows: per group the exact integer sum(q x) (group_dot), times the weight's group scale
+// and the row's, into 4 fp32 lanes per (row, output) in a fixed order at every M.
+template <int M>
+void tile_rows_q8(Q8Rows x, const uint8_t* w, const float* group_scales, at::BFloat16* y, int64_t K, int64_t N,
+                  int64_t tiles) {
+  const int64_t groups = K / kQ8Group;
+  const int8x16_t eight = vdupq_n_s8(8);
+  for (int64_t t = 0; t < tiles; ++t) {
+    const uint8_t* wt = w + t * groups * 16 * kTileRows;
+    const float* gs = group_scales + t * groups * kTileRows;
+    float32x4_t acc[M][kTileRows];
+    for (int m = 0; m < M; ++m)
+      for (int r = 0; r < kTileRows; ++r) acc[m][r] = vdupq_n_f32(0);
+    for (int64_t g = 0; g < groups; ++g, wt += 16 * kTileRows) {
+      prefetch(wt + kPrefetch);
+      for (int r = 0; r < kTileRows; ++r) {
+        const uint8x16_t packed = vld1q_u8(wt + 16 * r);
+        const int8x16_t low = vsubq_s8(vreinterpretq_s8_u8(vandq_u8(packed, vdupq_n_u8(0x0F))), eight);
+        const int8x16_t high = vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8(packed, 4)), eight);
+        const float ws = gs[g * kTileRows + r];
+        for (int m = 0; m < M; ++m) {
+          const int8_t* xq = x.q + m * K + g * kQ8Group;
+          const int32x4_t sums = group_dot(low, high, vld1q_s8(xq), vld1q_s8(xq + 16));
+          acc[m][r] = vfmaq_n_f32(acc[m][r], vcvtq_f32_s32(sums), ws * x.scales[m * groups + g]);
+        }
+      }
+    }
+    for (int m = 0; m < M; ++m)
+      for (int r = 0; r < kTileRows; ++r) y[m * N + t * kTileRows + r] = at::BFloat16(vaddvq_f32(acc[m][r]));
   }
 }
 

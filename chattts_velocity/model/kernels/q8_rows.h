@@ -1,0 +1,39 @@
+// Activations of the int4 linear (cpu_linear.cpp linear_int4; kernels.quantize_q8_rows is the same in torch): each
+// row of x cut into 32-column groups, each group as int8 values and one fp32 scale, so a group of int4 weights times
+// a group of x is an exact integer dot product (vpmaddubsw, vpdpbusd, NEON smull / sdot), scaled once.
+//
+//   scale = max |x| / 127 over the group (fp32), q = x / scale rounded half to even (0 for an all-zero group).
+//
+// Every row is quantised on its own, so a row's values never depend on the rows beside it (the seed contract).
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+namespace chattts_velocity_cpu {
+
+constexpr int64_t kQ8Group = 32;  // columns per activation scale (= the int4 weights' group)
+
+struct Q8Rows {  // x [M, K] as int8 q [M, K] and scales [M, K / 32]; a view of row m0 on: q + m0 K, scales + m0 K / 32
+  const int8_t* q;
+  const float* scales;
+};
+
+inline void quantize_q8_rows(const uint16_t* x, int64_t M, int64_t K, int8_t* q, float* scales) {
+  for (int64_t g = 0; g < M * K / kQ8Group; ++g) {
+    float values[kQ8Group], top = 0.0f;
+    for (int64_t j = 0; j < kQ8Group; ++j) {
+      const uint32_t bits = static_cast<uint32_t>(x[g * kQ8Group + j]) << 16;
+      std::memcpy(&values[j], &bits, 4);
+      top = std::max(top, std::fabs(values[j]));
+    }
+    const float scale = top / 127.0f;
+    scales[g] = scale;
+    for (int64_t j = 0; j < kQ8Group; ++j)
+      q[g * kQ8Group + j] = scale > 0.0f ? static_cast<int8_t>(std::nearbyint(values[j] / scale)) : 0;
+  }
+}
+
+}  // namespace chattts_velocity_cpu
