@@ -192,9 +192,10 @@ void tile_rows(Activations x, const W* w, const float* row_scales, at::BFloat16*
 }
 
 // int4 tiles [tiles, K / 32, 4, 16] (byte j of a row's group: q + 8 of column j in its low nibble, of column j + 16
-// in its high one) times Q8 rows: per group the 32 products of int4 weight q and int8 activation in exact integers (|q| by
-// sign-adjusted x in vpmaddubsw: pairs of at most 2 x 8 x 127, then vpmaddwd to 8 int32 lanes), times the weight's
-// group scale and the row's, into 8 fp32 lanes per (row, output) in a fixed order at every M.
+// in its high one) times Q8 rows. Per group, in exact integers: vpmaddubsw multiplies the biased weights q + 8
+// (0..15, unsigned) by x (pairs of at most 2 x 15 x 127), vpmaddwd sums them to 8 int32 lanes, minus 8 x the lanes'
+// sums of x: sum(q x) per lane. Then times the weight's group scale and the row's (4 products per (row, group), one
+// lane each taken by a permute), into 8 fp32 lanes per (row, output) in a fixed order at every M.
 template <int M>
 void tile_rows_q8(Q8Rows x, const uint8_t* w, const float* group_scales, at::BFloat16* y, int64_t K, int64_t N,
                   int64_t tiles) {
@@ -208,22 +209,20 @@ void tile_rows_q8(Q8Rows x, const uint8_t* w, const float* group_scales, at::BFl
       for (int r = 0; r < kTileRows; ++r) acc[m][r] = _mm256_setzero_ps();
     for (int64_t g = 0; g < groups; ++g, wt += 16 * kTileRows) {
       prefetch(wt + kPrefetch);
-      __m256i xq[M];
-      __m256 xs[M];
-      for (int m = 0; m < M; ++m) {
-        xq[m] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q + m * K + g * kQ8Group));
-        xs[m] = _mm256_set1_ps(x.scales[m * groups + g]);
-      }
+      __m256i biased[kTileRows];
       for (int r = 0; r < kTileRows; ++r) {
         const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(wt + 16 * r));
-        const __m256i both = _mm256_set_m128i(_mm_srli_epi16(packed, 4), packed);  // columns 16-31 | 0-15
-        const __m256i q = _mm256_sub_epi8(_mm256_and_si256(both, nibbles), eight);
-        const __m256i magnitude = _mm256_sign_epi8(q, q);
-        const __m256 ws = _mm256_set1_ps(gs[g * kTileRows + r]);
-        for (int m = 0; m < M; ++m) {
-          const __m256i pairs = _mm256_maddubs_epi16(magnitude, _mm256_sign_epi8(xq[m], q));
-          const __m256 sums = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, ones));
-          acc[m][r] = _mm256_fmadd_ps(sums, _mm256_mul_ps(ws, xs[m]), acc[m][r]);
+        biased[r] = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(packed, 4), packed), nibbles);  // cols 16-31 | 0-15
+      }
+      const __m128 weight_scales = _mm_loadu_ps(gs + g * kTileRows);  // the 4 rows' scales of this group
+      for (int m = 0; m < M; ++m) {
+        const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q + m * K + g * kQ8Group));
+        const __m256i bias = _mm256_madd_epi16(_mm256_maddubs_epi16(eight, xq), ones);
+        const __m256 scales = _mm256_castps128_ps256(_mm_mul_ps(weight_scales, _mm_set1_ps(x.scales[m * groups + g])));
+        for (int r = 0; r < kTileRows; ++r) {
+          const __m256i sums = _mm256_sub_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(biased[r], xq), ones), bias);
+          const __m256 scale = _mm256_permutevar8x32_ps(scales, _mm256_set1_epi32(r));
+          acc[m][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), scale, acc[m][r]);
         }
       }
     }
