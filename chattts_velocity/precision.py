@@ -9,7 +9,7 @@ nothing else derives a dtype from these strings.
 |---|---|---|---|---|
 | float32 | float32 | the model's own (exact: the plain path's numbers) | float32 | float32 |
 | bfloat16, float16 | bfloat16, float16 | prepacked on CPU; the model's own on CUDA | the weights' | float32 on CPU |
-| int8, int4 | bfloat16 | weight-only int8, int4 (a scale per 32 columns) | bfloat16 | float32 on CPU |
+| int8, int4 | bfloat16 | weight-only int8; int4 (scale per 32 columns) x int8 activations | bfloat16 | float32 on CPU |
 
 Off CPU the activations are the weights' dtype. kv_cache_dtype "int8" (one fp32 scale per slot and head) runs on
 the cpu backend with the bf16 / int8 / int4 precisions only. The heads and the sampler always run in float32. The

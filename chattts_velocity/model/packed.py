@@ -44,8 +44,9 @@ class PackedLinear(nn.Module):
     AMX CPUs for bf16 / int8, else tiles (kernels/cpu_linear.cpp). Either kernel streams W once per call and is
     batch-invariant: a row's output does not depend on the other rows, so a seeded request decodes the same alone,
     in any batch and after preemption. x and y are bf16 in these modes; "int8" is weight-only int8 (symmetric, per
-    output channel), half the bytes of bf16; "int4" is weight-only int4 (symmetric, one fp32 scale per 32 input
-    columns of a row), 0.625 bytes per weight.
+    output channel), half the bytes of bf16; "int4" is int4 weights (symmetric, one fp32 scale per 32 input columns
+    of a row), 0.625 bytes per weight, times activations the kernel quantises per row and 32 columns to int8
+    (kernels.quantize_q8_rows): integer dot products per group, as llama.cpp's Q4_0.
     Elsewhere: bf16 through oneDNN (or a plain bf16 GEMM), int8 through torch's int8-weight kernel with bf16
     activations, int4 dequantised to bf16; "float32" and "float16" through F.linear. These torch paths may depend
     on the batch.

@@ -1,9 +1,10 @@
 """Model stage: optional C++ CPU kernels, built with the system's C++ compiler on first use, one library per ISA.
 
-Drivers shared by every ISA: cpu_linear.cpp (batch-invariant bf16 / int8 / int4 linears over one tile layout),
-cpu_attention.cpp + attention_rows.h (paged decode attention), cpu_decode_layer.cpp (a whole decode layer as one
-op). Their inner loops come from one micro-kernel header per ISA: isa_avx512.h (AVX-512 BF16, plus cpu_amx.cpp on
-AMX CPUs), isa_avx2.h (AVX2 + FMA), isa_neon.h (aarch64 NEON; dotprod / bf16 / i8mm where the compiler targets them).
+Drivers shared by every ISA: cpu_linear.cpp (batch-invariant bf16 / int8 / int4 linears over one tile layout; int4
+times activations quantised per 32 columns, q8_rows.h), cpu_attention.cpp + attention_rows.h (paged decode
+attention), cpu_decode_layer.cpp (a whole decode layer as one op). Their inner loops come from one micro-kernel
+header per ISA: isa_avx512.h (AVX-512 BF16 and VNNI, plus cpu_amx.cpp on AMX CPUs), isa_avx2.h (AVX2 + FMA),
+isa_neon.h (aarch64 NEON; dotprod / bf16 / i8mm where the compiler targets them).
 
 The ISA is chosen once from the CPU flags (isa(); CHATTTS_VELOCITY_CPU_KERNELS overrides it: "avx2" runs the AVX2
 kernels on any x86 CPU with AVX2 + FMA, "noamx" the AVX-512 tiles on an AMX CPU, "0" none). `load()` -> True when
@@ -275,7 +276,7 @@ INT4_GROUP = 32  # columns per int4 scale
 
 def to_int4_tiles(q: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """int4 values q [N, K] (int8 in [-8, 7]) and fp32 scales [N, K/32] -> the layout cpu_linear.cpp's linear_int4
-    streams: uint8 [N/4, K/32, 4, 16] (byte j of a group: column j + 8 in the low nibble, column j + 16 + 8 in the
+    streams: uint8 [N/4, K/32, 4, 16] (byte j of a group: q + 8 of column j in the low nibble, of column j + 16 in the
     high one) and scales [N/4, K/32, 4] (N % 4 == K % 32 == 0)."""
     n, k = q.shape
     groups = (q.to(torch.int16) + 8).to(torch.uint8).reshape(n, k // 32, 2, 16)
