@@ -27,15 +27,16 @@ namespace {
 
 constexpr int64_t kBlockTiles = 8;  // tiles per cache-resident weight block (32 outputs, 48-192 KB of bf16)
 
-// kernel(rows, m0) for the rows of x in groups of kRowGroup (rows: a std::integral_constant, the group's size).
-template <typename Kernel>
+// kernel(rows, m0) for the rows of x in groups of Group (rows: a std::integral_constant, the group's size).
+template <int64_t Group, typename Kernel>
 void row_groups(int64_t M, Kernel&& kernel) {
-  for (int64_t m0 = 0; m0 < M; m0 += kRowGroup) {
-    switch (std::min<int64_t>(kRowGroup, M - m0)) {
+  static_assert(Group >= 1 && Group <= 4, "row groups of 1 to 4 rows");
+  for (int64_t m0 = 0; m0 < M; m0 += Group) {
+    switch (std::min<int64_t>(Group, M - m0)) {
       case 1: kernel(std::integral_constant<int, 1>{}, m0); break;
-      case 2: kernel(std::integral_constant<int, 2>{}, m0); break;
-      case 3: if constexpr (kRowGroup > 2) kernel(std::integral_constant<int, 3>{}, m0); break;
-      default: kernel(std::integral_constant<int, static_cast<int>(kRowGroup)>{}, m0); break;
+      case 2: if constexpr (Group > 1) kernel(std::integral_constant<int, 2>{}, m0); break;
+      case 3: if constexpr (Group > 2) kernel(std::integral_constant<int, 3>{}, m0); break;
+      default: kernel(std::integral_constant<int, static_cast<int>(Group)>{}, m0); break;
     }
   }
 }
@@ -44,7 +45,7 @@ void row_groups(int64_t M, Kernel&& kernel) {
 template <typename W>
 void rows_times_block(Activations x, int64_t M, const W* w, const float* row_scales, at::BFloat16* y, int64_t K,
                       int64_t N, int64_t n) {
-  row_groups(M, [&](auto rows, int64_t m0) {
+  row_groups<kRowGroup>(M, [&](auto rows, int64_t m0) {
     tile_rows<decltype(rows)::value, W>(x + m0 * K, w, row_scales, y + m0 * N, K, N, n);
   });
 }
@@ -97,7 +98,7 @@ at::Tensor int4_tiles_linear(const at::Tensor& x, const at::Tensor& tiles, const
   at::parallel_for(0, num_tiles, kBlockTiles, [&](int64_t t0, int64_t t1) {
     for (int64_t b0 = t0; b0 < t1; b0 += kBlockTiles) {
       const int64_t n = std::min(kBlockTiles, t1 - b0);
-      row_groups(M, [&](auto rows, int64_t m0) {
+      row_groups<kQ8RowGroup>(M, [&](auto rows, int64_t m0) {
         const Q8Rows xm{q.data() + m0 * K, scales.data() + m0 * (K / kQ8Group)};
         tile_rows_q8<decltype(rows)::value>(xm, wp + b0 * tile_bytes, group_scales + b0 * tile_scales,
                                             yp + m0 * N + b0 * kTileRows, K, N, n);

@@ -122,6 +122,7 @@ inline void store16_int16(int16_t* p, V16 v) {
 
 constexpr int64_t kTileRows = 4;     // output rows per tile
 constexpr int64_t kRowGroup = 2;     // rows of x per pass: 4 x 2 accumulators + 4 weight vectors in 16 registers
+constexpr int64_t kQ8RowGroup = 4;   // tile_rows_q8's rows per pass
 constexpr int64_t kPrefetch = 2048;  // bytes ahead of the stream
 
 // x [M, K] as fp32, in the order the weights unpack: for bf16 weights each 16-wide chunk is its 8 even then its

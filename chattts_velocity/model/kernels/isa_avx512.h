@@ -72,6 +72,7 @@ inline void store16_int8(uint8_t* p, V16 v) {  // round half even (MXCSR), satur
 
 constexpr int64_t kTileRows = 4;    // output rows per tile
 constexpr int64_t kRowGroup = 4;    // rows of x per pass of the micro-kernel
+constexpr int64_t kQ8RowGroup = 4;  // tile_rows_q8's rows per pass
 constexpr int64_t kPrefetch = 4096;  // bytes ahead of the stream
 
 using Activations = const uint16_t*;  // x [M, K] bf16 as it comes

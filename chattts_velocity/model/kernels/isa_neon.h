@@ -132,6 +132,7 @@ inline void store16_int16(int16_t* p, V16 v) {
 
 constexpr int64_t kTileRows = 4;     // output rows per tile
 constexpr int64_t kRowGroup = 4;     // rows of x per pass: 16 accumulators + 8 weight vectors of 32 registers
+constexpr int64_t kQ8RowGroup = 4;   // tile_rows_q8's rows per pass
 constexpr int64_t kPrefetch = 2048;  // bytes ahead of the stream
 
 using Activations = const float*;  // x [M, K] as fp32, natural order
