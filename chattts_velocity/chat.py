@@ -237,3 +237,8 @@ class Chat:
                 requests = pipeline.code_requests(pieces, code_params, mel)
             options = StreamOptions(chunk_steps=code_params.stream_batch)
             yield from pipeline.stream(requests, mel, options=options, use_vllm=use_vllm, stop=stop)
+
+
+def pipeline_of(speech: Chat | SpeechPipeline) -> SpeechPipeline:
+    """The pipeline behind what the server and the export accept: a loaded Chat's, or the pipeline itself."""
+    return speech.pipeline if isinstance(speech, Chat) else speech

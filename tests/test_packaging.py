@@ -32,3 +32,17 @@ def test_ci_installs_the_readme_command() -> None:
     ci_installs = re.findall(r"^pip install -q (.+?) 2>&1", (REPO / ".ci/run").read_text(), re.M)
     assert readme_install is not None and ci_installs == [readme_install.group(1)]
     assert not (REPO / ".ci/constraints.txt").exists()
+
+
+def test_a_wheel_ships_every_kernel_source_and_header() -> None:
+    """The C++ kernels compile on the user's machine (kernels.load), so a non-editable install needs them all."""
+    import fnmatch
+
+    tomllib = pytest.importorskip("tomllib")
+    with open(REPO / "pyproject.toml", "rb") as f:
+        patterns = tomllib.load(f)["tool"]["setuptools"]["package-data"]["chattts_velocity.model.kernels"]
+    from chattts_velocity.model import kernels
+
+    sources = {path.name for path in [*kernels.DRIVERS, *kernels.HEADERS]}
+    sources |= {name for isa in kernels.ISAS.values() for name in isa.extra_sources}
+    assert sources and all(any(fnmatch.fnmatch(name, p) for p in patterns) for name in sources), sources

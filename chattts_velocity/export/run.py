@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from tqdm import tqdm
 
-from ..chat import Chat
+from ..chat import Chat, pipeline_of
 from ..engine.progress import progress_bar
 from ..params import InferCodeParams
 from ..text.voices import VoiceLibrary
@@ -36,7 +36,7 @@ def run_export(speech: SpeechPipeline | Chat | None, plan: ExportPlan, params: I
     `params` is every line's template (spk_emb and manual_seed are set per line). `speech` (a loaded Chat or its
     pipeline) may be None when nothing is pending.
     """
-    pipeline = speech.pipeline if isinstance(speech, Chat) else speech
+    pipeline = None if speech is None else pipeline_of(speech)
     params = params or InferCodeParams(show_tqdm=False)
     report_plan(plan, log)
     if plan.todo and pipeline is None:

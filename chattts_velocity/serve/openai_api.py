@@ -23,7 +23,7 @@ from ..audio.encode import wav_bytes
 from ..audio.formats import FORMATS, available_formats
 from ..audio.loudness import check_loudness, normalize_loudness
 from ..audio.wav import SAMPLE_RATE
-from ..chat import Chat
+from ..chat import Chat, pipeline_of
 from ..engine.async_engine import AsyncLLMEngine
 from ..params import InferCodeParams
 from ..speech.pipeline import SpeechPipeline
@@ -158,7 +158,7 @@ def create_app(speech: Speech | Callable[[], Speech], config: ServerConfig | Non
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         loaded = speech if isinstance(speech, (SpeechPipeline, Chat)) else await asyncio.to_thread(speech)
-        app.state.server = ServerState(loaded.pipeline if isinstance(loaded, Chat) else loaded, config)
+        app.state.server = ServerState(pipeline_of(loaded), config)
         try:
             await app.state.server.warm_up(config.warmup_steps)
             yield

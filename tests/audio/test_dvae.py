@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import decoder_shapes, dvae_shapes, vocos_shapes
+from audio_state_dicts import decoder_shapes, dvae_shapes, vocos_shapes
 from safetensors.torch import save_file
 
 from chattts_velocity.audio import DVAE, Decoder, Vocos, load_safetensors

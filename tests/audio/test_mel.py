@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import numpy_htk_filterbank
+from audio_state_dicts import numpy_htk_filterbank
 
 from chattts_velocity.audio.mel import MelSpectrogramFeatures, htk_mel_filterbank
 

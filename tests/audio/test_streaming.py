@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import decoder_shapes, vocos_shapes
+from audio_state_dicts import decoder_shapes, vocos_shapes
 
 from chattts_velocity.audio import DVAE, Decoder, Vocos, decode_codes_batch, decode_hidden_batch
 from chattts_velocity.audio.streaming import StreamDecoder, receptive_field
