@@ -1,7 +1,7 @@
 """Writes every table of benchmark figures in the docs from the committed JSON in benchmarks/results/.
 
 A doc marks a generated table as `<!-- generated: NAME -->` ... `<!-- end -->`; this script replaces what lies
-between with the table NAME renders from the JSON, so docs and results cannot drift apart.
+between with the table NAME renders from the JSON (benchmarks/doc_tables.py), so docs and results cannot drift apart.
 
     python benchmarks/render_docs.py            # rewrite the marked blocks in README.md and docs/*.md
     python benchmarks/render_docs.py --check    # exit 1, naming the docs, when a block differs (the test does this)
@@ -9,286 +9,64 @@ between with the table NAME renders from the JSON, so docs and results cannot dr
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import sys
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from statistics import median
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from benchmarks.bench_isa import linears_table as isa_linears_table  # noqa: E402 (needs REPO on sys.path)
-from benchmarks.bench_isa import table as isa_table  # noqa: E402 (needs REPO on sys.path)
+from benchmarks import doc_tables as tables  # noqa: E402 (needs REPO on sys.path)
 
 RESULTS = REPO / "benchmarks" / "results"
 BLOCK = re.compile(r"(<!-- generated: (?P<name>[\w.-]+) -->\n)(?P<body>.*?)(<!-- end -->)", re.S)
-DTYPES = ("bfloat16", "int8")
-LLAMA_PAIRS = {"bfloat16": "BF16", "int8": "Q8_0", "int4": "Q4_0"}  # ours -> llama.cpp's of the same bytes/weight
-
-
-def table(header: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
-
-
-def host_kinds(results: Path, prefix: str) -> list[str]:
-    return sorted(p.stem[len(prefix):] for p in results.glob(f"{prefix}*.json"))
-
-
-def load(results: Path, name: str) -> dict:
-    return json.loads((results / f"{name}.json").read_text(encoding="utf-8"))
-
-
-def hosts_table(results: Path) -> str:
-    rows = []
-    for kind in host_kinds(results, "cpu_"):
-        run = load(results, f"cpu_{kind}")
-        cpu = run["cpu"]
-        emulated = f", **emulating {run['emulated_isa']}**" if run.get("emulated_isa") else ""
-        rows.append([f"`{kind}`", f"{cpu['model']} (family {cpu['cpu_family']} model {cpu['cpu_model']}{emulated})",
-                     ", ".join(cpu["flags"]), f"{run['ceilings']['read_gbps']:.1f}",
-                     f"{run['ceilings']['bf16_gemm_gflops']:.0f}", f"`results/cpu_{kind}.json`"])
-    return table(["host kind", "CPU", "flags the kernels use", "read GB/s (2 threads)", "bf16 GEMM GFLOP/s",
-                  "file"], rows)
-
-
-def weight_bytes_table(results: Path) -> str:
-    kinds = host_kinds(results, "cpu_")
-    runs = {kind: load(results, f"cpu_{kind}") for kind in kinds}
-    per_step = runs[kinds[0]]["weight_bytes_per_step"]
-    rows = []
-    for dtype in ("float32", "bfloat16", "int8"):
-        ceilings = [f"{runs[k]['ceilings']['read_gbps'] * 1e9 / per_step[dtype]:.0f}" for k in kinds]
-        rows.append([dtype, f"{per_step[dtype] / 1e6:.0f} MB", *ceilings])
-    return table(["precision", "weights read per step", *[f"steps/s ceiling on `{k}`" for k in kinds]], rows)
-
-
-def targets_table(run: dict) -> str:
-    rows = []
-    for t in run["targets"]:
-        name = re.sub(r"^\d+: ", "", t["target"]).replace("the issue's ", "")
-        if t.get("skipped"):
-            rows.append([name, "not measured: " + t["skipped"].split(";")[0], "skipped"])
-        else:
-            rows.append([name, f"{t['measured']:.3g}", "yes" if t["met"] else "**no**"])
-    return table(["target", "measured", "met"], rows)
-
-
-def throughput_table(run: dict) -> str:
-    rows = []
-    for dtype in DTYPES:
-        m = run["measured"][dtype]
-        b32, b64 = m["batch"]["32"], m["batch"]["64"]
-        rows.append([dtype, f"{m['one_stream_steps_per_s']:.1f}",
-                     f"{b32['steps_per_s_e2e']:.0f} / {b32['steps_per_s_gpt']:.0f}",
-                     f"{b64['steps_per_s_e2e']:.0f} / {b64['steps_per_s_gpt']:.0f}",
-                     f"{b32['decode_share']:.1%} / {b64['decode_share']:.1%}"])
-    return table(["precision", "one stream steps/s (prefill excluded)", "32 concurrent e2e / GPT steps/s",
-                  "64 concurrent e2e / GPT steps/s", "Decoder+Vocos share at 32 / 64"], rows)
-
-
-def streams_table(run: dict) -> str:
-    rows = [[name, f"{s['ttfa_alone_s']:.2f}", f"{s['ttfa_among_16_s']:.2f}", f"{s['first_chunk_error']:.1e}"]
-            for name, s in run["measured"]["streams"].items()]
-    return table(["stream setting (bf16)", "first audio alone s", "among 16 s (slowest)",
-                  "first-chunk max abs error"], rows)
-
-
-def llamacpp_table(results: Path, kind: str) -> str:
-    path = results / f"llamacpp_{kind}.json"
-    if not path.exists():
-        return "llama.cpp: not measured on this host kind."
-    run = json.loads(path.read_text(encoding="utf-8"))
-    sizes = list(run["ours_steps_per_s"]["bfloat16"])
-    rows = [[f"llama.cpp {q}", *[f"{rates[n]:.1f}" for n in sizes]]
-            for q, rates in run["llama_cpp_tokens_per_s"].items()]
-    rows += [[f"ours {d}", *[f"{rates[n]:.1f}" for n in sizes]] for d, rates in run["ours_steps_per_s"].items()]
-    for ours, theirs in LLAMA_PAIRS.items():
-        if ours not in run["ours_steps_per_s"] or theirs not in run["llama_cpp_tokens_per_s"]:
-            continue
-        rows.append([f"ours {ours} / llama.cpp {theirs}", *[
-            f"**{run['ours_steps_per_s'][ours][n] / run['llama_cpp_tokens_per_s'][theirs][n]:.2f}x**"
-            for n in sizes]])
-    return table(["tokens or code steps/s at N =", *sizes], rows)
-
-
-def probes_line(run: dict) -> str:
-    before, after = run["probes"], run["probes_after"]
-    return (f"Probes before / after the run: {before['read_gbps']:.1f} / {after['read_gbps']:.1f} GB/s read, "
-            f"{before['bf16_gemm_gflops']:.0f} / {after['bf16_gemm_gflops']:.0f} bf16 GFLOP/s; the targets use "
-            f"the better of the two. Whole run: {run['seconds']:.0f} s.")
-
-
-def ab_table(ab: dict) -> str:
-    rows = []
-    sizes = list(ab["results"]["bfloat16"])
-    for n in sizes:
-        row = [n]
-        for dtype in DTYPES:
-            cell = ab["results"][dtype][n]
-            old, new = median(cell["old"]), median(cell["new"])
-            row += [f"{old:.0f} -> {new:.0f}", f"**{cell['ratio_new_over_old']:.2f}x**"]
-        rows.append(row)
-    return table(["N", "bf16 old -> new steps/s (median)", "ratio", "int8 old -> new steps/s", "ratio"], rows)
-
-
-def kernels_ab_table(ab: dict) -> str:
-    names = sorted({k.rsplit(" ", 1)[0] for k in ab["1"]})
-    rows = [[name, *[f"{ab[n][name + ' new'] / ab[n][name + ' old']:.2f}" for n in ab]] for name in names]
-    return table(["kernel", *[f"new / old time at {n} rows" for n in ab]], rows)
-
-
-def kv_int8_table(run: dict) -> str:
-    rows = [[threads, f"{t['ms_per_step_median']['auto']:.1f}", f"{t['ms_per_step_median']['int8']:.1f}",
-             f"**{t['int8_speedup']:.2f}x**"] for threads, t in run["threads"].items()]
-    return table(["threads", "bf16 KV ms/step", "int8 KV ms/step", "int8 / bf16 speed"], rows)
-
-
-def engine_table(run: dict) -> str:
-    rows = [[r["path"], str(r["concurrency"]), f"{r['steps_per_s_best']:.1f}", f"{r['steps_per_s_median']:.1f}",
-             f"{r['audio_per_s_gpt_median']:.2f}", f"{r['audio_per_s_e2e_median']:.2f}",
-             f"{r['ttft_mean_median']:.2f}"] for r in run["rows"]]
-    return table(["path", "N", "steps/s best", "median", "audio s/s GPT", "end to end", "1st code s"], rows)
-
-
-def engine_ratios_table(results: Path) -> str:
-    keys = ("velocity@1 / plain@1 (GPT)", "velocity@16 / plain@16 (GPT)", "32 concurrent vs plain@16 (GPT)",
-            "32 concurrent vs plain@16 (end to end)")
-    runs = {d: load(results, d) for d in ("float32", "bfloat16", "int8")}
-    return table(["same-run ratio (median of the repeats)", *runs],
-                 [[key, *[f"{run['ratios'][key]:.2f}x" for run in runs.values()]] for key in keys])
-
-
-def engine_ttfa_table(results: Path) -> str:
-    runs = {d: load(results, d)["stream_ttfa"] for d in DTYPES}
-    labels = list(dict.fromkeys(s["label"] for s in runs["bfloat16"]))
-
-    def ttfa(dtype: str, label: str, n: int) -> str:
-        return next(f"{s['ttfa_median']:.2f} s" for s in runs[dtype] if s["label"] == label and s["concurrency"] == n)
-
-    rows = [[label, *[ttfa(d, label, n) for d in DTYPES for n in (1, 16)],
-             max(f"{s['max_abs_diff']:.0e}" for d in DTYPES for s in runs[d] if s["label"] == label)]
-            for label in labels]
-    return table(["stream option set", "bf16 N=1", "bf16 N=16", "int8 N=1", "int8 N=16", "max abs error"], rows)
-
-
-def decode_ab_table(results: Path) -> str:
-    rows = []
-    for dtype in DTYPES:
-        for n, cell in load(results, f"decode_ab_{dtype}")["batches"].items():
-            ms = cell["ms_per_step_median"]
-            rows.append([dtype, n, *[f"{v:.1f}" for v in ms.values()]])
-    columns = list(load(results, "decode_ab_bfloat16")["batches"]["1"]["ms_per_step_median"])
-    return table(["dtype", "N", *[f"{c} ms/step" for c in columns]], rows)
-
-
-def attention_table(run: dict) -> str:
-    rows = [[shape, f"{c['kernel']['best_ms']:.1f}", f"{c['compiled torch']['best_ms']:.1f}",
-             f"{c['compiled torch']['best_ms'] / c['kernel']['best_ms']:.1f}x", f"{c['kernel']['gb_per_s_best']:.1f}"]
-            for shape, c in run["attention"].items()]
-    return table(["20 layers, sequences x context", "kernel ms", "torch.compile ms", "speedup", "kernel GB/s"], rows)
-
-
-def isa_steps_table(run: dict) -> str:
-    return isa_table({**run, "linears": None})
-
-
-def isa_linears(run: dict) -> str:
-    return isa_linears_table(run["linears"])
-
-
-def serve_table(run: dict) -> str:
-    server, engine = run["server"], run["engine"]
-    rows = [[n, f"{server[n]['audio_s_per_s']:.2f}", f"{engine[n]['audio_s_per_s']:.2f}", f"{r['throughput']:.2f}",
-             f"{server[n]['ttfa_mean']:.2f} s", f"{engine[n]['ttfa_mean']:.2f} s", f"{r['ttfa']:.2f}"]
-            for n, r in run["ratios"].items()]
-    return table(["requests", "server audio s/s", "in-process audio s/s", "ratio", "server TTFA", "in-process TTFA",
-                  "ratio"], rows)
-
-
-def host_loop_table(results: Path) -> str:
-    """Host ms per step, the tree before and after, per backend (host_<backend>.json)."""
-    runs = {backend: load(results, f"host_{backend}") for backend in ("triton", "cpu")}
-    columns = [(b, tree) for b, run in runs.items() for tree in run["trees"]]
-    labels = {"decode_host_ms": "decode at N = {}", "admit_host_ms": "admitting a {}-row prompt among {} (extra)"}
-    rows = []
-    for part, label in labels.items():
-        for n in runs["triton"]["trees"][columns[0][1]][part]:
-            name = label.format(n, runs["triton"]["running_for_admission"])
-            rows.append([name, *[f"{runs[b]['trees'][tree][part][n]:.2f}" for b, tree in columns]])
-    return table(["host ms per step", "triton before", "triton after", "cpu before", "cpu after"], rows)
-
-
-def gpu_check_table(run: dict) -> str:
-    """Sequence-steps/s per backend and concurrency on the GPU, with the bandwidth roofline's share."""
-    backends = run["backends"]
-    sizes = next(iter(backends.values()))["concurrency"]
-    rows = [[n, *[f"{b['concurrency'][n]['steps_per_s']:,.0f} ({b['concurrency'][n]['roofline_ratio']:.1%})"
-                  for b in backends.values()]] for n in sizes]
-    rows.append(["host syncs per decode step", *[f"{b['host_syncs_per_decode_step']:g}" for b in backends.values()]])
-    rows.append(["time to first audio, 1 request", *[f"{b['ttfa_s']:.2f} s" for b in backends.values()]])
-    tests = run["tests"]
-    header = [f"{run['device']}, {run['dtype']} ({tests['passed']} GPU tests passed, {len(tests['failed'])} failed)",
-              *[f"{name} backend: steps/s (of roofline)" for name in backends]]
-    return table(header, rows)
-
-
-def gpu_step_table(run: dict) -> str:
-    rows = [[n, f"{r['step_ms_median']:.2f}", f"{r['graph_replay_ms']:.2f}", f"{r['host_share']:.0%}"]
-            for n, r in run["sizes"].items()]
-    return table(["sequences", "engine.step() ms", "graph replay ms (device)", "host share of the step"], rows)
-
-
-def from_json(render_one: Callable[[dict], str], results: Path, name: str) -> str:
-    return render_one(load(results, name))
 
 
 def renderers(results: Path) -> dict[str, Callable[[], str]]:
     """Every block name a doc may use -> the function that renders it from the JSON in `results`."""
     found: dict[str, Callable[[], str]] = {
-        "hosts": partial(hosts_table, results),
-        "weight-bytes": partial(weight_bytes_table, results),
-        "invariance-ab": partial(from_json, ab_table, results, "invariance_ab"),
-        "invariance-ab-noamx": partial(from_json, ab_table, results, "invariance_ab_noamx"),
-        "kernels-ab": partial(from_json, kernels_ab_table, results, "kernels_ab"),
-        "kv-int8": partial(from_json, kv_int8_table, results, "kv_int8"),
-        "engine-ratios": partial(engine_ratios_table, results),
-        "engine-ttfa": partial(engine_ttfa_table, results),
-        "decode-ab": partial(decode_ab_table, results),
-        "attention": partial(from_json, attention_table, results, "kernels"),
-        "host-loop": partial(host_loop_table, results),
-        "gpu-check": partial(from_json, gpu_check_table, results, "gpu_check"),
-        "gpu-step": partial(from_json, gpu_step_table, results, "profile_gpu_step"),
+        "hosts": partial(tables.hosts_table, results),
+        "weight-bytes": partial(tables.weight_bytes_table, results),
+        "invariance-ab": partial(tables.from_json, tables.ab_table, results, "invariance_ab"),
+        "invariance-ab-noamx": partial(tables.from_json, tables.ab_table, results, "invariance_ab_noamx"),
+        "kernels-ab": partial(tables.from_json, tables.kernels_ab_table, results, "kernels_ab"),
+        "kv-int8": partial(tables.from_json, tables.kv_int8_table, results, "kv_int8"),
+        "engine-ratios": partial(tables.engine_ratios_table, results),
+        "engine-ttfa": partial(tables.engine_ttfa_table, results),
+        "decode-ab": partial(tables.decode_ab_table, results),
+        "attention": partial(tables.from_json, tables.attention_table, results, "kernels"),
+        "host-loop": partial(tables.host_loop_table, results),
+        "gpu-check": partial(tables.from_json, tables.gpu_check_table, results, "gpu_check"),
+        "gpu-step": partial(tables.from_json, tables.gpu_step_table, results, "profile_gpu_step"),
     }
     for dtype in ("float32", "bfloat16", "int8"):
-        found[f"engine.{dtype}"] = partial(from_json, engine_table, results, dtype)
-    for kind in host_kinds(results, "cpu_"):
-        for part, render_one in (("targets", targets_table), ("throughput", throughput_table),
-                                 ("streams", streams_table), ("probes", probes_line)):
-            found[f"{kind}.{part}"] = partial(from_json, render_one, results, f"cpu_{kind}")
-    for kind in host_kinds(results, "llamacpp_"):
-        found[f"{kind}.llamacpp"] = partial(llamacpp_table, results, kind)
-    for kind in host_kinds(results, "isa_"):
-        found[f"isa-{kind}.steps"] = partial(from_json, isa_steps_table, results, f"isa_{kind}")
-        found[f"isa-{kind}.linears"] = partial(from_json, isa_linears, results, f"isa_{kind}")
-    for kind in host_kinds(results, "serve_"):
-        found[f"serve-{kind}"] = partial(from_json, serve_table, results, f"serve_{kind}")
+        found[f"engine.{dtype}"] = partial(tables.from_json, tables.engine_table, results, dtype)
+    for kind in tables.host_kinds(results, "cpu_"):
+        for part, render_one in (("targets", tables.targets_table), ("throughput", tables.throughput_table),
+                                 ("streams", tables.streams_table), ("probes", tables.probes_line)):
+            found[f"{kind}.{part}"] = partial(tables.from_json, render_one, results, f"cpu_{kind}")
+    for kind in tables.host_kinds(results, "llamacpp_"):
+        found[f"{kind}.llamacpp"] = partial(tables.llamacpp_table, results, kind)
+    for kind in tables.host_kinds(results, "isa_"):
+        found[f"isa-{kind}.steps"] = partial(tables.from_json, tables.isa_steps_table, results, f"isa_{kind}")
+        found[f"isa-{kind}.linears"] = partial(tables.from_json, tables.isa_linears, results, f"isa_{kind}")
+    for kind in tables.host_kinds(results, "serve_"):
+        found[f"serve-{kind}"] = partial(tables.from_json, tables.serve_table, results, f"serve_{kind}")
     return found
 
 
 def render(text: str, results: Path = RESULTS) -> str:
     """`text` with every marked block's body replaced by the table its name renders."""
-    tables = renderers(results)
+    known = renderers(results)
 
     def fill(match: re.Match[str]) -> str:
         name = match["name"]
-        if name not in tables:
-            raise ValueError(f"unknown generated block {name!r}; known: {', '.join(sorted(tables))}")
-        return f"{match[1]}{tables[name]()}\n{match[4]}"
+        if name not in known:
+            raise ValueError(f"unknown generated block {name!r}; known: {', '.join(sorted(known))}")
+        return f"{match[1]}{known[name]()}\n{match[4]}"
 
     return BLOCK.sub(fill, text)
 
