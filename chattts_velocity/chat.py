@@ -57,9 +57,10 @@ class Chat:
     ) -> bool:
         """Find, verify and load the assets. `verify=False` is the explicit opt-out for custom weights.
 
-        `decode_dtype` ("bfloat16" or "float32") is the Decoder's and Vocos's precision; None: bfloat16 on CUDA or
-        with a bf16/int8 GPT, else exact float32. `kv_cache_dtype` "int8" halves the KV cache's bytes (one fp32
-        scale per position and head; the cpu backend with dtype "bfloat16" or "int8" only).
+        `decode_dtype` ("bfloat16" or "float32") is the Decoder's and Vocos's precision; None: bfloat16 on CUDA, or
+        with a bf16/int8/int4 GPT on a CPU with native bf16 (AVX-512 BF16, AMX), else exact float32.
+        `kv_cache_dtype` "int8" halves the KV cache's bytes (one fp32 scale per position and head; the cpu backend
+        with dtype "bfloat16" or "int8" only).
 
         `coef`, `use_flash_attn` and `experimental` are accepted for upstream compatibility; coef is a
         no-op upstream too (each file's stored coef wins). Extra keyword arguments go to EngineConfig.

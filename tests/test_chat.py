@@ -145,12 +145,17 @@ def test_lengths_beyond_the_model_are_clear_errors_on_both_paths(chat: Chat, use
         chat.infer("a b " * 250000, skip_refine_text=True, use_vllm=use_vllm)  # refused before normalisation
 
 
-def test_a_fast_engine_decodes_audio_in_bf16_too(tiny_assets) -> None:
+def test_a_fast_engine_decodes_audio_in_bf16_where_the_cpu_has_it(tiny_assets) -> None:
     from chattts_velocity import audio
+    from chattts_velocity.model import kernels
     from chattts_velocity.text import split_pieces
 
+    default = Chat()
+    default.load(source="custom", custom_path=tiny_assets, verify=False, use_vllm=True, dtype="bfloat16")
+    assert default.decode_dtype == (torch.bfloat16 if kernels.native_bf16() else None)
     fast = Chat()
-    fast.load(source="custom", custom_path=tiny_assets, verify=False, use_vllm=True, dtype="bfloat16")
+    fast.load(source="custom", custom_path=tiny_assets, verify=False, use_vllm=True, dtype="bfloat16",
+              decode_dtype="bfloat16")
     assert fast.decode_dtype == torch.bfloat16
     params = forced(manual_seed=4)
     wav = fast.infer(["Hello there."], skip_refine_text=True, params_infer_code=params)[0]
@@ -162,15 +167,16 @@ def test_a_fast_engine_decodes_audio_in_bf16_too(tiny_assets) -> None:
     assert not np.array_equal(wav, in_fp32) and np.abs(wav - in_fp32).max() < 0.05
 
 
-def test_audio_precision_is_bf16_on_cuda_or_for_fast_engines_and_float32_on_request() -> None:
+def test_audio_precision_is_bf16_on_cuda_or_native_bf16_cpus_and_float32_on_request() -> None:
     from chattts_velocity.precision import Precision
 
-    def audio(choice: str | None, dtype: str, device: str) -> torch.dtype | None:
-        return Precision.decide(dtype, decode_dtype=choice, device=device).audio
+    def audio(choice: str | None, dtype: str, device: str, cpu_bf16: bool = True) -> torch.dtype | None:
+        return Precision.decide(dtype, decode_dtype=choice, device=device, cpu_bf16=cpu_bf16).audio
 
     assert audio(None, "float32", "cpu") is None  # the exact CPU default is unchanged
     assert audio(None, "float32", "cuda") == torch.bfloat16  # the GPU default
     assert audio(None, "int8", "cpu") == torch.bfloat16
+    assert audio(None, "int8", "cpu", cpu_bf16=False) is None  # AVX2 / NEON: bf16 is emulated there
     assert audio("float32", "bfloat16", "cuda") is None
     with pytest.raises(ValueError, match="decode_dtype"):
         audio("float16", "float32", "cpu")

@@ -12,13 +12,13 @@ BF16, F16, F32, I8 = torch.bfloat16, torch.float16, torch.float32, torch.int8
 # (device, dtype, kv_cache_dtype) -> (weights, packing, kv_cache, activations, audio decode by default)
 DECISIONS = [
     ("cpu", "float32", "auto", F32, None, F32, F32, None),
-    ("cpu", "bfloat16", "auto", BF16, "bfloat16", BF16, F32, BF16),
-    ("cpu", "bfloat16", "int8", BF16, "bfloat16", I8, F32, BF16),
+    ("cpu", "bfloat16", "auto", BF16, "bfloat16", BF16, F32, None),  # audio: bf16 only where the CPU has it natively
+    ("cpu", "bfloat16", "int8", BF16, "bfloat16", I8, F32, None),
     ("cpu", "float16", "auto", F16, "float16", F16, F32, None),
-    ("cpu", "int8", "auto", BF16, "int8", BF16, F32, BF16),
-    ("cpu", "int8", "int8", BF16, "int8", I8, F32, BF16),
-    ("cpu", "int4", "auto", BF16, "int4", BF16, F32, BF16),
-    ("cpu", "int4", "int8", BF16, "int4", I8, F32, BF16),
+    ("cpu", "int8", "auto", BF16, "int8", BF16, F32, None),
+    ("cpu", "int8", "int8", BF16, "int8", I8, F32, None),
+    ("cpu", "int4", "auto", BF16, "int4", BF16, F32, None),
+    ("cpu", "int4", "int8", BF16, "int4", I8, F32, None),
     ("cuda", "float32", "auto", F32, None, F32, F32, BF16),
     ("cuda", "bfloat16", "auto", BF16, None, BF16, BF16, BF16),  # cuBLAS on the loaded weights: nothing packed
     ("cuda", "float16", "auto", F16, None, F16, F16, BF16),
@@ -40,6 +40,14 @@ def test_the_decisions_table(device, dtype, kv, weights, packing, kv_cache, acti
 def test_decode_dtype_overrides_the_audio_default(device: str, dtype: str) -> None:
     assert Precision.decide(dtype, decode_dtype="float32", device=device).audio is None
     assert Precision.decide(dtype, decode_dtype="bfloat16", device=device).audio == BF16
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "int8", "int4"])
+def test_a_cpu_with_native_bf16_decodes_audio_in_bf16_with_a_reduced_gpt(dtype: str) -> None:
+    audio = Precision.decide(dtype, device="cpu", cpu_bf16=True).audio
+    assert audio == (BF16 if dtype in ("bfloat16", "int8", "int4") else None)
+    assert Precision.decide(dtype, device="cpu", cpu_bf16=False).audio is None  # AVX2, NEON: exact float32
+    assert Precision.decide(dtype, device="cuda", cpu_bf16=False).audio == BF16
 
 
 def test_auto_is_the_fastest_accepted_precision_of_the_device() -> None:
@@ -66,7 +74,7 @@ def test_a_choice_that_cannot_be_names_its_field(choices: dict, error: str) -> N
 
 
 def test_the_description_names_every_stage_once() -> None:
-    line = Precision.decide("int8", "int8", device="cpu").describe()
+    line = Precision.decide("int8", "int8", device="cpu", cpu_bf16=True).describe()
     assert line == ("precision int8: weights bfloat16, packed int8 linears, KV cache int8, activations float32, "
                     "audio decode bfloat16")
     assert "\n" not in line

@@ -29,6 +29,7 @@ from ..audio.wav import SAMPLE_RATE
 from ..config import ModelConfig
 from ..engine.gpt import GPTBackend, load_pretrained
 from ..engine.llm_engine import LLMEngine
+from ..model import kernels
 from ..params import InferCodeParams, RefineTextParams
 from ..precision import Precision
 from ..schema import SpeechRequests, TextPieces
@@ -57,7 +58,8 @@ class SpeechPipeline:
         self.decoder = Decoder.from_state_dict(load_safetensors(paths.decoder)).to(device).eval()
         self.vocos = Vocos.from_state_dict(load_safetensors(paths.vocos)).to(device).eval()
         kv_cache_dtype, backend = gpt_options.get("kv_cache_dtype", "auto"), gpt_options.get("backend", "auto")
-        self.precision = Precision.decide(dtype, str(kv_cache_dtype), decode_dtype, device, str(backend))
+        self.precision = Precision.decide(dtype, str(kv_cache_dtype), decode_dtype, device, str(backend),
+                                          cpu_bf16=kernels.native_bf16())
         self.decode_dtype = self.precision.audio  # None: exact float32
         decoder, dvae, vocos = cast_for_autocast((self.decoder, self.dvae, self.vocos), self.decode_dtype)
         self.mel_sources: dict[str, MelSource] = {
@@ -75,8 +77,9 @@ class SpeechPipeline:
 
         use_vllm: the GPT backend loaded now (the other loads on first use). dtype: the GPT's weights ("float32",
         "bfloat16", "int8", "int4"); decode_dtype: the Decoder's and Vocos's ("bfloat16" or "float32"; None picks
-        bfloat16 on CUDA or with a reduced-precision GPT). gpt_options: load_pretrained's (compile,
-        kv_cache_dtype, EngineConfig fields). device None: CUDA when available, else the CPU.
+        bfloat16 on CUDA, or with a reduced-precision GPT on a CPU with native bf16). gpt_options:
+        load_pretrained's (compile, kv_cache_dtype, EngineConfig fields). device None: CUDA when available, else the
+        CPU.
         """
         paths = paths if isinstance(paths, AssetPaths) else AssetPaths.from_root(paths)
         device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))

@@ -68,6 +68,12 @@ def isa() -> str | None:
     return _choice()[0]
 
 
+def native_bf16() -> bool:
+    """Whether this CPU computes bf16 natively: the hosts of the AVX-512 BF16 kernels (AVX-512 BF16 or AMX; the
+    switch's "avx2" makes an AVX-512 host answer as an AVX2 one)."""
+    return isa() == "avx512"
+
+
 def unsupported() -> str | None:
     """Why the C++ CPU kernels cannot run on this machine (from its OS, architecture and CPU flags), or None."""
     return _choice()[1]
