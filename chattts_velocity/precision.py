@@ -15,8 +15,8 @@ nothing else derives a dtype from these strings.
 Off CPU the activations are the weights' dtype. kv_cache_dtype "int8" (one fp32 scale per slot and head) runs on
 the cpu backend with the bf16 / int8 / int4 precisions only. The heads and the sampler always run in float32. The
 audio decode (Decoder + Vocos) runs bfloat16 under autocast on CUDA, or with a bf16 / int8 / int4 GPT on a CPU that
-computes bf16 natively (AVX-512 BF16, AMX: a batch of 8 texts decodes ~1.2x faster than in float32); exact float32
-otherwise (on AVX2 CPUs bf16 is emulated: 1.7x float32's time), unless decode_dtype says.
+computes bf16 natively (AVX-512 BF16, AMX: 8 texts decode ~5 % faster than in float32); exact float32 otherwise (on
+AVX2 CPUs bf16 is emulated: 1.7x float32's time; benchmarks/bench_audio_dtype.py), unless decode_dtype says.
 """
 from __future__ import annotations
 

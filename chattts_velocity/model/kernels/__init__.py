@@ -70,7 +70,7 @@ def isa() -> str | None:
 
 def native_bf16() -> bool:
     """Whether this CPU computes bf16 natively: the hosts of the AVX-512 BF16 kernels (AVX-512 BF16 or AMX; the
-    switch's "avx2" makes an AVX-512 host answer as an AVX2 one)."""
+    switch's "avx2" makes an AVX-512 host answer as an AVX2 one). Precision.decide's cpu_bf16."""
     return isa() == "avx512"
 
 

@@ -1,0 +1,65 @@
+"""The audio decode's precision on this CPU: `Chat.infer` with the Decoder + Vocos in bf16 against float32, same
+GPT (int8), same texts and seed, interleaved rounds in one process. What precision.py's CPU default rests on (bf16
+only where the CPU computes it natively: docs/performance.md).
+
+    python benchmarks/bench_audio_dtype.py --model .pytest-assets/full --texts 3,8 --name spr-amx
+    CHATTTS_VELOCITY_CPU_KERNELS=avx2 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 \\
+        python benchmarks/bench_audio_dtype.py --model .pytest-assets/full --texts 3 --name x86-avx2-emulated
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+DTYPES = ("bfloat16", "float32")
+
+
+def main(argv: list[str] | None = None) -> dict:
+    from chattts_velocity import Chat
+    from chattts_velocity.model import kernels
+    from chattts_velocity.params import InferCodeParams
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default=str(REPO / ".pytest-assets" / "full"))
+    parser.add_argument("--texts", default="3,8", help="comma-separated numbers of texts per infer call")
+    parser.add_argument("--steps", type=int, default=150, help="forced code steps per text")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--name", default="host")
+    parser.add_argument("--out", default=str(REPO / "benchmarks" / "results"))
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    chats = {}
+    for dtype in DTYPES:
+        chats[dtype] = Chat()
+        chats[dtype].load(source="custom", custom_path=args.model, verify=False, use_vllm=True, dtype="int8",
+                          decode_dtype=dtype)
+    params = InferCodeParams(manual_seed=1, max_new_token=args.steps, min_new_token=args.steps, show_tqdm=False)
+    seconds: dict[str, dict[str, list[float]]] = {}
+    for count in (int(n) for n in args.texts.split(",")):
+        texts = [f"Sentence number {i}, spoken by the same voice at a steady pace." for i in range(count)]
+        for _ in range(args.rounds):
+            for dtype, chat in chats.items():
+                start = time.perf_counter()
+                chat.infer(texts, skip_refine_text=True, params_infer_code=params)
+                seconds.setdefault(str(count), {}).setdefault(dtype, []).append(time.perf_counter() - start)
+    report = {"kernels": kernels.kernel_path(), "native_bf16": kernels.native_bf16(), "steps": args.steps,
+              "seconds": seconds,
+              "bf16_over_float32": {n: min(s["bfloat16"]) / min(s["float32"]) for n, s in seconds.items()}}
+    out = Path(args.out) / f"audio_dtype_{args.name}.json"
+    out.write_text(json.dumps(report, indent=1), encoding="utf-8")
+    print(json.dumps(report, indent=1))
+    return report
+
+
+if __name__ == "__main__":
+    main()
