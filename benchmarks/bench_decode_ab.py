@@ -21,7 +21,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from chattts_velocity import load_pretrained  # noqa: E402 (imported once REPO is on sys.path)
-from chattts_velocity.engine.backends import CompiledTorchBackend  # noqa: E402 (imported once REPO is on sys.path)
+from chattts_velocity.engine.backends.torch_backend import CompiledTorchBackend  # noqa: E402 (imported once REPO is on sys.path)
 from chattts_velocity.model import kernels  # noqa: E402 (imported once REPO is on sys.path)
 from chattts_velocity.model.fused import FusedLayerWeights  # noqa: E402 (imported once REPO is on sys.path)
 from chattts_velocity.params import InferCodeParams  # noqa: E402 (imported once REPO is on sys.path)

@@ -36,7 +36,7 @@ sys.path.insert(0, sys.argv[1])
 import torch
 torch.set_num_threads(1)
 from chattts_velocity.config import EngineConfig, ModelConfig
-from chattts_velocity.engine.llm_engine import LLMEngine
+from chattts_velocity.engine.core.llm_engine import LLMEngine
 from chattts_velocity.model import ChatTTSLlama, Embed, kv_cache_bytes_per_block
 from chattts_velocity.schema import Prompt, SamplingParams
 

@@ -23,6 +23,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from chattts_velocity import load_pretrained  # noqa: E402 (imported once REPO is on sys.path)
+from chattts_velocity.engine.backends.paged_kv import StepTensors  # noqa: E402 (imported once REPO is on sys.path)
 
 STEPS_PER_TURN = 8
 KV_DTYPES = ("auto", "int8")  # EngineConfig.kv_cache_dtype; "auto" is the weights' bf16
@@ -94,7 +95,9 @@ def _decode_turn(engine, seqs: int, context: int):
     def turn() -> None:
         for t in range(STEPS_PER_TURN):
             position = context + t
-            runner.backend.decode(embeds, [position] * seqs, [table[: position // bs + 1] for table in tables])
+            step = StepTensors.from_lists([1] * seqs, [position + 1] * seqs,
+                                          [table[: position // bs + 1] for table in tables], bs, runner.device)
+            runner.backend.run(embeds, step)
     return turn
 
 

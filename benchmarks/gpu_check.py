@@ -2,7 +2,7 @@
 
 Per backend (triton, torch) bench_engine's GPT-only runs at each concurrency (bf16, forced lengths), the ratio of
 the measured sequence-steps/s to the bandwidth roofline (weights read once per step plus each sequence's KV, at
---bandwidth-tbs), host syncs per decode step (engine/sync_detector.py around engine.step()) and the streaming time
+--bandwidth-tbs), host syncs per decode step (devtools/sync_detector.py around engine.step()) and the streaming time
 to first audio at one request. Runs on CPU too (a tiny model, one short run): tests/engine/test_gpu_check.py
 checks the JSON's shape that way.
 
@@ -40,7 +40,7 @@ def host_syncs_per_step(llm, steps: int = 4) -> float:
     """Mean syncs per decode step (SyncDetector) of `steps` steps of 2 requests after their prefill."""
     import torch
 
-    from chattts_velocity.engine.sync_detector import SyncDetector
+    from chattts_velocity.devtools.sync_detector import SyncDetector
     from chattts_velocity.schema import Prompt, SamplingParams
 
     engine, cfg = llm.engine, llm.engine.config

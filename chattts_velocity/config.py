@@ -82,7 +82,7 @@ class EngineConfig:
     scheduling: str = "fcfs"  # or "priority"
     device: str = "cpu"
     dtype: str = "float32"  # "float32" (exact), "bfloat16", "float16", "int8" or "int4" (precision.py)
-    backend: str = "auto"  # decode backend: "auto", "torch", "cpu" or "triton" (engine/backends.py)
+    backend: str = "auto"  # decode backend: "auto", "torch", "cpu" or "triton" (engine/backends/select.py)
     kv_cache_dtype: str = "auto"  # "auto": the weights' dtype; "int8": one fp32 scale per (slot, head), cpu backend
     compile: bool = False  # torch.compile the decode step (torch backend)
     num_threads: int | None = None

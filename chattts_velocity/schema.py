@@ -65,7 +65,7 @@ class SamplingParams:
     return_hidden: bool = True
     ensure_non_empty: bool = True  # unseeded: an EOS at the very first step is retried, MAX_REGENERATE times
     priority: int = 0  # lower runs first when the scheduler uses priority order
-    beam_width: int = 1  # > 1: deterministic beam search (text mode only; engine/beam_search.py), 1: sampling
+    beam_width: int = 1  # > 1: deterministic beam search (text mode only; engine/beams/search.py), 1: sampling
     length_penalty: float = 1.0  # beam hypotheses rank by logprob_sum / length**length_penalty
 
     def __post_init__(self) -> None:

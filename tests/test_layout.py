@@ -197,3 +197,20 @@ def test_no_code_asks_which_gpt_backend_it_holds() -> None:
 def test_package_files_stay_under_300_lines() -> None:
     big = [f"{p.relative_to(REPO)} ({n})" for p in SOURCES if (n := p.read_text().count("\n")) > 300]
     assert big == []
+
+
+def test_no_engine_room_holds_more_than_ten_modules() -> None:
+    crowded = {}
+    engine = REPO / "chattts_velocity" / "engine"
+    for room in (engine, *(p for p in engine.rglob("*") if p.is_dir() and p.name != "__pycache__")):
+        modules = [m for m in room.glob("*.py") if m.name != "__init__.py"]
+        if len(modules) > 10:
+            crowded[str(room.relative_to(REPO))] = len(modules)
+    assert crowded == {}
+
+
+def test_the_runtime_never_imports_the_development_tools() -> None:
+    graph = module_graph()
+    found = sorted(f"{m} -> {t}" for m, targets in graph.items() if not m.startswith("chattts_velocity.devtools")
+                   for t in targets if t.startswith("chattts_velocity.devtools"))
+    assert found == []

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from chattts_velocity.engine.llm_engine import LLMEngine
+from chattts_velocity.engine.core.llm_engine import LLMEngine
 from chattts_velocity.schema import GenerationOutput, Prompt, SamplingParams
 
 logger = logging.getLogger("chattts_velocity")

@@ -8,10 +8,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
-from ..assets import AssetPaths
-from ..config import ModelConfig
-from ..schema import GenerationOutput, Prompt, SamplingParams
-from .llm_engine import LLMEngine
+from chattts_velocity.assets import AssetPaths
+from chattts_velocity.config import ModelConfig
+from chattts_velocity.engine.core.llm_engine import LLMEngine
+from chattts_velocity.schema import GenerationOutput, Prompt, SamplingParams
 
 StopFlag = Callable[[], bool] | None
 Deltas = list[tuple[int, GenerationOutput]]  # (prompt index, its new rows) for every prompt that moved
@@ -63,7 +63,7 @@ def load_pretrained(
     """
     paths = assets if isinstance(assets, AssetPaths) else AssetPaths.from_root(assets)
     if is_vllm:
-        from .llm import LLM
+        from chattts_velocity.engine.llm import LLM
 
         return LLM.from_assets(paths, device=device, dtype=dtype, compile=compile, kv_cache_dtype=kv_cache_dtype,
                                **engine_kwargs)
@@ -71,6 +71,6 @@ def load_pretrained(
         extra = (sorted(engine_kwargs) + ([f"dtype={dtype}"] if dtype != "float32" else [])
                  + ([f"kv_cache_dtype={kv_cache_dtype}"] if kv_cache_dtype != "auto" else []))
         raise ValueError(f"load_pretrained: {extra} only apply to the velocity engine (is_vllm=True)")
-    from .plain import PlainGPT
+    from chattts_velocity.engine.plain.loop import PlainGPT
 
     return PlainGPT.load(paths.gpt_dir, paths.embed, device=device)

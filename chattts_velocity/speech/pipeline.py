@@ -27,8 +27,8 @@ from ..audio import (
 )
 from ..audio.wav import SAMPLE_RATE
 from ..config import ModelConfig
+from ..engine.core.llm_engine import LLMEngine
 from ..engine.gpt import GPTBackend, load_pretrained
-from ..engine.llm_engine import LLMEngine
 from ..model import kernels
 from ..params import InferCodeParams, RefineTextParams
 from ..precision import Precision

@@ -8,7 +8,7 @@ import torch
 
 from chattts_velocity import Chat
 from chattts_velocity.audio.vocos import ISTFT
-from chattts_velocity.engine.sync_detector import SyncDetector
+from chattts_velocity.devtools.sync_detector import SyncDetector
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 

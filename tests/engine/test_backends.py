@@ -1,4 +1,4 @@
-"""The decode backend (engine/backends.py): chosen once from EngineConfig.backend, never a silent fallback, and
+"""The decode backend (engine/backends/select.py): chosen once from EngineConfig.backend, never a silent fallback, and
 every backend's decode step gives the eager torch path's hidden states and KV rows. The model has head_dim 32,
 which the C++ kernels need."""
 from __future__ import annotations
@@ -7,11 +7,14 @@ import logging
 
 import pytest
 import torch
+from backend_lists import decode, forward
 
 from chattts_velocity import load_pretrained
 from chattts_velocity.config import EngineConfig, ModelConfig
-from chattts_velocity.engine.backends import PagedKV, TorchBackend, select_backend
-from chattts_velocity.engine.weights import pack_for
+from chattts_velocity.engine.backends.paged_kv import PagedKV
+from chattts_velocity.engine.backends.select import select_backend
+from chattts_velocity.engine.backends.torch_backend import TorchBackend
+from chattts_velocity.engine.core.weights import pack_for
 from chattts_velocity.model import (
     ChatTTSLlama,
     allocate_kv_pairs,
@@ -146,14 +149,14 @@ def test_decode_equals_the_eager_torch_path(dtype, options, name, tolerance, len
     tables = [list(range(b * 4, b * 4 + 4)) for b in range(len(lens))]  # 16 positions each
     gen = torch.Generator().manual_seed(1)
     meta = build_attention_metadata(lens, lens, tables, BLOCK)
-    backend.forward(torch.randn(sum(lens), HIDDEN, generator=gen), meta)  # prefill: the same path in all backends
+    forward(backend, torch.randn(sum(lens), HIDDEN, generator=gen), meta)  # prefill: the same path in all backends
     eager_kv = PagedKV([(k.clone(), v.clone()) for k, v in kv.pairs], BLOCK, kv.pad_block, kv.device)
     eager = TorchBackend(backend.model, eager_kv)
     for step in range(3):  # later steps read K/V that earlier decode steps wrote
         positions = [n + step for n in lens]
         trimmed = [t[: p // BLOCK + 1] for t, p in zip(tables, positions, strict=True)]
         x = torch.randn(len(lens), HIDDEN, generator=gen)
-        got, expected = backend.decode(x, positions, trimmed), eager.decode(x, positions, trimmed)
+        got, expected = decode(backend, x, positions, trimmed), decode(eager, x, positions, trimmed)
         assert got.shape == expected.shape == (len(lens), HIDDEN)
         assert (got.float() - expected.float()).abs().max().item() <= tolerance * expected.abs().max().item()
     # the new K/V rows landed where eager put them

@@ -12,7 +12,7 @@ import torch
 
 from chattts_velocity import Chat, InferCodeParams, RefineTextParams, load_pretrained
 from chattts_velocity.engine.async_engine import AsyncLLMEngine
-from chattts_velocity.engine.plain_beams import plain_beam_search
+from chattts_velocity.engine.plain.beams import plain_beam_search
 from chattts_velocity.schema import SamplingParams
 
 TEXTS = ["Hello world, this is a longer refine prompt.", "你好，今天天气很好，我们出去玩吧。"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from backend_lists import decode, forward
 
 from chattts_velocity import load_pretrained
 from chattts_velocity.model import PackedLinear, build_attention_metadata, kernels
@@ -114,7 +115,7 @@ def _decoded_logits(llm, prompts, codes: list[torch.Tensor]) -> list[torch.Tenso
         embeds = runner.embed.embed(ids, torch.zeros(len(ids), dtype=torch.bool)).to(runner.act_dtype)
         positions = [len(p) + t for p in prompts]
         trimmed = [table[: q // runner.block_size + 1] for table, q in zip(tables, positions, strict=True)]
-        hidden.append(runner.backend.decode(embeds, positions, trimmed))
+        hidden.append(decode(runner.backend, embeds, positions, trimmed))
     logits = runner.embed.code_logits(torch.stack(hidden, 1).float().flatten(0, 1))  # [B * T, 4, V]
     return list(logits.view(len(prompts), steps, *logits.shape[1:]))
 
@@ -126,7 +127,7 @@ def _prefill(runner, prompt, codes: torch.Tensor, blocks: list[int]) -> torch.Te
     embeds = runner.embed.embed(ids, mask)
     embeds[list(prompt.spk_positions)] = prompt.spk_emb
     meta = build_attention_metadata([len(ids)], [len(ids)], [blocks], runner.block_size)
-    return runner.backend.forward(embeds.to(runner.act_dtype), meta).float()
+    return forward(runner.backend, embeds.to(runner.act_dtype), meta).float()
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "int8"])

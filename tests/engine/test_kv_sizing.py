@@ -5,7 +5,12 @@ import pytest
 import torch
 
 from chattts_velocity.config import EngineConfig, ModelConfig
-from chattts_velocity.engine.kv_sizing import DEFAULT_KV_BYTES, DEFAULT_VRAM_FRACTION, budget_bytes, kv_cache_blocks
+from chattts_velocity.engine.core.kv_sizing import (
+    DEFAULT_KV_BYTES,
+    DEFAULT_VRAM_FRACTION,
+    budget_bytes,
+    kv_cache_blocks,
+)
 from chattts_velocity.model import kv_cache_bytes_per_block
 
 CHATTTS = ModelConfig()

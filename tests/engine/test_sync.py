@@ -1,4 +1,4 @@
-"""Host syncs in an engine step: SyncDetector (engine/sync_detector.py) on CPU, torch's sync debug mode on a GPU.
+"""Host syncs in an engine step: SyncDetector (devtools/sync_detector.py) on CPU, torch's sync debug mode on a GPU.
 
 A decode step may read one thing back from the device: the sampled ids. Everything else (embedding, metadata,
 attention, sampling) must be launched without the host waiting.
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from chattts_velocity import Chat, InferCodeParams, load_pretrained
-from chattts_velocity.engine.sync_detector import SyncDetector
+from chattts_velocity.devtools.sync_detector import SyncDetector
 from chattts_velocity.model import Embed
 from chattts_velocity.model.kernels.triton import available
 from chattts_velocity.text import split_pieces

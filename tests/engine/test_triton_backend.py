@@ -1,4 +1,4 @@
-"""The triton decode backend (engine/triton_backend.py) and its CUDA graphs (engine/cuda_graphs.py).
+"""The triton decode backend (engine/backends/triton_backend.py) and its CUDA graphs (engine/backends/cuda_graphs.py).
 
 `triton` tests run the whole engine through the Triton kernels (on CPU: Triton's interpreter, so few steps on the
 tiny model) and compare it with the plain path; the graph ladder and padding are pure functions, tested here on
@@ -10,13 +10,15 @@ import os
 
 import pytest
 import torch
+from backend_lists import decode
 
 from chattts_velocity import Chat, InferCodeParams, load_pretrained
 from chattts_velocity.config import EngineConfig, ModelConfig
-from chattts_velocity.engine import triton_backend
-from chattts_velocity.engine.backends import PagedKV, TorchBackend, select_backend
-from chattts_velocity.engine.cuda_graphs import DecodeGraphs, bucket, graph_batch_sizes
-from chattts_velocity.engine.paged_kv import StepTensors, padded_decode
+from chattts_velocity.engine.backends import triton_backend
+from chattts_velocity.engine.backends.cuda_graphs import DecodeGraphs, bucket, graph_batch_sizes
+from chattts_velocity.engine.backends.paged_kv import PagedKV, StepTensors, padded_decode
+from chattts_velocity.engine.backends.select import select_backend
+from chattts_velocity.engine.backends.torch_backend import TorchBackend
 from chattts_velocity.model import (
     ChatTTSLlama,
     allocate_kv_pairs,
@@ -213,7 +215,7 @@ def test_padded_graph_step_equals_the_eager_step_and_leaves_other_blocks_alone(t
         trimmed = [t[: p // BLOCK + 1] for t, p in zip(tables, positions, strict=True)]
         x = torch.randn(len(lens), HIDDEN, generator=gen).to(kv.device)
         step_inputs = StepTensors.from_lists([1] * 3, [p + 1 for p in positions], trimmed, BLOCK, kv.device)
-        got, expected = graphs.run(x, step_inputs), eager.decode(x, positions, trimmed)
+        got, expected = graphs.run(x, step_inputs), decode(eager, x, positions, trimmed)
         assert got.shape == (3, HIDDEN) and (got - expected).abs().max().item() <= 1e-5
     for pools, eager_pools in zip(kv.pairs, eager_kv.pairs, strict=True):
         for pool, eager_pool in zip(pools, eager_pools, strict=True):

@@ -1,5 +1,5 @@
 """Every Triton kernel the engine launches compiles for sm_80, sm_89 and sm_90 without a GPU, with no register
-spills and within each target's shared memory (engine/triton_compile_check.py).
+spills and within each target's shared memory (devtools/triton_compile_check.py).
 
 The launches are recorded under Triton's interpreter, then compiled with Triton's bundled ptxas. Results are cached
 by a hash of the kernels' sources under the test cache directory: the first run compiles (minutes), later runs read.
@@ -15,7 +15,7 @@ import pytest
 if importlib.util.find_spec("triton") is None:
     pytest.skip("triton is not installed", allow_module_level=True)
 
-from chattts_velocity.engine import triton_compile_check as compile_check
+from chattts_velocity.devtools import triton_compile_check as compile_check
 
 KERNELS = {"_store_kv_kernel", "_decode_kernel", "_combine_kernel", "_prefill_kernel", "_rms_norm_kernel",
            "_rope_kernel", "_temperature_penalty_kernel", "_noise_kernel"}

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from backend_lists import decode, forward
 from torch._dynamo.utils import counters
 
 from chattts_velocity.config import EngineConfig, ModelConfig
-from chattts_velocity.engine.llm_engine import LLMEngine
+from chattts_velocity.engine.core.llm_engine import LLMEngine
 from chattts_velocity.model import (
     ChatTTSLlama,
     DecodeMetadata,
@@ -258,12 +259,12 @@ def _forced_logits(engine: LLMEngine, prompts: list[Prompt], codes: list[torch.T
     last = []
     for prompt, table in zip(prompts, tables, strict=True):
         meta = build_attention_metadata([len(prompt)], [len(prompt)], [table], BLOCK)
-        last.append(runner.backend.forward(runner.embed.embed(prompt.input_ids, prompt.text_mask), meta)[-1])
+        last.append(forward(runner.backend, runner.embed.embed(prompt.input_ids, prompt.text_mask), meta)[-1])
     hidden = [torch.stack(last)]  # [B, H] per step
     for t in range(steps - 1):
         ids = torch.stack([c[t] for c in codes])  # [B, 4]
         embeds = runner.embed.embed(ids, torch.zeros(len(ids), dtype=torch.bool))
         positions = [len(p) + t for p in prompts]
         trimmed = [table[: q // BLOCK + 1] for table, q in zip(tables, positions, strict=True)]
-        hidden.append(runner.backend.decode(embeds, positions, trimmed))
+        hidden.append(decode(runner.backend, embeds, positions, trimmed))
     return runner.embed.code_logits(torch.stack(hidden, 1).float().flatten(0, 1))

@@ -1,8 +1,9 @@
 """Engine stage ops for the CUDA backend, on the logits' device: nothing goes to the host but the sampled ids.
 
-Rows are (sequence, codebook) pairs, logits [R, V] fp32, per-row parameters [R], as in engine/logits_processors.py,
-whose semantics these ops keep (HF top-p / top-k with 3 tokens kept, the reference's asymmetric penalty).
-The caller applies them in engine/sampler.py's order: temperature + penalty, top-p + top-k, custom
+Rows are (sequence, codebook) pairs, logits [R, V] fp32, per-row parameters [R], as in
+engine/sampling/logits_processors.py, whose semantics these ops keep (HF top-p / top-k with 3 tokens kept, the
+reference's asymmetric penalty).
+The caller applies them in engine/sampling/sampler.py's order: temperature + penalty, top-p + top-k, custom
 processors, EOS mask, then `sample`.
 
 NOTE (noise): `sample` draws its Exp(1) noise with Philox in Triton, keyed by the request's step seed

@@ -11,11 +11,12 @@ import logging
 import torch
 
 from chattts_velocity.config import EngineConfig, ModelConfig
-from chattts_velocity.engine.backends import DecodeBackend, select_backend
-from chattts_velocity.engine.paged_kv import BlockTables, PagedKV, step_tensors, to_device
-from chattts_velocity.engine.sampler import Sampler
-from chattts_velocity.engine.sequence import Sequence
-from chattts_velocity.engine.step import ScheduledBatch, StepOutput
+from chattts_velocity.engine.backends import DecodeBackend
+from chattts_velocity.engine.backends.paged_kv import BlockTables, PagedKV, step_tensors, to_device
+from chattts_velocity.engine.backends.select import select_backend
+from chattts_velocity.engine.core.sequence import Sequence
+from chattts_velocity.engine.core.step import ScheduledBatch, StepOutput
+from chattts_velocity.engine.sampling.sampler import Sampler
 from chattts_velocity.model import ChatTTSLlama, Embed, allocate_kv_pairs
 
 logger = logging.getLogger("chattts_velocity")
@@ -25,7 +26,7 @@ class ModelRunner:
     """Owns the KV pool, the model, the decode backend (and through it the sampler); sees sequences only through
     ScheduledBatch.
 
-    The backend (engine/backends.py: torch eager or compiled, the fused C++ layers, or triton) is chosen once, here,
+    The backend (engine/backends/: torch eager or compiled, the fused C++ layers, or triton) is chosen once, here,
     and runs every step. Per step the runner builds the embeddings of the new positions and the step's integer
     inputs once (paged_kv.StepTensors, block tables from a persistent buffer); the backend derives its own metadata.
     """

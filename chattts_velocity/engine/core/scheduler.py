@@ -10,9 +10,9 @@ import random
 import torch
 
 from chattts_velocity.config import EngineConfig
-from chattts_velocity.engine.block_manager import BlockManager
-from chattts_velocity.engine.sequence import Sequence, SequenceStatus
-from chattts_velocity.engine.step import ScheduledBatch, StepOutput
+from chattts_velocity.engine.core.block_manager import BlockManager
+from chattts_velocity.engine.core.sequence import Sequence, SequenceStatus
+from chattts_velocity.engine.core.step import ScheduledBatch, StepOutput
 
 
 class Scheduler:
@@ -105,7 +105,7 @@ class Scheduler:
         scheduled: set[Sequence] = set()
         for seq in order:
             if seq.num_computed_tokens == len(seq):
-                continue  # a beam waiting for its group's choice (engine/beam_engine.py): nothing to compute
+                continue  # a beam waiting for its group's choice (engine/beams/velocity.py): nothing to compute
             if budget == 0 or len(chosen) == self.config.max_num_seqs:
                 break
             if seq.status is not SequenceStatus.RUNNING:
@@ -191,7 +191,7 @@ class Scheduler:
     def _append(seq: Sequence, token: tuple[int, ...], hidden: torch.Tensor | None) -> SequenceStatus | None:
         """Finish rules (upstream's): EOS in any row (not appended), or max_new_token reached."""
         if seq.is_beam:
-            return None  # its beam search chooses and appends the token (engine/beam_engine.py)
+            return None  # its beam search chooses and appends the token (engine/beams/velocity.py)
         if seq.params.eos_token_id in token:  # the sampler masks EOS until min_new_token
             return SequenceStatus.FINISHED_EOS
         seq.append_token(token, hidden)

@@ -2,7 +2,7 @@
 
 In: a ScheduledBatch (or, for tests, positions and block tables as lists). Out: StepTensors (positions, slots, the
 block tables of the batch), built once per step on the host side with a few tensor ops; each backend derives the
-metadata its kernels read from them (engine/backends.py). Block tables live in a persistent buffer (BlockTables):
+metadata its kernels read from them (engine/backends/select.py). Block tables live in a persistent buffer (BlockTables):
 a step writes only the entries a sequence gained since its last step.
 """
 from __future__ import annotations
@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
-from chattts_velocity.engine.sequence import Sequence, SequenceStatus
-from chattts_velocity.engine.step import ScheduledBatch
+from chattts_velocity.engine.core.sequence import Sequence, SequenceStatus
+from chattts_velocity.engine.core.step import ScheduledBatch
 from chattts_velocity.model import AttentionMetadata, DecodeMetadata
 from chattts_velocity.model.llama import KVPair
 
@@ -93,24 +93,6 @@ class StepTensors:
     @classmethod
     def from_attention_metadata(cls, meta: AttentionMetadata, block_size: int) -> StepTensors:
         return cls.build(meta.q_lens, meta.k_lens, meta.block_tables.long().clamp(min=0), block_size)
-
-
-class ListInputs:
-    """`forward(embeds, AttentionMetadata)` and `decode(embeds, positions, tables)` over `run`: for callers that hold
-    plain lists (tests, benchmarks). tables[b] holds at least the blocks of positions 0..positions[b]."""
-
-    kv: PagedKV
-
-    def run(self, embeds: torch.Tensor, step: StepTensors) -> torch.Tensor:
-        raise NotImplementedError  # each backend's own
-
-    def forward(self, embeds: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        return self.run(embeds, StepTensors.from_attention_metadata(meta, self.kv.block_size))
-
-    def decode(self, embeds: torch.Tensor, positions: list[int], tables: list[list[int]]) -> torch.Tensor:
-        step = StepTensors.from_lists([1] * len(positions), [p + 1 for p in positions], tables, self.kv.block_size,
-                                      self.kv.device)
-        return self.run(embeds, step)
 
 
 class BlockTables:

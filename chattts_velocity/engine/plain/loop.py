@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..config import ModelConfig
-from ..model.embed import Embed
-from ..model.loader import gpt_state_dict, load_embed
-from ..schema import MAX_REGENERATE, FinishReason, GenerationOutput, Prompt, SamplingParams, pad_left
-from . import logits_processors as lp
-from .plain_beams import plain_beam_search
-from .progress import progress_bar
+from chattts_velocity.config import ModelConfig
+from chattts_velocity.engine.plain.beams import plain_beam_search
+from chattts_velocity.engine.progress import progress_bar
+from chattts_velocity.engine.sampling import logits_processors as lp
+from chattts_velocity.model.embed import Embed
+from chattts_velocity.model.loader import gpt_state_dict, load_embed
+from chattts_velocity.schema import MAX_REGENERATE, FinishReason, GenerationOutput, Prompt, SamplingParams, pad_left
 
 if TYPE_CHECKING:
     from transformers import DynamicCache

@@ -16,15 +16,15 @@ import torch
 
 from chattts_velocity.assets import AssetPaths
 from chattts_velocity.config import EngineConfig, ModelConfig
-from chattts_velocity.engine.beam_engine import BeamSearch
-from chattts_velocity.engine.block_manager import BlockManager
-from chattts_velocity.engine.kv_sizing import kv_cache_blocks
-from chattts_velocity.engine.model_runner import ModelRunner
-from chattts_velocity.engine.retry import RetryOnEmpty
-from chattts_velocity.engine.scheduler import Scheduler
-from chattts_velocity.engine.sequence import Sequence, SequenceStatus
-from chattts_velocity.engine.step import ScheduledBatch, StepOutput
-from chattts_velocity.engine.weights import load_weights, pack_for
+from chattts_velocity.engine.beams.velocity import BeamSearch
+from chattts_velocity.engine.core.block_manager import BlockManager
+from chattts_velocity.engine.core.kv_sizing import kv_cache_blocks
+from chattts_velocity.engine.core.model_runner import ModelRunner
+from chattts_velocity.engine.core.retry import RetryOnEmpty
+from chattts_velocity.engine.core.scheduler import Scheduler
+from chattts_velocity.engine.core.sequence import Sequence, SequenceStatus
+from chattts_velocity.engine.core.step import ScheduledBatch, StepOutput
+from chattts_velocity.engine.core.weights import load_weights, pack_for
 from chattts_velocity.model import ChatTTSLlama, Embed
 from chattts_velocity.schema import GenerationOutput, Prompt, SamplingParams
 
@@ -141,7 +141,7 @@ class LLMEngine:
         return outputs
 
     def _retry(self, seq: Sequence) -> bool:
-        """Queue the request again when upstream's ensure_non_empty asks for it (engine/retry.py)."""
+        """Queue the request again when upstream's ensure_non_empty asks for it (engine/core/retry.py)."""
         again = self.retries.again(seq)
         if again is not None:
             self.scheduler.add(again)

@@ -10,9 +10,9 @@ from typing import Protocol
 
 import torch
 
-from ..model.embed import Embed
-from ..schema import GenerationOutput, Prompt, SamplingParams
-from .beam_search import BeamState, beam_logprobs
+from chattts_velocity.engine.beams.search import BeamState, beam_logprobs
+from chattts_velocity.model.embed import Embed
+from chattts_velocity.schema import GenerationOutput, Prompt, SamplingParams
 
 
 class PlainStage(Protocol):

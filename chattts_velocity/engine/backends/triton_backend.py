@@ -5,9 +5,9 @@ the final norm, as the torch backend gives them. Per layer: (fused add +) RMSNor
 KV store, paged attention (the decode kernel in decode steps, the varlen prefill kernel in general steps: prefill
 chunks, recompute after preemption, mixed), the output projection, fused add + RMSNorm and the MLP. The linears
 stay the model's own modules (cuBLAS on GPU): no weight is copied, and the KV pool is the engine's.
-On CUDA, decode steps replay CUDA graphs (engine/cuda_graphs.py); on CPU (TRITON_INTERPRET=1) they run eagerly.
+On CUDA, decode steps replay CUDA graphs (engine/backends/cuda_graphs.py); on CPU (TRITON_INTERPRET=1) they run eagerly.
 
-NOTE (sampling): an engine on this backend samples on the device too (engine/device_sampler.py, the backend's
+NOTE (sampling): an engine on this backend samples on the device too (engine/sampling/device_sampler.py, the backend's
 sampler): Philox noise keyed by (seed, step), batch invariant, but a different random stream from the
 other backends' CPU generator (same distribution, different audio per seed).
 """
@@ -20,9 +20,9 @@ from typing import Any
 
 import torch
 
-from chattts_velocity.engine.cuda_graphs import DecodeGraphs, graph_batch_sizes
-from chattts_velocity.engine.device_sampler import DeviceSampler
-from chattts_velocity.engine.paged_kv import ListInputs, PagedKV, StepTensors, to_device
+from chattts_velocity.engine.backends.cuda_graphs import DecodeGraphs, graph_batch_sizes
+from chattts_velocity.engine.backends.paged_kv import PagedKV, StepTensors, to_device
+from chattts_velocity.engine.sampling.device_sampler import DeviceSampler
 from chattts_velocity.model import ChatTTSLlama, DecodeMetadata
 from chattts_velocity.model.kernels.triton import available
 from chattts_velocity.model.layers import RMSNorm
@@ -42,7 +42,7 @@ def triton_unavailable(kv: PagedKV) -> str | None:
     return reason
 
 
-class TritonBackend(ListInputs):
+class TritonBackend:
     """Every step runs the layers with the Triton kernels; decode steps replay CUDA graphs on CUDA; the sampler
     runs on the device."""
 

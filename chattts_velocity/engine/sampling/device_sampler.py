@@ -3,7 +3,7 @@
 In: the sequences that sample this step and their logits [S*rows, V] on the device. Out: tokens [S, rows] int64 on
 the device; the model runner's copy of them is the step's only device-to-host transfer. The per-row parameters are
 built on the host (Sampler.prepare, as for every backend) and sent with pinned, non-blocking copies; the chain is
-engine/logits_processors.py's, in its order, through the ops of model/kernels/triton/sampling.py:
+engine/sampling/logits_processors.py's, in its order, through the ops of model/kernels/triton/sampling.py:
     temperature + penalty -> top-p + top-k -> custom processors -> EOS mask -> Philox Exp(1) noise -> argmax
 NOTE (noise): keyed by (seed, step) like Sampler's, so a request's tokens never depend on its batch; but it is
 Philox in Triton, not torch's CPU generator: the same distribution, a different stream (a seed's audio differs from
@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import torch
 
-from chattts_velocity.engine import logits_processors as lp
-from chattts_velocity.engine.paged_kv import to_device
-from chattts_velocity.engine.sampler import Sampler, SamplingBatch
+from chattts_velocity.engine.backends.paged_kv import to_device
+from chattts_velocity.engine.sampling import logits_processors as lp
+from chattts_velocity.engine.sampling.sampler import Sampler, SamplingBatch
 
 
 class DeviceSampler(Sampler):

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from chattts_velocity.engine.sequence import Sequence
+from chattts_velocity.engine.core.sequence import Sequence
 
 
 @dataclass

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
-from chattts_velocity.engine import logits_processors as lp
-from chattts_velocity.engine.sequence import Sequence
+from chattts_velocity.engine.core.sequence import Sequence
+from chattts_velocity.engine.sampling import logits_processors as lp
 
 _MASK64 = (1 << 64) - 1
 

@@ -35,7 +35,7 @@ class Sequence:
     still has to be fed to predict the next one.
     """
 
-    is_beam = False  # a beam of a beam-search request: the beam search appends its tokens (engine/beam_engine.py)
+    is_beam = False  # a beam of a beam-search request: the beam search appends its tokens (engine/beams/velocity.py)
 
     def __init__(self, request_id: str, prompt: Prompt, params: SamplingParams, arrival: float = 0.0) -> None:
         self.request_id = request_id

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import torch
 
-from chattts_velocity.engine.paged_kv import PagedKV, StepTensors, padded_decode
+from chattts_velocity.engine.backends.paged_kv import PagedKV, StepTensors, padded_decode
 from chattts_velocity.model import DecodeMetadata
 
 DecodeStep = Callable[[torch.Tensor, torch.Tensor, DecodeMetadata], torch.Tensor]  # embeds, positions, meta

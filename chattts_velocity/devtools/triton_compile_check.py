@@ -9,7 +9,7 @@ split count, prefill) and the device sampler (code and text vocabularies) under 
 launch captured instead of run, for ChatTTS's widths and the tests' sizes, fp32/bf16/fp16 pools and block sizes
 4 and 16, as a GPU launches them (the interpreter's fp32 upcast off).
 
-    python -m chattts_velocity.engine.triton_compile_check --out benchmarks/results/triton_compile.json
+    python -m chattts_velocity.devtools.triton_compile_check --out benchmarks/results/triton_compile.json
 """
 from __future__ import annotations
 
@@ -31,9 +31,10 @@ DTYPES = ("float32", "bfloat16", "float16")
 BLOCK_SIZES = (4, 16)
 TYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "int64": "i64", "int32": "i32", "bool": "i1",
          "uint8": "u8", "int8": "i8"}
-ENGINE = Path(__file__).parent
-KERNELS = ENGINE.parent / "model" / "kernels" / "triton"
-MODULE = "chattts_velocity.engine.triton_compile_check"
+PACKAGE = Path(__file__).parents[1]
+KERNELS = PACKAGE / "model" / "kernels" / "triton"
+ENGINE = PACKAGE / "engine"
+MODULE = "chattts_velocity.devtools.triton_compile_check"
 Spec = dict[str, Any]  # one launch: kernel, signature, constexprs, options (JSON)
 
 
@@ -92,8 +93,8 @@ def _drive_backend(hidden: int, heads: int, inter: int, dtype: Any, block_size: 
     import torch
 
     from chattts_velocity.config import ModelConfig
-    from chattts_velocity.engine.paged_kv import PagedKV, StepTensors
-    from chattts_velocity.engine.triton_backend import TritonBackend
+    from chattts_velocity.engine.backends.paged_kv import PagedKV, StepTensors
+    from chattts_velocity.engine.backends.triton_backend import TritonBackend
     from chattts_velocity.model import ChatTTSLlama, allocate_kv_pairs
     from chattts_velocity.model.kernels.triton import attention
 
@@ -174,7 +175,8 @@ def source_key(targets: list[int]) -> str:
     import triton
 
     digest = hashlib.sha256(f"{triton.__version__} {targets} {MODELS} {DTYPES} {BLOCK_SIZES}".encode())
-    for path in sorted([*KERNELS.glob("*.py"), ENGINE / "triton_backend.py", ENGINE / "device_sampler.py"]):
+    for path in sorted([*KERNELS.glob("*.py"), ENGINE / "backends" / "triton_backend.py",
+                        ENGINE / "sampling" / "device_sampler.py"]):
         digest.update(path.read_bytes())
     return digest.hexdigest()[:20]
 
@@ -187,7 +189,7 @@ def run(targets: list[int], cache_dir: Path | None = None) -> dict[str, Any]:
         results: dict[str, Any] = json.loads(cached.read_text())
         return results
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    root = str(ENGINE.parents[1])
+    root = str(PACKAGE.parent)
     env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")])
     recorded = subprocess.run([sys.executable, "-m", MODULE, "--record"], capture_output=True, text=True,
                               env=env | {"TRITON_INTERPRET": "1"}, check=True, cwd=root)

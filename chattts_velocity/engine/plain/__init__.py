@@ -1,0 +1,1 @@
+"""Engine: the plain transformers path: upstream's batched loop, the oracle."""

@@ -1,0 +1,1 @@
+"""Engine: sampling: the host sampler, the logits processors, the device sampler."""
