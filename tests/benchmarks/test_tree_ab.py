@@ -1,0 +1,38 @@
+"""benchmarks/tree_ab.py: the two-tree A/B harness (ratios per pair, one fresh process per measurement)."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import tree_ab  # noqa: E402 (benchmarks/ is not a package)
+
+
+def test_the_ratio_is_the_median_of_the_per_pair_ratios() -> None:
+    old = [{"1": 10.0, "8": 80.0}, {"1": 20.0, "8": 80.0}, {"1": 10.0, "8": 40.0}]
+    new = [{"1": 11.0, "8": 40.0}, {"1": 30.0, "8": 80.0}, {"1": 15.0, "8": 80.0}]
+    result = tree_ab.compare(old, new)
+    assert result["1"]["ratio_new_over_old"] == pytest.approx(1.5)  # per pair 1.1, 1.5, 1.5
+    assert result["8"]["ratio_new_over_old"] == pytest.approx(1.0)  # per pair 0.5, 1.0, 2.0
+    assert result["8"]["old"] == [80.0, 80.0, 40.0]
+
+
+def test_a_case_that_fails_in_one_tree_names_the_tree(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match="failed in"):
+        tree_ab.main(["--trees", str(tmp_path), str(tmp_path), "--model", str(tmp_path / "missing"),
+                      "--sizes", "1", "--steps", "2", "--pairs", "1"])
+
+
+@pytest.mark.slow
+def test_one_tree_against_itself_gives_a_ratio_near_one(tiny_assets: Path, tmp_path: Path) -> None:
+    out = tmp_path / "ab.json"
+    tree_ab.main(["--trees", str(REPO), str(REPO), "--model", str(tiny_assets), "--case", "gpt", "--dtypes",
+                  "float32", "--sizes", "1,2", "--steps", "6", "--pairs", "1", "--out", str(out)])
+    report = json.loads(out.read_text())
+    assert set(report["results"]["float32"]) == {"1", "2"}
+    assert 0.2 < report["results"]["float32"]["2"]["ratio_new_over_old"] < 5
