@@ -7,7 +7,7 @@ The caller applies them in engine/sampling/sampler.py's order: temperature + pen
 processors, EOS mask, then `sample`.
 
 NOTE (noise): `sample` draws its Exp(1) noise with Philox in Triton, keyed by the request's step seed
-(engine/sampler.step_seed) and the element's index inside the request's [rows, V] block. Like the CPU path it
+(engine/sampling/sampler.step_seed) and the element's index inside the request's [rows, V] block. Like the CPU path it
 depends only on (seed, step), never on the batch, so batch invariance holds; but it is a different stream
 from the CPU path's torch.Generator (same distribution), so a seed gives different audio on CUDA than on CPU.
 """
