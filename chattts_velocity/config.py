@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field, fields
+from dataclasses import InitVar, dataclass, field, fields
 from pathlib import Path
+
+import torch
 
 from chattts_velocity.precision import Precision
 
@@ -69,6 +71,12 @@ def _checked(path: Path, name: str, value: object, kind: str) -> int | float:
 BACKENDS = ("auto", "torch", "cpu", "triton")
 
 
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    """The device a model loads on: the one asked for, else CUDA when there is one, else the CPU. Decided once,
+    when a pipeline loads (or the CLI, before it loads one), and passed down."""
+    return torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+
+
 @dataclass
 class EngineConfig:
     """Knobs of the velocity engine. Build with EngineConfig.from_kwargs(**user_kwargs)."""
@@ -88,20 +96,27 @@ class EngineConfig:
     num_threads: int | None = None
     seed: int = 0  # seeds the generator that picks seeds for unseeded requests
     precision: Precision = field(init=False, repr=False, compare=False)  # decided from dtype, kv_cache_dtype, ...
+    decided: InitVar[Precision | None] = None  # a Precision decided by the caller (the speech pipeline's), used as is
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, decided: Precision | None) -> None:
         if self.block_size < 1 or self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
             raise ValueError("block_size, max_num_seqs and max_num_batched_tokens must be >= 1")
         if self.scheduling not in ("fcfs", "priority"):
             raise ValueError(f"scheduling: must be 'fcfs' or 'priority', got {self.scheduling!r}")
         if self.backend not in BACKENDS:
             raise ValueError(f"backend: must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
-        self.precision = Precision.decide(self.dtype, self.kv_cache_dtype, device=self.device, backend=self.backend)
+        if decided is not None:
+            self.precision, self.dtype = decided, decided.dtype
+        else:
+            self.precision = Precision.decide(self.dtype, self.kv_cache_dtype, device=self.device,
+                                              backend=self.backend)
 
     @classmethod
-    def from_kwargs(cls, **kwargs) -> EngineConfig:
+    def from_kwargs(cls, precision: Precision | None = None, **kwargs) -> EngineConfig:
+        """The config of these options; `precision` (a decided Precision) overrides dtype and kv_cache_dtype."""
         names = {f.name for f in fields(cls) if f.init}
         unknown = set(kwargs) - names
         if unknown:
-            raise ValueError(f"EngineConfig: unknown option(s) {sorted(unknown)}; known: {sorted(names)}")
-        return cls(**kwargs)
+            known = sorted(names | {"precision"})
+            raise ValueError(f"EngineConfig: unknown option(s) {sorted(unknown)}; known: {known}")
+        return cls(**kwargs, decided=precision)

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 
 DTYPES = ("float32", "bfloat16", "float16", "int8", "int4")
+DTYPE_CHOICES = ("auto", *DTYPES)  # what a user may ask for ("auto": fastest_dtype on the device)
 KV_CACHE_DTYPES = ("auto", "int8")
 DECODE_DTYPES = ("bfloat16", "float32")
 # dtype -> (dtype the GPT checkpoint is loaded in, PackedLinear mode or None for the model's own linears)

@@ -16,16 +16,15 @@ from ..params import InferCodeParams
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
 
-DTYPES = ["auto", "float32", "bfloat16", "int8", "int4"]
+DTYPES = list(precision.DTYPE_CHOICES)
 
 
 def fastest_dtype() -> str:
     """The fastest accepted precision on the device Chat.load picks by default (precision.fastest_dtype)."""
-    import torch
-
+    from ..config import resolve_device
     from ..model import kernels
 
-    return precision.fastest_dtype("cuda" if torch.cuda.is_available() else "cpu", kernels.unsupported() is None)
+    return precision.fastest_dtype(resolve_device(None).type, kernels.unsupported() is None)
 
 
 def resolve_dtype(args: argparse.Namespace) -> str:

@@ -26,7 +26,7 @@ from ..audio import (
     piece_timestamps,
 )
 from ..audio.wav import SAMPLE_RATE
-from ..config import ModelConfig
+from ..config import ModelConfig, resolve_device
 from ..engine.core.llm_engine import LLMEngine
 from ..engine.gpt import GPTBackend, load_pretrained
 from ..model import kernels
@@ -49,17 +49,19 @@ class SpeechPipeline:
 
     def __init__(self, paths: AssetPaths, *, device: torch.device, dtype: str, decode_dtype: str | None,
                  use_vllm: bool, normalizer: Normalizer | None, gpt_options: dict[str, object]) -> None:
-        self.paths, self.device, self.dtype, self.default_use_vllm = paths, device, dtype, use_vllm
-        self._gpt_options = dict(device=str(device), dtype=dtype, **gpt_options)
+        kv_cache_dtype, backend = gpt_options.get("kv_cache_dtype", "auto"), gpt_options.get("backend", "auto")
+        self.precision = Precision.decide(dtype, str(kv_cache_dtype), decode_dtype, device, str(backend),
+                                          cpu_kernels=kernels.unsupported() is None if dtype == "auto" else None,
+                                          cpu_bf16=kernels.native_bf16())
+        self.paths, self.device, self.default_use_vllm = paths, device, use_vllm
+        self.dtype = self.precision.dtype  # "auto" resolved
+        self._gpt_options = dict(device=str(device), **gpt_options, dtype=self.dtype)
         self._gpts: dict[bool, GPTBackend] = {}  # use_vllm -> the backend load_pretrained chose
         self._loading = threading.Lock()
         tokenizer = Tokenizer(paths.tokenizer_dir)
         self.dvae = DVAE.from_state_dict(load_safetensors(paths.dvae)).to(device).eval()
         self.decoder = Decoder.from_state_dict(load_safetensors(paths.decoder)).to(device).eval()
         self.vocos = Vocos.from_state_dict(load_safetensors(paths.vocos)).to(device).eval()
-        kv_cache_dtype, backend = gpt_options.get("kv_cache_dtype", "auto"), gpt_options.get("backend", "auto")
-        self.precision = Precision.decide(dtype, str(kv_cache_dtype), decode_dtype, device, str(backend),
-                                          cpu_bf16=kernels.native_bf16())
         self.decode_dtype = self.precision.audio  # None: exact float32
         decoder, dvae, vocos = cast_for_autocast((self.decoder, self.dvae, self.vocos), self.decode_dtype)
         self.mel_sources: dict[str, MelSource] = {
@@ -76,13 +78,14 @@ class SpeechPipeline:
         """Load every module from an asset folder (verified or not: that is the caller's choice).
 
         use_vllm: the GPT backend loaded now (the other loads on first use). dtype: the GPT's weights ("float32",
-        "bfloat16", "int8", "int4"); decode_dtype: the Decoder's and Vocos's ("bfloat16" or "float32"; None picks
-        bfloat16 on CUDA, or with a reduced-precision GPT on a CPU with native bf16). gpt_options:
-        load_pretrained's (compile, kv_cache_dtype, EngineConfig fields). device None: CUDA when available, else the
-        CPU.
+        "bfloat16", "int8", "int4"; "auto": the fastest accepted here, precision.fastest_dtype); decode_dtype: the
+        Decoder's and Vocos's ("bfloat16" or "float32"; None picks bfloat16 on CUDA, or with a reduced-precision GPT
+        on a CPU with native bf16). gpt_options: load_pretrained's (compile, kv_cache_dtype, EngineConfig fields).
+        device None: CUDA when available, else the CPU. Device and precision are decided here, once, and passed
+        down to the engine.
         """
         paths = paths if isinstance(paths, AssetPaths) else AssetPaths.from_root(paths)
-        device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        device = resolve_device(device)
         return cls(paths, device=device, dtype=dtype, decode_dtype=decode_dtype, use_vllm=use_vllm,
                    normalizer=normalizer, gpt_options=gpt_options)
 
@@ -92,7 +95,8 @@ class SpeechPipeline:
         is_vllm = self.default_use_vllm if use_vllm is None else bool(use_vllm)
         with self._loading:  # two threads asking for a backend not loaded yet load it once
             if is_vllm not in self._gpts:
-                self._gpts[is_vllm] = load_pretrained(self.paths, is_vllm=is_vllm, **self._gpt_options)
+                engine_only = {"precision": self.precision} if is_vllm else {}  # the engine's = this one
+                self._gpts[is_vllm] = load_pretrained(self.paths, is_vllm=is_vllm, **self._gpt_options, **engine_only)
         return self._gpts[is_vllm]
 
     def engine(self) -> LLMEngine:
