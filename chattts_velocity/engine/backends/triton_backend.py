@@ -15,6 +15,7 @@ other backends' CPU generator (same distribution, different audio per seed).
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from typing import Any
 
@@ -26,6 +27,8 @@ from chattts_velocity.engine.backends.triton_layers import FusedLayers
 from chattts_velocity.engine.sampling.device_sampler import DeviceSampler
 from chattts_velocity.model import ChatTTSLlama, DecodeMetadata
 from chattts_velocity.model.kernels.triton import available
+
+logger = logging.getLogger("chattts_velocity")
 
 
 def triton_unavailable(kv: PagedKV) -> str | None:
@@ -64,10 +67,22 @@ class TritonBackend:
         with self.device_guard():
             self.warm_up(act_dtype)
             if kv.device.type == "cuda":
-                width = -(-max_model_len // kv.block_size)
-                self.graphs = DecodeGraphs(self.decode_step, kv, graph_batch_sizes(max_num_seqs), width,
-                                           model.config.hidden_size, act_dtype)
-                self.graphs.capture()
+                self.capture_graphs(act_dtype, max_num_seqs, max_model_len)
+
+    def capture_graphs(self, act_dtype: torch.dtype, max_num_seqs: int, max_model_len: int) -> None:
+        """The decode graphs; if capturing the PDL launches fails, once more without PDL (plain stream order)."""
+        width = -(-max_model_len // self.kv.block_size)
+        self.graphs = DecodeGraphs(self.decode_step, self.kv, graph_batch_sizes(max_num_seqs), width,
+                                   self.model.config.hidden_size, act_dtype)
+        try:
+            self.graphs.capture()
+        except RuntimeError as exc:
+            if not self.pdl:
+                raise
+            logger.warning("capturing the decode graphs with programmatic dependent launch failed (%s); "
+                           "capturing without it", exc)
+            self.pdl = self.layers.pdl = False
+            self.capture_graphs(act_dtype, max_num_seqs, max_model_len)
 
     def device_guard(self) -> contextlib.AbstractContextManager[Any]:
         """Launches and captures on the pool's device (device='cuda:1' must not run on the current device)."""
