@@ -4,10 +4,11 @@ No GPU is needed: Triton compiles for a named target (`GPUTarget("cuda", cc, 32)
 cuobjdump reads the registers, shared memory and local (spilled) memory of each cubin. This runs the code paths the
 CPU interpreter never takes (the bf16/fp16 tensor-core tl.dot of the prefill kernel, the real register allocator).
 
-What is compiled is recorded, not listed by hand: a child process runs TritonBackend steps (decode with every
-split count, prefill) and the device sampler (code and text vocabularies) under TRITON_INTERPRET=1 with each
-launch captured instead of run, for ChatTTS's widths and the tests' sizes, fp32/bf16/fp16 pools and block sizes
-4 and 16, as a GPU launches them (the interpreter's fp32 upcast off).
+What is compiled is recorded, not listed by hand: a child process runs TritonBackend steps (decode, prefill) and
+the device sampler (code and text vocabularies) under TRITON_INTERPRET=1 with each launch captured instead of run,
+for ChatTTS's widths and the tests' sizes, fp32/bf16/fp16 weights and pools and block sizes 4 and 16, as a GPU
+launches them (the interpreter's fp32 upcast off). Kernels with a USE_PDL switch compile for sm_90 as Hopper
+launches them: with Programmatic Dependent Launch.
 
     python -m chattts_velocity.devtools.triton_compile_check --out benchmarks/results/triton_compile.json
 """
@@ -43,7 +44,7 @@ def record() -> list[Spec]:
     import torch
     from triton.runtime.interpreter import InterpretedFunction
 
-    from chattts_velocity.model.kernels.triton import attention
+    from chattts_velocity.model.kernels.triton import attention, gemm
 
     launches: dict[str, Spec] = {}
 
@@ -51,7 +52,7 @@ def record() -> list[Spec]:
         spec = _spec(self, args, kwargs)
         launches[json.dumps(spec, sort_keys=True)] = spec
 
-    attention.INTERPRETED = False  # record UPCAST as a GPU launch decides it
+    attention.INTERPRETED = gemm.INTERPRETED = False  # record UPCAST as a GPU launch decides it
     InterpretedFunction.run = capture
     with torch.inference_mode():
         for hidden, heads, inter in MODELS.values():
@@ -96,8 +97,6 @@ def _drive_backend(hidden: int, heads: int, inter: int, dtype: Any, block_size: 
     from chattts_velocity.engine.backends.paged_kv import PagedKV, StepTensors
     from chattts_velocity.engine.backends.triton_backend import TritonBackend
     from chattts_velocity.model import ChatTTSLlama, allocate_kv_pairs
-    from chattts_velocity.model.kernels.triton import attention
-
     config = ModelConfig(hidden_size=hidden, intermediate_size=inter, num_hidden_layers=1, num_attention_heads=heads,
                          num_key_value_heads=heads, max_position_embeddings=256)
     model = ChatTTSLlama(config).to(dtype).eval()
@@ -106,11 +105,7 @@ def _drive_backend(hidden: int, heads: int, inter: int, dtype: Any, block_size: 
     prefill = StepTensors.from_lists([5, 1], [5, 9], [[0, 1, 2], [3, 4, 5]], block_size, torch.device("cpu"))
     backend.run(torch.zeros(6, hidden, dtype=dtype), prefill)
     decode = StepTensors.from_lists([1, 1], [6, 10], [[0, 1, 2], [3, 4, 5]], block_size, torch.device("cpu"))
-    original = attention.decode_splits
-    for splits in (1, 2, 4, 8, attention.MAX_SPLITS):
-        attention.decode_splits = lambda *args, splits=splits: splits
-        backend.run(torch.zeros(2, hidden, dtype=dtype), decode)
-    attention.decode_splits = original
+    backend.run(torch.zeros(2, hidden, dtype=dtype), decode)
 
 
 def compile_all(specs: list[Spec], targets: list[int]) -> list[dict[str, Any]]:
@@ -126,16 +121,26 @@ def compile_all(specs: list[Spec], targets: list[int]) -> list[dict[str, Any]]:
         module, name = spec["kernel"].split(":")
         fn = getattr(importlib.import_module(module), name)
         for cc in targets:
-            row = {"kernel": name, "target": f"sm_{cc}", "constexprs": spec["constexprs"],
+            constexprs, options = _as_launched(spec, cc)
+            row = {"kernel": name, "target": f"sm_{cc}", "constexprs": constexprs,
                    "pointers": {k: v for k, v in spec["signature"].items() if v.startswith("*")}}
             try:
-                compiled = triton.compile(ASTSource(fn, spec["signature"], spec["constexprs"]),
-                                          target=GPUTarget("cuda", cc, 32), options=spec["options"])
+                compiled = triton.compile(ASTSource(fn, spec["signature"], constexprs),
+                                          target=GPUTarget("cuda", cc, 32), options=options)
                 row |= _resources(compiled, cc)
             except Exception as exc:  # noqa: BLE001 -- a compile error is a result here
                 row |= {"error": f"{type(exc).__name__}: {str(exc)[-800:]}"}
             results.append(row)
     return results
+
+
+def _as_launched(spec: Spec, cc: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Constexprs and options of a recorded launch on compute capability cc: PDL on from sm_90 (gemm.pdl_available)."""
+    constexprs, options = dict(spec["constexprs"]), dict(spec["options"])
+    if "USE_PDL" in constexprs:
+        constexprs["USE_PDL"] = cc >= 90
+        options["launch_pdl"] = cc >= 90
+    return constexprs, options
 
 
 def _resources(compiled: Any, cc: int) -> dict[str, Any]:
@@ -176,7 +181,8 @@ def source_key(targets: list[int]) -> str:
 
     digest = hashlib.sha256(f"{triton.__version__} {targets} {MODELS} {DTYPES} {BLOCK_SIZES}".encode())
     for path in sorted([*KERNELS.glob("*.py"), ENGINE / "backends" / "triton_backend.py",
-                        ENGINE / "sampling" / "device_sampler.py"]):
+                        ENGINE / "backends" / "triton_layers.py", ENGINE / "sampling" / "device_sampler.py",
+                        Path(__file__)]):
         digest.update(path.read_bytes())
     return digest.hexdigest()[:20]
 

@@ -192,7 +192,7 @@ def test_padded_decode_pads_with_rows_that_write_only_the_pad_block() -> None:
     positions, meta = padded_decode(step, kv, size=4, width=3)
     assert positions.tolist() == [5, 0, 0, 0]
     assert meta.slot_mapping.tolist() == [7 * BLOCK + 1, 9 * BLOCK, NUM_BLOCKS * BLOCK, NUM_BLOCKS * BLOCK]
-    assert meta.block_tables.tolist() == [[3, 7, 0], [9, 0, 0], [NUM_BLOCKS] * 3, [NUM_BLOCKS] * 3]
+    assert meta.block_tables.tolist() == [[3, 7, NUM_BLOCKS], [9, 0, NUM_BLOCKS], [NUM_BLOCKS] * 3, [NUM_BLOCKS] * 3]
     assert meta.context_lens.tolist() == [6, 1, 1, 1]
 
 

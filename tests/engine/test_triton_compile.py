@@ -17,8 +17,9 @@ if importlib.util.find_spec("triton") is None:
 
 from chattts_velocity.devtools import triton_compile_check as compile_check
 
-KERNELS = {"_store_kv_kernel", "_decode_kernel", "_combine_kernel", "_prefill_kernel", "_rms_norm_kernel",
-           "_rope_kernel", "_temperature_penalty_kernel", "_noise_kernel"}
+KERNELS = {"_norm_qkv_rope_kernel", "_decode_kernel", "_residual_linear_kernel", "_norm_gate_up_kernel",
+           "_prefill_kernel", "_rms_norm_kernel", "_temperature_penalty_kernel", "_noise_kernel"}
+FUSED = {"_norm_qkv_rope_kernel", "_decode_kernel", "_residual_linear_kernel", "_norm_gate_up_kernel"}
 
 
 def test_every_engine_kernel_compiles_for_ampere_ada_and_hopper(tmp_path_factory) -> None:
@@ -34,3 +35,8 @@ def test_every_engine_kernel_compiles_for_ampere_ada_and_hopper(tmp_path_factory
     assert {"*bf16", "*fp16", "*fp32"} <= dtypes  # the tensor-core tl.dot the interpreter never runs
     assert {r["constexprs"]["BLOCK_SIZE"] for r in results if r["kernel"] == "_decode_kernel"} == {4, 16}
     assert all(0 < r["registers"] <= 255 for r in results)
+    for kernel in FUSED:  # the tensor-core GEMMs in bf16 and fp16, and Hopper's launch with PDL
+        rows = [r for r in results if r["kernel"] == kernel]
+        assert {p for r in rows for p in r["pointers"].values()} >= {"*bf16", "*fp16", "*fp32"}
+        assert {(r["target"], r["constexprs"]["USE_PDL"]) for r in rows} == {
+            ("sm_80", False), ("sm_89", False), ("sm_90", True)}

@@ -35,6 +35,7 @@ if available() is not None:
     pytest.skip(f"Triton kernels unavailable: {available()}", allow_module_level=True)  # e.g. the reason above
 
 from chattts_velocity.model.kernels.triton import attention as tk
+from chattts_velocity.model.kernels.triton import decode_attention as da
 from chattts_velocity.model.kernels.triton import norm_rope, sampling
 
 pytestmark = pytest.mark.triton
@@ -92,35 +93,30 @@ def test_decode_attention_matches_torch(dtype, block_size):
     context_lens = torch.tensor(DECODE_LENS, device=DEVICE)
     expected = paged_decode_attention(q, k_cache, v_cache, DecodeMetadata(meta.slot_mapping, meta.gather_blocks,
                                                                           context_lens))
-    out = tk.paged_decode_attention(q, k_cache, v_cache, meta.block_tables, context_lens, block_n=16)
-    torch.testing.assert_close(out, expected, **TOLERANCE[dtype])
+    out = da.paged_decode_attention(q, k_cache, v_cache, meta.block_tables, context_lens, split_len=32)
+    torch.testing.assert_close(out, expected, **TOLERANCE[dtype])  # contexts 33 and 37: two splits, combined
 
 
-@pytest.mark.parametrize("splits", [2, 4, 16])
-def test_split_kv_decode_equals_the_one_pass_decode(splits):
-    lens = [9, 0, 33, 100]  # 0: a padding entry; 16 splits of the 9-position context leave most splits empty
+@pytest.mark.parametrize("split_len", [32, 64])
+def test_split_decode_equals_the_one_pass_decode(split_len):
+    lens = [9, 0, 33, 100]  # 0: a padding entry
     meta, k_cache, v_cache, q, _, _ = paged_step([1] * 4, [9, 1, 33, 100], 8, torch.float32, heads=8, kv_heads=2)
     context_lens = torch.tensor(lens, device=DEVICE)
-    one = tk.paged_decode_attention(q, k_cache, v_cache, meta.block_tables, context_lens, block_n=16, splits=1)
-    split = tk.paged_decode_attention(q, k_cache, v_cache, meta.block_tables, context_lens, block_n=16,
-                                      splits=splits)
-    torch.testing.assert_close(split, one, **TOLERANCE[torch.float32])
-    assert torch.equal(split[1], torch.zeros_like(split[1]))
-
-
-def test_decode_splits_fill_the_gpu_only_when_few_programs_run():
-    assert tk.decode_splits(12, 4096, 0) == 1  # no SMs (CPU)
-    assert tk.decode_splits(12, 4096, 132) == 16  # one sequence on an H100: 12 heads x 16 splits
-    assert tk.decode_splits(12 * 8, 4096, 132) == 4
-    assert tk.decode_splits(12 * 64, 4096, 132) == 1  # 768 programs fill 132 SMs
-    assert tk.decode_splits(12, 100, 132, block_n=64) == 2  # no more splits than tiles of the context
+    workspace = da.Workspace.allocate(4, 8, 128, 16, torch.device(DEVICE), split_len)
+    one = da.paged_decode_attention(q, k_cache, v_cache, meta.block_tables, context_lens, split_len=128)
+    for _ in range(2):  # the combining program leaves its counter at zero: the workspace serves the next launch
+        split = da.paged_decode_attention(q, k_cache, v_cache, meta.block_tables, context_lens, workspace,
+                                          split_len=split_len)
+        torch.testing.assert_close(split, one, **TOLERANCE[torch.float32])
+        assert torch.equal(split[1], torch.zeros_like(split[1]))
+        assert not workspace.counters.any()
 
 
 def test_decode_attention_gqa_and_empty_context():
     lens = [9, 0, 33]  # 0 = a padding entry (e.g. of a CUDA graph batch): zeros, not NaN
     meta, k_cache, v_cache, q, _, _ = paged_step([1, 1, 1], [9, 1, 33], 8, torch.float32, heads=8, kv_heads=2)
     context_lens = torch.tensor(lens, device=DEVICE)
-    out = tk.paged_decode_attention(q, k_cache, v_cache, meta.block_tables, context_lens, block_n=16)
+    out = da.paged_decode_attention(q, k_cache, v_cache, meta.block_tables, context_lens, split_len=32)
     kept = torch.tensor([0, 2], device=DEVICE)
     decode = DecodeMetadata(meta.slot_mapping[kept], meta.gather_blocks[kept], context_lens[kept])
     expected = paged_decode_attention(q[kept], expand_heads(k_cache, 8), expand_heads(v_cache, 8), decode)
@@ -258,7 +254,7 @@ def test_sample_is_batch_invariant_and_equals_torch_with_the_same_noise():
 def test_bad_inputs_raise_value_error():
     _, k_cache, v_cache, q, _, _ = paged_step([1], [4], 4, torch.float32, heads=3)
     with pytest.raises(ValueError, match="q: need"):
-        tk.paged_decode_attention(q, k_cache, v_cache, torch.zeros(1, 1, dtype=torch.int32), torch.ones(1))
+        da.paged_decode_attention(q, k_cache, v_cache, torch.zeros(1, 1, dtype=torch.int32), torch.ones(1))
     with pytest.raises(ValueError, match="logits"):
         sampling.sample(torch.zeros(2, 3, dtype=torch.float64), torch.zeros(2, dtype=torch.int64), 1)
 
@@ -278,7 +274,7 @@ def test_chattts_sized_step_on_gpu(dtype):
     context_lens = torch.tensor(k_lens, device=DEVICE)
     decode = DecodeMetadata(meta.slot_mapping[meta.last_indices], meta.gather_blocks, context_lens)
     rows = q[meta.last_indices]  # each sequence's last new row, over its whole context
-    out = tk.paged_decode_attention(rows, k_cache, v_cache, meta.block_tables, context_lens)
+    out = da.paged_decode_attention(rows, k_cache, v_cache, meta.block_tables, context_lens)
     torch.testing.assert_close(out, paged_decode_attention(rows, k_cache, v_cache, decode), **TOLERANCE[dtype])
 
 

@@ -166,11 +166,11 @@ def padded_decode(st: StepTensors, kv: PagedKV, size: int, width: int,
                   ) -> tuple[torch.Tensor, DecodeMetadata]:
     """A decode step's positions [size] and DecodeMetadata with `size` rows and `width` table columns: the real
     rows first, then padding rows at position 0 of the pad block (they write their K/V there and attend only to it).
+    Table columns past a sequence's own blocks hold the pad block too: never a block of another sequence.
     """
     num, pad, real = st.num_seqs, size - st.num_seqs, min(width, st.block_tables.shape[1])
     tables = torch.full((size, width), kv.pad_block, dtype=torch.int64, device=st.positions.device)
     tables[:num, :real] = st.block_tables[:, :real]
-    tables[:num, real:] = 0
     positions = torch.cat([st.positions, st.positions.new_zeros(pad)])
     slots = torch.cat([st.slots, st.slots.new_full((pad,), kv.pad_block * kv.block_size)])
     return positions, DecodeMetadata(slots, tables, positions + 1)

@@ -1,11 +1,12 @@
 """Engine stage, CUDA backend: the paged Llama's layers through the Triton kernels of model/kernels/triton.
 
 In: embeddings of the new positions (and, for decode steps, positions and block tables). Out: hidden [N, H] after
-the final norm, as the torch backend gives them. Per layer: (fused add +) RMSNorm, the q/k/v projection, RoPE, the
-KV store, paged attention (the decode kernel in decode steps, the varlen prefill kernel in general steps: prefill
-chunks, recompute after preemption, mixed), the output projection, fused add + RMSNorm and the MLP. The linears
-stay the model's own modules (cuBLAS on GPU): no weight is copied, and the KV pool is the engine's.
-On CUDA, decode steps replay CUDA graphs (engine/backends/cuda_graphs.py); on CPU (TRITON_INTERPRET=1) they run eagerly.
+the final norm, as the torch backend gives them. Every step runs five kernels a layer (engine/backends/
+triton_layers.py) over q|k|v and gate|up weights packed once at load; decode steps attend with the batch-invariant
+decode kernel, general steps (prefill chunks, recompute after preemption, mixed) with the varlen prefill kernel.
+The KV pool is the engine's. On CUDA, decode steps replay CUDA graphs (engine/backends/cuda_graphs.py), the kernels
+chained by Programmatic Dependent Launch where the GPU and Triton have it; on CPU (TRITON_INTERPRET=1) they run
+eagerly.
 
 NOTE (sampling): an engine on this backend samples on the device too (engine/sampling/device_sampler.py, the backend's
 sampler): Philox noise keyed by (seed, step), batch invariant, but a different random stream from the
@@ -14,22 +15,20 @@ other backends' CPU generator (same distribution, different audio per seed).
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
-from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from chattts_velocity.engine.backends.cuda_graphs import DecodeGraphs, graph_batch_sizes
 from chattts_velocity.engine.backends.paged_kv import PagedKV, StepTensors, to_device
+from chattts_velocity.engine.backends.triton_layers import FusedLayers
 from chattts_velocity.engine.sampling.device_sampler import DeviceSampler
 from chattts_velocity.model import ChatTTSLlama, DecodeMetadata
 from chattts_velocity.model.kernels.triton import available
-from chattts_velocity.model.layers import RMSNorm
-from chattts_velocity.model.llama import LlamaAttention
 
-# q [N, heads, head_dim] (in the pool's dtype), the layer's K and V pools -> attention output [N, heads, head_dim]
-Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+logger = logging.getLogger("chattts_velocity")
 
 
 def triton_unavailable(kv: PagedKV) -> str | None:
@@ -52,20 +51,38 @@ class TritonBackend:
                  max_model_len: int) -> None:
         from chattts_velocity.model.kernels.triton import (  # imports triton: only when chosen
             attention,
-            norm_rope,
+            decode_attention,
+            gemm,
         )
 
         self.model, self.kv, self.sampler = model, kv, DeviceSampler()
-        self.attention, self.norm_rope = attention, norm_rope
-        self.eps = model.config.rms_norm_eps
+        self.attention, self.decode_attention = attention, decode_attention
+        self.pdl = gemm.pdl_available(kv.device)
+        self.layers = FusedLayers(model, kv, self.pdl)
+        heads, head_dim = model.config.num_attention_heads, model.config.head_dim
+        # one scratch for every layer's decode attention (kernels run in order), as large as a step can need
+        self.workspace = decode_attention.Workspace.allocate(max_num_seqs, heads, max_model_len + kv.block_size,
+                                                             head_dim, kv.device)
         self.graphs: DecodeGraphs | None = None
         with self.device_guard():
             self.warm_up(act_dtype)
             if kv.device.type == "cuda":
-                width = -(-max_model_len // kv.block_size)
-                self.graphs = DecodeGraphs(self.decode_step, kv, graph_batch_sizes(max_num_seqs), width,
-                                           model.config.hidden_size, act_dtype)
-                self.graphs.capture()
+                self.capture_graphs(act_dtype, max_num_seqs, max_model_len)
+
+    def capture_graphs(self, act_dtype: torch.dtype, max_num_seqs: int, max_model_len: int) -> None:
+        """The decode graphs; if capturing the PDL launches fails, once more without PDL (plain stream order)."""
+        width = -(-max_model_len // self.kv.block_size)
+        self.graphs = DecodeGraphs(self.decode_step, self.kv, graph_batch_sizes(max_num_seqs), width,
+                                   self.model.config.hidden_size, act_dtype)
+        try:
+            self.graphs.capture()
+        except RuntimeError as exc:
+            if not self.pdl:
+                raise
+            logger.warning("capturing the decode graphs with programmatic dependent launch failed (%s); "
+                           "capturing without it", exc)
+            self.pdl = self.layers.pdl = False
+            self.capture_graphs(act_dtype, max_num_seqs, max_model_len)
 
     def device_guard(self) -> contextlib.AbstractContextManager[Any]:
         """Launches and captures on the pool's device (device='cuda:1' must not run on the current device)."""
@@ -108,48 +125,14 @@ class TritonBackend:
                                                                        step.block_tables, max_q_len)
             return out
 
-        return self._layers(embeds, step.positions, step.slots, attend)
+        return self.layers(embeds, step.positions, step.slots, attend)
 
     def decode_step(self, embeds: torch.Tensor, positions: torch.Tensor, meta: DecodeMetadata) -> torch.Tensor:
         """embeds [B, H], positions [B] -> hidden [B, H]: device tensors only, so a CUDA graph can capture it."""
 
         def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
-            out: torch.Tensor = self.attention.paged_decode_attention(q, k_cache, v_cache, meta.block_tables,
-                                                                      meta.context_lens)
+            out: torch.Tensor = self.decode_attention.paged_decode_attention(
+                q, k_cache, v_cache, meta.block_tables, meta.context_lens, self.workspace, pdl=self.pdl)
             return out
 
-        return self._layers(embeds, positions, meta.slot_mapping, attend)
-
-    def _layers(self, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, attend: Attend) -> torch.Tensor:
-        # x [N, H]. NOTE: the residual stream is added inside the next norm (fused_add_rms_norm): the same sums, in
-        # the same dtype, as the torch layers' `residual + x`, so hidden states match theirs to rounding.
-        norm = self.norm_rope
-        residual = x
-        hidden: torch.Tensor = norm.rms_norm(x, self.model.layers[0].input_layernorm.weight, self.eps)
-        for i, (layer, kv_cache) in enumerate(zip(self.model.layers, self.kv.pairs, strict=True)):
-            x = self._attention(layer.self_attn, hidden, positions, slots, kv_cache, attend)
-            hidden, residual = self._add_norm(x, residual, layer.post_attention_layernorm)
-            x = layer.mlp(hidden)
-            next_norm = self.model.layers[i + 1].input_layernorm if i + 1 < len(self.model.layers) else self.model.norm
-            hidden, residual = self._add_norm(x, residual, next_norm)
-        return hidden
-
-    def _add_norm(self, x: torch.Tensor, residual: torch.Tensor, norm: RMSNorm) -> tuple[torch.Tensor, torch.Tensor]:
-        # (norm(residual + x), residual + x) in the wider dtype, as torch's `residual + x` promotes (bf16 linears
-        # on fp32 activations, on CPU)
-        dtype = torch.promote_types(x.dtype, residual.dtype)
-        summed: tuple[torch.Tensor, torch.Tensor] = self.norm_rope.fused_add_rms_norm(
-            x.to(dtype), residual.to(dtype), norm.weight, self.eps)
-        return summed
-
-    def _attention(self, attn: LlamaAttention, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
-                   kv_cache: tuple[torch.Tensor, torch.Tensor], attend: Attend) -> torch.Tensor:
-        shape = (x.shape[0], attn.num_heads, attn.head_dim)
-        q, k, v = (t.view(shape) for t in attn.project_qkv(x))
-        rotary = self.model.rotary_emb
-        # RoPE in fp32 whatever the weights' dtype, as model/llama.py
-        q, k = self.norm_rope.apply_rope(q.float(), k.float(), positions, rotary.cos_cache, rotary.sin_cache)
-        k_cache, v_cache = kv_cache
-        self.attention.store_kv(k, v, k_cache, v_cache, slots)
-        out = attend(q.to(k_cache.dtype), k_cache, v_cache)  # [N, heads, head_dim]
-        return attn.project_out(out.flatten(1))
+        return self.layers(embeds, positions, meta.slot_mapping, attend)

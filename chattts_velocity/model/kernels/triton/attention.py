@@ -1,4 +1,5 @@
-"""Model stage, CUDA backend: the paged KV pool in Triton (store the new rows, decode and varlen prefill attention).
+"""Model stage, CUDA backend: the paged KV pool in Triton (store new rows, varlen prefill attention; decode steps
+attend with decode_attention.py).
 
 Same layout and results as model/attention.py: per layer (K, V) pools `[num_blocks, block_size, kv_heads, head_dim]`,
 pool slot s = block * block_size + offset; q/k/v rows `[N, heads, head_dim]`, q heads a multiple of kv heads (GQA).
@@ -37,7 +38,7 @@ def _store_kv_kernel(k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, k_stride,
 
 
 @triton.jit
-def _slots(table_row_ptr, t, t_ok, BLOCK_SIZE: tl.constexpr):
+def pool_slots(table_row_ptr, t, t_ok, BLOCK_SIZE: tl.constexpr):
     # context positions t [BLOCK_N] of one sequence -> their pool slots (int64; 0 where masked)
     block = tl.load(table_row_ptr + t // BLOCK_SIZE, mask=t_ok, other=0).to(tl.int64)
     return block * BLOCK_SIZE + t % BLOCK_SIZE
@@ -52,73 +53,6 @@ def _dot(a, b, UPCAST: tl.constexpr):
     else:
         out = tl.dot(a, b)
     return out
-
-
-@triton.jit(do_not_specialize=["table_stride"])
-def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, tables_ptr, lens_ptr, out_ptr, part_ptr, scale_log2,
-                   q_stride, table_stride,
-                   HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-                   BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr):
-    # one program per (sequence, q head, split): its single query over split `split` of context positions
-    # 0 .. context_len - 1 (SPLITS == 1: the whole context, normalised, into out; else unnormalised partial sums
-    # (acc [HEAD_DIM], running max m, sum l) into part [B, HEADS, SPLITS, HEAD_DIM + 2], combined by _combine_kernel)
-    seq = tl.program_id(0)
-    head = tl.program_id(1)
-    split = tl.program_id(2)
-    kv_col = (head // (HEADS // KV_HEADS)) * HEAD_DIM
-    context_len = tl.load(lens_ptr + seq)
-    per_split = tl.cdiv(tl.cdiv(context_len, BLOCK_N), SPLITS) * BLOCK_N
-    begin = split * per_split
-    end = tl.minimum(begin + per_split, context_len)
-    d = tl.arange(0, BLOCK_D)
-    d_ok = d < HEAD_DIM
-    q = tl.load(q_ptr + seq * q_stride + head * HEAD_DIM + d, mask=d_ok, other=0.0).to(tl.float32) * scale_log2
-    m_i = -float("inf")  # running max of the scores (base 2)
-    l_i = 0.0  # running sum of exp2(score - m_i)
-    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
-    for start in range(begin, end, BLOCK_N):
-        t = start + tl.arange(0, BLOCK_N)
-        t_ok = t < end
-        offs = _slots(tables_ptr + seq * table_stride, t, t_ok, BLOCK_SIZE)[:, None] * (KV_HEADS * HEAD_DIM)
-        offs += kv_col + d[None, :]
-        tile_ok = t_ok[:, None] & d_ok[None, :]
-        k = tl.load(k_cache_ptr + offs, mask=tile_ok, other=0.0).to(tl.float32)  # [BLOCK_N, BLOCK_D]
-        scores = tl.where(t_ok, tl.sum(k * q[None, :], 1), -float("inf"))
-        m_new = tl.maximum(m_i, tl.max(scores, 0))
-        p = tl.exp2(scores - m_new)
-        alpha = tl.exp2(m_i - m_new)
-        v = tl.load(v_cache_ptr + offs, mask=tile_ok, other=0.0).to(tl.float32)
-        acc = acc * alpha + tl.sum(p[:, None] * v, 0)
-        l_i = l_i * alpha + tl.sum(p, 0)
-        m_i = m_new
-    if SPLITS == 1:
-        out = acc / tl.where(l_i > 0, l_i, 1.0)  # context_len 0 (a padding entry): acc is 0, so zeros, not NaN
-        tl.store(out_ptr + (seq * HEADS + head) * HEAD_DIM + d, to_dtype(out, out_ptr.dtype.element_ty), mask=d_ok)
-    else:
-        row = part_ptr + ((seq * HEADS + head) * SPLITS + split) * (HEAD_DIM + 2)
-        tl.store(row + d, acc, mask=d_ok)
-        tl.store(row + HEAD_DIM, m_i)
-        tl.store(row + HEAD_DIM + 1, l_i)
-
-
-@triton.jit
-def _combine_kernel(part_ptr, out_ptr, HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                    SPLITS: tl.constexpr):
-    # one program per (sequence, q head): the SPLITS partial sums rescaled to one max, summed, normalised
-    seq = tl.program_id(0)
-    head = tl.program_id(1)
-    base = part_ptr + (seq * HEADS + head) * SPLITS * (HEAD_DIM + 2)
-    s = tl.arange(0, SPLITS)
-    m = tl.load(base + s * (HEAD_DIM + 2) + HEAD_DIM)  # [SPLITS]
-    denom = tl.load(base + s * (HEAD_DIM + 2) + HEAD_DIM + 1)  # [SPLITS] each split's softmax sum
-    m_max = tl.max(m, 0)
-    weight = tl.where(denom > 0, tl.exp2(m - m_max), 0.0)  # empty splits (m = -inf, denom = 0) weigh nothing
-    total = tl.sum(weight * denom, 0)
-    d = tl.arange(0, BLOCK_D)
-    d_ok = d < HEAD_DIM
-    acc = tl.load(base + s[:, None] * (HEAD_DIM + 2) + d[None, :], mask=d_ok[None, :], other=0.0)  # [SPLITS, D]
-    out = tl.sum(weight[:, None] * acc, 0) / tl.where(total > 0, total, 1.0)
-    tl.store(out_ptr + (seq * HEADS + head) * HEAD_DIM + d, to_dtype(out, out_ptr.dtype.element_ty), mask=d_ok)
 
 
 @triton.jit(do_not_specialize=["table_stride"])
@@ -150,7 +84,7 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, tables_ptr, cu_q_ptr, k_len
     for start in range(0, end, BLOCK_N):
         t = start + tl.arange(0, BLOCK_N)
         t_ok = t < end
-        offs = _slots(tables_ptr + seq * table_stride, t, t_ok, BLOCK_SIZE)[:, None] * (KV_HEADS * HEAD_DIM)
+        offs = pool_slots(tables_ptr + seq * table_stride, t, t_ok, BLOCK_SIZE)[:, None] * (KV_HEADS * HEAD_DIM)
         offs += kv_col + d[None, :]
         tile_ok = t_ok[:, None] & d_ok[None, :]
         k = tl.load(k_cache_ptr + offs, mask=tile_ok, other=0.0)  # [BLOCK_N, BLOCK_D]
@@ -181,59 +115,6 @@ def store_kv(
     row = k.shape[1] * k.shape[2]
     _store_kv_kernel[(k.shape[0],)](k, v, k_cache, v_cache, slot_mapping, k.stride(0), v.stride(0),
                                     ROW=row, BLOCK=triton.next_power_of_2(row), **FMA)
-
-
-def paged_decode_attention(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
-    context_lens: torch.Tensor, scale: float | None = None, block_n: int | None = None, splits: int | None = None,
-) -> torch.Tensor:
-    """One query per sequence, q [B, heads, head_dim], over its first context_lens[b] positions -> [B, heads, head_dim].
-
-    block_tables [B, n] int (entries past a sequence's context are never read); context_lens [B] int.
-    splits: programs per (sequence, head), each over a slice of the context, combined after (flash-decoding);
-    None: decode_splits(B * heads, n * block_size, sm_count(q.device)). The value depends on sizes only, never on data.
-    """
-    _check_pools(k_cache, v_cache)
-    num_seqs, heads, head_dim = _check_query(q, k_cache)
-    if block_tables.dim() != 2 or block_tables.shape[0] != num_seqs or context_lens.shape != (num_seqs,):
-        raise ValueError(f"paged_decode_attention: block_tables must be [{num_seqs}, n] and context_lens "
-                         f"[{num_seqs}], got {tuple(block_tables.shape)} and {tuple(context_lens.shape)}")
-    q, block_tables = _rows(q), block_tables.contiguous()
-    out = q.new_empty(q.shape)
-    scale = head_dim**-0.5 if scale is None else scale
-    block_size, block_n = k_cache.shape[1], block_n or DECODE_BLOCK_N
-    if splits is None:
-        splits = decode_splits(num_seqs * heads, block_tables.shape[1] * block_size, sm_count(q.device), block_n)
-    part = out if splits == 1 else torch.empty(num_seqs, heads, splits, head_dim + 2, device=q.device)
-    _decode_kernel[(num_seqs, heads, splits)](
-        q, k_cache, v_cache, block_tables, context_lens, out, part, scale * LOG2E, q.stride(0),
-        block_tables.stride(0), HEADS=heads, KV_HEADS=k_cache.shape[2], HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
-        BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_N=block_n, SPLITS=splits, **FMA)
-    if splits > 1:
-        _combine_kernel[(num_seqs, heads)](part, out, HEADS=heads, HEAD_DIM=head_dim,
-                                           BLOCK_D=triton.next_power_of_2(head_dim), SPLITS=splits, **FMA)
-    return out
-
-
-MAX_SPLITS = 16
-# context positions per tile of the decode kernel: a [32, head_dim] fp32 tile of K and of V per program; at 64 the
-# fp32-pool kernel spilled registers on sm_89 (compile_check)
-DECODE_BLOCK_N = 32
-
-
-def sm_count(device: torch.device) -> int:
-    """Streaming multiprocessors of a CUDA device; 0 elsewhere."""
-    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 0
-
-
-def decode_splits(programs: int, max_context: int, sms: int, block_n: int = DECODE_BLOCK_N) -> int:
-    """Context splits per (sequence, head) so that a decode step has about two programs per SM: 1 when
-    programs already fill the GPU (and without SMs: on CPU), else a power of two <= MAX_SPLITS and <= the context's
-    tiles."""
-    splits = 1
-    while splits < MAX_SPLITS and programs * splits < 2 * sms and splits * block_n < max_context:
-        splits *= 2
-    return splits
 
 
 def paged_prefill_attention(
