@@ -20,12 +20,12 @@ DTYPES = ["auto", "float32", "bfloat16", "int8", "int4"]
 
 
 def fastest_dtype() -> str:
-    """The fastest accepted precision on the device Chat.load picks by default (precision.fastest_dtype)."""
+    """dtype "auto" on the device Chat.load picks by default (what Chat.load(dtype="auto") loads)."""
     import torch
 
-    from ..model import kernels
+    from ..speech.pipeline import auto_dtype
 
-    return precision.fastest_dtype("cuda" if torch.cuda.is_available() else "cpu", kernels.unsupported() is None)
+    return auto_dtype(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
 
 
 def resolve_dtype(args: argparse.Namespace) -> str:

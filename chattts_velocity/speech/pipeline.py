@@ -31,7 +31,7 @@ from ..engine.core.llm_engine import LLMEngine
 from ..engine.gpt import GPTBackend, load_pretrained
 from ..model import kernels
 from ..params import InferCodeParams, RefineTextParams
-from ..precision import Precision
+from ..precision import Precision, fastest_dtype
 from ..schema import SpeechRequests, TextPieces
 from ..text import Normalizer, Tokenizer, empty_text, encode_prompt, sample_random_speaker
 from .calls import Jobs, Stop
@@ -42,6 +42,12 @@ from .streams import StreamOptions, StreamSet, stream_texts
 
 def _never() -> bool:
     return False
+
+
+def auto_dtype(device: torch.device) -> str:
+    """dtype "auto" on this device: the fastest accepted precision (precision.fastest_dtype), knowing whether our
+    CPU kernels run here."""
+    return fastest_dtype(device.type, kernels.unsupported() is None)
 
 
 class SpeechPipeline:
@@ -76,13 +82,14 @@ class SpeechPipeline:
         """Load every module from an asset folder (verified or not: that is the caller's choice).
 
         use_vllm: the GPT backend loaded now (the other loads on first use). dtype: the GPT's weights ("float32",
-        "bfloat16", "int8", "int4"); decode_dtype: the Decoder's and Vocos's ("bfloat16" or "float32"; None picks
-        bfloat16 on CUDA, or with a reduced-precision GPT on a CPU with native bf16). gpt_options:
-        load_pretrained's (compile, kv_cache_dtype, EngineConfig fields). device None: CUDA when available, else the
-        CPU.
+        "bfloat16", "int8", "int4", or "auto": auto_dtype); decode_dtype: the Decoder's and Vocos's ("bfloat16" or
+        "float32"; None picks bfloat16 on CUDA, or with a reduced-precision GPT on a CPU with native bf16).
+        gpt_options: load_pretrained's (compile, kv_cache_dtype, EngineConfig fields). device None: CUDA when
+        available, else the CPU.
         """
         paths = paths if isinstance(paths, AssetPaths) else AssetPaths.from_root(paths)
         device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        dtype = auto_dtype(device) if dtype == "auto" else dtype
         return cls(paths, device=device, dtype=dtype, decode_dtype=decode_dtype, use_vllm=use_vllm,
                    normalizer=normalizer, gpt_options=gpt_options)
 
