@@ -7,6 +7,7 @@ call through one CallGate, so calls from many threads take the model one at a ti
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +19,7 @@ from .assets import find_assets, is_demo_folder, verify_assets
 from .audio import Spoken
 from .audio.wav import SAMPLE_RATE
 from .config import ModelConfig
+from .demo import default_max_new_token
 from .engine.core.llm_engine import LLMEngine
 from .engine.gpt import GPTBackend
 from .params import InferCodeParams, RefineTextParams
@@ -57,6 +59,8 @@ class Chat:
     ) -> bool:
         """Find, verify and load the assets. `verify=False` is the explicit opt-out for custom weights.
 
+        `dtype` "auto" is the fastest accepted precision here (the CLI's `--dtype auto`: int8 where our CPU kernels
+        run, bfloat16 on CUDA, else float32); the default "float32" is exact.
         `decode_dtype` ("bfloat16" or "float32") is the Decoder's and Vocos's precision; None: bfloat16 on CUDA, or
         with a bf16/int8/int4 GPT on a CPU with native bf16 (AVX-512 BF16, AMX), else exact float32.
         `kv_cache_dtype` "int8" halves the KV cache's bytes (one fp32 scale per position and head; the cpu backend
@@ -64,6 +68,8 @@ class Chat:
 
         `coef`, `use_flash_attn` and `experimental` are accepted for upstream compatibility; coef is a
         no-op upstream too (each file's stored coef wins). Extra keyword arguments go to EngineConfig.
+        On demo weights (random, they rarely stop by themselves) an InferCodeParams left at the default
+        max_new_token stops each sentence at the CLI's demo cap (demo.default_max_new_token).
         """
         paths = find_assets(source, custom_path, force_redownload)
         if verify and is_demo_folder(paths.root):
@@ -108,6 +114,15 @@ class Chat:
     @property
     def tokenizer(self) -> Tokenizer | None:
         return None if self._pipeline is None else self._pipeline.frontend.tokenizer
+
+    def step_capped(self, params: InferCodeParams) -> InferCodeParams:
+        """params with the loaded weights' default step cap (demo weights: the CLI's) where max_new_token was left at
+        InferCodeParams' default; an explicit max_new_token is kept."""
+        cap = default_max_new_token(self.pipeline.paths.root)
+        default = InferCodeParams.max_new_token
+        if not isinstance(params, InferCodeParams) or params.max_new_token != default or cap >= default:
+            return params
+        return dataclasses.replace(params, max_new_token=cap)
 
     def _loaded(self, name: str, default: object = None) -> object:
         return default if self._pipeline is None else getattr(self._pipeline, name)
@@ -159,7 +174,7 @@ class Chat:
         """
         pipeline, mel = self.pipeline, self._mel(use_decoder)
         pipeline.gpt(use_vllm)  # loaded (or its load failed) before the call waits for its turn
-        code_params = params_infer_code or InferCodeParams()
+        code_params = self.step_capped(params_infer_code or InferCodeParams())
         pieces = self.split(text, lang, do_text_normalization, do_homophone_replacement, split_text)
         requests = pipeline.code_requests(pieces, code_params, mel) if skip_refine_text else None
         refine = params_refine_text or RefineTextParams()
@@ -199,7 +214,7 @@ class Chat:
             raise ValueError(f"params: expected one InferCodeParams per text ({len(texts)})")
         pieces = self.split(texts, lang, do_text_normalization, do_homophone_replacement, split_text,
                             allow_empty=True)
-        jobs = self.pipeline.jobs(pieces, list(params), self._mel(use_decoder))
+        jobs = self.pipeline.jobs(pieces, [self.step_capped(p) for p in params], self._mel(use_decoder))
         yield from jobs.failed
         with self._gate.call() as stop:
             yield from self.pipeline.run_jobs(jobs, use_vllm=use_vllm, progress=progress, timestamps=timestamps,

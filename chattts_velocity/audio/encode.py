@@ -17,7 +17,9 @@ import numpy as np
 from .formats import STREAMED_DATA_SIZE, STREAMED_RIFF_SIZE, AudioFormat, audio_format
 from .wav import SAMPLE_RATE, as_mono, float_to_int16
 
-OGG_PAGE_MICROSECONDS = 100_000  # Opus pages: ffmpeg's default 1 s would hold a streamed response's bytes back
+# Opus pages: ffmpeg's default 1 s would hold a streamed response's bytes back; the first audio page leaves after
+# two pages' worth of samples (formats.py's first_chunk_samples), 60 ms pages cost ~3.7 kbit/s of page headers
+OGG_PAGE_MICROSECONDS = 60_000
 STREAM_IO_BUFFER = 4096  # bytes: the muxer's I/O buffer of a streamed response (PyAV's default 32 KB is ~4 s of mp3)
 
 

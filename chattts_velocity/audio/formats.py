@@ -26,17 +26,23 @@ class AudioFormat:
     muxer: str | None = None  # PyAV container format (raw mp3 frames, ADTS, Ogg, native FLAC), or libsndfile subtype
     bit_rate: int | None = None  # bits/s of a lossy PyAV codec (speech at 24 kHz mono); None: the codec's default
     frame_size: int | None = None  # samples per PyAV codec frame where the codec's default is too long to stream
+    # The fewest samples one encode() call must get before the encoder gives out audio (frame + encoder delay, and
+    # for Ogg a whole page): a stream's first chunk is at least this long, so its first bytes leave with it.
+    first_chunk_samples: int = 0
 
 
 FORMATS: dict[str, AudioFormat] = {f.name: f for f in (
     AudioFormat("wav", "audio/wav", ".wav", "wav"),
     AudioFormat("pcm", "audio/pcm", ".pcm", "pcm"),
-    AudioFormat("mp3", "audio/mpeg", ".mp3", "av", "libmp3lame", "mp3", 64_000),
-    AudioFormat("opus", "audio/ogg; codecs=opus", ".opus", "av", "libopus", "ogg", 32_000),
-    AudioFormat("aac", "audio/aac", ".aac", "av", "aac", "adts", 64_000),
-    # FLAC's default block at 24 kHz (2304 samples) is longer than a stream's first chunk (4 steps, 1792 samples)
-    AudioFormat("flac", "audio/flac", ".flac", "av", "flac", "flac", frame_size=1152),
-    AudioFormat("ogg", "audio/ogg; codecs=vorbis", ".ogg", "sndfile", "OGG", "VORBIS"),
+    # Measured with tests/audio/test_formats.py's first_audio_samples: mp3 three 576-sample MPEG-2 frames (LAME's
+    # delay), aac 1024 priming + one 1024 frame, opus two 60 ms Ogg pages (encode.OGG_PAGE_MICROSECONDS), flac one
+    # block, ogg (Vorbis) libsndfile's first page (~0.7 s: streams of it start later than the others).
+    AudioFormat("mp3", "audio/mpeg", ".mp3", "av", "libmp3lame", "mp3", 64_000, first_chunk_samples=1728),
+    AudioFormat("opus", "audio/ogg; codecs=opus", ".opus", "av", "libopus", "ogg", 32_000, first_chunk_samples=2880),
+    AudioFormat("aac", "audio/aac", ".aac", "av", "aac", "adts", 64_000, first_chunk_samples=2048),
+    # FLAC's default block at 24 kHz (2304 samples) is longer than a stream's first chunk (4 steps, 2048 samples)
+    AudioFormat("flac", "audio/flac", ".flac", "av", "flac", "flac", frame_size=1152, first_chunk_samples=1152),
+    AudioFormat("ogg", "audio/ogg; codecs=vorbis", ".ogg", "sndfile", "OGG", "VORBIS", first_chunk_samples=17408),
 )}
 WAV = FORMATS["wav"]  # what the export writes and the web UI plays
 

@@ -20,11 +20,11 @@ DTYPES = list(precision.DTYPE_CHOICES)
 
 
 def fastest_dtype() -> str:
-    """The fastest accepted precision on the device Chat.load picks by default (precision.fastest_dtype)."""
+    """dtype "auto" on the device Chat.load picks by default (what Chat.load(dtype="auto") loads)."""
     from ..config import resolve_device
-    from ..model import kernels
+    from ..speech.pipeline import auto_dtype
 
-    return precision.fastest_dtype(resolve_device(None).type, kernels.unsupported() is None)
+    return auto_dtype(resolve_device(None))
 
 
 def resolve_dtype(args: argparse.Namespace) -> str:
@@ -81,7 +81,10 @@ def max_new_token(args: argparse.Namespace) -> int:
 
 
 def check_backend(args: argparse.Namespace) -> None:
-    """--backend cpu where it cannot run: one line naming the real cause and the fix, before the model loads."""
+    """--backend cpu or triton where it cannot run: one line naming the real cause and the fix, before the model
+    loads."""
+    if args.backend == "triton":
+        check_triton()
     if args.backend != "cpu":
         return
     from ..model import kernels
@@ -93,6 +96,32 @@ def check_backend(args: argparse.Namespace) -> None:
     if args.dtype == "float32":
         raise ValueError("--backend cpu: its fused C++ layers run in bfloat16 or int8; add --dtype bfloat16 "
                          "(or int8), or use --backend torch for float32")
+
+
+def check_triton() -> None:
+    import importlib.util
+
+    import torch
+
+    if not torch.cuda.is_available():
+        raise ValueError("--backend triton: its kernels run on an NVIDIA GPU and torch sees none here; use "
+                         "--backend auto, cpu or torch")
+    if importlib.util.find_spec("triton") is None:
+        raise ValueError("--backend triton: the triton package is not installed (pip install -e '.[triton]'); "
+                         "or use --backend auto or torch")
+
+
+def check_writable(path: Path, flag: str) -> None:
+    """A file the command will write: a one-line ValueError naming the flag now, before any synthesis, if it cannot
+    be created or written (a file created to find out is removed again)."""
+    existed = path.exists()
+    try:
+        with open(path, "ab"):
+            pass
+    except OSError as exc:
+        raise ValueError(f"{flag}: cannot write {path} ({exc.strerror}); nothing was synthesised") from None
+    if not existed:
+        path.unlink()
 
 
 _SHOW_WARNING = warnings.formatwarning  # Python's own, for warnings raised outside the package
@@ -115,15 +144,16 @@ def engine_options(args: argparse.Namespace) -> dict:
 
 
 def model_folder(args: argparse.Namespace) -> tuple[Path, bool]:
-    """(folder, verify) from the model flags, for loaders in other processes (Ray)."""
+    """(folder, verify) from the model flags, for loaders here or in other processes (Ray); a --backend that
+    cannot run here fails first."""
+    check_backend(args)
     return ensure_model(args.model, args.tiny, args.no_verify)
 
 
 def load_chat(args: argparse.Namespace, use_vllm: bool = True, **kwargs) -> Chat:
     """A loaded Chat from the model flags; a folder that is not the official files is refused in one line."""
-    resolve_dtype(args)
-    check_backend(args)
     root, verify = model_folder(args)
+    resolve_dtype(args)
     chat = Chat()
     engine = engine_options(args) if use_vllm else {}  # the plain path has no backends
     try:

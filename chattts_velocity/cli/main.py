@@ -12,6 +12,7 @@ from ..demo import uses_demo_weights
 from .common import (
     add_model_flags,
     add_step_cap_flag,
+    check_writable,
     engine_options,
     load_chat,
     max_new_token,
@@ -46,6 +47,7 @@ def cmd_say(args: argparse.Namespace) -> None:
     if not out.parent.is_dir() or out.is_dir():
         raise ValueError(f"--output: {out} cannot be written (is {out.parent} an existing folder?); nothing was "
                          "synthesised")
+    check_writable(out, "--output")
     chat = load_chat(args, use_vllm=not args.plain)
     params = chat.InferCodeParams(manual_seed=args.seed, spk_emb=args.speaker or None,
                                   max_new_token=max_new_token(args))
@@ -85,6 +87,9 @@ def cmd_export(args: argparse.Namespace) -> None:
     params = InferCodeParams(max_new_token=max_new_token(args), show_tqdm=False)
     from ..text.voices import VoiceLibrary
 
+    if args.input != "-" and not Path(args.input).is_file():
+        raise ValueError(f"input: {args.input} is not a file; give a text file (one utterance per line), a JSONL "
+                         "file, or '-' for stdin")
     plan = plan_export(args.input, args.output_dir, seed=args.seed, speaker=args.speaker or None, params=params,
                        voice=args.voice, voices=VoiceLibrary(args.voices) if args.voices else None,
                        loudness=args.loudness, timestamps=args.timestamps)
@@ -216,8 +221,10 @@ def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     try:
         args.func(args)
-    except (ValueError, FileNotFoundError) as exc:
+    except ValueError as exc:
         raise SystemExit(f"error: {exc}") from None
+    except OSError as exc:  # a file the command reads or writes: its name and the reason, not Python's errno text
+        raise SystemExit(f"error: {exc.filename or args.command}: {exc.strerror or exc}") from None
     except KeyboardInterrupt:
         print(f"chattts-velocity {args.command}: interrupted", file=sys.stderr)
         raise SystemExit(130) from None

@@ -191,8 +191,10 @@ def _add_speech_route(app: FastAPI, config: ServerConfig) -> None:
             if data is not None:
                 state.metrics.outcome("ok", labels)
                 return Response(data, media_type=FORMATS[fmt].media_type)
+            streamed = body.stream or body.stream_format == "sse"
+            first = FORMATS[fmt].first_chunk_samples if streamed else 0  # the encoder's first bytes leave with it
             stream = await state.service.open(plan.text, params, refine=plan.refine, split=config.split_text,
-                                              max_pieces=config.max_pieces)
+                                              max_pieces=config.max_pieces, first_chunk_samples=first)
         except ValueError as exc:
             raise bad_request(exc) from None
         except RuntimeError as exc:

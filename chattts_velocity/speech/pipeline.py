@@ -31,7 +31,7 @@ from ..engine.core.llm_engine import LLMEngine
 from ..engine.gpt import GPTBackend, load_pretrained
 from ..model import kernels
 from ..params import InferCodeParams, RefineTextParams
-from ..precision import Precision
+from ..precision import Precision, fastest_dtype
 from ..schema import SpeechRequests, TextPieces
 from ..text import Normalizer, Tokenizer, empty_text, encode_prompt, sample_random_speaker
 from .calls import Jobs, Stop
@@ -44,6 +44,12 @@ def _never() -> bool:
     return False
 
 
+def auto_dtype(device: torch.device) -> str:
+    """dtype "auto" on this device: the fastest accepted precision (precision.fastest_dtype), knowing whether our
+    CPU kernels run here."""
+    return fastest_dtype(device.type, kernels.unsupported() is None)
+
+
 class SpeechPipeline:
     """Text front end + GPT backend(s) + mel sources + Vocos, for one asset folder on one device."""
 
@@ -51,7 +57,7 @@ class SpeechPipeline:
                  use_vllm: bool, normalizer: Normalizer | None, gpt_options: dict[str, object]) -> None:
         kv_cache_dtype, backend = gpt_options.get("kv_cache_dtype", "auto"), gpt_options.get("backend", "auto")
         self.precision = Precision.decide(dtype, str(kv_cache_dtype), decode_dtype, device, str(backend),
-                                          cpu_kernels=kernels.unsupported() is None if dtype == "auto" else None,
+                                          cpu_kernels=kernels.unsupported() is None,
                                           cpu_bf16=kernels.native_bf16())
         self.paths, self.device, self.default_use_vllm = paths, device, use_vllm
         self.dtype = self.precision.dtype  # "auto" resolved
@@ -78,7 +84,7 @@ class SpeechPipeline:
         """Load every module from an asset folder (verified or not: that is the caller's choice).
 
         use_vllm: the GPT backend loaded now (the other loads on first use). dtype: the GPT's weights ("float32",
-        "bfloat16", "int8", "int4"; "auto": the fastest accepted here, precision.fastest_dtype); decode_dtype: the
+        "bfloat16", "int8", "int4"; "auto": auto_dtype); decode_dtype: the
         Decoder's and Vocos's ("bfloat16" or "float32"; None picks bfloat16 on CUDA, or with a reduced-precision GPT
         on a CPU with native bf16). gpt_options: load_pretrained's (compile, kv_cache_dtype, EngineConfig fields).
         device None: CUDA when available, else the CPU. Device and precision are decided here, once, and passed

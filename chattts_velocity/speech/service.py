@@ -37,6 +37,7 @@ class _Open:
     key: str
     mel: MelSource
     sink: Sink
+    first_chunk_samples: int
 
 
 @dataclass
@@ -66,8 +67,8 @@ class DecodeWorker:
         self._thread = threading.Thread(target=self._loop, name="chattts-decode", daemon=True)
         self._thread.start()
 
-    def open(self, key: str, mel: MelSource, sink: Sink) -> None:
-        self._inbox.put(_Open(key, mel, sink))
+    def open(self, key: str, mel: MelSource, sink: Sink, first_chunk_samples: int = 0) -> None:
+        self._inbox.put(_Open(key, mel, sink, first_chunk_samples))
 
     def push(self, key: str, rows: torch.Tensor | None, finished: bool) -> None:
         self._inbox.put(_Push(key, rows, finished))
@@ -99,7 +100,7 @@ class DecodeWorker:
         for m in messages:
             if isinstance(m, _Open):
                 try:
-                    self.streams.open(m.key, m.mel)
+                    self.streams.open(m.key, m.mel, m.first_chunk_samples)
                     self._sinks[m.key] = m.sink
                 except ValueError as exc:
                     m.sink(exc)
@@ -185,12 +186,13 @@ class SpeechService:
         return torch.cat(rows) if rows else torch.zeros(0, 1, dtype=torch.long)  # [T, 1]
 
     async def open(self, text: str, params: InferCodeParams, mel: MelSource | None = None,
-                   refine: RefineTextParams | None = None, **text_options: object) -> SpeechStream:
+                   refine: RefineTextParams | None = None, first_chunk_samples: int = 0,
+                   **text_options: object) -> SpeechStream:
         """Queue every piece of text on the engine (after the refine pass if `refine`), its audio from `mel`
-        (default: the Decoder); text_options are text_pieces()'s. Bad input raises ValueError here, before any
-        audio."""
+        (default: the Decoder), each piece's first chunk at least first_chunk_samples long (StreamSet.open);
+        text_options are text_pieces()'s. Bad input raises ValueError here, before any audio."""
         mel = mel or self.pipeline.mel()
-        stream = SpeechStream(self, time.perf_counter())
+        stream = SpeechStream(self, time.perf_counter(), first_chunk_samples)
         try:
             pieces = await self.text_pieces(text, **text_options)
             if refine is not None:
@@ -221,8 +223,8 @@ class SpeechService:
 class SpeechStream:
     """One text's audio: `async for chunk in stream` yields float32 chunks in order; close() aborts the rest."""
 
-    def __init__(self, service: SpeechService, started: float) -> None:
-        self.service, self.started = service, started
+    def __init__(self, service: SpeechService, started: float, first_chunk_samples: int = 0) -> None:
+        self.service, self.started, self.first_chunk_samples = service, started, first_chunk_samples
         self.first_audio: float | None = None  # seconds from open() to the first chunk
         self.timeline = Timeline()  # a Timestamp per piece whose audio has all been yielded
         self._texts: list[str] = []
@@ -234,7 +236,7 @@ class SpeechStream:
         key = self.service.new_key()
         request = await self.service.engine.add_request(prompt, sampling, key)
         chunks: asyncio.Queue = asyncio.Queue()
-        self.service.worker.open(key, mel, _sink(asyncio.get_running_loop(), chunks))
+        self.service.worker.open(key, mel, _sink(asyncio.get_running_loop(), chunks), self.first_chunk_samples)
         self._keys.append(key)
         self._texts.append(text)
         self._queues.append(chunks)

@@ -6,6 +6,7 @@ a text's chunks concatenate to its whole-clip waveform within the StreamDecoder 
 """
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..audio.streaming import StreamDecoder
+from ..audio.streaming import STEP_FRAMES, StreamDecoder
 from ..engine.gpt import GPTBackend
 from ..schema import SpeechRequests
 from .mel import MelSource
@@ -61,14 +62,18 @@ class StreamSet:
         self.sources: dict[Hashable, MelSource] = {}
         self._steady: dict[Hashable, tuple[int, int]] = {}  # key -> (chunk, lookahead) after the first audio
 
-    def open(self, key: Hashable, mel: MelSource) -> None:
+    def open(self, key: Hashable, mel: MelSource, first_chunk_samples: int = 0) -> None:
+        """A stream for key; its first chunk holds at least first_chunk_samples (what the response's encoder needs
+        before it gives out audio: audio/formats.py)."""
         o = self.options
         stream = mel.stream_decoder(o.chunk_steps, o.left_context_steps, o.lookahead_steps)
-        if o.first_chunk_steps is not None or o.first_lookahead_steps is not None:
+        step_samples = STEP_FRAMES * stream.vocos.head.istft.hop_length
+        first = max(o.first_chunk_steps or stream.chunk_steps, math.ceil(first_chunk_samples / step_samples))
+        if first != stream.chunk_steps or o.first_lookahead_steps is not None:
             self._steady[key] = (stream.chunk_steps, stream.lookahead_steps)
             # NOTE: StreamDecoder plans each window from these two attributes, so changing them
             # between pushes changes only the windows planned afterwards.
-            stream.chunk_steps = o.first_chunk_steps or stream.chunk_steps
+            stream.chunk_steps = first
             stream.lookahead_steps = o.first_lookahead_steps or stream.lookahead_steps
         self.streams[key], self.sources[key] = stream, mel
 

@@ -7,8 +7,10 @@ import io
 import numpy as np
 import pytest
 import soundfile as sf
+import torch
 
 from chattts_velocity.audio import SAMPLE_RATE, float_to_int16, wav_bytes
+from chattts_velocity.audio.encode import open_encoder
 from chattts_velocity.audio.formats import FORMATS, WAV, audio_format, available_formats
 
 CLIP = (0.4 * np.sin(np.arange(4800) / 9.0)).astype(np.float32)  # 0.2 s
@@ -65,3 +67,68 @@ def test_the_export_writes_the_wav_entry(tmp_path) -> None:
     (tmp_path / "in.txt").write_text("One.\n")
     plan = plan_export(tmp_path / "in.txt", tmp_path / "out")
     assert plan.lines[0].output == "00001" + WAV.extension and WAV.name == "wav"
+
+
+# ---- a stream's first bytes: the first chunk is at least what each format's encoder holds back ----------------
+STEPS_PER_TENTH_OF_A_SECOND = 4  # engine steps in 0.1 s at 40 steps/s (full-size weights on 2 cores run faster)
+
+
+def _has_audio(data: bytes) -> bool:
+    """True once the bytes hold encoded audio: for Ogg, a page with a granule position (header pages have 0)."""
+    if not data.startswith(b"OggS"):
+        return len(data) > 0
+    return any(int.from_bytes(data[i + 6:i + 14], "little", signed=True) > 0 for i in _ogg_pages(data))
+
+
+def _ogg_pages(data: bytes) -> list[int]:
+    return [i for i in range(len(data) - 4) if data[i:i + 4] == b"OggS"]
+
+
+def _first_call_gives_audio(name: str, samples: int) -> bool:
+    noise = (0.1 * np.random.default_rng(0).standard_normal(samples)).astype(np.float32)
+    return _has_audio(open_encoder(name).encode(noise))
+
+
+@pytest.mark.parametrize("name", available_formats())
+def test_first_chunk_samples_is_the_least_a_format_must_hold_to_give_out_audio(name: str) -> None:
+    need = FORMATS[name].first_chunk_samples
+    assert _first_call_gives_audio(name, max(need, 1))
+    if need and name != "ogg":  # Vorbis pages fill by bytes, so their first one depends on the audio
+        assert not _first_call_gives_audio(name, need - 64)  # the measured minimum, not a loose bound
+
+
+@pytest.fixture(scope="module")
+def decoder_source(tiny_assets):
+    from chattts_velocity.speech import SpeechPipeline
+
+    return SpeechPipeline.load(tiny_assets, dtype="float32", device="cpu").mel("decoder")
+
+
+def _first_audio_step(name: str, mel, streamed_first: int) -> tuple[int, int]:
+    """(engine step of the first chunk, engine step of the format's first audio bytes), pushing one step at a time
+    as the server's engine does."""
+    from chattts_velocity.speech import StreamSet
+
+    streams, encoder, first_chunk = StreamSet(), open_encoder(name), None
+    streams.open(0, mel, streamed_first)
+    rows = torch.randn(200, mel.stream_decoder(24, None, None).width, generator=torch.Generator().manual_seed(0))
+    for step in range(1, len(rows) + 1):
+        chunk = streams.push({0: rows[step - 1:step]})[0]
+        first_chunk = first_chunk or (step if len(chunk) else None)
+        if len(chunk) and _has_audio(encoder.encode(chunk)):
+            return first_chunk, step
+    raise AssertionError(f"{name}: no audio within {len(rows)} steps")
+
+
+WAV_STEPS: dict[str, tuple[int, int]] = {}
+
+
+@pytest.mark.parametrize("name", available_formats())
+def test_each_streamed_formats_first_bytes_leave_with_the_first_chunk(name: str, decoder_source) -> None:
+    """The server opens each stream with its format's first_chunk_samples: the first encoded audio leaves at the
+    first chunk's step, within 0.1 s of wav's (ogg's Vorbis pages excepted: they hold ~0.7 s)."""
+    _, wav_step = WAV_STEPS.get("wav") or WAV_STEPS.setdefault("wav", _first_audio_step("wav", decoder_source, 0))
+    first_chunk, step = _first_audio_step(name, decoder_source, FORMATS[name].first_chunk_samples)
+    assert step == first_chunk
+    if name != "ogg":
+        assert step - wav_step <= STEPS_PER_TENTH_OF_A_SECOND, (name, step, wav_step)

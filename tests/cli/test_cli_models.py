@@ -107,7 +107,7 @@ def test_backend_cpu_refusal_names_the_real_cause_before_loading(monkeypatch, tm
     from chattts_velocity.model import kernels
 
     monkeypatch.setattr(kernels, "unsupported", lambda: reason)
-    monkeypatch.setattr(common, "model_folder", lambda args: pytest.fail("the model was resolved"))
+    monkeypatch.setattr(common, "ensure_model", lambda *a: pytest.fail("the model was resolved"))
     with pytest.raises(SystemExit) as err:
         cli.main(["say", "x", "-o", str(tmp_path / "x.wav"), "--dtype", dtype, "--backend", "cpu"])
     message = str(err.value)

@@ -233,3 +233,21 @@ def test_full_write_matches_spec(tmp_path):
         assert sum(math.prod(s) for s, _ in disk.values()) == n_params
         assert {d for _, d in disk.values()} == {"F32"}
     assert file_sha256(paths.gpt_config) == OFFICIAL_SHA256["asset/gpt/config.json"]
+
+
+def test_the_python_api_applies_the_clis_demo_step_cap_unless_max_new_token_is_set(tiny_assets, tmp_path):
+    from types import SimpleNamespace
+
+    from chattts_velocity.chat import Chat
+    from chattts_velocity.demo import DEMO_MAX_NEW_TOKEN, default_max_new_token
+    from chattts_velocity.params import InferCodeParams
+
+    def loaded_from(root: Path) -> SimpleNamespace:  # all step_capped reads of a loaded Chat
+        return SimpleNamespace(pipeline=SimpleNamespace(paths=SimpleNamespace(root=root)))
+
+    demo, official = loaded_from(tiny_assets), loaded_from(tmp_path)
+    capped = Chat.step_capped(demo, InferCodeParams(manual_seed=3))
+    assert capped.max_new_token == DEMO_MAX_NEW_TOKEN == default_max_new_token(tiny_assets)
+    assert capped.manual_seed == 3
+    assert Chat.step_capped(demo, InferCodeParams(max_new_token=400)).max_new_token == 400
+    assert Chat.step_capped(official, InferCodeParams()).max_new_token == InferCodeParams.max_new_token
