@@ -2,12 +2,11 @@
 
 Drop-in for upstream `ChatTTS.Chat` callers: same method names, parameters and defaults, but one
 waveform per input text, no mutation of params, and the velocity engine behind `use_vllm=True`.
-Everything below turns upstream's arguments into the pipeline's (`use_decoder` into a mel source) and runs each
-call through one CallGate, so calls from many threads take the model one at a time.
+Everything below turns upstream's arguments into one SynthesisJob (`use_decoder` into a mel source) and hands it to
+the pipeline's `run`, `run_each` or `stream`, which take the model one call at a time, from any thread.
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,13 +18,12 @@ from .assets import find_assets, is_demo_folder, verify_assets
 from .audio import Spoken
 from .audio.wav import SAMPLE_RATE
 from .config import ModelConfig
-from .demo import default_max_new_token
 from .engine.core.llm_engine import LLMEngine
 from .engine.gpt import GPTBackend
 from .params import InferCodeParams, RefineTextParams
 from .schema import SpeechRequests, TextPieces
-from .speech import MelSource, SpeechPipeline, StreamOptions
-from .speech.calls import CallGate
+from .speech import MelSource, SpeechPipeline
+from .speech.job import SynthesisJob, TextOptions
 from .text import Normalizer, Tokenizer, check_texts
 
 
@@ -36,7 +34,6 @@ class Chat:
     def __init__(self, logger: logging.Logger | None = None) -> None:
         self.logger = logger or logging.getLogger("chattts_velocity")
         self.normalizer = Normalizer()  # register a language's normaliser here, before or after load()
-        self._gate = CallGate()  # inference calls run one at a time, whichever thread makes them
         self._pipeline: SpeechPipeline | None = None
 
     # ---- loading -------------------------------------------------------------------------
@@ -116,13 +113,8 @@ class Chat:
         return None if self._pipeline is None else self._pipeline.frontend.tokenizer
 
     def step_capped(self, params: InferCodeParams) -> InferCodeParams:
-        """params with the loaded weights' default step cap (demo weights: the CLI's) where max_new_token was left at
-        InferCodeParams' default; an explicit max_new_token is kept."""
-        cap = default_max_new_token(self.pipeline.paths.root)
-        default = InferCodeParams.max_new_token
-        if not isinstance(params, InferCodeParams) or params.max_new_token != default or cap >= default:
-            return params
-        return dataclasses.replace(params, max_new_token=cap)
+        """params with the loaded weights' default step cap (SpeechPipeline.step_capped)."""
+        return self.pipeline.step_capped([params])[0]
 
     def _loaded(self, name: str, default: object = None) -> object:
         return default if self._pipeline is None else getattr(self._pipeline, name)
@@ -138,7 +130,8 @@ class Chat:
     def interrupt(self) -> None:
         """Stop the inference calls in flight now (any thread's, the ones waiting for their turn included) after
         their current step; each returns what it has. A call made afterwards is not affected."""
-        self._gate.interrupt()
+        if self._pipeline is not None:
+            self._pipeline.interrupt()
 
     # ---- speakers ------------------------------------------------------------------------
     def sample_random_speaker(self, seed: int | None = None) -> str:
@@ -172,23 +165,15 @@ class Chat:
         Safe to call from several threads: calls take the model one at a time (a stream holds it until it is
         exhausted or closed). Texts are checked (lengths, then normalised content) before the call waits for it.
         """
-        pipeline, mel = self.pipeline, self._mel(use_decoder)
-        pipeline.gpt(use_vllm)  # loaded (or its load failed) before the call waits for its turn
-        code_params = self.step_capped(params_infer_code or InferCodeParams())
-        pieces = self.split(text, lang, do_text_normalization, do_homophone_replacement, split_text)
-        requests = pipeline.code_requests(pieces, code_params, mel) if skip_refine_text else None
-        refine = params_refine_text or RefineTextParams()
-        if stream and not (refine_text_only and not skip_refine_text):
-            return self._streamed(pieces, requests, refine, code_params, mel, use_vllm, max_split_batch)
-        with self._gate.call() as stop:
-            if requests is None:
-                pieces = pipeline.refine(pieces, refine, use_vllm=use_vllm, stop=stop, max_batch=max_split_batch)
-                if refine_text_only:
-                    joined = ["\n".join(g) for g in pieces.group(pieces.texts)]
-                    return joined[0] if isinstance(text, str) else joined
-                requests = pipeline.code_requests(pieces, code_params, mel)
-            return pipeline.generate(requests, mel, use_vllm=use_vllm, stop=stop, max_batch=max_split_batch,
-                                     progress=code_params.show_tqdm)
+        refine = None if skip_refine_text else params_refine_text or RefineTextParams()
+        job = SynthesisJob(text if isinstance(text, list) else [text], params_infer_code or InferCodeParams(),
+                           mel=_mel_name(use_decoder), refine=refine, refine_only=refine_text_only and bool(refine),
+                           text=TextOptions(lang, do_text_normalization, do_homophone_replacement, split_text),
+                           use_vllm=use_vllm, max_batch=max_split_batch)
+        if stream and not job.refine_only:
+            return self.pipeline.stream(job)
+        out = self.pipeline.run(job)
+        return out[0] if job.refine_only and isinstance(text, str) else out
 
     def infer_many(
         self,
@@ -212,13 +197,10 @@ class Chat:
         """
         if not isinstance(params, (list, tuple)) or len(params) != len(check_texts(texts)):
             raise ValueError(f"params: expected one InferCodeParams per text ({len(texts)})")
-        pieces = self.split(texts, lang, do_text_normalization, do_homophone_replacement, split_text,
-                            allow_empty=True)
-        jobs = self.pipeline.jobs(pieces, [self.step_capped(p) for p in params], self._mel(use_decoder))
-        yield from jobs.failed
-        with self._gate.call() as stop:
-            yield from self.pipeline.run_jobs(jobs, use_vllm=use_vllm, progress=progress, timestamps=timestamps,
-                                              stop=stop)
+        job = SynthesisJob(list(texts), list(params), mel=_mel_name(use_decoder),
+                           text=TextOptions(lang, do_text_normalization, do_homophone_replacement, split_text),
+                           use_vllm=use_vllm, progress=progress, timestamps=timestamps)
+        yield from self.pipeline.run_each(job)
 
     # ---- text -> requests, in upstream's argument names (the pipeline's front end does the work) ------------
     def split(self, texts: str | list[str], lang: str | None = None, do_text_normalization: bool = True,
@@ -235,24 +217,12 @@ class Chat:
 
     def _mel(self, use_decoder: bool) -> MelSource:
         """Upstream's flag as the pipeline's mel source (the one place inside the package that reads it)."""
-        return self.pipeline.mel("decoder" if use_decoder else "dvae")
+        return self.pipeline.mel(_mel_name(use_decoder))
 
-    def _streamed(self, pieces: TextPieces, requests: SpeechRequests | None, refine: RefineTextParams,
-                  code_params: InferCodeParams, mel: MelSource, use_vllm: bool | None,
-                  batch: int) -> Iterator[list[np.ndarray]]:
-        """Audio as the GPT generates it: each yield holds one new (maybe empty) chunk per text.
 
-        A text's chunks concatenate to its non-stream waveform; its pieces play in order. The decoder
-        sees stream_batch new steps per chunk plus exact context on both sides (audio/streaming.py).
-        The call holds the model from its first chunk until it is exhausted or closed.
-        """
-        pipeline = self.pipeline
-        with self._gate.call() as stop:
-            if requests is None:
-                pieces = pipeline.refine(pieces, refine, use_vllm=use_vllm, stop=stop, max_batch=batch)
-                requests = pipeline.code_requests(pieces, code_params, mel)
-            options = StreamOptions(chunk_steps=code_params.stream_batch)
-            yield from pipeline.stream(requests, mel, options=options, use_vllm=use_vllm, stop=stop)
+def _mel_name(use_decoder: bool) -> str:
+    """Upstream's flag as the pipeline's mel source name (the one place inside the package that reads it)."""
+    return "decoder" if use_decoder else "dvae"
 
 
 def pipeline_of(speech: Chat | SpeechPipeline) -> SpeechPipeline:

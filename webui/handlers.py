@@ -21,7 +21,7 @@ from chattts_velocity.audio import SAMPLE_RATE, float_to_int16
 from chattts_velocity.audio.formats import available_formats
 from chattts_velocity.params import SHARED_MAX_BEAMS
 from chattts_velocity.schema import MAX_NEW_TOKEN
-from chattts_velocity.speech import SpeechPipeline, StreamOptions
+from chattts_velocity.speech import SpeechPipeline, SynthesisJob, TextOptions
 from chattts_velocity.text import decode_prompt
 from chattts_velocity.text.speaker import VOICE_SEED_MAX
 from chattts_velocity.text.voices import PRESET_SEEDS
@@ -63,16 +63,16 @@ def random_seed() -> int:
 class Handlers:
     """The callbacks of one UI; one SpeechPipeline is shared by every browser session.
 
-    Every model call holds `_lock` (an abandoned stream's engine thread must end before the next run starts) and
-    stops at the next step once its run's own stop flag is set (Interrupt, or the browser gone): a new run's flag
-    is a new Event, so starting it never revives an abandoned one. `_interrupted` records a press of Interrupt.
+    Every model call goes through the pipeline's call gate (an abandoned stream's engine thread must end before the
+    next run starts) and stops at the next step once its run's own stop flag is set (Interrupt, or the browser
+    gone): a new run's flag is a new Event, so starting it never revives an abandoned one. `_interrupted` records a
+    press of Interrupt.
     """
 
     def __init__(self, pipeline: SpeechPipeline, use_vllm: bool = True, max_new_token: int = MAX_NEW_TOKEN) -> None:
         self.pipeline = pipeline
         self.use_vllm = use_vllm
         self.max_new_token = max_new_token
-        self._lock = threading.Lock()
         self._interrupted = threading.Event()
         self._stop = threading.Event()  # the latest run's stop flag
         self._downloads = tempfile.mkdtemp(prefix="chattts-velocity-webui-")  # gradio serves files under tmp
@@ -104,7 +104,7 @@ class Handlers:
             return "", gr.skip(), gr.skip()
         try:
             clip = read_clip(path)
-            with self._lock:
+            with self.pipeline.gate.call():  # the DVAE is the model's: one call at a time
                 code = self.pipeline.sample_audio_speaker(clip, sample_rate=SAMPLE_RATE)
         except ValueError as exc:
             warn(exc)
@@ -180,11 +180,13 @@ class Handlers:
         return result
 
     def _infer(self, spoken: str, params: InferCodeParams, options: dict) -> np.ndarray:
-        with self._lock:
-            requests = self.pipeline.code_requests(self.pipeline.frontend.pieces(spoken, split=options["split"]),
-                                                   params)
-            return self.pipeline.generate(requests, use_vllm=self.use_vllm, stop=options["stop"].is_set,
-                                          max_batch=options["max_batch"], progress=False)[0]
+        wav: np.ndarray = self.pipeline.run(self._job(spoken, params, options))[0]
+        return wav
+
+    def _job(self, text: str, params: InferCodeParams, options: dict, **refine: object) -> SynthesisJob:
+        """One run of the page: its text, its own stop flag, the page's engine and batch size."""
+        return SynthesisJob([text], params, text=TextOptions(split=options["split"]), use_vllm=self.use_vllm,
+                            max_batch=options["max_batch"], progress=False, stop=options["stop"].is_set, **refine)
 
     def _final(self, stats: RunStats) -> str:
         """The stats box after a run: an interrupted run says so in its first line."""
@@ -227,15 +229,11 @@ class Handlers:
                  ready: queue.Queue) -> None:
         """Engine thread: puts float32 chunks, then None (done) or the exception that stopped it."""
         try:
-            with self._lock:
-                requests = self.pipeline.code_requests(self.pipeline.frontend.pieces(spoken, split=options["split"]),
-                                                       params)
-                for chunks in self.pipeline.stream(requests, options=StreamOptions(chunk_steps=params.stream_batch),
-                                                   use_vllm=self.use_vllm, stop=options["stop"].is_set):
-                    chunk = np.asarray(chunks[0], dtype=np.float32)  # [n] new samples of text 0
-                    if chunk.size:
-                        stats.add(chunk.size, time.perf_counter())
-                        ready.put(chunk)
+            for chunks in self.pipeline.stream(self._job(spoken, params, options)):
+                chunk = np.asarray(chunks[0], dtype=np.float32)  # [n] new samples of text 0
+                if chunk.size:
+                    stats.add(chunk.size, time.perf_counter())
+                    ready.put(chunk)
             stats.end = time.perf_counter()
             ready.put(None)
         except Exception as exc:  # handed to the UI thread, which re-raises it
@@ -247,11 +245,9 @@ class Handlers:
                                   top_P=float(r.top_p), top_K=int(r.top_k),
                                   manual_seed=check_seed(r.text_seed, "text seed"), show_tqdm=False,
                                   beam_width=whole(r.refine_beams, "refine beams", 1, SHARED_MAX_BEAMS))
-        with self._lock:
-            pieces = self.pipeline.frontend.pieces(r.text, split=options["split"])
-            refined = self.pipeline.refine(pieces, params, use_vllm=self.use_vllm, stop=options["stop"].is_set,
-                                           max_batch=options["max_batch"])
-            return "\n".join(refined.texts)
+        refined: list[str] = self.pipeline.run(self._job(r.text, InferCodeParams(), options, refine=params,
+                                                         refine_only=True))
+        return refined[0]
 
     def _code_params(self, r: Request) -> InferCodeParams:
         spk_emb, spk_smp, txt_smp = self._check_voice(r.speaker, r.clip_code, r.transcript)

@@ -20,7 +20,7 @@ from .runner import LineResult, Log, run_shard, shards_of
 if TYPE_CHECKING:
     from ..speech import SpeechPipeline
 
-CHUNK_SIZE = 256  # lines per infer_many call: bounds the prompts and finished audio held at once
+CHUNK_SIZE = 256  # lines per run_each call: bounds the prompts and finished audio held at once
 
 
 def timestamps_path(wav_path: Path) -> Path:

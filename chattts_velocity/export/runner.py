@@ -18,6 +18,7 @@ from ..audio import Spoken, wav_bytes
 from ..audio.loudness import normalize_loudness
 from ..audio.wav import SAMPLE_RATE
 from ..params import InferCodeParams
+from ..speech.job import SynthesisJob
 from .plan import ExportPlan
 
 if TYPE_CHECKING:
@@ -36,7 +37,7 @@ class LineJob:
 
 @dataclass(frozen=True)
 class Shard:
-    """Lines synthesised together (one infer_many call) and what every WAV of the run gets."""
+    """Lines synthesised together (one SpeechPipeline.run_each call) and what every WAV of the run gets."""
 
     jobs: list[LineJob]
     timestamps: bool = False  # also make each WAV's sentence spans
@@ -75,8 +76,9 @@ def run_shard(pipeline: SpeechPipeline, shard: Shard, done: Callable[[LineResult
 
     try:
         jobs = shard.jobs
-        for i, result in pipeline.infer_many([job.text for job in jobs], [job.params for job in jobs],
-                                             timestamps=shard.timestamps):
+        synthesis = SynthesisJob([job.text for job in jobs], [job.params for job in jobs],
+                                 timestamps=shard.timestamps)
+        for i, result in pipeline.run_each(synthesis):
             if isinstance(result, Exception):
                 finish(LineResult(jobs[i].key, error=f"synthesis failed: {type(result).__name__}: {result}"))
             else:

@@ -1,13 +1,15 @@
 """Speech: the pipeline built once (text front end, GPT backends, mel sources) and streaming on top of it.
 
-pipeline.py holds SpeechPipeline (what Chat, the server, the export and the web UI share); frontend.py the text front
-end; mel.py the mel sources; streams.py the shared streaming pieces (StreamOptions, StreamSet); service.py the
-server's SpeechService (an AsyncLLMEngine plus one decode thread batching every live stream).
+pipeline.py holds SpeechPipeline (what Chat, the server, the export and the web UI share) and its use cases
+(`run`, `run_each`, `stream` of a SynthesisJob, job.py); frontend.py the text front end; mel.py the mel sources;
+streams.py the shared streaming pieces (StreamOptions, StreamSet); service.py the server's SpeechService (an
+AsyncLLMEngine plus one decode thread batching every live stream).
 """
 from chattts_velocity.speech.frontend import SpeakerPrompt, TextFrontEnd
+from chattts_velocity.speech.job import SynthesisJob, TextOptions
 from chattts_velocity.speech.mel import MEL_SOURCES, DecoderSource, DVAESource, MelSource
 from chattts_velocity.speech.pipeline import SpeechPipeline
 from chattts_velocity.speech.streams import EMPTY, StreamOptions, StreamSet, stream_texts
 
 __all__ = ["EMPTY", "MEL_SOURCES", "DVAESource", "DecoderSource", "MelSource", "SpeakerPrompt", "SpeechPipeline",
-           "StreamOptions", "StreamSet", "TextFrontEnd", "stream_texts"]
+           "StreamOptions", "StreamSet", "SynthesisJob", "TextFrontEnd", "TextOptions", "stream_texts"]

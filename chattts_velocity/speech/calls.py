@@ -1,4 +1,4 @@
-"""Chat's inference calls: one at a time through the model, each with its own interrupt flag.
+"""The pipeline's calls: one at a time through the model, each with its own interrupt flag.
 
 `CallGate` serialises the calls of every thread (the engine, the plain path's generator and the audio modules
 are one set of state) and lets `interrupt()` stop every call in flight when it is made, the ones still waiting
@@ -24,8 +24,8 @@ class CallGate:
         self._flags: set[threading.Event] = set()
 
     @contextmanager
-    def call(self) -> Iterator[Stop]:
-        """Wait for the model, then yield this call's stop flag (set by interrupt())."""
+    def call(self, also: Stop | None = None) -> Iterator[Stop]:
+        """Wait for the model, then yield this call's stop flag: set by interrupt(), or `also` (the caller's own)."""
         if self._owner == threading.get_ident():
             raise RuntimeError("Chat: this thread's earlier call (an open stream or infer_many) still holds the "
                                "model; finish or close() it before the next call")
@@ -36,12 +36,18 @@ class CallGate:
             with self._turn:
                 self._owner = threading.get_ident()
                 try:
-                    yield flag.is_set
+                    yield flag.is_set if also is None else (lambda: flag.is_set() or also())
                 finally:
                     self._owner = None
         finally:
             with self._guard:
                 self._flags.discard(flag)
+
+    @property
+    def in_flight(self) -> int:
+        """Calls running or waiting for their turn."""
+        with self._guard:
+            return len(self._flags)
 
     def interrupt(self) -> None:
         """Stop every call in flight (running or waiting) after its current step."""

@@ -7,6 +7,7 @@ decided here once (`self.precision`, precision.py): the engine derives the same 
 """
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,6 +28,7 @@ from ..audio import (
 )
 from ..audio.wav import SAMPLE_RATE
 from ..config import ModelConfig, resolve_device
+from ..demo import default_max_new_token
 from ..engine.core.llm_engine import LLMEngine
 from ..engine.gpt import GPTBackend, load_pretrained
 from ..model import kernels
@@ -34,8 +36,9 @@ from ..params import InferCodeParams, RefineTextParams
 from ..precision import Precision, fastest_dtype
 from ..schema import SpeechRequests, TextPieces
 from ..text import Normalizer, Tokenizer, empty_text, encode_prompt, sample_random_speaker
-from .calls import Jobs, Stop
+from .calls import CallGate, Jobs, Stop
 from .frontend import TextFrontEnd
+from .job import SynthesisJob
 from .mel import MEL_SOURCES, DecoderSource, DVAESource, MelSource
 from .streams import StreamOptions, StreamSet, stream_texts
 
@@ -64,6 +67,7 @@ class SpeechPipeline:
         self._gpt_options = dict(device=str(device), **gpt_options, dtype=self.dtype)
         self._gpts: dict[bool, GPTBackend] = {}  # use_vllm -> the backend load_pretrained chose
         self._loading = threading.Lock()
+        self.gate = CallGate()  # one call at a time through the model (run, run_each, stream)
         tokenizer = Tokenizer(paths.tokenizer_dir)
         self.dvae = DVAE.from_state_dict(load_safetensors(paths.dvae)).to(device).eval()
         self.decoder = Decoder.from_state_dict(load_safetensors(paths.decoder)).to(device).eval()
@@ -161,19 +165,7 @@ class SpeechPipeline:
                 jobs.failed.append((i, exc))
         return jobs
 
-    def infer_many(self, texts: list[str], params: list[InferCodeParams], mel: MelSource | None = None, *,
-                   timestamps: bool = False, progress: bool = False, use_vllm: bool | None = None,
-                   stop: Stop = _never, lang: str | None = None, normalize: bool = True, homophones: bool = True,
-                   split: bool = True) -> Iterator[tuple[int, np.ndarray | Spoken | Exception]]:
-        """pieces + jobs + run_jobs: each text with its own params, (index, waveform or error) as texts finish; the
-        texts that cannot be made come first."""
-        pieces = self.frontend.pieces(texts, lang=lang, normalize=normalize, homophones=homophones, split=split,
-                                      allow_empty=True)
-        jobs = self.jobs(pieces, list(params), mel)
-        yield from jobs.failed
-        yield from self.run_jobs(jobs, use_vllm=use_vllm, progress=progress, timestamps=timestamps, stop=stop)
-
-    def run_jobs(self, jobs: Jobs, *, use_vllm: bool | None = None, progress: bool = False,
+    def _run_jobs(self, jobs: Jobs, *, use_vllm: bool | None = None, progress: bool = False,
                  timestamps: bool = False, stop: Stop = _never,
                  ) -> Iterator[tuple[int, np.ndarray | Spoken | Exception]]:
         """(text index, its waveform) as each text finishes (with `timestamps`, a Spoken with each piece's span);
@@ -189,13 +181,81 @@ class SpeechPipeline:
                 yield i, Spoken(wav, piece_timestamps(texts, [len(w) for w in waves])) if timestamps \
                     else wav
 
-    def stream(self, requests: SpeechRequests, mel: MelSource | None = None, *,
-               options: StreamOptions | None = None, use_vllm: bool | None = None,
-               stop: Stop = _never) -> Iterator[list[np.ndarray]]:
+    # ---- use cases: what Chat, the page and the export call ------------------------------------------
+    def run(self, job: SynthesisJob) -> list[np.ndarray] | list[str]:
+        """The whole job: one float32 24 kHz waveform per text (its pieces joined in order), or with `refine_only`
+        one refined string per text. Texts are checked before the call waits for its turn."""
+        mel, pieces, requests = self._prepare(job)
+        with self.gate.call(job.stop) as stop:
+            if requests is None:
+                pieces = self.refine(pieces, job.refine or RefineTextParams(), use_vllm=job.use_vllm, stop=stop,
+                                     max_batch=job.max_batch)
+                if job.refine_only:
+                    return ["\n".join(g) for g in pieces.group(pieces.texts)]
+                requests = self.code_requests(pieces, self.step_capped(job.params_list()), mel)
+            return self.generate(requests, mel, use_vllm=job.use_vllm, stop=stop, max_batch=job.max_batch,
+                                 progress=job.shows_progress())
+
+    def run_each(self, job: SynthesisJob) -> Iterator[tuple[int, np.ndarray | Spoken | Exception]]:
+        """Each text on its own params, all in one batch: (index, waveform) as texts finish (with `timestamps`,
+        a Spoken with each piece's span). A text that cannot be made, or whose generation fails, yields (index,
+        its error) and the others go on; the texts refused before generation come first. No refine pass."""
+        if job.refine is not None:
+            raise ValueError("refine: run_each has no refine pass (refine the texts with run(refine_only=True))")
+        pieces = self._pieces(job, allow_empty=True)
+        jobs = self.jobs(pieces, self.step_capped(job.params_list()), self.mel(job.mel))
+        yield from jobs.failed
+        with self.gate.call(job.stop) as stop:
+            yield from self._run_jobs(jobs, use_vllm=job.use_vllm, progress=bool(job.progress),
+                                      timestamps=job.timestamps, stop=stop)
+
+    def stream(self, job: SynthesisJob, options: StreamOptions | None = None) -> Iterator[list[np.ndarray]]:
         """Audio as the GPT generates it: each yield holds one new (maybe empty) chunk per text; a text's chunks
-        concatenate to its generate() waveform, its pieces in order (speech/streams.py)."""
-        streams = StreamSet(options)
-        yield from stream_texts(streams, self.gpt(use_vllm), requests, mel or self.mel(), stop)
+        concatenate to its run() waveform, its pieces in order (speech/streams.py). Texts are checked now; the
+        call holds the model from its first chunk until the iterator is exhausted or closed."""
+        if job.refine_only:
+            raise ValueError("refine_only: a stream is audio; refine the texts with run(refine_only=True)")
+        mel, pieces, requests = self._prepare(job)
+        chunk_steps = options or StreamOptions(chunk_steps=job.params_list()[0].stream_batch)
+        return self._stream(job, mel, pieces, requests, chunk_steps)
+
+    def interrupt(self) -> None:
+        """Stop every call in flight (running or waiting for its turn) after its current step; each returns what it
+        has. A call made afterwards is not affected."""
+        self.gate.interrupt()
+
+    def step_capped(self, params: list[InferCodeParams]) -> list[InferCodeParams]:
+        """Each params with the loaded weights' default step cap (demo weights: the CLI's) where max_new_token was
+        left at InferCodeParams' default; an explicit max_new_token is kept."""
+        cap, default = default_max_new_token(self.paths.root), InferCodeParams.max_new_token
+        capped: dict[int, InferCodeParams] = {}  # id -> its capped copy: texts that shared params still share them
+        for p in params:
+            if isinstance(p, InferCodeParams) and p.max_new_token == default and cap < default:
+                capped.setdefault(id(p), dataclasses.replace(p, max_new_token=cap))
+        return [capped.get(id(p), p) for p in params]
+
+    def _pieces(self, job: SynthesisJob, allow_empty: bool = False) -> TextPieces:
+        o = job.text
+        return self.frontend.pieces(job.texts, lang=o.lang, normalize=o.normalize, homophones=o.homophones,
+                                    split=o.split, allow_empty=allow_empty)
+
+    def _prepare(self, job: SynthesisJob) -> tuple[MelSource, TextPieces, SpeechRequests | None]:
+        """Before the call's turn: its GPT loaded, its texts checked and split, its requests built (None while a
+        refine pass is still to run)."""
+        mel = self.mel(job.mel)
+        self.gpt(job.use_vllm)  # loaded (or its load failed) before the call waits for its turn
+        pieces = self._pieces(job)
+        params = self.step_capped(job.params_list())
+        return mel, pieces, None if job.refine is not None else self.code_requests(pieces, params, mel)
+
+    def _stream(self, job: SynthesisJob, mel: MelSource, pieces: TextPieces, requests: SpeechRequests | None,
+                options: StreamOptions) -> Iterator[list[np.ndarray]]:
+        with self.gate.call(job.stop) as stop:
+            if requests is None:
+                pieces = self.refine(pieces, job.refine or RefineTextParams(), use_vllm=job.use_vllm, stop=stop,
+                                     max_batch=job.max_batch)
+                requests = self.code_requests(pieces, self.step_capped(job.params_list()), mel)
+            yield from stream_texts(StreamSet(options), self.gpt(job.use_vllm), requests, mel, stop)
 
     # ---- speakers ------------------------------------------------------------------------------------
     def sample_random_speaker(self, seed: int | None = None) -> str:

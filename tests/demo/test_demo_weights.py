@@ -238,16 +238,17 @@ def test_full_write_matches_spec(tmp_path):
 def test_the_python_api_applies_the_clis_demo_step_cap_unless_max_new_token_is_set(tiny_assets, tmp_path):
     from types import SimpleNamespace
 
-    from chattts_velocity.chat import Chat
     from chattts_velocity.demo import DEMO_MAX_NEW_TOKEN, default_max_new_token
     from chattts_velocity.params import InferCodeParams
+    from chattts_velocity.speech.pipeline import SpeechPipeline
 
-    def loaded_from(root: Path) -> SimpleNamespace:  # all step_capped reads of a loaded Chat
-        return SimpleNamespace(pipeline=SimpleNamespace(paths=SimpleNamespace(root=root)))
+    def capped(root: Path, *params: InferCodeParams) -> list[InferCodeParams]:
+        loaded = SimpleNamespace(paths=SimpleNamespace(root=root))  # all step_capped reads of a loaded pipeline
+        return SpeechPipeline.step_capped(loaded, list(params))
 
-    demo, official = loaded_from(tiny_assets), loaded_from(tmp_path)
-    capped = Chat.step_capped(demo, InferCodeParams(manual_seed=3))
-    assert capped.max_new_token == DEMO_MAX_NEW_TOKEN == default_max_new_token(tiny_assets)
-    assert capped.manual_seed == 3
-    assert Chat.step_capped(demo, InferCodeParams(max_new_token=400)).max_new_token == 400
-    assert Chat.step_capped(official, InferCodeParams()).max_new_token == InferCodeParams.max_new_token
+    shared = InferCodeParams(manual_seed=3)
+    first, second = capped(tiny_assets, shared, shared)
+    assert first.max_new_token == DEMO_MAX_NEW_TOKEN == default_max_new_token(tiny_assets)
+    assert first.manual_seed == 3 and first is second  # texts that shared params still share them (one voice decode)
+    assert capped(tiny_assets, InferCodeParams(max_new_token=400))[0].max_new_token == 400
+    assert capped(tmp_path, InferCodeParams())[0].max_new_token == InferCodeParams.max_new_token

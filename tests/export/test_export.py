@@ -121,13 +121,13 @@ def test_only_failed_lines_are_synthesised_again(chat: Chat, tmp_path: Path, mon
     for blocked in ("00003.wav", "00041.wav"):
         (out / blocked).rmdir()
     seen: list[str] = []
-    real = chat.pipeline.infer_many
+    real = chat.pipeline.run_each
 
-    def counting(texts: list[str], params: list[InferCodeParams], **kw):
-        seen.extend(texts)
-        return real(texts, params, **kw)
+    def counting(job):
+        seen.extend(job.texts)
+        return real(job)
 
-    monkeypatch.setattr(chat.pipeline, "infer_many", counting)
+    monkeypatch.setattr(chat.pipeline, "run_each", counting)
     plan, log = run(chat, src, out, seed=11)
     assert seen == [say(1), say(20)]  # file lines 3 and 41
     assert (plan.count("ok"), plan.count("skipped") - 24, log[-1]) == (2, 23, "25/25 succeeded")  # 24 empty lines
@@ -230,7 +230,7 @@ def test_a_line_too_long_for_the_engine_fails_alone(tiny_assets: Path, tmp_path:
 
 
 class StubPipeline:
-    """A speech pipeline whose infer_many makes a tone per text, fails on 'boom' and can raise after some lines."""
+    """A speech pipeline whose run_each makes a tone per text, fails on 'boom' and can raise after some lines."""
 
     config = SimpleNamespace(hidden_size=64)
     paths, dtype = SimpleNamespace(root=Path("stub-model")), "float32"
@@ -238,7 +238,8 @@ class StubPipeline:
     def __init__(self, stop_after: int | None = None) -> None:
         self.stop_after, self.calls = stop_after, []
 
-    def infer_many(self, texts, params, timestamps: bool = False, **kw):
+    def run_each(self, job):
+        texts, params, timestamps = job.texts, job.params, job.timestamps
         self.calls.append(list(texts))
         for i, text in enumerate(texts):
             if self.stop_after is not None and i == self.stop_after:

@@ -16,7 +16,8 @@ pytest.importorskip("gradio")
 from chattts_velocity.audio.formats import available_formats  # noqa: E402 (after the importorskip above)
 from chattts_velocity.params import SHARED_MAX_BEAMS  # noqa: E402 (after the importorskip above)
 from chattts_velocity.schema import TextPieces  # noqa: E402 (after the importorskip above)
-from chattts_velocity.speech import TextFrontEnd  # noqa: E402 (after the importorskip above)
+from chattts_velocity.speech import SynthesisJob, TextFrontEnd  # noqa: E402 (after the importorskip above)
+from chattts_velocity.speech.calls import CallGate  # noqa: E402 (after the importorskip above)
 from chattts_velocity.text import encode_spk_emb, sample_random_speaker, seed_context  # noqa: E402 (after the importorskip above)
 from webui.controls import (  # noqa: E402 (after the importorskip above)
     CUSTOM,
@@ -44,13 +45,22 @@ class RecordingFrontEnd(TextFrontEnd):
 
 
 class RecordingPipeline:
-    """SpeechPipeline's surface as the handlers use it; every pass is recorded ({"pass": "refine" or "code",
-    "text", "params", "split", "max_batch"}). The waveform's length follows the speed prompt, so a test can see
-    the prompt reached the code pass."""
+    """SpeechPipeline's surface as the handlers use it (run, stream, gate); every pass is recorded ({"pass":
+    "refine" or "code", "text", "params", "split", "max_batch"}). The waveform's length follows the speed prompt,
+    so a test can see the prompt reached the code pass."""
 
     def __init__(self) -> None:
         self.calls: list[dict] = []
         self.frontend = RecordingFrontEnd()
+        self.gate = CallGate()
+
+    def run(self, job: SynthesisJob) -> list:
+        pieces = self.frontend.pieces(job.texts[0], split=job.text.split)
+        with self.gate.call(job.stop) as stop:
+            if job.refine_only:
+                return ["\n".join(self.refine(pieces, job.refine, max_batch=job.max_batch, stop=stop).texts)]
+            return self.generate(SimpleNamespace(pieces=pieces, params=job.params), max_batch=job.max_batch,
+                                 stop=stop)
 
     def sample_random_speaker(self, seed: int | None = None) -> str:
         return sample_random_speaker(HIDDEN, seed=seed)
@@ -62,9 +72,6 @@ class RecordingPipeline:
     def refine(self, pieces: TextPieces, params, *, max_batch: int | None = None, **options) -> TextPieces:
         self.record("refine", pieces, params, max_batch)
         return pieces.replace([f"{pieces.texts[0]} {params.prompt}"])
-
-    def code_requests(self, pieces: TextPieces, params) -> SimpleNamespace:
-        return SimpleNamespace(pieces=pieces, params=params)
 
     def generate(self, requests: SimpleNamespace, *, max_batch: int | None = None, **options) -> list[np.ndarray]:
         self.record("code", requests.pieces, requests.params, max_batch)
@@ -199,10 +206,10 @@ class GatedPipeline(RecordingPipeline):
 
     def __init__(self) -> None:
         super().__init__()
-        self.gate = threading.Event()
+        self.shown = threading.Event()
 
     def refine(self, pieces: TextPieces, params, **options) -> TextPieces:
-        assert self.gate.wait(10), "no progress line was shown while the model worked"
+        assert self.shown.wait(10), "no progress line was shown while the model worked"
         return super().refine(pieces, params, **options)
 
 
@@ -216,7 +223,7 @@ def test_a_run_shows_one_progress_line_while_it_works(monkeypatch) -> None:
         if isinstance(update[3], str):
             shown.append(update[3])
             if shown[-1].startswith(("refining the text...", "generating...")):
-                pipeline.gate.set()
+                pipeline.shown.set()
     progress = [s for s in shown if "..." in s.splitlines()[0]]
     assert any(s.startswith("refining the text... ") for s in progress)
     assert all(len(s.splitlines()) == 1 and "step" not in s for s in progress)  # no "47/2.0k step" bounds
@@ -257,7 +264,7 @@ def test_a_clip_upload_answers_in_the_stats(tmp_path: Path) -> None:
 class StreamingPipeline(RecordingPipeline):
     """stream() yields an engine stream's chunks: a 0.1 s first chunk, then 0.5 s ones."""
 
-    def stream(self, requests: SimpleNamespace, **options):
+    def stream(self, job: SynthesisJob):
         return iter([[np.full(n, 0.1, np.float32)] for n in (2400, 12000, 12000)])
 
 
@@ -296,7 +303,8 @@ class EndlessStreamPipeline(RecordingPipeline):
         super().__init__()
         self.stops: list = []
 
-    def stream(self, requests: SimpleNamespace, *, stop, **options):
+    def stream(self, job: SynthesisJob):
+        stop = job.stop
         self.stops.append(stop)
         yield [np.full(24000, 0.1, np.float32)]
         for _ in range(1000):

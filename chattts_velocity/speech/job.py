@@ -1,0 +1,63 @@
+"""A synthesis job: one call's worth of speech, as every entry point (Chat, the page, the export) hands it over.
+
+In: texts, their code-pass params (one for all or one per text), the mel source, the refine settings, the front
+end's options and the GPT backend to use. Out (through SpeechPipeline.run / run_each / stream): waveforms,
+refined texts, or chunks. The pipeline owns refine, splitting, step caps, the one-call-at-a-time gate and
+interruption; callers only describe the job.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..params import InferCodeParams, RefineTextParams
+from .calls import Stop
+
+
+@dataclass(frozen=True)
+class TextOptions:
+    """How texts become pieces (TextFrontEnd.pieces): language, normalisation, homophones, sentence splitting."""
+
+    lang: str | None = None
+    normalize: bool = True
+    homophones: bool = True
+    split: bool = True
+
+
+@dataclass(frozen=True)
+class SynthesisJob:
+    """texts -> speech. `refine` None skips the refine pass; `refine_only` returns the refined texts instead of
+    audio (one string per text, its pieces joined by newlines). `stop` is the caller's own stop flag (a page whose
+    browser went away), beside `SpeechPipeline.interrupt()`."""
+
+    texts: list[str]
+    params: InferCodeParams | list[InferCodeParams] = field(default_factory=InferCodeParams)
+    mel: str = "decoder"  # the mel source: "decoder" (hidden states) or "dvae" (codes)
+    refine: RefineTextParams | None = None
+    refine_only: bool = False
+    text: TextOptions = field(default_factory=TextOptions)
+    use_vllm: bool | None = None  # None: the GPT backend the pipeline loaded first
+    max_batch: int | None = None  # pieces per GPT batch (upstream's max_split_batch); None: all at once
+    progress: bool | None = None  # None: the code params' show_tqdm
+    timestamps: bool = False  # run_each: each text's sentence spans (audio.Spoken)
+    stop: Stop | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.texts, str):
+            object.__setattr__(self, "texts", [self.texts])
+        if self.refine_only and self.refine is None:
+            raise ValueError("refine_only: needs a refine pass (refine=RefineTextParams(...))")
+        if isinstance(self.params, (list, tuple)) and isinstance(self.texts, list) \
+                and len(self.params) != len(self.texts):
+            raise ValueError(f"params: expected one InferCodeParams per text ({len(self.texts)}), "
+                             f"got {len(self.params)}")
+
+    def params_list(self) -> list[InferCodeParams]:
+        """One InferCodeParams per text (texts already checked by the front end)."""
+        if isinstance(self.params, (list, tuple)):
+            return list(self.params)
+        return [self.params] * (len(self.texts) if isinstance(self.texts, list) else 1)
+
+    def shows_progress(self) -> bool:
+        if self.progress is not None:
+            return self.progress
+        return all(p.show_tqdm for p in self.params_list())

@@ -1,0 +1,95 @@
+"""The pipeline's use cases on tiny random weights: a SynthesisJob through run, run_each and stream, the one call
+gate, interruption and the step cap. These are what Chat, the page and the export call."""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from chattts_velocity import InferCodeParams, RefineTextParams
+from chattts_velocity.speech import SpeechPipeline, SynthesisJob, TextOptions
+
+STEPS = 6
+TEXTS = ["Hello there.", "The second text is here."]
+
+
+@pytest.fixture(scope="module")
+def pipeline(tiny_assets) -> SpeechPipeline:
+    return SpeechPipeline.load(tiny_assets, device="cpu", use_vllm=True)
+
+
+def forced(seed: int = 3, steps: int = STEPS) -> InferCodeParams:
+    return InferCodeParams(max_new_token=steps, min_new_token=steps, manual_seed=seed, show_tqdm=False)
+
+
+def test_run_gives_one_waveform_per_text_and_stream_gives_the_same_audio(pipeline) -> None:
+    job = SynthesisJob(TEXTS, forced(), text=TextOptions(split=False))
+    waves = pipeline.run(job)
+    assert len(waves) == 2 and all(w.dtype == np.float32 and len(w) == (2 * STEPS - 1) * 256 for w in waves)
+    chunks = list(pipeline.stream(job))
+    streamed = [np.concatenate([c[i] for c in chunks]) for i in range(2)]
+    for whole, parts in zip(waves, streamed, strict=True):
+        np.testing.assert_allclose(parts, whole, atol=1e-5)
+
+
+def test_run_with_refine_only_gives_the_refined_texts(pipeline) -> None:
+    refine = RefineTextParams(max_new_token=4, min_new_token=4, manual_seed=1, show_tqdm=False)
+    refined = pipeline.run(SynthesisJob(TEXTS, refine=refine, refine_only=True))
+    assert len(refined) == 2 and all(isinstance(t, str) for t in refined)
+
+
+def test_run_each_gives_each_text_its_own_params_and_a_bad_text_fails_alone(pipeline) -> None:
+    params = [forced(seed=1), InferCodeParams(spk_emb="not a speaker", show_tqdm=False), forced(seed=2)]
+    results = dict(pipeline.run_each(SynthesisJob(["One.", "Two.", "Three."], params)))
+    assert isinstance(results[1], ValueError) and "spk_emb" in str(results[1])
+    assert len(results[0]) == len(results[2]) == (2 * STEPS - 1) * 256
+    alone = pipeline.run(SynthesisJob(["Three."], forced(seed=2)))[0]
+    np.testing.assert_array_equal(results[2], alone)  # the same seed alone and among others (float32)
+
+
+def test_a_job_states_its_shape_before_any_work() -> None:
+    with pytest.raises(ValueError, match="refine_only"):
+        SynthesisJob(TEXTS, refine_only=True)
+    with pytest.raises(ValueError, match="params"):
+        SynthesisJob(TEXTS, [forced()])
+    assert SynthesisJob("One text.").texts == ["One text."]
+
+
+def test_run_each_and_stream_refuse_what_they_cannot_do(pipeline) -> None:
+    refine = RefineTextParams(show_tqdm=False)
+    with pytest.raises(ValueError, match="refine"):
+        next(pipeline.run_each(SynthesisJob(TEXTS, refine=refine)))
+    with pytest.raises(ValueError, match="refine_only"):
+        pipeline.stream(SynthesisJob(TEXTS, refine=refine, refine_only=True))
+
+
+def test_the_callers_stop_flag_and_interrupt_end_a_call_early(pipeline) -> None:
+    stop = threading.Event()
+    stop.set()
+    short = pipeline.run(SynthesisJob(["Stopped."], forced(steps=40), stop=stop.is_set))[0]
+    assert len(short) < (2 * 40 - 1) * 256
+    entered = threading.Event()
+
+    def running() -> list:
+        entered.set()
+        return pipeline.run(SynthesisJob(["Interrupted."], forced(steps=400)))
+
+    result: list = []
+    worker = threading.Thread(target=lambda: result.extend(running()))
+    worker.start()
+    assert entered.wait(30)
+    while pipeline.gate.in_flight < 1:
+        threading.Event().wait(0.01)
+    pipeline.interrupt()
+    worker.join(60)
+    assert not worker.is_alive() and len(result[0]) < (2 * 400 - 1) * 256
+    after = pipeline.run(SynthesisJob(["After."], forced()))[0]  # a later call is not affected
+    assert len(after) == (2 * STEPS - 1) * 256
+
+
+def test_demo_weights_cap_the_steps_a_job_leaves_at_the_default(pipeline) -> None:
+    from chattts_velocity.demo import DEMO_MAX_NEW_TOKEN
+
+    (capped,) = pipeline.step_capped([InferCodeParams()])
+    assert capped.max_new_token == DEMO_MAX_NEW_TOKEN
