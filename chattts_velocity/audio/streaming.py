@@ -20,9 +20,9 @@ Receptive field (full-size numbers; computed from the modules' conv paddings, ne
 * Defaults: chunk_steps 24 (upstream's stream batch, 0.5 s); window <= 52 + 24 + 52 = 128 steps; the first audio
   comes after chunk_steps + lookahead_steps = 76 steps. Smaller context lowers latency but is approximate.
 
-Batching (`StreamDecoder.push_many` / `flush_many`): the windows of several streams are right-padded with zeros to
-the longest and decoded in one Decoder + one Vocos call. Padding only changes frames within R of a window's right
-edge, which are discarded unless the window ends its clip; such (flush) windows are decoded one at a time.
+Several streams (`StreamDecoder.push_many` / `flush_many`): each window is decoded in a Decoder + Vocos pass of its
+own shape, so a stream's samples are the same bits whichever other streams are decoded with it (a shared padded
+batch changed the last bits: the kernels' summation order follows the batch's shape).
 """
 from __future__ import annotations
 
@@ -123,13 +123,8 @@ def _decode_group(mel_model: Decoder | DVAE, vocos: Vocos, field: ReceptiveField
 @torch.inference_mode()
 def decode_windows(mel_model: Decoder | DVAE, vocos: Vocos, field: ReceptiveField,
                    windows: list[Window]) -> list[np.ndarray]:
-    """Samples of each window's blocks; windows not ending their clip share one padded batch."""
-    out: dict[int, np.ndarray] = {}
-    inner = [i for i, w in enumerate(windows) if not w.at_end]
-    groups = ([inner] if inner else []) + [[i] for i, w in enumerate(windows) if w.at_end]
-    for idx in groups:
-        out.update(zip(idx, _decode_group(mel_model, vocos, field, [windows[i] for i in idx]), strict=True))
-    return [out[i] for i in range(len(windows))]
+    """Samples of each window's blocks, each window in a pass of its own (its bits never depend on the others)."""
+    return [_decode_group(mel_model, vocos, field, [w])[0] for w in windows]
 
 
 def _positive(name: str, value: int, minimum: int) -> int:

@@ -226,29 +226,34 @@ def _scratch(meta: AttentionMetadata, cache: torch.Tensor, num_blocks: int) -> t
 
 
 def paged_attention(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, per_sequence: bool = False
 ) -> torch.Tensor:
     """Attention of the packed new rows q [N_new, heads, head_dim] over each sequence's cached context.
 
     The new rows' K/V must already be stored (store_kvcache). Prefill chunks and decode rows mix freely.
+    per_sequence: each sequence attends in its own SDPA call at its own q_len and k_len, masked only where it
+    has several new rows; SDPA's kernel and summation order then depend on that sequence alone, not on the batch.
     """
-    block_size, scale = k_cache.shape[1], q.shape[-1] ** -0.5
+    block_size, scale, max_q = k_cache.shape[1], q.shape[-1] ** -0.5, meta.q_index.shape[1]
     if meta.decode_only:
         queries = q.unsqueeze(2)  # [B, heads, 1, head_dim]
     else:
         queries = q[meta.q_index].transpose(1, 2)  # [B, heads, max_q, head_dim]
     bytes_per_seq = 2 * meta.max_k * k_cache[0, 0].numel() * k_cache.element_size()
-    group = max(1, GROUP_BYTES // bytes_per_seq)
+    group = 1 if per_sequence else max(1, GROUP_BYTES // bytes_per_seq)
     k_scratch, v_scratch = _scratch(meta, k_cache, min(group, meta.num_seqs) * meta.gather_blocks.shape[1])
     outs = []
     for start in range(0, meta.num_seqs, group):
         end = start + group
-        k_len = max(meta.k_lens[start:end])
+        k_len, q_len = max(meta.k_lens[start:end]), max(meta.q_lens[start:end])
         blocks = meta.gather_blocks[start:end, : -(-k_len // block_size)]
         keys = _as_values(_gather(k_cache, blocks, k_len, k_scratch), q.dtype)
         values = _as_values(_gather(v_cache, blocks, k_len, v_scratch), q.dtype)
-        mask = None if meta.attn_mask is None else meta.attn_mask[start:end, :, :, :k_len]
-        outs.append(F.scaled_dot_product_attention(queries[start:end], keys, values, attn_mask=mask, scale=scale))
+        mask = None if meta.attn_mask is None else meta.attn_mask[start:end, :, :q_len, :k_len]
+        if per_sequence and q_len == 1:
+            mask = None  # one new row sees its whole context
+        out = F.scaled_dot_product_attention(queries[start:end, :, :q_len], keys, values, attn_mask=mask, scale=scale)
+        outs.append(F.pad(out, (0, 0, 0, max_q - q_len)) if q_len < max_q else out)
     out = torch.cat(outs) if len(outs) > 1 else outs[0]  # [B, heads, max_q, head_dim]
     if meta.decode_only:
         return out.squeeze(2)

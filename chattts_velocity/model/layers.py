@@ -10,6 +10,29 @@ from torch import nn
 
 from chattts_velocity.model.packed import PackedLinear
 
+ROW_TILE = 8  # rows of every GEMM of tiled_linear
+
+
+def tiled_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x [N, in] @ weight[out, in].T -> [N, out] as one batch of GEMMs of exactly ROW_TILE rows (zero-padded).
+
+    BLAS and oneDNN choose their kernel, and with it the summation order, from the number of rows (F.linear sums a
+    row alone in another order than the same row among others); at one fixed shape each row's output is the same
+    whichever rows share its GEMM, so a row's bits do not depend on its batch. Costs up to ~2x F.linear's time.
+    """
+    rows, pad = x.shape[0], -x.shape[0] % ROW_TILE
+    if pad:
+        x = torch.cat([x, x.new_zeros(pad, x.shape[1])])
+    tiles = x.view(-1, ROW_TILE, x.shape[1])  # [N / ROW_TILE, ROW_TILE, in]
+    out = torch.bmm(tiles, weight.t().expand(tiles.shape[0], -1, -1))  # [N / ROW_TILE, ROW_TILE, out]
+    return out.flatten(0, 1)[:rows]
+
+
+def linear(module: nn.Linear, x: torch.Tensor, tiled: bool) -> torch.Tensor:
+    """module(x), through tiled_linear when `tiled` (the checkpoint's bias-free projections)."""
+    out: torch.Tensor = tiled_linear(x, module.weight) if tiled else module(x)
+    return out
+
 
 class RMSNorm(nn.Module):
     def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
@@ -79,11 +102,13 @@ class LlamaMLP(nn.Module):
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
         self.gate_up_packed: PackedLinear | None = None  # fused gate/up rows; set by ChatTTSLlama.pack_linears
         self.down_packed: PackedLinear | None = None
+        self.tiled = False  # unpacked projections through tiled_linear; set by ChatTTSLlama.use_batch_invariant_ops
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out: torch.Tensor
         if self.gate_up_packed is None or self.down_packed is None:
-            out = self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+            gated = F.silu(linear(self.gate_proj, x, self.tiled)) * linear(self.up_proj, x, self.tiled)
+            out = linear(self.down_proj, gated, self.tiled)
         else:
             gate, up = self.gate_up_packed(x).chunk(2, dim=-1)  # [N, 2I] -> 2 x [N, I]
             out = self.down_packed(F.silu(gate) * up)

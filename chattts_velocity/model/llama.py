@@ -23,7 +23,7 @@ from chattts_velocity.model.attention import (
     paged_decode_attention,
     store_kvcache,
 )
-from chattts_velocity.model.layers import LlamaMLP, RMSNorm, RotaryEmbedding
+from chattts_velocity.model.layers import LlamaMLP, RMSNorm, RotaryEmbedding, linear
 from chattts_velocity.model.packed import PackedLinear, fuse_rows
 
 StepMetadata = AttentionMetadata | DecodeMetadata
@@ -45,17 +45,19 @@ class LlamaAttention(nn.Module):
         self.qkv_packed: PackedLinear | None = None  # fused q/k/v rows; set by ChatTTSLlama.pack_linears
         self.o_packed: PackedLinear | None = None
         self.decode_attention: DecodeAttention = paged_decode_attention  # set by ChatTTSLlama.use_decode_attention
+        self.batch_invariant = False  # set by ChatTTSLlama.use_batch_invariant_ops
 
     def project_qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         # x [N, H] -> q, k, v, each [N, H] (through the packed linears when set)
         if self.qkv_packed is None:
-            return self.q_proj(x), self.k_proj(x), self.v_proj(x)
+            tiled = self.batch_invariant
+            return linear(self.q_proj, x, tiled), linear(self.k_proj, x, tiled), linear(self.v_proj, x, tiled)
         q, k, v = self.qkv_packed(x).split(x.shape[-1], dim=-1)  # [N, 3H] -> 3 x [N, H]
         return q, k, v
 
     def project_out(self, out: torch.Tensor) -> torch.Tensor:
         # out [N, heads * head_dim] -> [N, H]
-        projected: torch.Tensor = self.o_proj(out) if self.o_packed is None else self.o_packed(out)
+        projected = linear(self.o_proj, out, self.batch_invariant) if self.o_packed is None else self.o_packed(out)
         return projected
 
     def forward(
@@ -72,7 +74,7 @@ class LlamaAttention(nn.Module):
         if isinstance(meta, DecodeMetadata):
             out = self.decode_attention(q, k_cache, v_cache, meta)  # [N, heads, head_dim]
         else:
-            out = paged_attention(q, k_cache, v_cache, meta)
+            out = paged_attention(q, k_cache, v_cache, meta, per_sequence=self.batch_invariant)
         return self.project_out(out.flatten(1))
 
 
@@ -146,6 +148,12 @@ class ChatTTSLlama(nn.Module):
         """Every layer attends with `attention` in steps given DecodeMetadata (default: paged_decode_attention)."""
         for layer in self.layers:
             layer.self_attn.decode_attention = attention
+
+    def use_batch_invariant_ops(self) -> None:
+        """Make a row's hidden state independent of the other rows of its step (the eager torch backend on CPU):
+        unpacked projections run tiled_linear, and each sequence attends alone (paged_attention per_sequence)."""
+        for layer in self.layers:
+            layer.self_attn.batch_invariant = layer.mlp.tiled = True
 
     def pack_linears(self, mode: str) -> None:
         """Route every projection through a PackedLinear of `mode` (q/k/v and gate/up fused).

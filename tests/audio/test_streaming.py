@@ -146,26 +146,32 @@ def test_empty_stream_and_empty_push(models: tuple) -> None:
     assert StreamDecoder(dvae, vocos).flush().shape == (0,)
 
 
-def test_push_many_batches_streams(models: tuple) -> None:
+def _stream(models: tuple, xs: list[torch.Tensor], pushes: list[int]) -> list[np.ndarray]:
+    """Each x streamed in pushes of its own size, all streams through push_many / flush_many together."""
     _, decoder, vocos = models
-    lengths, pushes = [40, 97, 5, 70], [1, 3, 2, 6]
-    xs = [make_input(True, t, seed=20 + t) for t in lengths]
-    streams = [StreamDecoder(decoder, vocos, chunk_steps=6) for _ in lengths]
-    calls: list[int] = []
-    hook = decoder.register_forward_pre_hook(lambda _m, args: calls.append(args[0].shape[0]))
-    outs: list[list[np.ndarray]] = [[] for _ in lengths]
-    cursor = [0] * len(lengths)
-    for _ in range(max(lengths)):
-        rows = [x[c: c + p] for x, c, p in zip(xs, cursor, pushes, strict=True)]
-        cursor = [c + p for c, p in zip(cursor, pushes, strict=True)]
+    streams = [StreamDecoder(decoder, vocos, chunk_steps=6) for _ in xs]
+    outs: list[list[np.ndarray]] = [[] for _ in xs]
+    for start in range(max(len(x) for x in xs)):
+        rows = [x[start * p: (start + 1) * p] for x, p in zip(xs, pushes, strict=True)]
         for o, wav in zip(outs, StreamDecoder.push_many(streams, rows), strict=True):
             o.append(wav)
     for o, wav in zip(outs, StreamDecoder.flush_many(streams), strict=True):
         o.append(wav)
+    return [np.concatenate(o) for o in outs]
+
+
+def test_push_many_gives_each_stream_the_bits_it_gives_alone(models: tuple) -> None:
+    _, decoder, _ = models
+    lengths, pushes = [40, 97, 5, 70], [1, 3, 2, 6]
+    xs = [make_input(True, t, seed=20 + t) for t in lengths]
+    calls: list[int] = []
+    hook = decoder.register_forward_pre_hook(lambda _m, args: calls.append(args[0].shape[0]))
+    together = _stream(models, xs, pushes)
     hook.remove()
-    assert max(calls) > 1  # some windows really shared a Decoder call
-    for o, x in zip(outs, xs, strict=True):
-        np.testing.assert_allclose(np.concatenate(o), whole(models, True, x), rtol=0, atol=TOL)
+    assert set(calls) == {1}  # every window in a pass of its own
+    for i, (got, x) in enumerate(zip(together, xs, strict=True)):
+        np.testing.assert_allclose(got, whole(models, True, x), rtol=0, atol=TOL)
+        np.testing.assert_array_equal(got, _stream(models, [x], [pushes[i]])[0])
 
 
 def test_bad_input_raises(models: tuple) -> None:

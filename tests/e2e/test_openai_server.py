@@ -240,6 +240,34 @@ def test_unknown_fields_are_ignored(server: Server, client) -> None:
 
 
 @pytest.mark.e2e
+@pytest.mark.parametrize("fmt,stream", [("wav", False), ("pcm", True)])
+def test_a_seeded_request_gives_the_same_bytes_alone_and_among_concurrent_requests(server: Server, fmt: str,
+                                                                                   stream: bool) -> None:
+    """Cache off: the request alone, again alone, and in the middle of 8 concurrent others (shared engine steps and,
+    streamed, the decode thread's windows) gives the same bytes."""
+    def body(i: int) -> dict:
+        text = "The request we follow, word for word." if i == 4 else f"Concurrent neighbour number {i}."
+        return {"model": "tts-1", "voice": "alloy", "input": text, "response_format": fmt, "stream": stream,
+                "seed": 5 if i == 4 else 200 + i, "max_new_tokens": 40, "min_new_tokens": 40 - 3 * (i % 4)}
+
+    def alone() -> bytes:
+        response = httpx.post(server.url + "/v1/audio/speech", json=body(4), timeout=300)
+        assert response.status_code == 200
+        return response.content
+
+    async def among() -> list[bytes]:
+        async with httpx.AsyncClient(timeout=600) as ac:
+            calls = [ac.post(server.url + "/v1/audio/speech", json=body(i)) for i in range(9)]
+            return [r.content for r in await asyncio.gather(*calls)]
+
+    first = alone()
+    assert len(first) > 2 * HOP and alone() == first
+    together = asyncio.run(among())
+    assert together[4] == first
+    assert together[3] != first
+
+
+@pytest.mark.e2e
 def test_32_concurrent_clients_share_batches(server: Server) -> None:
     steps_before = metric(server, ENGINE_METRICS["num_shared_steps"].sample)
 

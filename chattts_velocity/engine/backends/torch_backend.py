@@ -27,12 +27,16 @@ def attention_metadata(step: StepTensors, kv: PagedKV) -> AttentionMetadata:
 
 
 class TorchBackend:
-    """Eager torch everywhere: a decode step is a general step of one position per sequence (paged_attention)."""
+    """Eager torch everywhere: a decode step is a general step of one position per sequence (paged_attention).
+    On CPU the model runs batch-invariant ops (ChatTTSLlama.use_batch_invariant_ops): a seeded request's hidden
+    states are the same bits alone and in any batch."""
 
     name = "torch"
 
     def __init__(self, model: ChatTTSLlama, kv: PagedKV) -> None:
         self.model, self.kv, self.sampler = model, kv, Sampler()
+        if kv.device.type == "cpu":
+            model.use_batch_invariant_ops()
 
     def run(self, embeds: torch.Tensor, step: StepTensors) -> torch.Tensor:
         meta = attention_metadata(step, self.kv)
