@@ -26,7 +26,8 @@ Receptive field (full-size numbers; computed from the modules' conv paddings, ne
 Windows (`StreamDecoder.push_many` / `flush_many`): every window emits exactly its scheduled chunk, so its shape
 (left context, chunk, lookahead) depends on its index alone; windows of one shape, from any streams, are decoded
 in one Decoder + one Vocos call (audio/window_runner.py: CUDA graphs on their own stream on a GPU). A window that
-ends its clip (a flush) has a real right edge and is decoded alone.
+ends its clip (a flush) has a real right edge: those are decoded together as whole clips (the masked batch of
+audio/pipeline.py, each row as if alone).
 """
 from __future__ import annotations
 
@@ -106,18 +107,23 @@ class Window:
 def decode_windows(mel_model: Decoder | DVAE, vocos: Vocos, field: ReceptiveField,
                    windows: list[Window]) -> list[np.ndarray]:
     """Samples of each window's blocks. Windows that go on share a batch: one padded batch on a CPU, one batch per
-    shape (a CUDA graph) on a GPU; a window that ends its clip has a real right edge, so it is decoded alone."""
+    shape (a CUDA graph) on a GPU; windows that end their clip have real right edges and share one masked batch."""
     runner = runner_for(mel_model, vocos)
     hop = vocos.head.istft.hop_length
-    shapes = [window_shape(w.span, field.mel_reach, hop) for w in windows]
-    groups: dict[tuple[WindowShape | None, int], list[int]] = {}  # (shape or None, -1 or a clip-ending window)
-    for i, (w, shape) in enumerate(zip(windows, shapes, strict=True)):
-        groups.setdefault((shape if runner.by_shape else None, i if w.span.at_end else -1), []).append(i)
+    ends = [i for i, w in enumerate(windows) if w.span.at_end]
+    going = [i for i, w in enumerate(windows) if not w.span.at_end]
+    shapes = {i: window_shape(windows[i].span, field.mel_reach, hop) for i in going}
+    groups: dict[WindowShape | None, list[int]] = {}  # by shape on a GPU, all in one (None) on a CPU
+    for i in going:
+        groups.setdefault(shapes[i] if runner.by_shape else None, []).append(i)
     out: dict[int, np.ndarray] = {}
-    for (shape, alone), idx in groups.items():
+    for shape, idx in groups.items():
         rows = [windows[i].rows for i in idx]
-        wavs = runner.run(shape, rows) if shape and alone < 0 else runner.run_padded([shapes[i] for i in idx], rows)
+        wavs = runner.run(shape, rows) if shape else runner.run_padded([shapes[i] for i in idx], rows)
         out.update(zip(idx, wavs, strict=True))
+    if ends:
+        wavs = runner.run_clip_ends([windows[i].span for i in ends], [windows[i].rows for i in ends])
+        out.update(zip(ends, wavs, strict=True))
     return [out[i] for i in range(len(windows))]
 
 

@@ -22,7 +22,7 @@ import torch
 
 from chattts_velocity.audio.chunk_plan import STEP_FRAMES, Span, mel_span
 from chattts_velocity.audio.dvae import DVAE, Decoder
-from chattts_velocity.audio.pipeline import pad_batch
+from chattts_velocity.audio.pipeline import decode_codes_batch, decode_hidden_batch, pad_batch
 from chattts_velocity.audio.vocos import Vocos
 
 log = logging.getLogger(__name__)
@@ -102,6 +102,17 @@ class WindowRunner:
             crops = [mel[i, :, a:b].T for i, (a, b) in enumerate(s.crop for s in shapes)]  # [b - a, n_mels] each
             wavs = self.vocos(pad_batch(crops, self.vocos.head.istft.window.device)).float().cpu().numpy()
             return [wavs[i, s0:s1].copy() for i, (s0, s1) in enumerate(s.keep for s in shapes)]
+
+    def run_clip_ends(self, spans: list[Span], rows: list[torch.Tensor]) -> list[np.ndarray]:
+        """Windows that end their clip (real right edges, one-off shapes) in one batch decode of whole clips: the
+        masked batch of audio/pipeline.py gives each what it gives alone; the kept samples are each window's tail."""
+        device = self.mel_model.coef.device.type
+        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
+        decode = decode_hidden_batch if isinstance(self.mel_model, Decoder) else decode_codes_batch
+        with self._own_stream():
+            wavs = decode(self.mel_model, self.vocos, rows, dtype)
+        hop = self.vocos.head.istft.hop_length
+        return [wav[hop * STEP_FRAMES * (s.next - s.first):] for wav, s in zip(wavs, spans, strict=True)]
 
     @contextmanager
     def _own_stream(self) -> Iterator[None]:
