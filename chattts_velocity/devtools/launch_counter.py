@@ -32,6 +32,8 @@ COPY_OPS = {aten._to_copy, aten.copy_, aten._copy_from}
 
 def _interpreter_frame() -> bool:
     """Whether Triton's interpreter (or its launcher) is on the stack: its own tensor ops are not launches."""
+    if "triton.runtime.interpreter" not in sys.modules:  # no interpreter loaded: skip the stack walk
+        return False
     frame: FrameType | None = sys._getframe(2)
     while frame is not None:
         name = frame.f_code.co_filename
