@@ -16,6 +16,7 @@ import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -26,6 +27,7 @@ from chattts_velocity.audio.pipeline import decode_codes_batch, decode_hidden_ba
 from chattts_velocity.audio.vocos import Vocos
 
 log = logging.getLogger(__name__)
+M = TypeVar("M", bound=torch.nn.Module)
 
 
 @dataclass(frozen=True)
@@ -78,13 +80,22 @@ class WindowRunner:
     """Decodes batches of windows for one (mel model, Vocos) pair."""
 
     def __init__(self, mel_model: Decoder | DVAE, vocos: Vocos) -> None:
-        self.mel_model, self.vocos = mel_model, vocos
+        # weak references: the runners' table is keyed by the mel model, which a strong reference here would pin
+        self._mel_model, self._vocos = weakref.ref(mel_model), weakref.ref(vocos)
         device = mel_model.coef.device
         on_cuda = device.type == "cuda" and vocos.head.istft.window.device == device
         self.stream = torch.cuda.Stream(device) if on_cuda else None
         self.by_shape = on_cuda  # group windows by shape (what graphs need); else one padded batch
         self.pool: tuple[int, int] | None = None
         self.graphs: dict[tuple, _Graph | None] = {}  # None: capture failed, that key runs eagerly
+
+    @property
+    def mel_model(self) -> Decoder | DVAE:
+        return _alive(self._mel_model)
+
+    @property
+    def vocos(self) -> Vocos:
+        return _alive(self._vocos)
 
     def run(self, shape: WindowShape, rows: list[torch.Tensor]) -> list[np.ndarray]:  # [W, C] each
         """Windows of one shape in one batch (a graph replay on CUDA)."""
@@ -138,6 +149,13 @@ class WindowRunner:
         return self.graphs[key]
 
 
+def _alive(ref: weakref.ref[M]) -> M:
+    module = ref()
+    if module is None:
+        raise ValueError("streaming: the decoder or vocos of this stream was freed")
+    return module
+
+
 def _stack(rows: list[torch.Tensor]) -> torch.Tensor:  # [W, C] each -> [B, C, W]
     return torch.stack(rows).transpose(1, 2).contiguous()
 
@@ -153,6 +171,6 @@ _RUNNERS: weakref.WeakKeyDictionary[torch.nn.Module, WindowRunner] = weakref.Wea
 def runner_for(mel_model: Decoder | DVAE, vocos: Vocos) -> WindowRunner:
     """The one runner of these modules (its graphs serve every stream on them)."""
     runner = _RUNNERS.get(mel_model)
-    if runner is None or runner.vocos is not vocos:
+    if runner is None or runner._vocos() is not vocos:
         runner = _RUNNERS[mel_model] = WindowRunner(mel_model, vocos)
     return runner
