@@ -97,6 +97,10 @@ class WindowRunner:
     def vocos(self) -> Vocos:
         return _alive(self._vocos)
 
+    def serves(self, vocos: Vocos) -> bool:
+        """Whether this runner decodes through this Vocos (still alive)."""
+        return self._vocos() is vocos
+
     def run(self, shape: WindowShape, rows: list[torch.Tensor]) -> list[np.ndarray]:  # [W, C] each
         """Windows of one shape in one batch (a graph replay on CUDA)."""
         with self._own_stream():
@@ -171,6 +175,6 @@ _RUNNERS: weakref.WeakKeyDictionary[torch.nn.Module, WindowRunner] = weakref.Wea
 def runner_for(mel_model: Decoder | DVAE, vocos: Vocos) -> WindowRunner:
     """The one runner of these modules (its graphs serve every stream on them)."""
     runner = _RUNNERS.get(mel_model)
-    if runner is None or runner._vocos() is not vocos:
+    if runner is None or not runner.serves(vocos):
         runner = _RUNNERS[mel_model] = WindowRunner(mel_model, vocos)
     return runner

@@ -111,3 +111,29 @@ def test_one_batch_per_shape_equals_the_whole_decode(models: tuple) -> None:
 
 def test_batch_buckets_are_powers_of_two() -> None:
     assert [batch_bucket(n) for n in (1, 2, 3, 5, 64, 65)] == [1, 2, 4, 8, 64, 128]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("autocast", [False, True])
+def test_cuda_graph_windows_equal_the_whole_decode(models: tuple, autocast: bool) -> None:
+    """On CUDA same-shape windows replay captured graphs on the audio's own stream; the clip is still the whole one."""
+    _, decoder, vocos = (m.cuda() for m in models)
+    xs = [make_input(300, seed=9 + k).cuda() for k in range(3)]
+    streams = [StreamDecoder(decoder, vocos, chunk_steps=4) for _ in xs]
+    for s in streams:
+        s.schedule = ChunkSchedule(4, s.lookahead_steps, first_chunk_steps=2, max_chunk_steps=32)
+    outs: list[list[np.ndarray]] = [[] for _ in xs]
+    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
+        for t in range(0, 300, 5):
+            for o, wav in zip(outs, StreamDecoder.push_many(streams, [x[t: t + 5] for x in xs]), strict=True):
+                o.append(wav)
+        for o, wav in zip(outs, StreamDecoder.flush_many(streams), strict=True):
+            o.append(wav)
+        wholes = decode_hidden_batch(decoder, vocos, xs, torch.bfloat16 if autocast else None)
+    runner = runner_for(decoder, vocos)
+    assert runner.stream is not None and runner.by_shape
+    assert sum(g is not None for g in runner.graphs.values()) >= 3  # the first windows' shapes, then the capped one
+    tolerance = 5e-2 if autocast else 2e-3  # bf16; TF32 convolutions in float32
+    for o, whole in zip(outs, wholes, strict=True):
+        np.testing.assert_allclose(np.concatenate(o), whole, rtol=0, atol=tolerance * np.abs(whole).max())
