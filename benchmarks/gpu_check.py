@@ -176,9 +176,14 @@ def main(argv: list[str] | None = None) -> dict:
     cpu = f"cpu ({platform.processor() or platform.machine()})"
     device = torch.cuda.get_device_name() if args.device == "cuda" else cpu
     report = empty_report(args, device)
-    start = time.perf_counter()
-    with torch.inference_mode():
-        measure(args, DRY if args.dry_run else FULL, report)
+    start, threads = time.perf_counter(), torch.get_num_threads()
+    if args.dry_run:
+        torch.set_num_threads(1)  # a tiny model gains nothing from threads; on a shared host they only spin
+    try:
+        with torch.inference_mode():
+            measure(args, DRY if args.dry_run else FULL, report)
+    finally:
+        torch.set_num_threads(threads)
     report["seconds"]["total"] = round(time.perf_counter() - start, 2)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=1), encoding="utf-8")
