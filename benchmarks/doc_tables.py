@@ -207,25 +207,5 @@ def host_loop_table(results: Path) -> str:
     return table(["host ms per step", "triton before", "triton after", "cpu before", "cpu after"], rows)
 
 
-def gpu_check_table(run: dict) -> str:
-    """Sequence-steps/s per backend and concurrency on the GPU, with the bandwidth roofline's share."""
-    backends = run["backends"]
-    sizes = next(iter(backends.values()))["concurrency"]
-    rows = [[n, *[f"{b['concurrency'][n]['steps_per_s']:,.0f} ({b['concurrency'][n]['roofline_ratio']:.1%})"
-                  for b in backends.values()]] for n in sizes]
-    rows.append(["host syncs per decode step", *[f"{b['host_syncs_per_decode_step']:g}" for b in backends.values()]])
-    rows.append(["time to first audio, 1 request", *[f"{b['ttfa_s']:.2f} s" for b in backends.values()]])
-    tests = run["tests"]
-    header = [f"{run['device']}, {run['dtype']} ({tests['passed']} GPU tests passed, {len(tests['failed'])} failed)",
-              *[f"{name} backend: steps/s (of roofline)" for name in backends]]
-    return table(header, rows)
-
-
-def gpu_step_table(run: dict) -> str:
-    rows = [[n, f"{r['step_ms_median']:.2f}", f"{r['graph_replay_ms']:.2f}", f"{r['host_share']:.0%}"]
-            for n, r in run["sizes"].items()]
-    return table(["sequences", "engine.step() ms", "graph replay ms (device)", "host share of the step"], rows)
-
-
 def from_json(render_one: Callable[[dict], str], results: Path, name: str) -> str:
     return render_one(load(results, name))

@@ -1,12 +1,19 @@
-"""The GPU check's measurements and its one JSON (benchmarks/gpu_check.sh runs the tests first, then this).
+"""The GPU check's figures, in one JSON naming the card (benchmarks/gpu_check.sh runs the GPU tests first, then this).
 
-Per backend (triton, torch) bench_engine's GPT-only runs at each concurrency (bf16, forced lengths), the ratio of
-the measured sequence-steps/s to the bandwidth roofline (weights read once per step plus each sequence's KV, at
---bandwidth-tbs), host syncs per decode step (devtools/sync_detector.py around engine.step()) and the streaming time
-to first audio at one request. Runs on CPU too (a tiny model, one short run): tests/engine/test_gpu_check.py
-checks the JSON's shape that way.
+On one engine (bf16, the new backend: triton on CUDA; max_num_seqs 256 so 256 sequences run truly at once):
+- `replay_ms`: one decode of the 20 layers at 1/16/64 rows and contexts 100 and 500, new backend (a CUDA graph
+  replay) vs old (the torch backend, eager), CUDA events;
+- `kernels_per_step` at 1 and 64 sequences (torch.profiler's CUDA kernels; on a CPU, LaunchCounter's launches);
+- `steady_steps_per_s` at 1/16/64/256 (sequence-steps/s over steps after prefill and warm-up, no profiler), and
+  `end_to_end_steps_per_s` (submission to last token); `overlapped_steps_per_s` the same with the engine's
+  overlapped loop, null where the engine has no such option; `max_concurrent`, the widest step that ran;
+- `invariant_alone_vs_63`: a seeded request's codes alone and among 63 others, bit-identical or not;
+- `greedy_match_old`: the fraction of near-greedy codes the new and the old backend agree on;
+- `stream64_audio_s_per_s` and `ttfa_s` {"1", "64"}: streaming clients (StreamSet, default options).
+Each part that fails records its error under `errors` and the rest still runs.
 
-    python benchmarks/gpu_check.py --device cuda --model demo --out benchmarks/results/gpu_check.json
+    python benchmarks/gpu_check.py --device cuda --model demo          # writes benchmarks/results/gpu_check.json
+    python benchmarks/gpu_check.py --dry-run --model .pytest-assets/tiny   # CPU, tiny, seconds; JSON to a tmp path
 """
 from __future__ import annotations
 
@@ -14,81 +21,136 @@ import argparse
 import json
 import platform
 import sys
+import tempfile
 import time
+import traceback
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-BANDWIDTH_TBS = {"H200": 4.8, "H100": 3.35, "A100": 2.0}  # datasheet HBM bandwidth by the name CUDA reports
+from benchmarks import gpu_check_parts as parts  # noqa: E402 (needs REPO on sys.path)
+
+SIZES = (1, 16, 64, 256)
+FULL = {"warm": 8, "steps": 100, "replay_repeats": 30, "old_replay_repeats": 5, "kernel_steps": 10,
+        "invariance_steps": 300, "greedy": (4, 48), "stream_steps": 300, "stream_warm_up": True}
+# the dry run: a step or two per part; 29 stream steps, as the first audio comes after 4 + 24
+DRY = {"warm": 0, "steps": 1, "replay_repeats": 1, "old_replay_repeats": 1, "kernel_steps": 1,
+       "invariance_steps": 3, "greedy": (1, 3), "stream_steps": 29, "stream_warm_up": False}
 
 
-def datasheet_bandwidth(device_name: str) -> float:
-    """The datasheet bandwidth of a GPU named like CUDA names it (an H100 SXM's 3.35 TB/s when unknown)."""
-    return next((tbs for key, tbs in BANDWIDTH_TBS.items() if key in device_name), BANDWIDTH_TBS["H100"])
-
-
-def roofline_steps_per_s(params: int, kv_bytes_per_position: int, batch: int, context: int, bandwidth: float,
-                         weight_bytes: int = 2) -> float:
-    """Sequence-steps/s if a decode step only read the weights once and each sequence's KV once."""
-    step_bytes = params * weight_bytes + batch * context * kv_bytes_per_position
-    return batch / (step_bytes / (bandwidth * 1e12))
-
-
-def host_syncs_per_step(llm, steps: int = 4) -> float:
-    """Mean syncs per decode step (SyncDetector) of `steps` steps of 2 requests after their prefill."""
-    import torch
-
-    from chattts_velocity.devtools.sync_detector import SyncDetector
-    from chattts_velocity.schema import Prompt, SamplingParams
-
-    engine, cfg = llm.engine, llm.engine.config
-    for i in range(2):
-        ids = torch.full((12, cfg.num_vq), 7 + i, dtype=torch.int64)
-        engine.add_request(f"sync-{i}", Prompt(ids, torch.zeros(12, dtype=torch.bool)),
-                           SamplingParams(max_new_token=steps + 2, min_new_token=steps + 2, seed=i))
-    engine.step()
-    engine.step()
-    counts = []
-    for _ in range(steps):
-        with SyncDetector() as syncs:
-            engine.step()
-        counts.append(syncs.count)
-    while engine.has_unfinished_requests():
-        engine.step()
-    return sum(counts) / len(counts)
-
-
-def run_backend(args: argparse.Namespace, backend: str) -> dict:
-    from benchmarks import bench_engine
-
-    parser = argparse.ArgumentParser()
-    bench_engine.add_arguments(parser)
-    bench_args = parser.parse_args(
-        ["--model", args.model, "--device", args.device, "--backend", backend, "--dtype", args.dtype,
-         "--concurrency", args.concurrency, "--plain-sizes", "", "--steps", str(args.steps), "--repeats", "1",
-         "--ttfa-sizes", "1", "--compile", "off", "--name", f"gpu_check_{backend}", "--out", args.work])
-    start = time.perf_counter()
-    report = bench_engine.run(bench_args)
+def load(args: argparse.Namespace, backend: str, max_num_seqs: int, **options):
     from chattts_velocity import load_pretrained
     from chattts_velocity.demo import ensure_model
 
-    llm = load_pretrained(ensure_model(args.model)[0], is_vllm=True, device=args.device, dtype=args.dtype,
-                          backend=backend)
-    cfg = llm.engine.config
-    params = sum(p.numel() for p in llm.engine.runner.model.parameters())
-    kv_per_position = cfg.num_hidden_layers * 2 * cfg.hidden_size * 2
-    rows = {}
-    for row in report["rows"]:
-        n, context = row["concurrency"], 20 + args.steps // 2  # a short prompt, then half the forced steps
-        roof = roofline_steps_per_s(params, kv_per_position, n, context, args.bandwidth_tbs)
-        rows[str(n)] = {"steps_per_s": row["steps_per_s_median"], "roofline_steps_per_s": roof,
-                        "roofline_ratio": row["steps_per_s_median"] / roof}
-    ttfa = [r["ttfa_max"] for r in report["stream_ttfa"] if r["concurrency"] == 1]
-    return {"backend": llm.engine.runner.backend.name, "concurrency": rows,
-            "host_syncs_per_decode_step": host_syncs_per_step(llm),
-            "ttfa_s": ttfa[0] if ttfa else None, "seconds": time.perf_counter() - start}
+    return load_pretrained(ensure_model(args.model)[0], is_vllm=True, device=args.device, dtype=args.dtype,
+                           backend=backend, max_num_seqs=max_num_seqs, max_model_len=1024, **options)
+
+
+def mel_source(args: argparse.Namespace, device: str):
+    import torch
+
+    from chattts_velocity import audio
+    from chattts_velocity.assets import AssetPaths
+    from chattts_velocity.demo import ensure_model
+    from chattts_velocity.speech import DecoderSource
+
+    paths = AssetPaths.from_root(ensure_model(args.model)[0])
+    decoder = audio.Decoder.from_state_dict(audio.load_safetensors(paths.decoder)).to(device).eval()
+    vocos = audio.Vocos.from_state_dict(audio.load_safetensors(paths.vocos)).to(device).eval()
+    dtype = torch.bfloat16 if args.dtype == "bfloat16" else None
+    decoder, vocos = audio.cast_for_autocast((decoder, vocos), dtype)
+    return DecoderSource(decoder, vocos, dtype)
+
+
+def measure(args: argparse.Namespace, plan: dict, report: dict) -> None:
+    """Every part into report (errors under report["errors"])."""
+    from chattts_velocity.engine.backends.torch_backend import TorchBackend
+
+    def part(name: str, fn) -> None:
+        start = time.perf_counter()
+        try:
+            fn()
+        except Exception as error:  # noqa: BLE001 -- one part failing must not lose the others' figures
+            report["errors"][name] = f"{type(error).__name__}: {error}"
+            traceback.print_exc()
+        report["seconds"][name] = round(time.perf_counter() - start, 2)
+
+    llm = load(args, args.backend, max(SIZES))
+    engine = llm.engine
+    report["backend"] = engine.runner.backend.name
+    kv = parts.paged_kv(engine.runner)
+    old = TorchBackend(engine.runner.model, kv)
+
+    def replay() -> None:
+        for label, backend, repeats in (("new", engine.runner.backend, plan["replay_repeats"]),
+                                        ("old", old, plan["old_replay_repeats"])):
+            report["replay_ms"][label] = {str(n): {str(c): parts.replay_ms(backend, kv, n, c, repeats)
+                                                   for c in (100, 500)} for n in (1, 16, 64)}
+
+    def kernels() -> None:
+        for n in (1, 64):
+            report["kernels_per_step"][str(n)], report["kernels_counted_by"] = parts.kernels_per_step(
+                engine, n, plan["kernel_steps"])
+
+    def steady() -> None:
+        for n in SIZES:
+            row = parts.steady_decode(engine, n, plan["warm"], plan["steps"])
+            report["steady_steps_per_s"][str(n)] = row["steady_steps_per_s"]
+            report["steady_step_ms"][str(n)] = row["step_ms_median"]
+            report["end_to_end_steps_per_s"][str(n)] = row["end_to_end_steps_per_s"]
+            report["max_concurrent"] = max(report["max_concurrent"] or 0, row["max_concurrent"])
+
+    def invariance() -> None:
+        report["invariant_alone_vs_63"] = parts.invariant_alone_vs_others(engine, 63, plan["invariance_steps"])
+
+    def greedy() -> None:
+        old_llm = load(args, "torch", 8)
+        report["greedy_match_old"] = parts.greedy_match(engine, old_llm.engine, *plan["greedy"])
+        old_llm.shutdown()
+
+    def streaming() -> None:
+        mel = mel_source(args, args.device)
+        for n in (1, 64):
+            if plan["stream_warm_up"]:  # the first pass captures the audio windows' CUDA graphs for this batch
+                parts.streaming_clients(engine, mel, n, plan["stream_steps"])
+            run = parts.streaming_clients(engine, mel, n, plan["stream_steps"])
+            report["ttfa_s"][str(n)] = run["ttfa_s"]
+            report["streams"][str(n)] = run
+        report["stream64_audio_s_per_s"] = report["streams"]["64"]["audio_s_per_s"]
+
+    for name, fn in (("replay", replay), ("kernels", kernels), ("steady", steady), ("invariance", invariance),
+                     ("greedy", greedy), ("streaming", streaming)):
+        part(name, fn)
+    llm.shutdown()
+    option = parts.overlap_option()
+    report["overlap_option"] = option
+    if option is not None:
+        def overlapped() -> None:
+            over = load(args, args.backend, max(SIZES), **{option: True})
+            report["overlapped_steps_per_s"] = {str(n): parts.steady_decode(
+                over.engine, n, plan["warm"], plan["steps"])["steady_steps_per_s"] for n in SIZES}
+            over.shutdown()
+
+        part("overlapped", overlapped)
+
+
+def empty_report(args: argparse.Namespace, device: str) -> dict:
+    import torch
+
+    try:
+        import triton
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = None
+    return {"device": device, "mode": "dry-run" if args.dry_run else args.device, "torch": torch.__version__,
+            "triton": triton_version, "dtype": args.dtype, "backend": None, "old_backend": "torch",
+            "tests": _tests(args.tests), "replay_ms": {}, "kernels_per_step": {}, "kernels_counted_by": None,
+            "steady_steps_per_s": {}, "steady_step_ms": {}, "end_to_end_steps_per_s": {},
+            "overlap_option": None, "overlapped_steps_per_s": None, "max_concurrent": None,
+            "invariant_alone_vs_63": None, "greedy_match_old": None, "streams": {}, "ttfa_s": {},
+            "stream64_audio_s_per_s": None, "errors": {}, "seconds": {}}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -97,24 +159,35 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     parser.add_argument("--model", default="demo", help="asset folder, or 'demo' (random full-size weights)")
-    parser.add_argument("--dtype", default="bfloat16")
-    parser.add_argument("--backends", default="triton,torch")
-    parser.add_argument("--concurrency", default="1,16,64,256")
-    parser.add_argument("--steps", type=int, default=100)
-    parser.add_argument("--bandwidth-tbs", type=float,
-                        help="the GPU's memory bandwidth, TB/s (default: its datasheet figure, by name)")
+    parser.add_argument("--dtype", default=None, help="default: bfloat16 (float32 with --dry-run)")
+    parser.add_argument("--backend", default=None, help="the new backend (default: triton; torch with --dry-run)")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="on the CPU, few steps (for a tiny model): checks the script, not the GPU")
     parser.add_argument("--tests", help="pytest's junit XML of the GPU tests, summarised into the JSON")
-    parser.add_argument("--work", default=str(REPO / "benchmarks" / "results" / "gpu_check_runs"))
-    parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "gpu_check.json"))
+    parser.add_argument("--out", help="default: benchmarks/results/gpu_check.json (a tmp file with --dry-run)")
     args = parser.parse_args(argv)
-    device = torch.cuda.get_device_name() if args.device == "cuda" else platform.processor() or "cpu"
-    args.bandwidth_tbs = args.bandwidth_tbs or datasheet_bandwidth(device)
-    report = {"device": device, "torch": torch.__version__, "dtype": args.dtype, "steps": args.steps,
-              "bandwidth_tbs": args.bandwidth_tbs, "tests": _tests(args.tests),
-              "backends": {b: run_backend(args, b) for b in args.backends.split(",")}}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=1), encoding="utf-8")
-    print(json.dumps(report, indent=1))
+    if args.dry_run:
+        args.device = "cpu"
+    args.dtype = args.dtype or ("float32" if args.dry_run else "bfloat16")
+    args.backend = args.backend or ("torch" if args.dry_run else "triton")
+    default_out = (Path(tempfile.gettempdir()) / "gpu_check_dry_run.json" if args.dry_run
+                   else REPO / "benchmarks" / "results" / "gpu_check.json")
+    out = Path(args.out) if args.out else default_out
+    cpu = f"cpu ({platform.processor() or platform.machine()})"
+    device = torch.cuda.get_device_name() if args.device == "cuda" else cpu
+    report = empty_report(args, device)
+    start, threads = time.perf_counter(), torch.get_num_threads()
+    if args.dry_run:
+        torch.set_num_threads(1)  # a tiny model gains nothing from threads; on a shared host they only spin
+    try:
+        with torch.inference_mode():
+            measure(args, DRY if args.dry_run else FULL, report)
+    finally:
+        torch.set_num_threads(threads)
+    report["seconds"]["total"] = round(time.perf_counter() - start, 2)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1), encoding="utf-8")
+    print(json.dumps({k: v for k, v in report.items() if k != "streams"}, indent=1))
     return report
 
 

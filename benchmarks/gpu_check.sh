@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# One command for a machine with an NVIDIA GPU (< 9 minutes on an H100): the GPU-marked tests, then the engine on
-# CUDA at 1/16/64/256 sequences in bf16, triton backend vs torch backend: steps/s, ratio to the bandwidth roofline,
-# host syncs per decode step, time to first audio. Writes benchmarks/results/gpu_check.json (docs/gpu.md).
-#   bash benchmarks/gpu_check.sh [--steps N] [--concurrency 1,16,64,256] [--bandwidth-tbs 3.35]
+# One command for a machine with an NVIDIA GPU, at most 8 minutes on an H100/H200: the GPU- and Triton-marked tests
+# on CUDA (<= 180 s), then benchmarks/gpu_check.py (<= 280 s): steady and end-to-end decode at 1/16/64/256
+# sequences (256 at once), old vs new replay time, kernels per step, a seeded request alone vs among 63 others,
+# near-greedy codes new vs old backend, 64 streaming clients. Writes benchmarks/results/gpu_check.json (docs/gpu.md).
+#   bash benchmarks/gpu_check.sh [gpu_check.py options]      # python benchmarks/gpu_check.py --help
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python}"
@@ -10,8 +11,9 @@ unset TRITON_INTERPRET
 mkdir -p benchmarks/results
 "$PYTHON" -c "import torch, triton; assert torch.cuda.is_available(), 'no CUDA device'; print(torch.cuda.get_device_name(), 'torch', torch.__version__, 'triton', triton.__version__)"
 JUNIT="$(mktemp --suffix=.xml)"
-timeout 200 "$PYTHON" -m pytest -q -p no:cacheprovider -m "gpu or triton" --junitxml="$JUNIT" \
+timeout 180 "$PYTHON" -m pytest -q -p no:cacheprovider -m "gpu or triton" --junitxml="$JUNIT" \
     tests/model/test_triton_kernels.py tests/engine/test_triton_backend.py tests/engine/test_device_sampler.py \
-    tests/engine/test_sync.py tests/engine/test_warm_up.py tests/audio/test_gpu_decode.py || true
-timeout 330 "$PYTHON" benchmarks/gpu_check.py --device cuda --model demo --tests "$JUNIT" "$@"
+    tests/engine/test_sync.py tests/engine/test_warm_up.py tests/audio/test_gpu_decode.py \
+    tests/audio/test_chunk_plan.py || true
+timeout 280 "$PYTHON" benchmarks/gpu_check.py --device cuda --model demo --tests "$JUNIT" "$@"
 rm -f "$JUNIT"

@@ -20,6 +20,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from benchmarks import doc_tables as tables  # noqa: E402 (needs REPO on sys.path)
+from benchmarks import doc_tables_gpu as gpu_tables  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results"
 BLOCK = re.compile(r"(<!-- generated: (?P<name>[\w.-]+) -->\n)(?P<body>.*?)(<!-- end -->)", re.S)
@@ -39,8 +40,8 @@ def renderers(results: Path) -> dict[str, Callable[[], str]]:
         "decode-ab": partial(tables.decode_ab_table, results),
         "attention": partial(tables.from_json, tables.attention_table, results, "kernels"),
         "host-loop": partial(tables.host_loop_table, results),
-        "gpu-check": partial(tables.from_json, tables.gpu_check_table, results, "gpu_check"),
-        "gpu-step": partial(tables.from_json, tables.gpu_step_table, results, "profile_gpu_step"),
+        "gpu-check": partial(gpu_tables.gpu_check_table, results),
+        "gpu-step": partial(gpu_tables.gpu_step_table, results),
     }
     for dtype in ("float32", "bfloat16", "int8"):
         found[f"engine.{dtype}"] = partial(tables.from_json, tables.engine_table, results, dtype)

@@ -19,10 +19,17 @@ Receptive field (full-size numbers; computed from the modules' conv paddings, ne
   edges, whose zero padding is the whole decode's, so the first and last blocks are exact too.
 * Defaults: chunk_steps 24 (upstream's stream batch, 0.5 s); window <= 52 + 24 + 52 = 128 steps; the first audio
   comes after chunk_steps + lookahead_steps = 76 steps. Smaller context lowers latency but is approximate.
+  A `ChunkSchedule` (audio/chunk_plan.py; StreamSet sets one) starts with a small first chunk and then doubles the
+  chunk up to a maximum, which bounds the redundant work of the context (Decoder 5.3x one pass at 24-step chunks,
+  at most 2x with the speech default).
 
-Several streams (`StreamDecoder.push_many` / `flush_many`): each window is decoded in a Decoder + Vocos pass of its
-own shape, so a stream's samples are the same bits whichever other streams are decoded with it (a shared padded
-batch changed the last bits: the kernels' summation order follows the batch's shape).
+Windows (`StreamDecoder.push_many` / `flush_many`): every window emits exactly its scheduled chunk, so its shape
+(left context, chunk, lookahead) depends on its index alone. On a CPU each window is decoded in a Decoder + Vocos
+pass of its own shape, so a stream's samples are the same bits whichever other streams are decoded with it (a
+shared padded batch changed the last bits: the kernels' summation order follows the batch's shape). On a GPU the
+windows of one shape, from any streams, share one Decoder + one Vocos call (audio/window_runner.py: CUDA graphs on
+their own stream). A window that ends its clip (a flush) has a real right edge and is decoded as a whole clip (the
+masked batch of audio/pipeline.py, each row as if alone).
 """
 from __future__ import annotations
 
@@ -33,11 +40,10 @@ import numpy as np
 import torch
 from torch import nn
 
+from chattts_velocity.audio.chunk_plan import STEP_FRAMES, ChunkSchedule, Span, plan_span
 from chattts_velocity.audio.dvae import DVAE, Decoder
-from chattts_velocity.audio.pipeline import pad_batch
 from chattts_velocity.audio.vocos import Vocos
-
-STEP_FRAMES = 2  # mel frames per GPT step (the interleave)
+from chattts_velocity.audio.window_runner import WindowShape, runner_for, window_shape
 
 
 def conv_radius(modules: list[nn.Module]) -> int:
@@ -68,6 +74,11 @@ class ReceptiveField:
         return self.istft_half - 1 + self.voc_radius + self.mel_radius
 
     @property
+    def mel_reach(self) -> int:
+        """Mel frames each side of its blocks that Vocos reads (istft_half more on the right)."""
+        return self.istft_half - 1 + self.voc_radius
+
+    @property
     def left_steps(self) -> int:
         return math.ceil(self.reach / STEP_FRAMES)
 
@@ -88,43 +99,37 @@ def receptive_field(mel_model: Decoder | DVAE, vocos: Vocos) -> ReceptiveField:
 
 @dataclass
 class Window:
-    """Steps [start, start + len(rows)) to decode; blocks [first_block, end_block) of hop samples to keep."""
+    """The rows [span.first, span.end) of a stream, decoded to emit its steps [span.next, span.stop)."""
 
     rows: torch.Tensor  # [W, C] hidden (float) or codes (int)
-    start: int
-    at_end: bool  # the window ends the clip (its right edge is real, so it must not be padded)
-    first_block: int
-    end_block: int
-
-
-def _mel_span(w: Window, field: ReceptiveField) -> tuple[int, int]:
-    """Absolute mel frames [m0, m1) that Vocos needs for w's blocks, clipped to the window."""
-    f0, f1 = STEP_FRAMES * w.start, STEP_FRAMES * (w.start + w.rows.shape[0])
-    m0 = w.first_block - (field.istft_half - 1) - field.voc_radius
-    m1 = w.end_block + field.istft_half + field.voc_radius
-    return max(m0, f0), min(m1, f1)
-
-
-def _decode_group(mel_model: Decoder | DVAE, vocos: Vocos, field: ReceptiveField,
-                  group: list[Window]) -> list[np.ndarray]:
-    """One Decoder and one Vocos call for windows that may be right-padded together."""
-    mel = mel_model(pad_batch([w.rows for w in group], mel_model.coef.device))  # [B, n_mels, 2 W_max]
-    spans = [_mel_span(w, field) for w in group]
-    crops = [mel[i, :, m0 - STEP_FRAMES * w.start: m1 - STEP_FRAMES * w.start].T
-             for i, (w, (m0, m1)) in enumerate(zip(group, spans, strict=True))]  # [m1 - m0, n_mels] each
-    device = vocos.head.istft.window.device
-    wavs = vocos(pad_batch(crops, device)).float().cpu().numpy()  # [B, (L_max - 1) * hop]
-    hop = vocos.head.istft.hop_length
-    # vocos row i starts at clip sample hop * m0_i
-    return [wavs[i, hop * (w.first_block - m0): hop * (w.end_block - m0)].copy()
-            for i, (w, (m0, _)) in enumerate(zip(group, spans, strict=True))]
+    span: Span
 
 
 @torch.inference_mode()
 def decode_windows(mel_model: Decoder | DVAE, vocos: Vocos, field: ReceptiveField,
                    windows: list[Window]) -> list[np.ndarray]:
-    """Samples of each window's blocks, each window in a pass of its own (its bits never depend on the others)."""
-    return [_decode_group(mel_model, vocos, field, [w])[0] for w in windows]
+    """Samples of each window's blocks. On a CPU every window runs alone (its bits never depend on the others); on a
+    GPU windows that go on share one batch per shape (a CUDA graph), and windows that end their clip have real right
+    edges and share one masked batch."""
+    runner = runner_for(mel_model, vocos)
+    hop = vocos.head.istft.hop_length
+    if not runner.by_shape:
+        return [runner.run_clip_ends([w.span], [w.rows])[0] if w.span.at_end
+                else runner.run(window_shape(w.span, field.mel_reach, hop), [w.rows])[0] for w in windows]
+    ends = [i for i, w in enumerate(windows) if w.span.at_end]
+    going = [i for i, w in enumerate(windows) if not w.span.at_end]
+    shapes = {i: window_shape(windows[i].span, field.mel_reach, hop) for i in going}
+    groups: dict[WindowShape, list[int]] = {}
+    for i in going:
+        groups.setdefault(shapes[i], []).append(i)
+    out: dict[int, np.ndarray] = {}
+    for shape, idx in groups.items():
+        wavs = runner.run(shape, [windows[i].rows for i in idx])
+        out.update(zip(idx, wavs, strict=True))
+    if ends:
+        wavs = runner.run_clip_ends([windows[i].span for i in ends], [windows[i].rows for i in ends])
+        out.update(zip(ends, wavs, strict=True))
+    return [out[i] for i in range(len(windows))]
 
 
 def _positive(name: str, value: int, minimum: int) -> int:
@@ -149,19 +154,29 @@ class StreamDecoder:
         self.mel_model, self.vocos = mel_model, vocos
         self.takes_hidden = isinstance(mel_model, Decoder)  # float hidden states [n, H]; else integer codes [n, 4]
         self.field = receptive_field(mel_model, vocos)
-        self.chunk_steps = _positive("chunk_steps", chunk_steps, 1)
         left = self.field.left_steps if left_context_steps is None else left_context_steps
         ahead = self.field.lookahead_steps if lookahead_steps is None else lookahead_steps
         self.left_context_steps = _positive("left_context_steps", left, 0)
-        # >= 1 so a pushed step is never final before we know whether it is the clip's last (256 samples only)
-        self.lookahead_steps = _positive("lookahead_steps", ahead, 1)
+        # lookahead >= 1 so a pushed step is never final before we know whether it is the clip's last
+        self.schedule = ChunkSchedule(_positive("chunk_steps", chunk_steps, 1),
+                                      _positive("lookahead_steps", ahead, 1))
         self.width = row_width(mel_model)
         dtype = torch.float32 if self.takes_hidden else torch.long
         self._rows = torch.zeros(0, self.width, dtype=dtype, device=mel_model.coef.device)  # [n, C]
         self._start = 0  # absolute step of _rows[0]
         self._next = 0  # first step whose samples were not emitted yet
+        self._windows = 0  # windows emitted so far (their index picks the next chunk from the schedule)
         self._blocks = 0  # hop-sized sample blocks emitted so far
         self._closed = False
+
+    @property
+    def chunk_steps(self) -> int:
+        """The steady chunk (the schedule's, before any doubling)."""
+        return self.schedule.chunk_steps
+
+    @property
+    def lookahead_steps(self) -> int:
+        return self.schedule.lookahead_steps
 
     @property
     def total_steps(self) -> int:
@@ -181,7 +196,7 @@ class StreamDecoder:
 
     @staticmethod
     def push_many(streams: list[StreamDecoder], rows: list[torch.Tensor]) -> list[np.ndarray]:
-        """push() for several streams sharing the same modules, decoding their windows in one batch."""
+        """push() for several streams sharing the same modules, decoding their windows in one batch per shape."""
         if len(streams) != len(rows):
             raise ValueError(f"rows: expected one tensor per stream ({len(streams)}), got {len(rows)}")
         _check_shared(streams)
@@ -195,22 +210,23 @@ class StreamDecoder:
     def flush_many(streams: list[StreamDecoder]) -> list[np.ndarray]:
         """flush() for several streams sharing the same modules."""
         _check_shared(streams)
-        windows = [None if s._closed else s._plan(at_end=True) for s in streams]
+        windows = [[] if s._closed else s._plan(at_end=True) for s in streams]
         for s in streams:
             s._closed = True
         return StreamDecoder._run(streams, windows)
 
     @staticmethod
-    def _run(streams: list[StreamDecoder], windows: list[Window | None]) -> list[np.ndarray]:
-        live = [i for i, w in enumerate(windows) if w is not None]
+    def _run(streams: list[StreamDecoder], windows: list[list[Window]]) -> list[np.ndarray]:
+        flat = [(i, w) for i, ws in enumerate(windows) for w in ws]
         out = [np.zeros(0, dtype=np.float32) for _ in streams]
-        if not live:
+        if not flat:
             return out
-        first = streams[live[0]]
-        wavs = decode_windows(first.mel_model, first.vocos, first.field, [windows[i] for i in live])
-        for i, wav in zip(live, wavs, strict=True):
-            out[i] = wav
-            streams[i]._advance(windows[i])
+        first = streams[flat[0][0]]
+        wavs = decode_windows(first.mel_model, first.vocos, first.field, [w for _, w in flat])
+        for i, ws in enumerate(windows):
+            if ws:
+                out[i] = np.concatenate([wav for (j, _), wav in zip(flat, wavs, strict=True) if j == i])
+                streams[i]._advance(ws)
         return out
 
     def _check(self, rows: torch.Tensor) -> None:
@@ -226,19 +242,22 @@ class StreamDecoder:
         if size is not None and rows.numel() and (rows.min() < 0 or rows.max() >= size):
             raise ValueError(f"codes: values must be in [0, {size}); drop the audio EOS step ({size}) first")
 
-    def _plan(self, at_end: bool) -> Window | None:
-        """The window to decode now, or None if fewer than chunk_steps new steps are final."""
-        total = self.total_steps
-        stop = total if at_end else total - self.lookahead_steps  # steps [_next, stop) become final
-        if stop <= self._next or (not at_end and stop - self._next < self.chunk_steps):
-            return None
-        first = max(self._next - self.left_context_steps, self._start)
-        end_block = STEP_FRAMES * total - 1 if at_end else STEP_FRAMES * stop
-        return Window(self._rows[first - self._start:], first, at_end, STEP_FRAMES * self._next, end_block)
+    def _plan(self, at_end: bool) -> list[Window]:
+        """The windows due now, in order (each emits its schedule's chunk; at the end, one emits the rest)."""
+        windows, next_step, total = [], self._next, self.total_steps
+        while (span := plan_span(self.schedule, self._windows + len(windows), next_step, total,
+                                 self.left_context_steps, at_end=False)) is not None:
+            windows.append(Window(self._rows[span.first - self._start: span.end - self._start], span))
+            next_step = span.stop
+        last = plan_span(self.schedule, 0, next_step, total, self.left_context_steps, at_end=True) if at_end else None
+        if last is not None:
+            windows.append(Window(self._rows[last.first - self._start: last.end - self._start], last))
+        return windows
 
-    def _advance(self, window: Window) -> None:
-        self._blocks = window.end_block
-        self._next = math.ceil(window.end_block / STEP_FRAMES)
+    def _advance(self, windows: list[Window]) -> None:
+        self._windows += len(windows)
+        self._blocks = windows[-1].span.end_block
+        self._next = windows[-1].span.stop
         keep = max(self._next - self.left_context_steps, 0)
         self._rows = self._rows[keep - self._start:]
         self._start = keep

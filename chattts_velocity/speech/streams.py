@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Callable, Hashable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -29,12 +29,15 @@ class StreamOptions:
     The default starts low-latency (first chunk 4 steps, lookahead 24: the stream tables of docs/performance.md);
     StreamOptions(first_chunk_steps=None, first_lookahead_steps=None) is the exact stream.
 
-    first_chunk_steps / first_lookahead_steps apply until a stream's first audio; later chunks are exact again
-    (their left context is real). A first lookahead below the exact one (52 steps full size) makes the end of
-    the first chunk approximate and its join to the second one may click. Measured on full-size random demo
-    weights (first chunk 8 steps; error vs the whole-clip decode, whose peak was 0.23): lookahead 24 -> exact
-    (6e-7), 16 -> max 1.9e-4, 8 -> max 2.4e-2 (5 % rms of the chunk), 4 -> max 9.7e-2 (30 % rms). Real
-    weights may reach further; re-measure before lowering it in production.
+    first_chunk_steps / first_lookahead_steps apply to a stream's first window; later chunks are exact again (their
+    left context is real). After it the chunk doubles every window, from chunk_steps up to max_chunk_steps
+    (audio/chunk_plan.py), which keeps the redundant work of the exact context (52 steps each side, full size) at
+    most 2x one whole-clip pass for clips of 10 s and longer (Decoder 1.9x at 10 s, 1.6x at 60 s; 5.2x with chunks
+    of 24 throughout; tests/audio/test_chunk_plan.py). A first lookahead below the exact one (52 steps full size)
+    makes the end of the first chunk approximate and its join to the second one may click. Measured on full-size
+    random demo weights (first chunk 8 steps; error vs the whole-clip decode, whose peak was 0.23): lookahead 24 ->
+    exact (6e-7), 16 -> max 1.9e-4, 8 -> max 2.4e-2 (5 % rms of the chunk), 4 -> max 9.7e-2 (30 % rms). Real weights
+    may reach further; re-measure before lowering it in production.
     """
 
     chunk_steps: int = 24
@@ -42,9 +45,11 @@ class StreamOptions:
     lookahead_steps: int | None = None
     first_chunk_steps: int | None = 4  # first audio after 4 + 24 steps instead of the exact 76
     first_lookahead_steps: int | None = 24  # measured 5.1e-7 from the whole-clip decode (exact default: 5.7e-7)
+    max_chunk_steps: int | None = 192  # 4 s; None keeps chunk_steps throughout
 
     def __post_init__(self) -> None:
-        for name in ("chunk_steps", "first_chunk_steps", "first_lookahead_steps", "lookahead_steps"):
+        for name in ("chunk_steps", "first_chunk_steps", "first_lookahead_steps", "lookahead_steps",
+                     "max_chunk_steps"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name}: must be an integer >= 1 (or None for the exact default), got {value!r}")
@@ -60,7 +65,6 @@ class StreamSet:
         self.options = options or StreamOptions()
         self.streams: dict[Hashable, StreamDecoder] = {}
         self.sources: dict[Hashable, MelSource] = {}
-        self._steady: dict[Hashable, tuple[int, int]] = {}  # key -> (chunk, lookahead) after the first audio
 
     def open(self, key: Hashable, mel: MelSource, first_chunk_samples: int = 0) -> None:
         """A stream for key; its first chunk holds at least first_chunk_samples (what the response's encoder needs
@@ -68,23 +72,16 @@ class StreamSet:
         o = self.options
         stream = mel.stream_decoder(o.chunk_steps, o.left_context_steps, o.lookahead_steps)
         step_samples = STEP_FRAMES * stream.vocos.head.istft.hop_length
-        first = max(o.first_chunk_steps or stream.chunk_steps, math.ceil(first_chunk_samples / step_samples))
-        if first != stream.chunk_steps or o.first_lookahead_steps is not None:
-            self._steady[key] = (stream.chunk_steps, stream.lookahead_steps)
-            # NOTE: StreamDecoder plans each window from these two attributes, so changing them
-            # between pushes changes only the windows planned afterwards.
-            stream.chunk_steps = first
-            stream.lookahead_steps = o.first_lookahead_steps or stream.lookahead_steps
+        least = math.ceil(first_chunk_samples / step_samples)  # the encoder's first frame, in steps
+        first = max(o.first_chunk_steps or stream.chunk_steps, least) if least or o.first_chunk_steps else None
+        stream.schedule = replace(stream.schedule, first_chunk_steps=first,
+                                  first_lookahead_steps=o.first_lookahead_steps, max_chunk_steps=o.max_chunk_steps)
         self.streams[key], self.sources[key] = stream, mel
 
     def push(self, rows: dict[Hashable, torch.Tensor]) -> dict[Hashable, np.ndarray]:
         """Append each key's new steps [n, C]; returns the samples that became final, per key."""
-        out = self._batched(list(rows), lambda group: StreamDecoder.push_many(
+        return self._batched(list(rows), lambda group: StreamDecoder.push_many(
             [self.streams[k] for k in group], [rows[k] for k in group]))
-        for key, chunk in out.items():
-            if len(chunk) and key in self._steady:
-                self.streams[key].chunk_steps, self.streams[key].lookahead_steps = self._steady.pop(key)
-        return out
 
     def finish(self, keys: list[Hashable]) -> dict[Hashable, np.ndarray]:
         """Flush and forget the keys' streams; returns their remaining samples."""
@@ -96,7 +93,6 @@ class StreamSet:
     def drop(self, key: Hashable) -> None:
         self.streams.pop(key, None)
         self.sources.pop(key, None)
-        self._steady.pop(key, None)
 
     def _batched(self, keys: list[Hashable], run: Callable[[list], list[np.ndarray]]) -> dict[Hashable, np.ndarray]:
         out: dict[Hashable, np.ndarray] = {}
