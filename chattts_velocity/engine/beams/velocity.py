@@ -43,6 +43,7 @@ class BeamGroup:
     def new_sequence(self, tokens: tuple[int, ...]) -> Sequence:
         seq = Sequence(f"{self.request_id}#beam{next(self._names)}", self.prompt, self.seq_params, self.arrival)
         seq.is_beam = True
+        seq.seat_group = (self.request_id, self.params.beam_width)  # admitted with seats for all its beams
         for token in tokens:
             seq.append_token((token,), None)
         return seq
@@ -101,7 +102,10 @@ class BeamSearch:
         if out is not None:
             self._collect_hidden(batch, out)
         for group in [g for g in self.groups.values() if g.ready]:
-            ended += self._advance(group)
+            try:
+                ended += self._advance(group)
+            except Exception as exc:  # noqa: BLE001 -- one request's search (its fork, its scores): it alone fails
+                ended.append(self._fail(group, RuntimeError(f"beam search: {exc!r}")))
         for group in self.groups.values():
             self._yield_blocks(group)
         return kept + ended
@@ -174,7 +178,8 @@ class BeamSearch:
         return GenerationOutput.failed(group.request_id, error)
 
     def _close(self, group: BeamGroup) -> None:
-        for seq in group.seqs:
-            self._drop(seq)
+        for request_id in [rid for rid, owner in self._owner.items() if owner is group]:  # also a half-made step's
+            self.scheduler.abort(request_id)
+            self._owner.pop(request_id)
         group.seqs = []
         self.groups.pop(group.request_id, None)
