@@ -12,6 +12,7 @@ invalid_json, 401 invalid_api_key, 413 request_too_large, 408 request_timeout, 5
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import hmac
 import json
 import tempfile
@@ -19,6 +20,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import IO
 
+from ..engine.async_engine import CLIENT
 from .request import error_detail
 
 Scope = dict
@@ -81,6 +83,7 @@ class Edge:
         if sum(len(k) + len(v) + 4 for k, v in raw) > MAX_HEADER_BYTES:
             return await self._refuse(send, 400, f"headers: larger than this server's limit of {MAX_HEADER_BYTES} "
                                       "bytes", "headers_too_large")
+        CLIENT.set(client_of(scope, headers))  # this request's task (and the engine requests it makes) carry it
         if self.api_key is not None and scope["path"].startswith("/v1/") and not self._authorized(headers):
             return await self._refuse(send, 401, "Incorrect API key provided; send 'Authorization: Bearer <key>'",
                                       "invalid_api_key")
@@ -163,6 +166,15 @@ class Edge:
                     "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                                 (b"connection", b"close"), *extra]})
         await send({"type": "http.response.body", "body": body})
+
+
+def client_of(scope: Scope, headers: dict[str, str]) -> str:
+    """Who a request is from, for the engine's turns: its bearer token's digest, else its peer address."""
+    scheme, _, token = headers.get("authorization", "").partition(" ")
+    if scheme.lower() == "bearer" and token.strip():
+        return "key:" + hashlib.sha256(token.strip().encode()).hexdigest()[:16]
+    peer = scope.get("client") or ("", 0)
+    return f"addr:{peer[0]}"
 
 
 def is_json_type(content_type: str) -> bool:

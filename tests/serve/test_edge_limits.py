@@ -11,8 +11,10 @@ import time
 
 import pytest
 
-from chattts_velocity.serve.edge import MAX_HEADER_BYTES, REPLAY_CHUNK, Edge
+from chattts_velocity.engine.async_engine import ClientBusy
+from chattts_velocity.serve.edge import MAX_HEADER_BYTES, REPLAY_CHUNK, Edge, client_of
 from chattts_velocity.serve.instructions import parse_instructions
+from chattts_velocity.serve.request import bad_request
 
 
 class Recorder:
@@ -157,3 +159,17 @@ def test_on_a_socket_ambiguous_framing_closes_the_connection_and_a_pipelined_req
     finally:
         server.should_exit = True
         thread.join(10)
+
+
+def test_a_busy_client_gets_429_with_retry_after_in_openai_s_shape() -> None:
+    error = bad_request(ClientBusy("input: this client has 512 pieces unfinished"))
+    assert error.status_code == 429 and error.headers == {"Retry-After": "1"}
+    assert error.detail == {"message": "input: this client has 512 pieces unfinished", "type": "invalid_request_error",
+                            "param": "input", "code": "rate_limit_exceeded"}
+
+
+def test_a_client_is_its_api_key_else_its_address() -> None:
+    by_key = client_of({"client": ("10.0.0.1", 5)}, {"authorization": "Bearer s3cret"})
+    assert by_key.startswith("key:") and "s3cret" not in by_key
+    assert by_key == client_of({"client": ("10.0.0.9", 7)}, {"authorization": "bearer s3cret "})
+    assert client_of({"client": ("10.0.0.1", 5)}, {}) == client_of({"client": ("10.0.0.1", 6)}, {}) == "addr:10.0.0.1"

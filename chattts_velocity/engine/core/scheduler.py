@@ -5,7 +5,9 @@ In: Sequences via add(); StepOutput from the model runner. Out: ScheduledBatch; 
 from __future__ import annotations
 
 import bisect
+import heapq
 import random
+from collections import Counter, deque
 
 import torch
 
@@ -150,8 +152,9 @@ class Scheduler:
         # running set without admission) takes all its seats when its first sequence is admitted, so the running
         # set never outgrows max_num_seqs (KV pressure from its forks is met by preemption, as for anyone else).
         used, held = self._seats_in_use()
-        while self.waiting and budget > 0:
-            seq = self.waiting[0]
+        for seq in self._admission_order():
+            if budget <= 0:
+                break
             group = seq.seat_group
             seats = 1 if group is None else 0 if group[0] in held else group[1]
             if (len(chosen) == self.config.max_num_seqs or used + seats > self.config.max_num_seqs
@@ -160,12 +163,32 @@ class Scheduler:
             used += seats
             if group is not None:
                 held.add(group[0])
-            self.waiting.pop(0)
+            self.waiting.remove(seq)
             self.block_manager.allocate(seq)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             chosen.append((seq, min(len(seq) - seq.num_computed_tokens, budget)))
             budget -= chosen[-1][1]
+
+    def _admission_order(self) -> list[Sequence]:
+        """The next max_num_seqs waiting sequences to try, in turn: queue order within a client; between clients
+        (fcfs scheduling) the one with the fewest running, then admitted, sequences goes next, so a client with
+        1,000 queued pieces shares the batch with one that sends a single piece."""
+        clients: dict[str, deque[Sequence]] = {}
+        for seq in self.waiting:
+            clients.setdefault(seq.client, deque()).append(seq)
+        if len(clients) <= 1 or self.config.scheduling == "priority":
+            return self.waiting[: self.config.max_num_seqs]
+        running = Counter(seq.client for seq in self.running)
+        turns = [(running[name], self.waiting.index(queue[0]), name) for name, queue in clients.items()]
+        heapq.heapify(turns)
+        order: list[Sequence] = []
+        while turns and len(order) < self.config.max_num_seqs:
+            count, _, name = heapq.heappop(turns)
+            order.append(clients[name].popleft())
+            if clients[name]:
+                heapq.heappush(turns, (count + 1, len(order), name))
+        return order
 
     def _seats_in_use(self) -> tuple[int, set[str]]:
         """Seats the running set holds, and the seat groups holding theirs."""
