@@ -15,6 +15,7 @@ import asyncio
 import hashlib
 import hmac
 import json
+import logging
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
@@ -33,6 +34,7 @@ MAX_JSON_DIGITS = 1000  # digits of one JSON integer (a field check refuses 10**
 MAX_HEADER_BYTES = 16 << 10  # a request's header section (names, values, ": " and CRLF each)
 SPOOL_BYTES = 1 << 20  # a non-JSON body beyond this goes to a temporary file
 REPLAY_CHUNK = 1 << 16  # bytes per message when a spooled body is handed on
+logger = logging.getLogger("chattts_velocity")
 
 
 class _BodyTimeout(Exception):
@@ -40,6 +42,10 @@ class _BodyTimeout(Exception):
 
 
 class _OverBudget(Exception):
+    pass
+
+
+class _ClientStalled(Exception):
     pass
 
 
@@ -66,15 +72,32 @@ class Edge:
 
     def __init__(self, app: ASGIApp, api_key: str | None, max_body_bytes: int,
                  on_refuse: Callable[[], None] = lambda: None, path_limits: dict[str, int] | None = None,
-                 body_timeout: float = 30.0, body_budget: int = 128 << 20) -> None:
+                 body_timeout: float = 30.0, body_budget: int = 128 << 20, send_timeout: float = 30.0) -> None:
         self.app, self.api_key, self.max_body_bytes, self.on_refuse = app, api_key, max_body_bytes, on_refuse
         self.path_limits = dict(path_limits or {})  # path -> its own body limit (voice uploads)
         self.body_timeout = body_timeout  # seconds the whole body may take to arrive
         self.budget = BodyBudget(body_budget)
+        self.send_timeout = send_timeout  # seconds a response chunk may wait for a client that stopped reading
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        try:
+            await self._http(scope, receive, self._bounded(send))
+        except _ClientStalled:  # the app's stream was cancelled (its engine requests aborted); the connection closes
+            logger.info("closed a response whose client read nothing for %g s", self.send_timeout)
+
+    def _bounded(self, send: Send) -> Send:
+        """send() as the app sees it: a client that stops reading pauses the app at its next chunk (the transport's
+        flow control), and after send_timeout the response is abandoned."""
+        async def bounded(message: Message) -> None:
+            try:
+                await asyncio.wait_for(send(message), self.send_timeout)
+            except asyncio.TimeoutError:
+                raise _ClientStalled from None
+        return bounded
+
+    async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         raw = scope.get("headers", [])
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in raw}
         if "transfer-encoding" in headers and "content-length" in headers:  # RFC 9112 6.3: smuggling; must close

@@ -173,3 +173,30 @@ def test_a_client_is_its_api_key_else_its_address() -> None:
     assert by_key.startswith("key:") and "s3cret" not in by_key
     assert by_key == client_of({"client": ("10.0.0.9", 7)}, {"authorization": "bearer s3cret "})
     assert client_of({"client": ("10.0.0.1", 5)}, {}) == client_of({"client": ("10.0.0.1", 6)}, {}) == "addr:10.0.0.1"
+
+
+def test_a_response_whose_client_stops_reading_is_abandoned_after_send_timeout() -> None:
+    closed = asyncio.Event()
+
+    async def endless(scope, receive, send) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        try:
+            while True:
+                await send({"type": "http.response.body", "body": b"x" * 4096, "more_body": True})
+        finally:
+            closed.set()
+
+    async def stalled_client(message: dict) -> None:
+        if message["type"] == "http.response.body":
+            await asyncio.sleep(3600)  # the transport's buffer is full: its drain never comes
+
+    async def scenario() -> float:
+        async def receive() -> dict:
+            return {"type": "http.request", "body": b"", "more_body": False}
+
+        start = time.perf_counter()
+        await Edge(endless, None, 1 << 20, send_timeout=0.3)(scope({}), receive, stalled_client)
+        assert closed.is_set()
+        return time.perf_counter() - start
+
+    assert 0.3 <= run(scenario()) < 2.0
