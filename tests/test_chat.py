@@ -1,6 +1,8 @@
 """Chat end to end on tiny random weights: upstream's API, one waveform per text, clear errors."""
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -190,3 +192,14 @@ def test_kv_cache_dtype_reaches_the_engine_and_only_the_engine(tiny_assets) -> N
                     kv_cache_dtype="int8")
     with pytest.raises(ValueError, match="kv_cache_dtype=int8.*only apply to the velocity engine"):
         Chat().load(source="custom", custom_path=tiny_assets, verify=False, dtype="bfloat16", kv_cache_dtype="int8")
+
+
+@pytest.mark.parametrize("texts", [["a"] * 100_000, ["One. Two. Three. Four."] * 600])
+def test_a_call_over_max_call_pieces_is_refused_before_any_work(chat: Chat, texts: list[str]) -> None:
+    from chattts_velocity.text.pieces import MAX_CALL_PIECES
+
+    start = time.perf_counter()
+    for call in (lambda: chat.infer(texts), lambda: list(chat.infer_many(texts, [InferCodeParams()] * len(texts)))):
+        with pytest.raises(ValueError, match=f"^text: .* over the limit of {MAX_CALL_PIECES} sentence pieces"):
+            call()
+    assert time.perf_counter() - start < 5  # refused before normalising, let alone generating

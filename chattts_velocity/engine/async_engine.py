@@ -6,10 +6,12 @@ Out: each request's GenerationOutput deltas ([n, rows] tokens, [n, H] hidden) as
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import itertools
 import logging
 import queue
 import threading
+from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +21,16 @@ from chattts_velocity.schema import GenerationOutput, Prompt, SamplingParams
 
 logger = logging.getLogger("chattts_velocity")
 IDLE_WAIT = 0.5  # seconds the idle loop sleeps between checks of the stop flag
+# who the current request is from (the server's edge sets it per HTTP request); admission takes turns between them
+CLIENT: contextvars.ContextVar[str] = contextvars.ContextVar("chattts_velocity_client", default="")
+
+
+class ClientBusy(ValueError):
+    """A client already has max_queued_per_client requests unfinished; the server answers 429 with Retry-After."""
+
+    code = "rate_limit_exceeded"
+    status = 429
+    retry_after = 1  # seconds
 
 
 @dataclass
@@ -35,8 +47,8 @@ class AsyncStats:
 class RequestStream:
     """One request's delivery channel: the engine thread puts, the owner's event loop gets."""
 
-    def __init__(self, request_id: str, loop: asyncio.AbstractEventLoop) -> None:
-        self.request_id, self.loop = request_id, loop
+    def __init__(self, request_id: str, loop: asyncio.AbstractEventLoop, client: str = "") -> None:
+        self.request_id, self.loop, self.client = request_id, loop, client
         self.queue: asyncio.Queue[GenerationOutput | BaseException] = asyncio.Queue()
         self.accepted: asyncio.Future[None] = loop.create_future()
         self.finished = False
@@ -84,8 +96,10 @@ class AsyncLLMEngine:
     CPU-bound torch code that releases the GIL, so the event loop stays responsive while it runs.
     """
 
-    def __init__(self, engine: LLMEngine) -> None:
+    def __init__(self, engine: LLMEngine, max_queued_per_client: int | None = None) -> None:
         self.engine = engine
+        self.max_queued_per_client = max_queued_per_client  # unfinished requests one named client may have
+        self._per_client: Counter[str] = Counter()  # unfinished requests by client (engine thread only)
         self.stats = AsyncStats()
         self._commands: queue.SimpleQueue[_Add | _Abort] = queue.SimpleQueue()
         self._wake = threading.Event()
@@ -147,10 +161,11 @@ class AsyncLLMEngine:
     async def add_request(
         self, prompt: Prompt, params: SamplingParams, request_id: str | None = None
     ) -> RequestStream:
-        """Queue a request and wait until the loop accepted it (a bad request raises ValueError here)."""
+        """Queue a request and wait until the loop accepted it (a bad request raises ValueError here). Its client is
+        CLIENT's value in the caller's context."""
         self.start()
         request_id = request_id if request_id is not None else f"async-{next(self._ids)}"
-        stream = RequestStream(request_id, asyncio.get_running_loop())
+        stream = RequestStream(request_id, asyncio.get_running_loop(), CLIENT.get())
         self._send(_Add(stream, prompt, params))
         try:
             await stream.accepted
@@ -216,11 +231,17 @@ class AsyncLLMEngine:
         if stream.request_id in self._streams:
             stream.resolve(ValueError(f"request_id: {stream.request_id!r} is already running; use a unique id"))
             return
+        cap, client = self.max_queued_per_client, stream.client
+        if cap is not None and client and self._per_client[client] >= cap:
+            stream.resolve(ClientBusy(f"input: this client has {cap} pieces unfinished, the most one client may "
+                                      "have; retry when some have finished"))
+            return
         try:
-            self.engine.add_request(stream.request_id, command.prompt, command.params)
+            self.engine.add_request(stream.request_id, command.prompt, command.params, client)
         except ValueError as exc:
             stream.resolve(exc)
             return
+        self._per_client[client] += 1
         self._streams[stream.request_id] = stream
         self.stats.num_requests += 1
         stream.resolve(None)
@@ -228,6 +249,7 @@ class AsyncLLMEngine:
     def _abort(self, request_id: str) -> None:
         stream = self._streams.pop(request_id, None)
         if stream is not None:
+            self._per_client[stream.client] -= 1
             self.engine.abort_request(request_id)
             self.stats.num_aborted += 1
             stream.put(GenerationOutput.ended(request_id, "abort"))
@@ -256,6 +278,7 @@ class AsyncLLMEngine:
                 continue  # aborted while the step ran
             if delta.finished:
                 del self._streams[delta.request_id]
+                self._per_client[stream.client] -= 1
                 self.stats.num_finished += 1
             stream.put(delta)
 
@@ -266,3 +289,4 @@ class AsyncLLMEngine:
             self.engine.abort_request(request_id)
             stream.put(error)
         self._streams.clear()
+        self._per_client.clear()

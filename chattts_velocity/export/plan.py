@@ -18,6 +18,7 @@ from ..params import InferCodeParams
 from ..schema import check_sampling
 from ..text import decode_spk_emb
 from ..text.voices import VoiceLibrary, voice_params
+from .encoding import check_encodable, make_encodable
 from .lock import lock_folder
 from .manifest import (
     MANIFEST,
@@ -33,6 +34,7 @@ from .manifest import (
 from .names import output_name
 
 FIELDS = ("text", "id", "speaker", "voice", "seed", "output")
+TEXT_FIELDS = ("text", "id", "output", "speaker", "voice", "error")  # what the manifest records of a line as text
 EMPTY = "empty line"
 
 
@@ -168,10 +170,13 @@ def _parse(number: int, raw: str, jsonl: bool, speaker: str | None, plan: Export
     try:
         if jsonl:
             _fill_from_json(line, raw, plan.speakers)
+        check_encodable(line, TEXT_FIELDS)
         line.output = output_name(line.output, line.id, line.line, plan.out_dir)
     except ValueError as exc:
         line.status, line.error = "error", str(exc)
+        make_encodable(line, TEXT_FIELDS)
     return line
+
 
 
 def _fill_from_json(line: ExportLine, raw: str, speakers: set[str]) -> None:

@@ -14,6 +14,7 @@ from ..engine.progress import progress_bar
 from ..params import InferCodeParams
 from ..text.voices import VoiceLibrary
 from .manifest import file_digest, now, replace_atomically
+from .names import SIDECAR_SUFFIX
 from .plan import ExportPlan, plan_export
 from .runner import LineResult, Log, run_shard, shards_of
 
@@ -26,7 +27,7 @@ CHUNK_SIZE = 256  # lines per run_each call: bounds the prompts and finished aud
 def timestamps_path(wav_path: Path) -> Path:
     """Where a WAV's sentence timestamps go ([{"text", "start", "end"}], seconds): NAME.timestamps.json, a name no
     WAV's sidecar shares with manifest.json (plan._mark_finished looks for it there too)."""
-    return wav_path.with_suffix(".timestamps.json")
+    return wav_path.with_suffix(SIDECAR_SUFFIX)
 
 
 def run_export(speech: SpeechPipeline | Chat | None, plan: ExportPlan, params: InferCodeParams | None = None,

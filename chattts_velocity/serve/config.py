@@ -30,10 +30,14 @@ class ServerConfig:
     text_budget_s: float = 10.0  # one request's text work ends with a 400 after this long (4096 chars take ~1 s)
     header_timeout_s: float = 10.0  # a connection must send a request's headers within this (serve/timeouts.py)
     body_timeout_s: float = 30.0  # and then its whole body within this
+    send_timeout_s: float = 30.0  # a stream whose client reads nothing this long is cancelled (its KV blocks freed)
+    max_queued_per_client: int = 512  # unfinished sentence pieces one client (API key, else address) may have: 429
+    body_budget_bytes: int = 128 << 20  # request bodies held at once, all connections; past it a new body gets 503
 
     def __post_init__(self) -> None:
         for name in ("max_input_chars", "max_body_bytes", "max_pieces", "max_new_token", "max_voices",
-                     "max_upload_bytes", "text_workers"):
+                     "max_upload_bytes", "text_workers", "body_budget_bytes",
+                     "max_queued_per_client"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}: must be an integer >= 1, got {value!r}")
@@ -41,7 +45,7 @@ class ServerConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name}: must be an integer >= 0 (0 turns it off), got {value!r}")
-        for name in ("text_budget_s", "header_timeout_s", "body_timeout_s"):
+        for name in ("text_budget_s", "header_timeout_s", "body_timeout_s", "send_timeout_s"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
                 raise ValueError(f"{name}: must be a number of seconds > 0, got {value!r}")

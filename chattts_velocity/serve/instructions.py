@@ -30,7 +30,7 @@ UNDERSTOOD = (f"speed 0-{CONTROL_LEVELS['speed']}", *SPEED_WORDS,
               *(f"{name} 0-{CONTROL_LEVELS[name]}" for name in ("oral", "laugh", "break")), "refine",
               f"refine beams 1-{MAX_BEAMS}", "no refine")
 MAX_INSTRUCTIONS_CHARS = 500
-_CLAUSE_SPLIT = re.compile(r"[,;.\n]+")
+_CLAUSE_SPLIT = re.compile(r"(?:[,;\n]|\.(?!\d))+")  # not the point of a number ("refine beams 1.5")
 _LEVEL = re.compile(r"\[?(speed|oral|laugh|break)[\s_:=]*(\d+)\]?")
 _BEAMS = re.compile(r"refine beams?[\s:=]*(\d+)")
 

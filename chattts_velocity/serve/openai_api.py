@@ -60,7 +60,7 @@ class ServerState:
 
     def __init__(self, pipeline: SpeechPipeline, config: ServerConfig) -> None:
         self.pipeline, self.config = pipeline, config
-        self.engine = AsyncLLMEngine(pipeline.engine())
+        self.engine = AsyncLLMEngine(pipeline.engine(), config.max_queued_per_client)
         self.service = SpeechService(pipeline, self.engine, config.stream_options,
                                      TextWorker(config.text_workers, config.text_budget_s, config.text_processes))
         self.library = VoiceLibrary(config.voices_dir, config.max_voices)
@@ -172,7 +172,8 @@ def create_app(speech: Speech | Callable[[], Speech], config: ServerConfig | Non
     add_voice_routes(app)
     app.add_middleware(Edge, api_key=config.api_key, max_body_bytes=config.max_body_bytes,
                        on_refuse=lambda: _count_error(app, 400), path_limits={VOICES_PATH: config.max_upload_bytes},
-                       body_timeout=config.body_timeout_s)
+                       body_timeout=config.body_timeout_s, body_budget=config.body_budget_bytes,
+                       send_timeout=config.send_timeout_s)
     return app
 
 

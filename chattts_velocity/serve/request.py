@@ -94,8 +94,11 @@ def bad_request(exc: ValueError) -> HTTPException:
     message = str(exc)
     head = message.split(":", 1)[0]
     param = "input" if head == "max_new_token" and "prompt" in message else PARAM_NAMES.get(head, head)
-    return api_error(400, message, param=param if head != message and " " not in head else None,
-                     code=getattr(exc, "code", None))
+    error = api_error(getattr(exc, "status", 400), message, param=param if head != message and " " not in head
+                      else None, code=getattr(exc, "code", None))
+    if getattr(exc, "retry_after", None) is not None:  # engine.async_engine.ClientBusy: 429
+        error.headers = {"Retry-After": str(exc.retry_after)}
+    return error
 
 
 def validation_detail(errors: list[dict]) -> dict:

@@ -10,8 +10,8 @@ Errors in OpenAI's shape: 400 bad field, 404 unknown voice, 409 name taken, 413 
 from __future__ import annotations
 
 import asyncio
-import io
 import json
+from typing import IO
 
 import numpy as np
 from fastapi import FastAPI, Request
@@ -20,6 +20,7 @@ from fastapi.responses import JSONResponse
 from ..audio.wav import SAMPLE_RATE
 from ..text import decode_prompt
 from ..text.voices import UnknownVoice, Voice, VoiceExists, check_voice_fields
+from .edge import is_json_type
 from .request import api_error
 
 VOICES_PATH = "/v1/audio/voices"
@@ -119,7 +120,7 @@ async def _fields(request: Request, state) -> dict:
     kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if kind == "multipart/form-data":
         return await _upload_fields(request, state)
-    if kind not in ("application/json", ""):
+    if not is_json_type(kind):
         raise api_error(400, f"body: {kind!r} is not accepted; send JSON {{name, speaker}} or multipart/form-data "
                              "{name, file, transcript}", code="unsupported_media_type")
     try:
@@ -150,8 +151,7 @@ async def _upload_fields(request: Request, state) -> dict:
     upload = form.get("file")
     if upload is None or isinstance(upload, str):
         return fields
-    data = await upload.read()
-    clip = await asyncio.to_thread(_clip, data)
+    clip = await asyncio.to_thread(_clip, upload.file)  # the edge and the form parser spool it to disk
     try:
         fields["clip_code"] = await asyncio.to_thread(state.pipeline.sample_audio_speaker, clip, SAMPLE_RATE)
     except ValueError as exc:
@@ -159,7 +159,7 @@ async def _upload_fields(request: Request, state) -> dict:
     return fields
 
 
-def _clip(data: bytes) -> np.ndarray:
+def _clip(data: IO[bytes]) -> np.ndarray:
     """An uploaded audio file -> mono float32 at the model's rate; 400/413 naming `file`.
 
     The container's header (length, channels, rate) is checked before a sample is decoded, and decoding stops
@@ -169,15 +169,15 @@ def _clip(data: bytes) -> np.ndarray:
     import soundfile as sf
 
     try:
-        with sf.SoundFile(io.BytesIO(data)) as f:  # reads the header only
+        with sf.SoundFile(data) as f:  # reads the header only
             _check_header(f.frames, f.channels, f.samplerate)
             blocks = []
             for block in f.blocks(blocksize=f.samplerate, dtype="float32", always_2d=True):  # [<=rate, channels]
                 blocks.append(block.mean(axis=1))
                 _check_seconds(sum(map(len, blocks)) / f.samplerate)
             rate = f.samplerate
-    except sf.LibsndfileError as exc:
-        raise api_error(400, f"file: is not audio this server can read ({exc})", "file") from None
+    except sf.LibsndfileError as exc:  # its str() holds the file object's repr; its error_string is libsndfile's
+        raise api_error(400, f"file: is not audio this server can read ({exc.error_string})", "file") from None
     mono = np.concatenate(blocks) if blocks else np.zeros(0, np.float32)
     if len(mono) / rate < MIN_CLIP_SECONDS:
         raise api_error(400, f"file: the clip is {len(mono) / rate:.2f} s; give at least {MIN_CLIP_SECONDS} s of "

@@ -1,8 +1,9 @@
 """User texts -> sentence pieces (schema.TextPieces), and the checks every entry point applies to its texts.
 
 Lengths are checked on the raw characters first, before any normalisation: a call's texts may hold at most
-MAX_CALL_CHARS characters and one sentence piece at most MAX_PIECE_CHARS (no piece that long fits the GPT's
-4096 positions with room for its audio); the positions themselves are checked when the prompts are built.
+MAX_CALL_CHARS characters and MAX_CALL_PIECES sentence pieces, and one sentence piece at most MAX_PIECE_CHARS (no
+piece that long fits the GPT's 4096 positions with room for its audio); the positions themselves are checked when the
+prompts are built.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from chattts_velocity.text.normalizer import split_text
 
 MAX_CALL_CHARS = 100_000  # characters of text one call may hold (a long chapter; more is split by the caller)
 MAX_PIECE_CHARS = 16_384  # characters of one sentence piece (4 per position of the GPT's 4096)
+MAX_CALL_PIECES = 2048  # sentence pieces one call may hold: each holds its prompt, codes and audio until the call ends
 _SPOKEN = re.compile(r"[A-Za-z0-9\u4e00-\u9fff]")  # what the model can say; tags like [uv_break] are not speech
 _TAG = re.compile(r"\[[\w_]+\]")
 
@@ -35,6 +37,8 @@ def check_texts(value: object, max_chars: int = MAX_CALL_CHARS) -> list[str]:
             raise ValueError(f"text[{i}]: expected a string, got {type(t).__name__}")
         if not t.strip():
             raise EmptyText(f"text[{i}]: is empty; every text needs something to say")
+    if len(texts) > MAX_CALL_PIECES:
+        raise _too_many_pieces(len(texts), "texts")
     total = sum(len(t) for t in texts)
     if total > max_chars:
         raise ValueError(f"text: {total} characters is over the limit of {max_chars} for one call; split the text "
@@ -53,7 +57,14 @@ def split_pieces(texts: list[str], split: bool = True) -> TextPieces:
                              "break it into sentences")
         pieces += parts
         owner += [i] * len(parts)
+        if len(pieces) > MAX_CALL_PIECES:
+            raise _too_many_pieces(len(pieces), "sentence pieces or more")
     return TextPieces(pieces, owner, len(texts))
+
+
+def _too_many_pieces(count: int, what: str) -> ValueError:
+    return ValueError(f"text: {count} {what} is over the limit of {MAX_CALL_PIECES} sentence pieces for one call "
+                      "(MAX_CALL_PIECES, a bound on the memory a call holds); split the texts into several calls")
 
 
 def normalized_pieces(texts: object, normalize: Callable[[str], str], split: bool = True,

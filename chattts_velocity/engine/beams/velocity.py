@@ -28,8 +28,10 @@ from chattts_velocity.schema import GenerationOutput, Prompt, SamplingParams
 class BeamGroup:
     """One beam request: its search state and the sequence of each live beam (same order as state.live)."""
 
-    def __init__(self, request_id: str, prompt: Prompt, params: SamplingParams, arrival: float) -> None:
+    def __init__(self, request_id: str, prompt: Prompt, params: SamplingParams, arrival: float,
+                 client: str = "") -> None:
         self.request_id, self.prompt, self.params, self.arrival = request_id, prompt, params, arrival
+        self.client = client
         self.state = BeamState(params)
         self.seqs: list[Sequence] = []
         self.hidden: dict[str, torch.Tensor] = {}  # beam sequence id -> its newest hidden state [H]
@@ -43,6 +45,8 @@ class BeamGroup:
     def new_sequence(self, tokens: tuple[int, ...]) -> Sequence:
         seq = Sequence(f"{self.request_id}#beam{next(self._names)}", self.prompt, self.seq_params, self.arrival)
         seq.is_beam = True
+        seq.seat_group = (self.request_id, self.params.beam_width)  # admitted with seats for all its beams
+        seq.client = self.client
         for token in tokens:
             seq.append_token((token,), None)
         return seq
@@ -67,11 +71,12 @@ class BeamSearch:
         self.groups: dict[str, BeamGroup] = {}
         self._owner: dict[str, BeamGroup] = {}  # beam sequence id -> its group
 
-    def add(self, request_id: str, prompt: Prompt, params: SamplingParams, arrival: float = 0.0) -> str:
+    def add(self, request_id: str, prompt: Prompt, params: SamplingParams, arrival: float = 0.0,
+            client: str = "") -> str:
         """Queue a beam request (any beam_width >= 1: width 1 is greedy decoding under the processed distribution)."""
         if request_id in self.groups:
             raise ValueError(f"request_id: {request_id!r} is already running; use a unique id")
-        group = BeamGroup(request_id, prompt, params, arrival)
+        group = BeamGroup(request_id, prompt, params, arrival, client)
         root = group.new_sequence(())
         self.scheduler.add(root)  # a ValueError (too long, ...) leaves nothing behind
         group.seqs = [root]
@@ -101,7 +106,10 @@ class BeamSearch:
         if out is not None:
             self._collect_hidden(batch, out)
         for group in [g for g in self.groups.values() if g.ready]:
-            ended += self._advance(group)
+            try:
+                ended += self._advance(group)
+            except Exception as exc:  # noqa: BLE001 -- one request's search (its fork, its scores): it alone fails
+                ended.append(self._fail(group, RuntimeError(f"beam search: {exc!r}")))
         for group in self.groups.values():
             self._yield_blocks(group)
         return kept + ended
@@ -174,7 +182,8 @@ class BeamSearch:
         return GenerationOutput.failed(group.request_id, error)
 
     def _close(self, group: BeamGroup) -> None:
-        for seq in group.seqs:
-            self._drop(seq)
+        for request_id in [rid for rid, owner in self._owner.items() if owner is group]:  # also a half-made step's
+            self.scheduler.abort(request_id)
+            self._owner.pop(request_id)
         group.seqs = []
         self.groups.pop(group.request_id, None)

@@ -76,12 +76,15 @@ class LLMEngine:
     def embed(self) -> Embed:
         return self.runner.embed
 
-    def add_request(self, request_id: str | None, prompt: Prompt, params: SamplingParams) -> str:
-        """Queue a request; it joins the running batch at the next step. Returns its id."""
+    def add_request(self, request_id: str | None, prompt: Prompt, params: SamplingParams, client: str = "") -> str:
+        """Queue a request; it joins the running batch at the next step. Returns its id. `client` names who sent it:
+        admission takes turns between clients (Scheduler._admission_order)."""
         request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
         if params.beam_width > 1:
-            return self.beams.add(request_id, prompt, params, arrival=time.monotonic())
-        self.scheduler.add(Sequence(request_id, prompt, params, arrival=time.monotonic()))
+            return self.beams.add(request_id, prompt, params, arrival=time.monotonic(), client=client)
+        seq = Sequence(request_id, prompt, params, arrival=time.monotonic())
+        seq.client = client
+        self.scheduler.add(seq)
         return request_id
 
     def abort_request(self, request_id: str) -> bool:

@@ -5,7 +5,9 @@ In: Sequences via add(); StepOutput from the model runner. Out: ScheduledBatch; 
 from __future__ import annotations
 
 import bisect
+import heapq
 import random
+from collections import Counter, deque
 
 import torch
 
@@ -47,6 +49,9 @@ class Scheduler:
             self.waiting.append(seq)
 
     def _check_fits(self, seq: Sequence) -> None:
+        if seq.seat_group is not None and seq.seat_group[1] > self.config.max_num_seqs:
+            raise ValueError(f"beam_width: {seq.seat_group[1]} beams run as {seq.seat_group[1]} sequences, more than "
+                             f"max_num_seqs ({self.config.max_num_seqs}); lower beam_width")
         positions = seq.num_prompt_tokens + seq.params.max_new_token
         if positions > self.config.max_model_len:
             raise ValueError(
@@ -143,16 +148,53 @@ class Scheduler:
             self.waiting.insert(0, seq)
 
     def _admit(self, chosen: list[tuple[Sequence, int]], budget: int) -> None:
-        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
-            seq = self.waiting[0]
-            if len(chosen) == self.config.max_num_seqs or not self.block_manager.can_allocate(seq):
+        # NOTE: a sequence takes one of max_num_seqs seats; a seat group (a beam request, whose forks join the
+        # running set without admission) takes all its seats when its first sequence is admitted, so the running
+        # set never outgrows max_num_seqs (KV pressure from its forks is met by preemption, as for anyone else).
+        used, held = self._seats_in_use()
+        for seq in self._admission_order():
+            if budget <= 0:
                 break
-            self.waiting.pop(0)
+            group = seq.seat_group
+            seats = 1 if group is None else 0 if group[0] in held else group[1]
+            if (len(chosen) == self.config.max_num_seqs or used + seats > self.config.max_num_seqs
+                    or not self.block_manager.can_allocate(seq)):
+                break
+            used += seats
+            if group is not None:
+                held.add(group[0])
+            self.waiting.remove(seq)
             self.block_manager.allocate(seq)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             chosen.append((seq, min(len(seq) - seq.num_computed_tokens, budget)))
             budget -= chosen[-1][1]
+
+    def _admission_order(self) -> list[Sequence]:
+        """The next max_num_seqs waiting sequences to try, in turn: queue order within a client; between clients
+        (fcfs scheduling) the one with the fewest running, then admitted, sequences goes next, so a client with
+        1,000 queued pieces shares the batch with one that sends a single piece."""
+        clients: dict[str, deque[Sequence]] = {}
+        for seq in self.waiting:
+            clients.setdefault(seq.client, deque()).append(seq)
+        if len(clients) <= 1 or self.config.scheduling == "priority":
+            return self.waiting[: self.config.max_num_seqs]
+        running = Counter(seq.client for seq in self.running)
+        turns = [(running[name], self.waiting.index(queue[0]), name) for name, queue in clients.items()]
+        heapq.heapify(turns)
+        order: list[Sequence] = []
+        while turns and len(order) < self.config.max_num_seqs:
+            count, _, name = heapq.heappop(turns)
+            order.append(clients[name].popleft())
+            if clients[name]:
+                heapq.heappush(turns, (count + 1, len(order), name))
+        return order
+
+    def _seats_in_use(self) -> tuple[int, set[str]]:
+        """Seats the running set holds, and the seat groups holding theirs."""
+        groups = {seq.seat_group for seq in self.running if seq.seat_group is not None}
+        singles = sum(seq.seat_group is None for seq in self.running)
+        return singles + sum(seats for _, seats in groups), {name for name, _ in groups}
 
     @staticmethod
     def _batch(chosen: list[tuple[Sequence, int]]) -> ScheduledBatch:

@@ -36,6 +36,8 @@ class Sequence:
     """
 
     is_beam = False  # a beam of a beam-search request: the beam search appends its tokens (engine/beams/velocity.py)
+    client = ""  # who sent it (an API key's digest, an address): admission shares the seats between clients
+    seat_group: tuple[str, int] | None = None  # (group, seats): sequences sharing one reservation of max_num_seqs
 
     def __init__(self, request_id: str, prompt: Prompt, params: SamplingParams, arrival: float = 0.0) -> None:
         self.request_id = request_id
