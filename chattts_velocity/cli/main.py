@@ -19,6 +19,7 @@ from .common import (
     model_folder,
     package_warnings_in_one_line,
     resolve_dtype,
+    seed_speakers,
 )
 from .serve import add_serve_parser
 from .webui import add_webui_parser
@@ -92,7 +93,7 @@ def cmd_export(args: argparse.Namespace) -> None:
                          "file, or '-' for stdin")
     plan = plan_export(args.input, args.output_dir, seed=args.seed, speaker=args.speaker or None, params=params,
                        voice=args.voice, voices=VoiceLibrary(args.voices) if args.voices else None,
-                       loudness=args.loudness, timestamps=args.timestamps)
+                       loudness=args.loudness, timestamps=args.timestamps, speaker_for_seed=seed_speakers(args))
     signal.signal(signal.SIGTERM, _interrupt)  # a kill ends like Ctrl-C: finished lines stay on record
     if args.ray:
         _export_with_ray(args, plan, params)
@@ -162,7 +163,9 @@ def _add_export(sub) -> None:
     p.add_argument("--seed", type=int, default=None,
                    help="line k uses seed + k - 1 (default: a random seed per line, kept in the manifest)")
     p.add_argument("--speaker", default="", help="speaker string for lines without their own")
-    p.add_argument("--voice", default=None, help="a saved voice (POST /v1/audio/voices) for lines without their own")
+    p.add_argument("--voice", default=None,
+                   help="the voice of lines without their own, as the server takes it: a saved voice (POST "
+                        "/v1/audio/voices), a preset name, an integer seed or a speaker string")
     p.add_argument("--voices", metavar="DIR", default=None,
                    help="the voice library folder (default $CHATTTS_VELOCITY_VOICES or "
                         "~/.cache/chattts_velocity/voices)")
