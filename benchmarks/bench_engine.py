@@ -45,8 +45,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-verify", action="store_true",
                         help="load custom or fine-tuned weights without the official sha256 check")
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "int8"],
-                        help="the engine's precision (auto: bfloat16 where the fast kernels run, else float32, "
-                             "as on every other command)")
+                        help="the engine's precision (auto, as on every other command: int8 where our CPU kernels "
+                             "run, bfloat16 on CUDA, else float32; the choice is printed)")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
                         help="where the engine, the plain path and the Decoder+Vocos run (cuda: see docs/gpu.md)")
     parser.add_argument("--backend", default="auto", choices=["auto", "torch", "cpu", "triton"],
@@ -68,7 +68,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="about one minute: defaults become 20 steps, N in 1,8, plain and TTFA at 1, one repeat, "
                              "no compile")
     parser.add_argument("--name", default=None, help="results/<name>.json (default: a timestamp)")
-    parser.add_argument("--out", default=str(REPO / "benchmarks" / "results"))
+    parser.add_argument("--out", default=str(REPO / "benchmarks" / "results"), metavar="DIR",
+                        help="folder for the JSON results (default: benchmarks/results, the docs' tables' source; "
+                             "`chattts-velocity bench`: $CHATTTS_VELOCITY_CACHE/bench, outside the source tree)")
 
 
 DEFAULTS = {"steps": 100, "repeats": 3, "concurrency": "1,8,16,32,64", "plain_sizes": "1,16", "ttfa_sizes": "1,16"}

@@ -24,7 +24,7 @@ from chattts_velocity.schema import MAX_NEW_TOKEN
 from chattts_velocity.speech import SpeechPipeline, SynthesisJob, TextOptions
 from chattts_velocity.text import decode_prompt
 from chattts_velocity.text.speaker import VOICE_SEED_MAX
-from chattts_velocity.text.voices import PRESET_SEEDS
+from chattts_velocity.text.voices import PRESET_SEEDS, check_voice_seed, voice_params
 
 from .clips import RunStats, read_clip
 from .controls import (
@@ -274,11 +274,15 @@ class Handlers:
             return None, clip_code, transcript
         if not speaker:
             return None, None, None
-        try:
+        try:  # a preset name or a seed typed here is the server's voice of that name (voice_params)
+            speaker = voice_params(speaker, None, self._seed_speaker)["spk_emb"] or ""
             self.pipeline.frontend.speaker(speaker, "speaker")  # the front end's width check (its decode is cached)
         except ValueError as exc:
             raise ValueError(f"{exc} (or press Random voice)") from None
         return speaker, None, None
+
+    def _seed_speaker(self, seed: int) -> str:
+        return self.pipeline.sample_random_speaker(seed=check_voice_seed(seed))
 
 
 def _live(chunks: list[np.ndarray]) -> tuple[int, np.ndarray]:

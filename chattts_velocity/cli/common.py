@@ -5,6 +5,7 @@ import argparse
 import socket
 import sys
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 from .. import precision
@@ -148,6 +149,24 @@ def model_folder(args: argparse.Namespace) -> tuple[Path, bool]:
     cannot run here fails first."""
     check_backend(args)
     return ensure_model(args.model, args.tiny, args.no_verify)
+
+
+def seed_speakers(args: argparse.Namespace) -> Callable[[int], str]:
+    """seed -> the speaker string the model of the flags draws for it (Chat.sample_random_speaker(seed=...) on the
+    device Chat.load picks), read from its config alone: the export resolves presets and seeds before it loads."""
+    import torch
+
+    from ..assets import AssetPaths
+    from ..config import ModelConfig
+    from ..text import sample_random_speaker
+
+    def draw(seed: int) -> str:
+        if not hasattr(args, "hidden_size"):
+            args.hidden_size = ModelConfig.from_json(AssetPaths.from_root(model_folder(args)[0]).gpt_config).hidden_size
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        return sample_random_speaker(args.hidden_size, device=device, seed=seed)
+
+    return draw
 
 
 def load_chat(args: argparse.Namespace, use_vllm: bool = True, **kwargs) -> Chat:

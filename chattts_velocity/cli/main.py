@@ -19,6 +19,7 @@ from .common import (
     model_folder,
     package_warnings_in_one_line,
     resolve_dtype,
+    seed_speakers,
 )
 from .serve import add_serve_parser
 from .webui import add_webui_parser
@@ -62,7 +63,7 @@ def cmd_demo(args: argparse.Namespace) -> None:
     chat = load_chat(args)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    speaker = chat.sample_random_speaker()
+    speaker = chat.sample_random_speaker(seed=args.seed)  # the same voice on every run with the same --seed
     params = chat.InferCodeParams(spk_emb=speaker, manual_seed=args.seed, max_new_token=max_new_token(args))
     start = time.perf_counter()
     wavs = chat.infer(DEMO_TEXTS, skip_refine_text=True, params_infer_code=params)
@@ -76,8 +77,9 @@ def cmd_demo(args: argparse.Namespace) -> None:
           f"({seconds / wall:.2f}x real time)")
     if uses_demo_weights(args.model):
         print("note: demo weights are random, so the audio is noise-like; see models/README.md for real voices")
-    print(f"next: chattts-velocity say \"Your text.\" -o hello.wav --model {args.model}  |  chattts-velocity serve "
-          f"--model {args.model}  |  chattts-velocity webui --model {args.model}  (each takes --help)")
+    model = f"--model {args.model}" + (" --tiny" if args.tiny else "")
+    print(f"next: chattts-velocity say \"Your text.\" -o hello.wav {model}  |  chattts-velocity serve {model}  |  "
+          f"chattts-velocity webui {model}  (each takes --help)")
 
 
 def cmd_export(args: argparse.Namespace) -> None:
@@ -92,7 +94,7 @@ def cmd_export(args: argparse.Namespace) -> None:
                          "file, or '-' for stdin")
     plan = plan_export(args.input, args.output_dir, seed=args.seed, speaker=args.speaker or None, params=params,
                        voice=args.voice, voices=VoiceLibrary(args.voices) if args.voices else None,
-                       loudness=args.loudness, timestamps=args.timestamps)
+                       loudness=args.loudness, timestamps=args.timestamps, speaker_for_seed=seed_speakers(args))
     signal.signal(signal.SIGTERM, _interrupt)  # a kill ends like Ctrl-C: finished lines stay on record
     if args.ray:
         _export_with_ray(args, plan, params)
@@ -147,6 +149,14 @@ def bench_module():
     return module
 
 
+def bench_argv(argv: list[str]) -> list[str]:
+    """`chattts-velocity bench` arguments: results outside the source tree unless --out says where."""
+    from ..demo import cache_dir
+
+    given = any(a == "--out" or a.startswith("--out=") for a in argv)
+    return argv if given or "-h" in argv or "--help" in argv else [*argv, "--out", str(cache_dir() / "bench")]
+
+
 def _add_bench(sub) -> None:
     # `main` hands every argument after `bench` to benchmarks/bench_engine.py unparsed.
     sub.add_parser("bench", help="velocity vs plain path (and reference) in the same run; JSON results",
@@ -162,7 +172,9 @@ def _add_export(sub) -> None:
     p.add_argument("--seed", type=int, default=None,
                    help="line k uses seed + k - 1 (default: a random seed per line, kept in the manifest)")
     p.add_argument("--speaker", default="", help="speaker string for lines without their own")
-    p.add_argument("--voice", default=None, help="a saved voice (POST /v1/audio/voices) for lines without their own")
+    p.add_argument("--voice", default=None,
+                   help="the voice of lines without their own, as the server takes it: a saved voice (POST "
+                        "/v1/audio/voices), a preset name, an integer seed or a speaker string")
     p.add_argument("--voices", metavar="DIR", default=None,
                    help="the voice library folder (default $CHATTTS_VELOCITY_VOICES or "
                         "~/.cache/chattts_velocity/voices)")
@@ -202,7 +214,7 @@ def build_parser() -> argparse.ArgumentParser:
                            help="folder for the WAVs, created if missing (default out/demo)")
         add_model_flags(p)
         p.add_argument("--seed", type=int, default=0 if name == "demo" else None,
-                       help="sampling seed (default: 0 for demo, random for say)")
+                       help="sampling seed, and for demo also the speaker's (default: 0 for demo, random for say)")
         add_step_cap_flag(p)
         p.set_defaults(func=func)
     _add_export(sub)
@@ -216,7 +228,7 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     package_warnings_in_one_line()
     if argv[:1] == ["bench"]:
-        bench_module().main(argv[1:])
+        bench_module().main(bench_argv(argv[1:]))
         return
     args = build_parser().parse_args(argv)
     try:

@@ -260,7 +260,9 @@ def write_demo_assets(
     write_tokenizer(asset / "tokenizer", tokenizer_src, atomic_write)
     tables = asset_shapes(dims)
     total = sum(math.prod(s) for shapes in tables.values() for s in shapes.values())
-    with tqdm(total=total, unit="param", unit_scale=True, desc="demo weights", disable=not progress) as bar:
+    # disable=None: a bar on a terminal only; a log file gets no carriage-return frames (ensure_model said where)
+    with tqdm(total=total, unit="param", unit_scale=True, desc="demo weights", disable=None if progress else True) \
+            as bar:
         for rel, shapes in tables.items():
             tensors = build_file(rel, shapes, seed, dims, bar.update)
             atomic_write(asset.parent / rel, functools.partial(save_file, tensors, metadata={"format": "pt"}))

@@ -72,6 +72,9 @@ def write_record(out_dir: Path, doc: dict) -> Path:
     return out_dir / MANIFEST
 
 
+FILE_MODE = 0o644  # the WAVs and the manifest: readable by others, as `demo`'s WAVs and any file written by open()
+
+
 def replace_atomically(path: Path, write: Callable[[Path], None]) -> None:
     """write() a hidden temp file (a unique name per call), fsync, rename: a crash never leaves a partial file under
     `path`, and two writers never share a temp file."""
@@ -83,6 +86,7 @@ def replace_atomically(path: Path, write: Callable[[Path], None]) -> None:
         write(tmp)
         with open(tmp, "r+b") as f:
             os.fsync(f.fileno())
+        os.chmod(tmp, FILE_MODE)  # mkstemp made it 0600
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)

@@ -48,7 +48,7 @@ class ExportLine:
     output: str | None = None  # relative to the output folder, "/"-separated
     seed: int | None = None
     speaker: str | None = None
-    voice: str | None = None  # a saved voice's name (text.voices); its speaker is copied into `speaker`
+    voice: str | None = None  # as the server takes it (text.voices.voice_params); its speaker goes to `speaker`
     status: str = "pending"  # pending -> ok (written by this run) | skipped (see reason) | error
     error: str | None = None
     duration: float | None = None  # seconds of audio
@@ -127,13 +127,16 @@ def read_input(path: str | Path) -> tuple[list[tuple[int, str]], bool]:
 def plan_export(input_path: str | Path, out_dir: str | Path, seed: int | None = None,
                 speaker: str | None = None, params: InferCodeParams | None = None, voice: str | None = None,
                 voices: VoiceLibrary | None = None, loudness: float | None = None,
-                timestamps: bool = False) -> ExportPlan:
+                timestamps: bool = False, speaker_for_seed: Callable[[int], str] | None = None) -> ExportPlan:
     """Parse and name every line, skip the outputs an earlier run made for the same request, fix seeds.
 
     With `seed` S, line k uses S + k - 1 unless it gives its own; without, each line to run draws a
     random seed (recorded in the manifest). `voice` names a saved voice of `voices` (None: the default library)
-    for lines without their own speaker or voice. `params` is the sampling template the run will use (part of each
-    line's request hash), and so is `loudness`, the LUFS target every WAV is normalised to (None: as generated).
+    for lines without their own speaker or voice; a voice is what the server takes (text.voices.voice_params: a
+    saved voice, a preset, a seed, a speaker string), presets and seeds drawn by `speaker_for_seed` (the loaded
+    model's sample_random_speaker(seed=...); None: a line naming one fails). `params` is the sampling
+    template the run will use (part of each line's request hash), and so is `loudness`, the LUFS target every WAV
+    is normalised to (None: as generated).
     With `timestamps`, a finished WAV without its timestamps file is made again. The output folder is created and
     locked first (export/lock.py): an unwritable folder or another export into it is a ValueError before any work.
     Bad lines get status "error"; a bad argument raises ValueError.
@@ -153,7 +156,7 @@ def plan_export(input_path: str | Path, out_dir: str | Path, seed: int | None = 
     plan = ExportPlan(str(input_path), Path(out_dir), [], speakers, {"params": record}, timestamps=timestamps,
                       release=release)
     plan.lines = [_parse(n, raw, jsonl, speaker, plan) for n, raw in rows]
-    resolve_voices(plan, voice, voices)
+    resolve_voices(plan, voice, voices, speaker_for_seed)
     _reject_duplicates(plan.lines)
     _base_seeds(plan, seed)
     for line in plan.todo:
@@ -222,8 +225,9 @@ def _check_speaker(speaker: object, checked: set[str]) -> None:
         checked.add(speaker)
 
 
-def resolve_voices(plan: ExportPlan, default: str | None, voices: VoiceLibrary | None) -> None:
-    """Each line's saved voice -> its speaker (line.speaker) and clip (plan.voice_clips); a bad one fails its line."""
+def resolve_voices(plan: ExportPlan, default: str | None, voices: VoiceLibrary | None,
+                   speaker_for_seed: Callable[[int], str] | None = None) -> None:
+    """Each line's voice -> its speaker (line.speaker) and clip (plan.voice_clips); a bad one fails its line."""
     if default is not None:
         for line in plan.lines:
             if line.status == "pending" and line.voice is None and line.speaker is None:
@@ -232,9 +236,11 @@ def resolve_voices(plan: ExportPlan, default: str | None, voices: VoiceLibrary |
     library = voices if voices is not None or not named else VoiceLibrary()
     for line in named:
         try:
+            line.voice = str(line.voice) if isinstance(line.voice, int) and not isinstance(line.voice, bool) \
+                else line.voice
             if not isinstance(line.voice, str):
-                raise ValueError(f"voice: must be a saved voice's name, got {line.voice!r}")
-            found = voice_params(line.voice, library, _needs_the_model)
+                raise ValueError(f"voice: expected a voice name, a seed or a speaker string, got {line.voice!r}")
+            found = voice_params(line.voice, library, speaker_for_seed or _needs_the_model)
         except ValueError as exc:
             line.status, line.error = "error", str(exc)
             continue
@@ -246,7 +252,8 @@ def resolve_voices(plan: ExportPlan, default: str | None, voices: VoiceLibrary |
 
 
 def _needs_the_model(seed: int) -> str:
-    raise ValueError("voice: presets and seeds are drawn by the model; the export takes saved voices (or a speaker)")
+    raise ValueError("voice: presets and seeds are drawn by the model: plan_export(speaker_for_seed=...) was not "
+                     "given one")
 
 
 def _reject_duplicates(lines: list[ExportLine]) -> None:

@@ -13,8 +13,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 
 from ..text.controls import CONTROL_LEVELS, DEFAULT_LEVELS, control_token
-from ..text.speaker import VOICE_SEED_MAX
-from ..text.voices import PRESET_SEEDS, VoiceLibrary, is_seed_text, voice_params
+from ..text.voices import PRESET_SEEDS, VoiceLibrary, check_voice_seed, is_seed_text, voice_params
 
 SPEED_RANGE = (0.25, 4.0)
 
@@ -65,8 +64,7 @@ class VoiceBook:
         return self.params(voice)["spk_emb"]
 
     def for_seed(self, seed: int) -> str:
-        if not 0 <= seed <= VOICE_SEED_MAX:
-            raise ValueError(f"voice: a seed must be in 0..{VOICE_SEED_MAX}, got {seed}")
+        check_voice_seed(seed)
         with self._lock:  # requests resolve voices on several text threads at once
             if seed not in self._by_seed:
                 self._by_seed[seed] = self.sample_speaker(seed=seed)  # its own generator: the global RNG is shared

@@ -14,6 +14,7 @@ from ..params import InferCodeParams, RefineTextParams
 from ..schema import GenerationOutput, Prompt, SamplingParams, SpeechRequests, TextPieces
 from ..text import Normalizer, Tokenizer, decode_prompt, normalized_pieces, speaker_tensor
 from ..text.controls import check_controls
+from ..text.normalizer import warn_dropped
 
 
 @dataclass(frozen=True)
@@ -37,8 +38,12 @@ class TextFrontEnd:
                homophones: bool = True, split: bool = True, allow_empty: bool = False) -> TextPieces:
         """Checked texts (lengths first) -> the normalised sentence pieces that hold speech; a text left with none
         is a text.EmptyText naming it (with `allow_empty`, it has no pieces)."""
-        return normalized_pieces(texts, lambda p: self.normalizer(p, normalize, homophones, lang), split,
-                                      allow_empty)
+        dropped: set[str] = set()  # named once for all the texts' sentences, not once per sentence
+        try:
+            return normalized_pieces(texts, lambda p: self.normalizer(p, normalize, homophones, lang, dropped=dropped),
+                                     split, allow_empty)
+        finally:
+            warn_dropped(dropped)
 
     def speaker(self, spk_emb: str | torch.Tensor | None, field: str = "spk_emb") -> torch.Tensor | None:
         """A speaker string or vector -> [hidden_size], checked against this GPT; a ValueError naming `field`."""

@@ -21,6 +21,12 @@ from chattts_velocity.text.punctuation import fold_punctuation, rejected_charact
 HOMOPHONES_PATH = Path(__file__).parent / "res" / "homophones.tsv"
 logger = logging.getLogger(__name__)
 
+
+def warn_dropped(characters: set[str]) -> None:
+    """The one warning that names the characters a text lost (once per call or request)."""
+    if characters:
+        logger.warning("dropped characters the model cannot read: %s", " ".join(sorted(characters)))
+
 _TAG = re.compile(r"\[[\w_]+\]")
 _CJK_CHAR = re.compile(r"[\u4e00-\u9fff]")
 _EN_WORD = re.compile(r"\b[A-Za-z]+\b")
@@ -55,8 +61,13 @@ class Normalizer:
         do_text_normalization: bool = True,
         do_homophone_replacement: bool = True,
         lang: str | None = None,
+        *,
+        dropped: set[str] | None = None,
     ) -> str:
-        """Normalise one sentence. Deviation: "" gives "" (upstream raises IndexError with a normaliser)."""
+        """Normalise one sentence. Deviation: "" gives "" (upstream raises IndexError with a normaliser).
+
+        Characters the model cannot read are removed and named in a warning, or added to `dropped` for the caller to
+        name once for a whole request (warn_dropped)."""
         if not isinstance(text, str):
             raise ValueError(f"text: expected a str, got {type(text).__name__}")
         if do_text_normalization:
@@ -65,9 +76,12 @@ class Normalizer:
             text = map_plain_segments(text, fold_punctuation)
         if do_homophone_replacement:
             text = self.replace_homophones(text)
-        dropped = invalid_characters(text)
-        if dropped:
-            logger.warning("dropped characters the model cannot read: %s", " ".join(sorted(dropped)))
+        unreadable = invalid_characters(text)
+        if unreadable:
+            if dropped is None:
+                warn_dropped(unreadable)
+            else:
+                dropped.update(unreadable)
             text = map_plain_segments(text, strip_rejected)
         return text
 

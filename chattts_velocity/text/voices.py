@@ -225,6 +225,13 @@ def voice_params(voice: object, library: VoiceLibrary | None,
                      "integer seed, or a speaker string from sample_random_speaker() (GET /v1/audio/voices)")
 
 
+def check_voice_seed(seed: int) -> int:
+    """A seed voice's seed (0..VOICE_SEED_MAX); the ValueError names `voice`, as everywhere a voice is given."""
+    if not 0 <= seed <= VOICE_SEED_MAX:
+        raise ValueError(f"voice: a seed must be in 0..{VOICE_SEED_MAX}, got {seed}")
+    return seed
+
+
 def is_seed_text(voice: str) -> bool:
     """An integer seed written as text: ASCII digits only ("²" and "٣" are digits to str.isdigit, not to int)."""
     return _SEED_TEXT.fullmatch(voice.strip()) is not None

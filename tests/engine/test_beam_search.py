@@ -101,7 +101,7 @@ def brute_force(chat: Chat, prompt, params: SamplingParams, allowed: list[int]) 
     return scores
 
 
-@pytest.mark.parametrize("length_penalty", [1.0, 0.0])
+@pytest.mark.parametrize("length_penalty", [1.0, pytest.param(0.0, marks=pytest.mark.slow)])  # the second: slow suite
 def test_exhaustive_beams_find_the_brute_force_best_on_both_paths(chat: Chat, prompts, length_penalty) -> None:
     eos = chat.tokenizer.eos_id
     allowed = [eos, 1000, 5000, 9000]  # 3 words + EOS, 3 steps: 40 hypotheses, 4**3 = 64 beams is exhaustive
@@ -143,6 +143,7 @@ def test_beams_share_prompt_blocks_and_free_them_on_abort(chat: Chat, prompts) -
     assert not engine.has_unfinished_requests() and not engine.beams.groups
 
 
+@pytest.mark.slow  # the heaviest default test (~9 s of the suite on 2 quiet cores)
 def test_a_small_pool_preempts_beams_and_gets_the_same_result(chat: Chat, tiny_assets, prompts) -> None:
     params = text_params(chat, beam_width=4, max_new_token=24, min_new_token=20, repetition_penalty=1.1)
     expected = [plain_beam_search(chat.gpt(False), p, params) for p in prompts]

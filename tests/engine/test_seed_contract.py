@@ -19,7 +19,8 @@ CONFIG = ModelConfig(hidden_size=HIDDEN, intermediate_size=256, num_hidden_layer
                      max_position_embeddings=512, num_audio_tokens=626, num_text_tokens=50)
 
 
-@pytest.fixture(params=list(kernels.ISAS))
+# the ISA the runtime picks here in the default suite; the others (a cold build each) in the slow suite
+@pytest.fixture(params=[pytest.param(i, marks=() if i == kernels.isa() else pytest.mark.slow) for i in kernels.ISAS])
 def isa(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     monkeypatch.setenv(kernels.ENV_SWITCH, request.param)
     if kernels.unsupported() is not None:

@@ -3,6 +3,7 @@ spills and within each target's shared memory (devtools/triton_compile_check.py)
 
 The launches are recorded under Triton's interpreter, then compiled with Triton's bundled ptxas. Results are cached
 by a hash of the kernels' sources under the test cache directory: the first run compiles (minutes), later runs read.
+In the slow suite for that first run (135 s cold on 2 cores).
 """
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ if importlib.util.find_spec("triton") is None:
     pytest.skip("triton is not installed", allow_module_level=True)
 
 from chattts_velocity.devtools import triton_compile_check as compile_check
+
+pytestmark = pytest.mark.slow
 
 KERNELS = {"_norm_qkv_rope_kernel", "_decode_kernel", "_residual_linear_kernel", "_norm_gate_up_kernel",
            "_prefill_kernel", "_rms_norm_kernel", "_temperature_penalty_kernel", "_noise_kernel"}

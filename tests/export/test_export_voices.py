@@ -11,6 +11,7 @@ import torch
 
 from chattts_velocity import Chat, InferCodeParams
 from chattts_velocity.export import export
+from chattts_velocity.serve.voices import VoiceBook
 from chattts_velocity.text import VoiceLibrary, encode_prompt
 
 STEPS = 8
@@ -46,14 +47,18 @@ def test_lines_speak_with_saved_voices_and_bad_voices_fail_alone(chat: Chat, tmp
     plan = export(chat, _jsonl(tmp_path / "in.jsonl", rows), tmp_path / "out", params=PARAMS, progress=False,
                   log=lambda _: None, voices=library)
     lines = _lines(tmp_path / "out")
-    assert [lines[n]["status"] for n in range(1, 7)] == ["ok", "ok", "ok", "error", "error", "error"]
+    assert [lines[n]["status"] for n in range(1, 7)] == ["ok", "ok", "ok", "error", "ok", "error"]
     assert lines[1]["voice"] == "anna" and lines[1]["speaker"] == speaker
     first, second = (_pcm(tmp_path / "out" / lines[n]["output"]) for n in (1, 2))
     assert np.array_equal(first, second)  # a seeded request's audio does not depend on its batch
     assert lines[1]["request"] == lines[2]["request"]  # the same speaker and seed: the same request
     clip = next(p for p in seen if p.spk_smp is not None)
     assert clip.txt_smp == "some words" and clip.spk_emb is None and plan.clip_params(plan.lines[2])
-    assert "unknown voice" in lines[4]["error"] and "drawn by the model" in lines[5]["error"]
+    server = VoiceBook(chat.sample_random_speaker, library)
+    with pytest.raises(ValueError) as unknown:
+        server.params("nobody")
+    assert lines[4]["error"] == str(unknown.value)  # the server's words for the same voice
+    assert lines[5]["voice"] == "alloy" and lines[5]["speaker"] == server.params("alloy")["spk_emb"]
     assert "one or the other" in lines[6]["error"]
 
 
@@ -67,3 +72,12 @@ def test_the_default_voice_fills_lines_without_their_own(chat: Chat, tmp_path: P
     with pytest.raises(ValueError, match="^voice: "):
         export(chat, tmp_path / "in.txt", tmp_path / "o2", speaker=library.get("ben").speaker, voice="Ben",
                voices=library)
+
+
+def test_the_cli_export_draws_presets_and_seeds_as_the_loaded_model_does(chat: Chat, tiny_assets: Path) -> None:
+    from chattts_velocity.cli import build_parser
+    from chattts_velocity.cli.common import seed_speakers
+
+    args = build_parser().parse_args(["export", "in.txt", "-o", "out", "--model", str(tiny_assets)])
+    draw = seed_speakers(args)  # no model loaded: the config's width and the default device
+    assert draw(42) == chat.sample_random_speaker(seed=42) and draw(1111) != draw(42)

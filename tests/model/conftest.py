@@ -113,7 +113,9 @@ def tiny_config() -> ModelConfig:
     return TINY
 
 
-@pytest.fixture(params=list(kernels.ISAS))
+# The ISA the runtime picks here runs in the default suite; the others (a cold build of each, about a minute on 2
+# cores) in the slow suite, which CI runs too.
+@pytest.fixture(params=[pytest.param(i, marks=() if i == kernels.isa() else pytest.mark.slow) for i in kernels.ISAS])
 def isa(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """The C++ kernels of one ISA in use (CHATTTS_VELOCITY_CPU_KERNELS), skipped where this CPU cannot run them."""
     monkeypatch.setenv(kernels.ENV_SWITCH, request.param)

@@ -213,7 +213,9 @@ def test_engine_decodes_with_fused_layers_and_compiles_nothing(mode: str) -> Non
     assert same >= 5  # a near-tie may flip once: both round q/K/V to bf16 after differently ordered sums
 
 
-@pytest.mark.parametrize("mode", ["bfloat16", "int8", "int4"])
+# the default precision in the default suite, the others (~6 s each on 2 quiet cores) in the slow suite
+@pytest.mark.parametrize("mode", [pytest.param("bfloat16", marks=pytest.mark.slow), "int8",
+                                  pytest.param("int4", marks=pytest.mark.slow)])
 def test_fused_engine_recomputes_preempted_sequences(isa: str, mode: str) -> None:
     free = _generate(_engine(mode), 6, steps=30)
     # 16 blocks of 4 positions (2 layers x K/V x 4 x 128 bf16 = 4 KB each) cannot hold 6 sequences of ~40
@@ -239,7 +241,7 @@ def test_int8_kv_engine_decodes_fused_preempts_and_finishes() -> None:
     assert all(torch.equal(a, b) for a, b in zip(free, constrained, strict=True))
 
 
-@pytest.mark.parametrize("mode", ["bfloat16", "int8"])
+@pytest.mark.parametrize("mode", ["bfloat16", pytest.param("int8", marks=pytest.mark.slow)])  # int8: slow suite
 def test_int8_kv_codes_agree_with_bf16_kv_teacher_forced(mode: str) -> None:
     """Both engines score the bf16-KV engine's own greedy codes, position by position, through their decode steps."""
     reference, fast = _engine(mode), _engine(mode, kv_cache_dtype="int8")

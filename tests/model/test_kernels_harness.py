@@ -34,7 +34,8 @@ def _build_and_run(compiler: list[str], flags: list[str], tmp_path: Path, runner
 @pytest.mark.skipif(not NATIVE_ARM and not (shutil.which(CROSS) and shutil.which(QEMU)),
                     reason=f"needs an aarch64 host, or {CROSS} and {QEMU} (apt-get install g++-aarch64-linux-gnu "
                            "qemu-user)")
-@pytest.mark.parametrize("target", list(ARM_TARGETS))
+@pytest.mark.parametrize("target", [pytest.param(t, marks=() if NATIVE_ARM else pytest.mark.slow)
+                                    for t in ARM_TARGETS])  # cross-built and emulated: the slow suite
 def test_neon_micro_kernels_and_paged_attention_match_the_reference(target: str, tmp_path: Path) -> None:
     if NATIVE_ARM:
         out = _build_and_run(["g++"], [ARM_TARGETS[target]], tmp_path, [])
@@ -43,7 +44,9 @@ def test_neon_micro_kernels_and_paged_attention_match_the_reference(target: str,
     assert out.count("ok  ") >= 20  # every check ran: helpers, three tile layouts, twelve attention cases
 
 
-@pytest.mark.parametrize("isa", list(X86_TARGETS))
+# the ISA this process runs in the default suite, the other one (another cold g++ build) in the slow suite
+@pytest.mark.parametrize("isa", [pytest.param(i, marks=() if i == kernels.isa() else pytest.mark.slow)
+                                 for i in X86_TARGETS])
 def test_x86_micro_kernels_match_the_reference(isa: str, tmp_path: Path) -> None:
     if platform.machine() not in ("x86_64", "AMD64") or not set(kernels.ISAS[isa].cpu_flags) <= kernels.cpu_flags():
         pytest.skip(f"this CPU cannot run the {isa} kernels")

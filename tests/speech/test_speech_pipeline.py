@@ -104,3 +104,11 @@ def test_chat_is_the_facade_over_its_pipeline(tiny_assets) -> None:
     wav = chat.infer(["Hello there."], skip_refine_text=True, params_infer_code=params)[0]
     requests = chat.pipeline.code_requests(chat.pipeline.frontend.pieces(["Hello there."]), params)
     assert (wav == chat.pipeline.generate(requests, progress=False)[0]).all()
+
+
+def test_unreadable_characters_are_named_once_per_request_not_per_sentence(pipeline, caplog) -> None:
+    caplog.set_level("WARNING")
+    pieces = pipeline.frontend.pieces("First one ☃. Second one 😀. Third one ☃.", normalize=False)
+    assert len(pieces.texts) == 3
+    warned = [r.getMessage() for r in caplog.records if "dropped characters" in r.getMessage()]
+    assert warned == ["dropped characters the model cannot read: ☃ 😀"]

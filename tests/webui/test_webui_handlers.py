@@ -324,3 +324,18 @@ def test_a_new_run_never_revives_an_abandoned_stream() -> None:
     assert abandoned()
     *_, stats = _final(handlers, refine=False)  # the next run gets its own stop flag
     assert stats.startswith("audio: ") and abandoned()
+
+
+def test_the_speaker_field_takes_presets_and_seeds_as_the_server_does_with_its_words() -> None:
+    from chattts_velocity.text.voices import PRESET_SEEDS, voice_params
+
+    pipeline = RecordingPipeline()
+    _final(Handlers(pipeline), speaker="alloy", audio_seed=None, refine=False)
+    _final(Handlers(pipeline), speaker="42", audio_seed=None, refine=False)
+    used = [c["params"].spk_emb for c in pipeline.calls]
+    assert used == [pipeline.sample_random_speaker(PRESET_SEEDS["alloy"]), pipeline.sample_random_speaker(42)]
+    with pytest.raises(ValueError) as server:
+        voice_params("nobody", None, pipeline.sample_random_speaker)
+    with pytest.warns(UserWarning):
+        *_, stats = _final(Handlers(pipeline), speaker="nobody", audio_seed=None, refine=False)
+    assert stats.startswith(f"error: {server.value}")  # the server's and the export's words

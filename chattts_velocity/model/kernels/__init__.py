@@ -195,6 +195,8 @@ def _build(which: str) -> Path:
     if target.is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
+    print(f"note: building the CPU kernels ({which}) with g++, once: about a minute on 2 cores (cached in "
+          f"{target.parent.parent})", file=sys.stderr, flush=True)
     libs = cpp_extension.library_paths()
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
