@@ -96,7 +96,7 @@ def paged_prefill_attention(
 
     Sequence b owns rows cu_q_lens[b] .. cu_q_lens[b+1] - 1 (cu_q_lens [B+1] int, from 0) at positions
     k_lens[b] - q_len .. k_lens[b] - 1: they attend causally among themselves and fully to the cached context.
-    Their K/V must already be in the pools (store_kv). max_q_len (host int) sizes the grid; q is cast to the
+    Their K/V must already be in the pools (qkv.norm_qkv_rope). max_q_len (host int) sizes the grid; q is cast to the
     pools' dtype for the products, as model/llama.py does.
     """
     _check_pools(k_cache, v_cache)
