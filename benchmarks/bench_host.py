@@ -64,7 +64,7 @@ ready_tokens = torch.zeros(max(sizes) + 1, cfg.num_vq, dtype=torch.int64)
 if backend == "cpu" and not model_work:
     runner.backend.fused = lambda embeds, *args: embeds
 elif not model_work:
-    runner.backend._layers = lambda x, *args: x
+    runner.backend.layers = lambda x, *args: x
 if not model_work:
     runner.embed.logits_rowwise = lambda hidden, name: ready_code[: hidden.shape[0]]
     sampler = getattr(runner.backend, "sampler", None) or runner.sampler

@@ -11,7 +11,7 @@ In: the residual stream x [N, H] (the embeddings), positions and pool slots [N],
 | K4 `gemm.norm_gate_up` | RMSNorm -> gate|up (one packed weight) -> SiLU(gate) * up |
 | K5 `gemm.residual_linear` | down projection + the residual add |
 
-then one `norm_rope.rms_norm` after the last layer. Every kernel is batch-invariant (a row's bits do not depend on
+then one `norm.rms_norm` after the last layer. Every kernel is batch-invariant (a row's bits do not depend on
 the other rows; gemm.py and decode_attention.py say why), so a seeded request samples the same codes alone and in
 any batch. The packed q|k|v and gate|up weights replace the checkpoint Linears' storage (those become views of
 them), so packing copies nothing that stays alive twice.
@@ -76,11 +76,11 @@ class FusedLayers:
     def __init__(self, model: ChatTTSLlama, kv: PagedKV, pdl: bool) -> None:
         from chattts_velocity.model.kernels.triton import (  # imports triton: only when the backend is chosen
             gemm,
-            norm_rope,
+            norm,
             qkv,
         )
 
-        self.gemm, self.norm_rope, self.qkv = gemm, norm_rope, qkv
+        self.gemm, self.norm, self.qkv = gemm, norm, qkv
         self.layers, self.kv, self.pdl = pack_layers(model), kv, pdl
         self.final_norm = model.norm.weight.detach().contiguous()
         self.cos, self.sin = model.rotary_emb.cos_cache, model.rotary_emb.sin_cache
@@ -97,5 +97,5 @@ class FusedLayers:
             residual = gemm.residual_linear(out.flatten(1), packed.o, residual, pdl=pdl)
             act = gemm.norm_gate_up(residual, packed.post_norm, packed.gate_up, eps, pdl=pdl)
             residual = gemm.residual_linear(act, packed.down, residual, pdl=pdl)
-        hidden: torch.Tensor = self.norm_rope.rms_norm(residual, self.final_norm, eps)
+        hidden: torch.Tensor = self.norm.rms_norm(residual, self.final_norm, eps)
         return hidden

@@ -1,9 +1,11 @@
 """Model stage, CUDA backend: Triton kernels for the paged Llama and device-side sampling.
 
-attention.py (KV store, paged decode and varlen prefill attention), norm_rope.py (RMSNorm, fused add + RMSNorm,
-RoPE), sampling.py (temperature + repetition penalty, top-p/top-k, EOS mask, counter-based Exp(1) noise).
-Each op takes the tensors the torch paths of model/attention.py, model/layers.py and engine/ take, and
-returns the same values up to float rounding; the tests compare them on small shapes.
+The decode layer's five kernels: qkv.py (RMSNorm -> q|k|v -> RoPE -> KV store), decode_attention.py (paged
+decode attention, batch-invariant splits), gemm.py (o / down projection + residual, RMSNorm -> gate|up -> SiLU x up);
+attention.py (varlen prefill attention), norm.py (the final RMSNorm), sampling.py (temperature + repetition penalty,
+top-p/top-k, EOS mask, counter-based Exp(1) noise). Each op takes the tensors the torch paths of
+model/attention.py, model/layers.py and engine/ take, and returns the same values up to float rounding; the tests
+compare them on small shapes.
 
 Import the submodules only when `available()` is None. Without a GPU they run in Triton's CPU interpreter, on
 CPU tensors, when TRITON_INTERPRET=1 was set before `triton` itself was imported: triton reads it when

@@ -1,5 +1,5 @@
-"""Model stage, CUDA backend: the paged KV pool in Triton (store new rows, varlen prefill attention; decode steps
-attend with decode_attention.py).
+"""Model stage, CUDA backend: varlen prefill attention over the paged KV pool in Triton (qkv.py stores the new
+rows; decode steps attend with decode_attention.py).
 
 Same layout and results as model/attention.py: per layer (K, V) pools `[num_blocks, block_size, kv_heads, head_dim]`,
 pool slot s = block * block_size + offset; q/k/v rows `[N, heads, head_dim]`, q heads a multiple of kv heads (GQA).
@@ -19,22 +19,6 @@ from chattts_velocity.model.kernels.triton.rounding import to_dtype
 LOG2E = 1.4426950408889634  # softmax runs in base 2: exp(x) = exp2(x * log2(e))
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # read as triton reads it, when the kernels are decorated
 FMA = {"enable_fp_fusion": True}  # explicit, as Triton 3.10 flips the default: faster, equal to torch to rounding
-
-
-@triton.jit
-def _store_kv_kernel(k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, k_stride, v_stride,
-                     ROW: tl.constexpr, BLOCK: tl.constexpr):
-    # one program per new row: its kv_heads * head_dim values go to pool slot slot_mapping[row]
-    row = tl.program_id(0)
-    slot = tl.load(slot_ptr + row).to(tl.int64)
-    if slot < 0:  # padding rows (a CUDA graph's spare batch entries) write nothing
-        return
-    offs = tl.arange(0, BLOCK)
-    ok = offs < ROW
-    k = tl.load(k_ptr + row * k_stride + offs, mask=ok)
-    v = tl.load(v_ptr + row * v_stride + offs, mask=ok)
-    tl.store(k_cache_ptr + slot * ROW + offs, to_dtype(k, k_cache_ptr.dtype.element_ty), mask=ok)
-    tl.store(v_cache_ptr + slot * ROW + offs, to_dtype(v, v_cache_ptr.dtype.element_ty), mask=ok)
 
 
 @triton.jit
@@ -103,20 +87,6 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, tables_ptr, cu_q_ptr, k_len
     tl.store(out_ptr + out_offs, to_dtype(out, out_ptr.dtype.element_ty), mask=i_ok[:, None] & d_ok[None, :])
 
 
-def store_kv(
-    k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
-) -> None:
-    """Write k, v [N, kv_heads, head_dim] into the pools at slot_mapping [N] (int); slots < 0 are skipped."""
-    _check_pools(k_cache, v_cache)
-    if k.shape != v.shape or k.shape[1:] != k_cache.shape[2:] or slot_mapping.shape != k.shape[:1]:
-        raise ValueError(f"store_kv: k, v need shape [N, {k_cache.shape[2]}, {k_cache.shape[3]}] and "
-                         f"slot_mapping [N], got {tuple(k.shape)}, {tuple(v.shape)}, {tuple(slot_mapping.shape)}")
-    k, v = _rows(k), _rows(v)
-    row = k.shape[1] * k.shape[2]
-    _store_kv_kernel[(k.shape[0],)](k, v, k_cache, v_cache, slot_mapping, k.stride(0), v.stride(0),
-                                    ROW=row, BLOCK=triton.next_power_of_2(row), **FMA)
-
-
 def paged_prefill_attention(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cu_q_lens: torch.Tensor, k_lens: torch.Tensor,
     block_tables: torch.Tensor, max_q_len: int, scale: float | None = None, block_m: int | None = None,
@@ -126,7 +96,7 @@ def paged_prefill_attention(
 
     Sequence b owns rows cu_q_lens[b] .. cu_q_lens[b+1] - 1 (cu_q_lens [B+1] int, from 0) at positions
     k_lens[b] - q_len .. k_lens[b] - 1: they attend causally among themselves and fully to the cached context.
-    Their K/V must already be in the pools (store_kv). max_q_len (host int) sizes the grid; q is cast to the
+    Their K/V must already be in the pools (qkv.norm_qkv_rope). max_q_len (host int) sizes the grid; q is cast to the
     pools' dtype for the products, as model/llama.py does.
     """
     _check_pools(k_cache, v_cache)

@@ -5,7 +5,8 @@ Three kernels over rows x [M, K] and a weight W [N, K] (nn.Linear's layout, pack
 `norm_gate_up` (RMSNorm of x, then gate|up = normed @ W.T and SiLU(gate) * up) and, in qkv.py, the RMSNorm -> q|k|v
 projection with RoPE and the KV store.
 
-NOTE (batch invariance): every launch uses one tile configuration (`TILE`) whatever M is: M only sets the grid.
+NOTE (batch invariance): the tile configuration (`tile_for`) depends on the weight's dtype only, never on M: M only
+sets the grid.
 A row's K loop (BLOCK_K chunks in order, fp32 accumulation) and its norm's sum of squares are the same alone and in
 a batch of any size, and no split-K is ever chosen, so a row's bits do not depend on the other rows.
 Roundings follow the torch layers: the normed row in x's dtype times the norm weight, the product in W's dtype
@@ -31,11 +32,17 @@ class Tile(NamedTuple):
 
     block_m: int = 16
     block_n: int = 64
-    block_k: int = 64
+    block_k: int = 32
     num_warps: int = 4
 
 
-TILE = Tile()
+# K chunks of 32: with 64, the fp32 (FMA) products and the bf16 q|k|v kernel spilled registers (compile_check)
+HALF_TILE = Tile()  # bf16 / fp16 weights: tensor cores
+FP32_TILE = Tile(block_n=32)  # fp32 weights: FMA products, which hold both operands in registers
+
+
+def tile_for(weight: torch.Tensor) -> Tile:
+    return FP32_TILE if weight.dtype == torch.float32 else HALF_TILE
 
 
 def options(tile: Tile, pdl: bool) -> dict[str, object]:
@@ -159,14 +166,15 @@ def _norm_gate_up_kernel(x_ptr, norm_ptr, w_ptr, out_ptr, M, x_stride, eps,
              mask=rows_ok[:, None] & n_ok[None, :])
 
 
-def residual_linear(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor, tile: Tile = TILE,
+def residual_linear(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor, tile: Tile | None = None,
                     pdl: bool = False) -> torch.Tensor:
-    """residual + x @ weight.T: x [M, K], weight [N, K], residual [M, N] -> [M, N] in residual's dtype."""
+    """residual + x @ weight.T: x [M, K], weight [N, K], residual [M, N] -> [M, N] in residual's dtype.
+    tile: None for tile_for(weight) (tests pass others)."""
     _check_linear("residual_linear", x, weight)
     if residual.shape != (x.shape[0], weight.shape[0]) or not residual.is_contiguous():
         raise ValueError(f"residual_linear: residual must be a contiguous [{x.shape[0]}, {weight.shape[0]}], "
                          f"got {tuple(residual.shape)}")
-    out = torch.empty_like(residual)
+    out, tile = torch.empty_like(residual), tile or tile_for(weight)
     grid = (triton.cdiv(x.shape[0], tile.block_m), triton.cdiv(weight.shape[0], tile.block_n))
     _residual_linear_kernel[grid](x, weight, residual, out, x.shape[0], x.stride(0), N=weight.shape[0],
                                   K=x.shape[1], BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k,
@@ -174,8 +182,8 @@ def residual_linear(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tenso
     return out
 
 
-def norm_gate_up(x: torch.Tensor, norm_weight: torch.Tensor, gate_up: torch.Tensor, eps: float, tile: Tile = TILE,
-                 pdl: bool = False) -> torch.Tensor:
+def norm_gate_up(x: torch.Tensor, norm_weight: torch.Tensor, gate_up: torch.Tensor, eps: float,
+                 tile: Tile | None = None, pdl: bool = False) -> torch.Tensor:
     """SiLU(gate) * up of RMSNorm(x): x [M, K], norm_weight [K], gate_up [2I, K] (gate rows, then up) -> [M, I]
     in x's dtype."""
     _check_linear("norm_gate_up", x, gate_up)
@@ -183,7 +191,7 @@ def norm_gate_up(x: torch.Tensor, norm_weight: torch.Tensor, gate_up: torch.Tens
         raise ValueError(f"norm_gate_up: need gate_up [2I, {x.shape[1]}] and norm_weight [{x.shape[1]}], got "
                          f"{tuple(gate_up.shape)} and {tuple(norm_weight.shape)}")
     inter = gate_up.shape[0] // 2
-    out = x.new_empty(x.shape[0], inter)
+    out, tile = x.new_empty(x.shape[0], inter), tile or tile_for(gate_up)
     grid = (triton.cdiv(x.shape[0], tile.block_m), triton.cdiv(inter, tile.block_n))
     _norm_gate_up_kernel[grid](x, norm_weight, gate_up, out, x.shape[0], x.stride(0), eps, INTER=inter, K=x.shape[1],
                                BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k,

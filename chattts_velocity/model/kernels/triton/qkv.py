@@ -15,13 +15,13 @@ import triton
 import triton.language as tl
 
 from chattts_velocity.model.kernels.triton.gemm import (
-    TILE,
     Tile,
     dot,
     normed_chunk,
     options,
     release_next,
     rms_scale,
+    tile_for,
     upcast,
     wait_previous,
     weight_chunk,
@@ -86,7 +86,7 @@ def _norm_qkv_rope_kernel(x_ptr, norm_ptr, w_ptr, positions_ptr, slots_ptr, cos_
 def norm_qkv_rope(
     x: torch.Tensor, norm_weight: torch.Tensor, qkv: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
     cos_cache: torch.Tensor, sin_cache: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, eps: float,
-    tile: Tile = TILE, pdl: bool = False,
+    tile: Tile | None = None, pdl: bool = False,
 ) -> torch.Tensor:
     """RMSNorm(x) @ qkv.T, RoPE at `positions` on q and k, k and v stored at `slots` -> q [M, heads, head_dim].
 
@@ -109,7 +109,7 @@ def norm_qkv_rope(
         raise ValueError("norm_qkv_rope: the pools must be two contiguous tensors of one shape and dtype, and x's "
                          "rows and qkv contiguous")
     q = x.new_empty(x.shape[0], heads, head_dim, dtype=k_cache.dtype)
-    pairs = qkv.shape[0] // 2
+    pairs, tile = qkv.shape[0] // 2, tile or tile_for(qkv)
     grid = (triton.cdiv(x.shape[0], tile.block_m), triton.cdiv(pairs, tile.block_n))
     cos_cache, sin_cache = cos_cache.contiguous(), sin_cache.contiguous()
     _norm_qkv_rope_kernel[grid](
