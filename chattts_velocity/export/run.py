@@ -104,7 +104,6 @@ def export(speech: SpeechPipeline | Chat, input_path: str | Path, out_dir: str |
            speaker: str | None = None, params: InferCodeParams | None = None, progress: bool = True,
            log: Log = tqdm.write, voice: str | None = None, voices: VoiceLibrary | None = None) -> ExportPlan:
     """plan_export + run_export: every line of `input_path` to a WAV in `out_dir`, resuming earlier runs."""
-    draw = pipeline_of(speech).sample_random_speaker
     plan = plan_export(input_path, out_dir, seed, speaker, params, voice, voices,
-                       speaker_for_seed=lambda seed: draw(seed=seed))
+                       speaker_for_seed=lambda seed: pipeline_of(speech).sample_random_speaker(seed=seed))
     return run_export(speech, plan, params, progress=progress, log=log)
