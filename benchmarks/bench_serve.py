@@ -32,8 +32,8 @@ from benchmarks import bench_runs  # noqa: E402 (imported once REPO is on sys.pa
 from chattts_velocity import Chat, InferCodeParams  # noqa: E402 (imported once REPO is on sys.path)
 from chattts_velocity.audio import SAMPLE_RATE  # noqa: E402 (imported once REPO is on sys.path)
 from chattts_velocity.engine.async_engine import AsyncLLMEngine  # noqa: E402 (imported once REPO is on sys.path)
+from chattts_velocity.serve.service import SpeechService  # noqa: E402 (imported once REPO is on sys.path)
 from chattts_velocity.speech import StreamOptions  # noqa: E402 (imported once REPO is on sys.path)
-from chattts_velocity.speech.service import SpeechService  # noqa: E402 (imported once REPO is on sys.path)
 
 RESULTS = REPO / "benchmarks" / "results"
 

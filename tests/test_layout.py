@@ -75,7 +75,7 @@ def test_no_import_cycles_between_modules() -> None:
 
 
 def test_no_import_cycles_between_folders() -> None:
-    """chat -> speech/calls.py and speech/service.py -> chat is a cycle of concepts even when no module cycles."""
+    """chat -> speech/calls.py and serve/service.py -> chat is a cycle of concepts even when no module cycles."""
     graph: dict[str, set[str]] = {}
     for module, targets in module_graph().items():
         graph.setdefault(folder(module), set()).update(folder(t) for t in targets if folder(t) != folder(module))

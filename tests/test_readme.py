@@ -81,7 +81,7 @@ def test_speed_figures_live_in_the_generated_performance_doc() -> None:
 
 def test_serving_doc_shows_the_timestamps_file_export_writes(tmp_path: Path) -> None:
     from chattts_velocity.export import plan_export
-    from chattts_velocity.export.run import timestamps_path
+    from chattts_velocity.export.local import timestamps_path
 
     (tmp_path / "lines.txt").write_text("First line.\n", encoding="utf-8")
     plan = plan_export(tmp_path / "lines.txt", tmp_path / "out", seed=1)

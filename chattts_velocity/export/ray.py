@@ -1,7 +1,7 @@
 """Batch export on Ray: an ExportPlan's pending lines, in shards, through the one runner on a pool of actors.
 
 Each actor loads its own Chat from the model folder and runs export.runner.run_shard on the shards it is handed;
-the driver stores every returned line (export.run.store: the WAV, its sidecar, digest, journal) and writes
+the driver stores every returned line (export.local.store: the WAV, its sidecar, digest, journal) and writes
 manifest.json, so the output is the same as a local export's and actors may run on any node. Needs the [ray]
 extra; `ray` is imported inside functions so init_ray() can set the loopback environment first.
 """
@@ -20,9 +20,9 @@ from tqdm import tqdm
 from ..cluster import init_ray, load_worker_chat
 from ..engine.progress import progress_bar
 from ..params import InferCodeParams
+from .local import report_done, report_plan, store
 from .manifest import now
 from .plan import ExportPlan
-from .run import report_done, report_plan, store
 from .runner import LineResult, Log, Shard, run_shard, shards_of
 
 

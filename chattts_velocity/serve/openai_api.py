@@ -27,8 +27,6 @@ from ..chat import Chat, pipeline_of
 from ..engine.async_engine import AsyncLLMEngine
 from ..params import InferCodeParams
 from ..speech.pipeline import SpeechPipeline
-from ..speech.service import SpeechService, SpeechStream
-from ..speech.text_work import TextWorker
 from ..text.voices import VoiceLibrary
 from . import metrics
 from .audio_stream import encoded_chunks
@@ -46,6 +44,8 @@ from .request import (
     sampling_kwargs,
     validation_detail,
 )
+from .service import SpeechService, SpeechStream
+from .text_work import TextWorker
 from .voice_routes import VOICES_PATH, add_voice_routes
 from .voices import VoiceBook
 

@@ -2,8 +2,8 @@
 
 pipeline.py holds SpeechPipeline (what Chat, the server, the export and the web UI share) and its use cases
 (`run`, `run_each`, `stream` of a SynthesisJob, job.py); frontend.py the text front end; mel.py the mel sources;
-streams.py the shared streaming pieces (StreamOptions, StreamSet); service.py the server's SpeechService (an
-AsyncLLMEngine plus one decode thread batching every live stream).
+streams.py the shared streaming pieces (StreamOptions, StreamSet). The server's SpeechService, built on these, lives
+in serve/service.py.
 """
 from chattts_velocity.speech.frontend import SpeakerPrompt, TextFrontEnd
 from chattts_velocity.speech.job import SynthesisJob, TextOptions

@@ -1,7 +1,7 @@
 """Streaming speech: engine deltas -> StreamDecoder -> float32 24 kHz chunks, in order per text.
 
 Shared by `SpeechPipeline.stream` (here: the caller's thread steps the engine) and the OpenAI server
-(`speech/service.py`: an AsyncLLMEngine plus a decode thread running a StreamSet). With the default StreamOptions
+(`serve/service.py`: an AsyncLLMEngine plus a decode thread running a StreamSet). With the default StreamOptions
 a text's chunks concatenate to its whole-clip waveform within the StreamDecoder tolerance (1e-5 max abs).
 """
 from __future__ import annotations

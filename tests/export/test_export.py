@@ -19,7 +19,7 @@ from chattts_velocity import export as export_mod
 from chattts_velocity.audio import Spoken, wav_bytes
 from chattts_velocity.audio.timestamps import Timestamp
 from chattts_velocity.export import export, plan_export, run_export
-from chattts_velocity.export.run import store
+from chattts_velocity.export.local import store
 from chattts_velocity.export.runner import run_shard, shards_of
 from chattts_velocity.text import sample_random_speaker
 

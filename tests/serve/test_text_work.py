@@ -8,7 +8,7 @@ import signal
 
 import pytest
 
-from chattts_velocity.speech.text_work import LONG_TEXT_CHARS, TextWorker
+from chattts_velocity.serve.text_work import LONG_TEXT_CHARS, TextWorker
 from chattts_velocity.text import Normalizer
 from chattts_velocity.text.budget import TextBudgetExceeded
 

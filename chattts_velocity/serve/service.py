@@ -21,9 +21,9 @@ from ..audio.timestamps import Timeline
 from ..engine.async_engine import AsyncLLMEngine, RequestStream
 from ..params import InferCodeParams, RefineTextParams
 from ..schema import Prompt, SamplingParams, TextPieces
-from .mel import MelSource
-from .pipeline import SpeechPipeline
-from .streams import EMPTY, StreamOptions, StreamSet
+from ..speech.mel import MelSource
+from ..speech.pipeline import SpeechPipeline
+from ..speech.streams import EMPTY, StreamOptions, StreamSet
 from .text_work import TextWorker
 
 logger = logging.getLogger("chattts_velocity.serve")
@@ -165,7 +165,7 @@ class SpeechService:
 
     async def text_pieces(self, text: str, *, lang: str | None = None, normalize: bool = True, split: bool = True,
                           max_pieces: int | None = None) -> TextPieces:
-        """pieces(), off the event loop (speech/text_work.py)."""
+        """pieces(), off the event loop (serve/text_work.py)."""
         pieces = await self.text.split(self.pipeline.frontend, text, lang=lang, normalize=normalize, split=split)
         return _at_most(pieces, max_pieces)
 

@@ -19,9 +19,9 @@ from functools import partial
 from typing import TypeVar
 
 from ..schema import TextPieces
+from ..speech.frontend import TextFrontEnd
 from ..text.budget import time_budget
 from ..text.pool import split_in_worker, start_worker, uses_default_normalizers
-from .frontend import TextFrontEnd
 
 T = TypeVar("T")
 logger = logging.getLogger("chattts_velocity.serve")
