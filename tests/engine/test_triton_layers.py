@@ -93,3 +93,13 @@ def test_a_rows_hidden_state_is_the_same_alone_and_in_batches_of_3_and_64(backen
         assert torch.equal(alone, full[rows]), rows
     assert not torch.equal(full[5], full[6])
 
+
+
+def test_packed_weights_hold_the_checkpoints_linears(backend) -> None:
+    for layer, packed in zip(backend.model.layers, backend.layers.layers, strict=True):
+        attn, mlp = layer.self_attn, layer.mlp
+        for fused, linears in ((packed.qkv, (attn.q_proj, attn.k_proj, attn.v_proj)),
+                               (packed.gate_up, (mlp.gate_proj, mlp.up_proj))):
+            assert torch.equal(fused, torch.cat([linear.weight for linear in linears]))
+            for linear in linears:  # views into the packed tensor: no second copy
+                assert linear.weight.untyped_storage().data_ptr() == fused.untyped_storage().data_ptr()

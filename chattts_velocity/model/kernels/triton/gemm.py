@@ -31,14 +31,16 @@ class Tile(NamedTuple):
     chunk per step of the K loop; the same for every M (see the module's note)."""
 
     block_m: int = 16
-    block_n: int = 64
-    block_k: int = 32
+    block_n: int = 16
+    block_k: int = 64
     num_warps: int = 4
 
 
-# K chunks of 32: with 64, the fp32 (FMA) products and the bf16 q|k|v kernel spilled registers (compile_check)
-HALF_TILE = Tile()  # bf16 / fp16 weights: tensor cores
-FP32_TILE = Tile(block_n=32)  # fp32 weights: FMA products, which hold both operands in registers
+# 16 output columns (pairs in the two-output kernels) a program: at one row the grid still has 48-192 programs for
+# ChatTTS's widths (no split-K to fill the GPU). With 64 columns and K chunks of 64 the fp32 (FMA) products and the
+# bf16 q|k|v kernel spilled registers (compile_check)
+HALF_TILE = Tile(block_n=16, block_k=64)  # bf16 / fp16 weights: tensor cores
+FP32_TILE = Tile(block_n=16, block_k=32)  # fp32 weights: FMA products, which hold both operands in registers
 
 
 def tile_for(weight: torch.Tensor) -> Tile:
