@@ -159,7 +159,8 @@ def bench_argv(argv: list[str]) -> list[str]:
 
 def _add_bench(sub) -> None:
     # `main` hands every argument after `bench` to benchmarks/bench_engine.py unparsed.
-    sub.add_parser("bench", help="velocity vs plain path (and reference) in the same run; JSON results",
+    sub.add_parser("bench", help="velocity vs plain path (and reference) in the same run; JSON results (from a "
+                                 "source checkout: it runs benchmarks/bench_engine.py)",
                    add_help=False)
 
 
