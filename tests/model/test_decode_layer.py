@@ -101,8 +101,11 @@ def _check_fused_against_layer_by_layer(model, lens, kv, tables, mode: str) -> N
     # the new K/V rows were written where the Python path wrote them
     for pools, fused_pools in zip(kv, kv_fused, strict=True):
         for pool, fused_pool in zip(pools, fused_pools, strict=True):
-            if int8_kv:  # rows quantised from fp32 values that differ in the last bits: one step apart at most
-                assert (pool[..., :-4].int() - fused_pool[..., :-4].int()).abs().max().item() <= 1
+            if int8_kv:  # rows quantised from fp32 values that differ in the last bits: one step apart at most,
+                # two with int8 weights (their Q8 activations turn a bf16 step in a group's largest value into a
+                # change of the group's scale, which moves the projection's output a little more)
+                steps = 2 if mode == "int8" else 1
+                assert (pool[..., :-4].int() - fused_pool[..., :-4].int()).abs().max().item() <= steps
                 pool, fused_pool = dequantize_kv(pool, torch.float32), dequantize_kv(fused_pool, torch.float32)
             assert (pool.float() - fused_pool.float()).abs().max().item() <= 2**-7 * pool.float().abs().max().item()
 

@@ -47,6 +47,7 @@ def test_kernels_build_and_the_layout_follows_the_cpu(isa: str) -> None:
 def test_linears_within_bf16_rounding_and_batch_invariant(isa: str, mode: str, layout: str) -> None:
     lin = PackedLinear(WIDE, mode)
     op = kernels.ops()
+    integer = mode == "int4" or (mode == "int8" and layout == "tiles")  # times x's Q8 rows (the AMX panels: bf16 x)
     if mode == "int4":
         if layout == "panels":
             pytest.skip("int4 has the tile layout only")
@@ -54,10 +55,6 @@ def test_linears_within_bf16_rounding_and_batch_invariant(isa: str, mode: str, l
 
         def run(x: torch.Tensor) -> torch.Tensor:
             return op.linear_int4(x.bfloat16(), lin.packed, lin.scales)
-
-        def activations(x: torch.Tensor) -> torch.Tensor:  # int4 multiplies x's Q8 rows
-            q, scales = kernels.quantize_q8_rows(x.bfloat16())
-            return (q.double().reshape(len(x), -1, 32) * scales.double()[..., None]).reshape(x.shape)
     elif mode == "int8":
         q = (lin.dequantized() / lin.scales[:, None]).round().to(torch.int8)
         weight, w = _layout(q, layout, 16), lin.dequantized().double()
@@ -72,10 +69,16 @@ def test_linears_within_bf16_rounding_and_batch_invariant(isa: str, mode: str, l
     x = torch.randn(150, 96, generator=gen)
     whole = run(x)  # 150 rows: several 64-row AMX passes and 4-row tile groups, partial ones at the end
     assert whole.dtype == torch.bfloat16 and whole.shape == (150, 80)
-    seen = activations(x) if mode == "int4" else x.bfloat16().double()
+    seen = q8_values(x) if integer else x.bfloat16().double()
     assert ((whole.double() - seen @ w.T).abs() <= _bf16_bound(seen.float(), w.float())).all()
     for start, rows in [(0, 1), (7, 1), (3, 2), (10, 3), (20, 4), (30, 5), (40, 17), (0, 64), (50, 65), (149, 1)]:
         assert torch.equal(run(x[start:start + rows]), whole[start:start + rows]), (start, rows)
+
+
+def q8_values(x: torch.Tensor) -> torch.Tensor:
+    """The values of x's Q8 rows (kernels.quantize_q8_rows), what the integer int8 / int4 kernels multiply."""
+    q, scales = kernels.quantize_q8_rows(x.bfloat16())
+    return (q.double().reshape(len(x), -1, 32) * scales.double()[..., None]).reshape(x.shape)
 
 
 @needs_kernels
