@@ -37,6 +37,7 @@ namespace chattts_velocity_cpu {
 // cpu_linear.cpp: y = x @ W.T with W in the tile layout or the AMX panel layout (see there).
 at::Tensor linear_bf16(const at::Tensor& x, const at::Tensor& weight);
 at::Tensor linear_int8(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& scales);
+at::Tensor linear_int8_q8(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& scales);
 at::Tensor linear_int4(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& scales);
 
 // cpu_amx.cpp (AVX-512 library only): y = x @ W.T with W in the AMX panel layout, up to kAmxMaxRows rows per pass.

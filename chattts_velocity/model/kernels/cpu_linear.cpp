@@ -12,10 +12,11 @@
 //
 // Ops (schema in CV_LIBRARY below), x [M, K] bf16 -> y [M, N] bf16:
 //   linear_bf16(x, weight): weight in the tile layout, or in the AMX panel layout (kernels.to_panels) on AMX CPUs.
-//   linear_int8(x, weight, scales): int8 weights with per-output-row scales. Tiles: times x quantised per row and
-//     32-column group to int8 (q8_rows.h), integer dot products per group (vpdpbusd, vpmaddubsw, SDOT / SMULL)
-//     times the group's scale, summed in fp32, times the row's scale once. AMX panels: weight-only (the int8
-//     values are exact in bf16, so the arithmetic is linear_bf16's), the fp32 sum scaled and rounded once.
+//   linear_int8(x, weight, scales): weight-only int8 with per-output-row scales, either layout. The int8 values
+//     are exact in bf16 / fp32, so the arithmetic is linear_bf16's, then the fp32 sum is scaled and rounded once.
+//   linear_int8_q8(x, weight, scales): int8 tiles with per-output-row scales times x quantised per row and
+//     32-column group to int8 (q8_rows.h): integer dot products per group (vpdpbusd, vpmaddubsw, SDOT / SMULL)
+//     times the group's scale, summed in fp32, times the row's scale once (kernels.int8_q8 chooses it).
 //   linear_int4(x, weight, scales): int4 tiles with a scale per 32-column group, times x's Q8 rows as linear_int8's
 //     tiles: integer dot products per group, scaled once.
 #include <ATen/ATen.h>
@@ -150,6 +151,14 @@ at::Tensor linear_int8(const at::Tensor& x, const at::Tensor& weight, const at::
   if (is_panels(weight)) return linear_int8_amx(x.contiguous(), weight, scales);
 #endif
   check_inputs(x, weight, 16, 16);
+  return tiles_linear<int8_t>(x, weight, scales.data_ptr<float>());
+}
+
+at::Tensor linear_int8_q8(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& scales) {
+  TORCH_CHECK(weight.scalar_type() == at::kChar && !is_panels(weight), "weight must be int8 tiles");
+  check_inputs(x, weight, 16, 16);
+  TORCH_CHECK(scales.scalar_type() == at::kFloat && scales.numel() == weight.size(0) * kTileRows &&
+                  scales.is_contiguous(), "scales must be float32 [N]");
   return q8_tiles_linear<int8_t>(x, weight, scales.data_ptr<float>());
 }
 
@@ -169,11 +178,13 @@ at::Tensor linear_int4(const at::Tensor& x, const at::Tensor& weight, const at::
 CV_LIBRARY(CV_OPS, m) {
   m.def("linear_bf16(Tensor x, Tensor weight) -> Tensor");
   m.def("linear_int8(Tensor x, Tensor weight, Tensor scales) -> Tensor");
+  m.def("linear_int8_q8(Tensor x, Tensor weight, Tensor scales) -> Tensor");
   m.def("linear_int4(Tensor x, Tensor weight, Tensor scales) -> Tensor");
 }
 
 CV_LIBRARY_IMPL(CV_OPS, CPU, m) {
   m.impl("linear_bf16", &chattts_velocity_cpu::linear_bf16);
   m.impl("linear_int8", &chattts_velocity_cpu::linear_int8);
+  m.impl("linear_int8_q8", &chattts_velocity_cpu::linear_int8_q8);
   m.impl("linear_int4", &chattts_velocity_cpu::linear_int4);
 }
