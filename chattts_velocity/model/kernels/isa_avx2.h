@@ -213,11 +213,10 @@ void tile_rows_int4(Q8Rows x, const uint8_t* w, const float* group_scales, at::B
   }
 }
 
-// int8 tiles [tiles, K / 16, 4, 16] (a 32-wide step: columns 0-15 of the 4 rows, then their columns 16-31) times
-// Q8 rows, in exact integers per group: vpmaddubsw multiplies |w| by x with w's sign (pairs of at most 2 x 128 x 127,
-// no saturation), vpmaddwd sums them to 8 int32 lanes per output row, and three vphaddd fold the 4 rows into one
-// register (lane r: row r's columns 0-15, lane 4 + r: its columns 16-31); then times the row's group scale into fp32
-// lanes. At the end each output's two lanes are added, times its row scale.
+// int8 tiles [tiles, K / 16, 4, 16] (per 32-wide step columns 0-15 of the 4 rows, then 16-31) times Q8 rows, exact
+// per group: vpmaddubsw multiplies |w| by x with w's sign (pairs <= 2 x 128 x 127: no saturation), vpmaddwd sums to
+// int32, three vphaddd fold the 4 rows into one register (lane r: row r's columns 0-15, lane 4 + r: 16-31), times
+// the row's group scale into fp32 lanes; at the end an output's two lanes added, times its row scale.
 constexpr bool kQ8Int8Unsigned = false;
 
 template <int M>
@@ -256,8 +255,7 @@ void tile_rows_int8(Q8Rows x, const int8_t* w, const float* row_scales, at::BFlo
   }
 }
 
-// int8 tiles widen in registers at every M here (no block buffer).
-constexpr bool kWidenInt8Blocks = false;
+constexpr bool kWidenInt8Blocks = false;  // int8 tiles widen in registers at every M here (no block buffer)
 using WideWeight = int8_t;
 inline void widen_int8_block(const int8_t*, int8_t*, int64_t, int64_t) {}
 

@@ -1,8 +1,8 @@
 // aarch64 NEON micro-kernels (Apple M-series, Graviton, Ampere): the vector helpers, the tile linear's inner loop
 // and the attention's row kernels behind the shared drivers (cpu_*.cpp). One V16 is four float32x4_t.
 // Where the compiler targets the BF16 extension (__ARM_FEATURE_BF16_VECTOR_ARITHMETIC: Graviton 3, M2 on), q . k of
-// bf16 rows uses BFDOT and fp32 -> bf16 uses BFCVT; elsewhere both are plain NEON. The int4 linear's integer dot
-// products use SDOT where the compiler targets dotprod, else SMULL / SMLAL (the same exact sums); i8mm is not used.
+// bf16 rows uses BFDOT and fp32 -> bf16 uses BFCVT; elsewhere both are plain NEON. The int4 / int8 linears' integer
+// dot products use SDOT where the compiler targets dotprod, else SMULL / SMLAL (exact sums); i8mm is not used.
 #pragma once
 
 #include <arm_neon.h>
@@ -177,18 +177,15 @@ void tile_rows(Activations x, const W* w, const float* row_scales, at::BFloat16*
   }
 }
 
-// sum(q x) of 32 int4 weights (two int8x16: columns 0-15, 16-31) and 32 int8 activations in 4 int32 lanes, exact:
-// SDOT where the compiler targets the dot product extension, else SMULL / SMLAL (4 products of at most 8 x 127 per
-// int16 lane) and a pairwise widening add.
+// sum(q x) of 32 int8 / int4 weights (two int8x16: columns 0-15, 16-31) and 32 int8 activations in 4 int32 lanes,
+// exact: SDOT, else SMULL / SMLAL (2 products <= 128 x 127 per int16 lane) and pairwise widening adds.
 inline int32x4_t group_dot(int8x16_t w0, int8x16_t w1, int8x16_t x0, int8x16_t x1) {
 #if defined(__ARM_FEATURE_DOTPROD)
   return vdotq_s32(vdotq_s32(vdupq_n_s32(0), w0, x0), w1, x1);
 #else
-  int16x8_t sums = vmull_s8(vget_low_s8(w0), vget_low_s8(x0));
-  sums = vmlal_high_s8(sums, w0, x0);
-  sums = vmlal_s8(sums, vget_low_s8(w1), vget_low_s8(x1));
-  sums = vmlal_high_s8(sums, w1, x1);
-  return vpaddlq_s16(sums);
+  const int16x8_t lo = vmlal_high_s8(vmull_s8(vget_low_s8(w0), vget_low_s8(x0)), w0, x0);
+  const int16x8_t hi = vmlal_high_s8(vmull_s8(vget_low_s8(w1), vget_low_s8(x1)), w1, x1);
+  return vpadalq_s16(vpaddlq_s16(lo), hi);
 #endif
 }
 
@@ -225,22 +222,9 @@ void tile_rows_int4(Q8Rows x, const uint8_t* w, const float* group_scales, at::B
   }
 }
 
-// sum(q x) of 32 int8 weights (two int8x16: columns 0-15, 16-31) and 32 int8 activations in 4 int32 lanes, exact:
-// SDOT where the compiler targets the dot product extension, else SMULL / SMLAL (2 products of at most 128 x 127 per
-// int16 lane) and pairwise widening adds.
-inline int32x4_t group_dot_int8(int8x16_t w0, int8x16_t w1, int8x16_t x0, int8x16_t x1) {
-#if defined(__ARM_FEATURE_DOTPROD)
-  return vdotq_s32(vdotq_s32(vdupq_n_s32(0), w0, x0), w1, x1);
-#else
-  const int16x8_t lo = vmlal_high_s8(vmull_s8(vget_low_s8(w0), vget_low_s8(x0)), w0, x0);
-  const int16x8_t hi = vmlal_high_s8(vmull_s8(vget_low_s8(w1), vget_low_s8(x1)), w1, x1);
-  return vpadalq_s16(vpaddlq_s16(lo), hi);
-#endif
-}
-
-// int8 tiles [tiles, K / 16, 4, 16] (a 32-wide step: columns 0-15 of the 4 rows, then their columns 16-31) times
-// Q8 rows: per group the exact integer sum(q x) (group_dot_int8), times the row's group scale into 4 fp32 lanes per
-// (row, output) in a fixed order at every M; at the end the lanes' sum times the output's row scale.
+// int8 tiles [tiles, K / 16, 4, 16] (per 32-wide step columns 0-15 of the 4 rows, then 16-31) times Q8 rows: per
+// group group_dot times the row's group scale into 4 fp32 lanes per (row, output), fixed order at every M; at the
+// end the lanes' sum times the output's row scale.
 constexpr bool kQ8Int8Unsigned = false;
 
 template <int M>
@@ -259,7 +243,7 @@ void tile_rows_int8(Q8Rows x, const int8_t* w, const float* row_scales, at::BFlo
         const int8x16_t w0 = vld1q_s8(wt + 16 * r), w1 = vld1q_s8(wt + 16 * kTileRows + 16 * r);
         for (int m = 0; m < M; ++m) {
           const int8_t* xq = x.q + m * K + g * kQ8Group;
-          const int32x4_t sums = group_dot_int8(w0, w1, vld1q_s8(xq), vld1q_s8(xq + 16));
+          const int32x4_t sums = group_dot(w0, w1, vld1q_s8(xq), vld1q_s8(xq + 16));
           acc[m][r] = vfmaq_n_f32(acc[m][r], vcvtq_f32_s32(sums), x.scales[m * groups + g]);
         }
       }
@@ -270,8 +254,7 @@ void tile_rows_int8(Q8Rows x, const int8_t* w, const float* row_scales, at::BFlo
   }
 }
 
-// int8 tiles widen in registers at every M here (no block buffer).
-constexpr bool kWidenInt8Blocks = false;
+constexpr bool kWidenInt8Blocks = false;  // int8 tiles widen in registers at every M here (no block buffer)
 using WideWeight = int8_t;
 inline void widen_int8_block(const int8_t*, int8_t*, int64_t, int64_t) {}
 
