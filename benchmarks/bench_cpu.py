@@ -8,9 +8,11 @@ Writes results/cpu_<hostkind>.json (hostkind from the CPU family and its best ma
 spr-amx, zen3-avx2; with --isa avx2 on a bigger CPU, <hostkind>-as-avx2: our AVX2 kernels, and torch / oneDNN held
 to AVX2 by ONEDNN_MAX_CPU_ISA and ATEN_CPU_CAPABILITY, with this host's memory and cores): the CPU model and
 flags, the kernel path in use, the host's own ceilings (streaming read GB/s and bf16 GEMM GFLOP/s on the
-benchmark's threads), the weight bytes a decode step reads per precision, the raw measurements (bf16, int8, int4)
-and every target as {"target", "measured", "met"}. llama.cpp's ratios need the `bench` extra (bench_llamacpp.py);
-without it their targets are recorded as skipped with the reason.
+benchmark's threads), the weight bytes a decode step reads per precision, the raw measurements (bf16, int8, int4;
+each with "stages": Chat.infer end to end at 1 and 64 texts split into GPT prefill, GPT decode, planning,
+Decoder, Vocos and the Python around them, stage_profile.py) and every target as {"target", "measured", "met"}.
+llama.cpp's ratios need the `bench` extra (bench_llamacpp.py); without it their targets are recorded as skipped
+with the reason.
 """
 from __future__ import annotations
 
@@ -26,9 +28,11 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 FULL = {"steps": 128, "batch_steps": 64, "stream_steps": 96, "sizes": [1, 16, 32, 64], "repeats": 2,
-        "seed_steps": 48, "kv_seqs": 32, "kv_context": 300, "gemm_size": 2048, "read_mb": 400}
+        "seed_steps": 48, "kv_seqs": 32, "kv_context": 300, "gemm_size": 2048, "read_mb": 400,
+        "profile_sizes": [1, 64], "profile_steps": 64}
 QUICK = {"steps": 8, "batch_steps": 8, "stream_steps": 48, "sizes": [1, 4], "repeats": 1,
-         "seed_steps": 8, "kv_seqs": 4, "kv_context": 40, "gemm_size": 256, "read_mb": 32}
+         "seed_steps": 8, "kv_seqs": 4, "kv_context": 40, "gemm_size": 256, "read_mb": 32,
+         "profile_sizes": [1, 4], "profile_steps": 8}
 STREAM_SETTINGS = {  # label -> StreamOptions fields; "default" is whatever StreamOptions() is today
     "default": {},
     "first 4, lookahead 12": {"first_chunk_steps": 4, "first_lookahead_steps": 12},
@@ -62,8 +66,10 @@ AVX2_ONLY = {"CHATTTS_VELOCITY_CPU_KERNELS": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2
 
 
 def measure_dtype(chat, plan: dict) -> dict:
-    """One precision: one stream (prefill excluded) and 32 / 64 concurrent end to end, best of the repeats."""
+    """One precision: one stream (prefill excluded) and 32 / 64 concurrent end to end, best of the repeats, and
+    Chat.infer's time per stage (stage_profile.py) at the profile sizes, from the repeat with the shortest wall."""
     from benchmarks.bench_public import batch_run, decode_rate
+    from benchmarks.stage_profile import profile_infer
 
     decode_rate(chat, 1, 4)  # warm-up
     one = max(decode_rate(chat, 1, plan["steps"]) for _ in range(plan["repeats"]))
@@ -71,7 +77,9 @@ def measure_dtype(chat, plan: dict) -> dict:
     for n in (32, 64):
         runs = [batch_run(chat, n, plan["batch_steps"]) for _ in range(plan["repeats"])]
         batches[str(n)] = max(runs, key=lambda r: r.steps_per_s_e2e).as_dict()  # str: as JSON reads it back
-    return {"one_stream_steps_per_s": one, "batch": batches}
+    stages = {str(n): min((profile_infer(chat, n, plan["profile_steps"]) for _ in range(plan["repeats"])),
+                          key=lambda r: r["wall_s"]) for n in plan["profile_sizes"]}
+    return {"one_stream_steps_per_s": one, "batch": batches, "stages": stages}
 
 
 def measure_streams(chat, plan: dict) -> dict:

@@ -53,8 +53,8 @@ def child(model: str, dtype: str, steps: int, threads: int) -> dict:
 
 
 def linears(layers: int = 10, repeats: int = 7) -> dict:
-    """CPU milliseconds of `layers` layers' projections (full-size shapes) per ISA library and precision, at 1 and
-    16 rows, one thread; every ISA this CPU runs, interleaved."""
+    """CPU milliseconds of `layers` layers' projections (full-size shapes) per ISA library and precision (int8_q8:
+    the int8 tiles times Q8 rows), at 1 and 16 rows, one thread; every ISA this CPU runs, interleaved."""
     import torch
 
     from chattts_velocity.model import kernels
@@ -67,7 +67,8 @@ def linears(layers: int = 10, repeats: int = 7) -> dict:
     packed = {"bfloat16": [(kernels.to_tiles(w.bfloat16(), 32),) for w in weights],
               "int8": [(kernels.to_tiles(q, 16), s) for q, s in map(_quantize_int8, weights)],
               "int4": [kernels.to_int4_tiles(*_quantize_int4(w)) for w in weights]}
-    names = {"bfloat16": "linear_bf16", "int8": "linear_int8", "int4": "linear_int4"}
+    packed["int8_q8"] = packed["int8"]  # the same int8 tiles times x's Q8 rows (CHATTTS_VELOCITY_INT8_ACTIVATIONS=q8)
+    names = {"bfloat16": "linear_bf16", "int8": "linear_int8", "int8_q8": "linear_int8_q8", "int4": "linear_int4"}
     isas = [name for name in ("avx512", "avx2") if set(kernels.ISAS[name].cpu_flags) <= kernels.cpu_flags()]
     out = {}
     for rows in SIZES:

@@ -26,6 +26,7 @@ class FusedLayerWeights:
     weights: list[torch.Tensor]  # the qkv, o, gate_up and down projections in kernel layout (one mode for all)
     scales: list[torch.Tensor | None]  # per projection: int8 / int4 scales, or None
     ops: Any  # torch.ops.<library> of the library that packed them: its ops are looked up by name
+    int8_q8: bool  # int8 tiles times x's Q8 rows (PackedLinear.int8_q8)
 
     @classmethod
     def of(cls, layer: LlamaDecoderLayer) -> FusedLayerWeights | None:
@@ -38,7 +39,8 @@ class FusedLayerWeights:
             linears.append(linear)
             weights.append(linear.packed)
         norms = torch.stack([layer.input_layernorm.weight.detach(), layer.post_attention_layernorm.weight.detach()])
-        return cls(norms.float().contiguous(), weights, [p.scales for p in linears], linears[0].ops)
+        return cls(norms.float().contiguous(), weights, [p.scales for p in linears], linears[0].ops,
+                   linears[0].int8_q8)
 
 
 def fused_unavailable(model: ChatTTSLlama) -> str | None:
@@ -76,6 +78,7 @@ class FusedDecoder:
         x = inputs_embeds.float().contiguous()
         for fused, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
             x = fused.ops.decode_layer(x, positions, cos, sin, fused.norms, fused.weights, fused.scales, k_cache,
-                                       v_cache, meta.slot_mapping, meta.block_tables, meta.context_lens, eps)
+                                       v_cache, meta.slot_mapping, meta.block_tables, meta.context_lens, eps,
+                                       fused.int8_q8)
         hidden: torch.Tensor = self.model.norm(x)
         return hidden

@@ -44,9 +44,10 @@ class PackedLinear(nn.Module):
     AMX CPUs for bf16 / int8, else tiles (kernels/cpu_linear.cpp). Either kernel streams W once per call and is
     batch-invariant: a row's output does not depend on the other rows, so a seeded request decodes the same alone,
     in any batch and after preemption. x and y are bf16 in these modes; "int8" is weight-only int8 (symmetric, per
-    output channel), half the bytes of bf16; "int4" is int4 weights (symmetric, one fp32 scale per 32 input columns
-    of a row), 0.625 bytes per weight, times activations the kernel quantises per row and 32 columns to int8
-    (kernels.quantize_q8_rows): integer dot products per group, as llama.cpp's Q4_0.
+    output channel), half the bytes of bf16, or on the tiles with CHATTTS_VELOCITY_INT8_ACTIVATIONS=q8 times x
+    quantised per row and 32 columns (kernels.int8_q8: integer dot products); "int4" is int4 weights (symmetric,
+    one fp32 scale per 32 input columns of a row), 0.625 bytes per weight, times activations the kernel quantises
+    per row and 32 columns to int8 (kernels.quantize_q8_rows): integer dot products per group, as llama.cpp's Q4_0.
     Elsewhere: bf16 through oneDNN (or a plain bf16 GEMM), int8 through torch's int8-weight kernel with bf16
     activations, int4 dequantised to bf16; "float32" and "float16" through F.linear. These torch paths may depend
     on the batch.
@@ -66,6 +67,7 @@ class PackedLinear(nn.Module):
         self.qweight: Tensor | None = None  # int8 [out, in] for torch's int8-weight kernel
         self.scales: Tensor | None = None  # int8: [out] per-channel scales; int4: [out/4, in/32, 4] per group
         self.isa: str | None = None  # the ISA whose library packed W (kernels.isa() then)
+        self.int8_q8 = False  # int8 tiles times x's Q8 rows (kernels.int8_q8()), else weight-only
         if mode == "int4":
             q, scales = _quantize_int4(weight.float())
             if _kernels_fit(q, mode):
@@ -75,6 +77,7 @@ class PackedLinear(nn.Module):
         elif mode == "int8":
             qweight, self.scales = _quantize_int8(weight.float())
             self.packed = _kernel_layout(qweight, 16, mode)
+            self.int8_q8 = self.packed is not None and not _is_panels(self.packed) and kernels.int8_q8()
             if self.packed is None:
                 self.qweight, self.scales = qweight, self.scales.to(torch.bfloat16)
                 if self.in_features % 16:  # torch's int8-weight kernel is wrong (or crashes) there
@@ -116,7 +119,8 @@ class PackedLinear(nn.Module):
         out: Tensor
         if self.packed is not None:
             if self.mode == "int8":
-                out = self.ops.linear_int8(x, self.packed, self.scales)
+                linear = self.ops.linear_int8_q8 if self.int8_q8 else self.ops.linear_int8
+                out = linear(x, self.packed, self.scales)
             elif self.mode == "int4":
                 out = self.ops.linear_int4(x, self.packed, self.scales)
             else:

@@ -46,6 +46,41 @@ def test_host_probes_and_raw_measurements(report: dict) -> None:
     assert report["measured"]["streams"]["default"]["first_chunk_error"] <= 1e-4
 
 
+def test_each_precision_profiles_chat_infer_per_stage(report: dict) -> None:
+    from benchmarks.stage_profile import STAGES
+
+    for dtype in bench_cpu.DTYPES:
+        stages = report["measured"][dtype]["stages"]
+        assert list(stages) == [str(n) for n in bench_cpu.QUICK["profile_sizes"]]
+        for n, run in stages.items():
+            seconds = run["seconds"]
+            assert set(seconds) == {*STAGES, "python"} and run["concurrency"] == int(n)
+            assert all(seconds[stage] > 0 for stage in STAGES) and math.isclose(sum(seconds.values()), run["wall_s"])
+            assert run["calls"]["gpt_prefill"] >= 1 and run["calls"]["gpt_decode"] >= 1 and run["calls"]["decoder"] >= 1
+            assert math.isclose(sum(run["share"].values()), 1.0) and 0 < run["non_gpt_share"] < 1
+            assert run["audio_s"] > 0
+
+
+def test_the_stage_clock_times_the_outer_call_once_and_undoes_its_wrappers() -> None:
+    from benchmarks.stage_profile import StageClock
+
+    class Model:
+        def forward(self, x: int) -> int:
+            return x + 1
+
+        def decode_rows(self, x: int) -> int:
+            return self.forward(x) * 2  # a timed call inside a timed call
+
+    model, clock = Model(), StageClock()
+    clock.wrap(model, "forward", "decoder")
+    clock.wrap(model, "decode_rows", "vocos")
+    clock.wrap(model, "absent", "vocos")
+    assert model.decode_rows(1) == 4 and model.forward(1) == 2
+    assert clock.calls["vocos"] == 1 and clock.calls["decoder"] == 1
+    clock.undo()
+    assert "forward" not in vars(model) and "decode_rows" not in vars(model)
+
+
 def test_every_target_is_reported(report: dict) -> None:
     labels = [t["target"] for t in report["targets"]]
     for number in ("0:", "1: one int8", "1: one bfloat16", "2:", "3: int8 / bf16 end to end at 32",

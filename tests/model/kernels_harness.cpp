@@ -1,5 +1,5 @@
 // The CPU kernels' micro-kernels and paged attention without torch, against reference values computed here in double:
-// the vector helpers (exp, bf16 / int8 rounding), tile_rows for bf16 / int8 tiles and tile_rows_q8 for int4 tiles
+// the vector helpers (exp, bf16 / int8 rounding), tile_rows for bf16 / int8 tiles and tile_rows_int4 for int4 tiles
 // times Q8 activations (within bf16 rounding, and the same bits for a row at every row-group size M), the Q8
 // quantisation, and attend_heads over bf16 and int8 pools. Built for the ISA
 // the compiler targets (isa_<isa>.h via cpu_kernels.h's choice), e.g. aarch64 under qemu (test_kernels_harness.py).
@@ -38,6 +38,7 @@ struct BFloat16 {
 #elif defined(__aarch64__)
 #include "isa_neon.h"
 #endif
+#include "isa_contract.h"
 #include "attention_rows.h"
 
 using namespace chattts_velocity_cpu;
@@ -132,49 +133,60 @@ Tiles make_tiles(int64_t N, int64_t K) {
   return t;
 }
 
-// tile_rows (bf16 / int8) or tile_rows_q8 (int4) for rows [m0, m0 + rows) of x into y.
+// tile_rows (bf16 / int8 tiles, bf16 activations), tile_rows_int8 (int8 tiles, Q8 rows) or tile_rows_int4 (int4
+// tiles, Q8 rows) for rows [m0, m0 + rows) of x into y. q8 holds the rows as the driver passes them (offset for
+// tile_rows_int8 where kQ8Int8Unsigned).
 template <int Rows, typename W>
-void run_rows(const W* w, const float* rs, const float* gs, Activations staged, const Q8Rows& q8, at::BFloat16* y,
-              int64_t m0, int64_t K, int64_t N) {
+void run_rows(const W* w, const float* rs, const float* gs, Activations staged, const Q8Rows& q8, bool integer,
+              at::BFloat16* y, int64_t m0, int64_t K, int64_t N) {
+  const Q8Rows rows{q8.q + m0 * K, q8.scales + m0 * (K / kQ8Group)};
   if constexpr (std::is_same_v<W, uint8_t>) {
-    const Q8Rows rows{q8.q + m0 * K, q8.scales + m0 * (K / kQ8Group)};
-    tile_rows_q8<Rows>(rows, w, gs, y + m0 * N, K, N, N / kTileRows);
+    tile_rows_int4<Rows>(rows, w, gs, y + m0 * N, K, N, N / kTileRows);
+  } else if constexpr (std::is_same_v<W, int8_t>) {
+    if (integer) tile_rows_int8<Rows>(rows, w, rs, y + m0 * N, K, N, N / kTileRows);
+    else tile_rows<Rows, W>(staged + m0 * K, w, rs, y + m0 * N, K, N, N / kTileRows);
   } else {
     tile_rows<Rows, W>(staged + m0 * K, w, rs, y + m0 * N, K, N, N / kTileRows);
   }
 }
 
-// The kernel against the double product of its inputs: x's bf16 values (bf16, int8 weights) or its Q8 rows (int4).
+// The kernel against the double product of its inputs: x's bf16 values (bf16 tiles, int8 tiles with bf16
+// activations) or its Q8 rows (`integer`: int8 tiles on integer dot products, int4 tiles).
 template <typename W>
 void linear_case(const char* name, const W* w, const float* rs, const float* gs, const std::vector<double>& ref_w,
-                 const std::vector<uint16_t>& x, int64_t M, int64_t K, int64_t N) {
+                 const std::vector<uint16_t>& x, int64_t M, int64_t K, int64_t N, bool integer) {
   std::vector<float> buffer;
   const Activations staged = prepare_activations(x.data(), M, K, buffer, std::is_same_v<W, uint16_t>);
   std::vector<int8_t> q(M * K);
   std::vector<float> q_scales(M * K / kQ8Group);
   quantize_q8_rows(x.data(), M, K, q.data(), q_scales.data());
-  const Q8Rows q8{q.data(), q_scales.data()};
-  constexpr int64_t kGroup = std::is_same_v<W, uint8_t> ? kQ8RowGroup : kRowGroup;
+  std::vector<int8_t> passed = q;
+  if (std::is_same_v<W, int8_t> && kQ8Int8Unsigned) offset_q8(passed.data(), M * K);
+  const Q8Rows q8{passed.data(), q_scales.data()};
+  const int64_t group_size = integer ? kQ8RowGroup : kRowGroup;
   std::vector<at::BFloat16> one(M * N), group(M * N);
-  for (int64_t m = 0; m < M; ++m) run_rows<1, W>(w, rs, gs, staged, q8, one.data(), m, K, N);
-  for (int64_t m0 = 0; m0 + kGroup <= M; m0 += kGroup) run_rows<kGroup, W>(w, rs, gs, staged, q8, group.data(), m0, K, N);
+  for (int64_t m = 0; m < M; ++m) run_rows<1, W>(w, rs, gs, staged, q8, integer, one.data(), m, K, N);
+  for (int64_t m0 = 0; m0 + group_size <= M; m0 += group_size) {
+    if (integer) run_rows<kQ8RowGroup, W>(w, rs, gs, staged, q8, integer, group.data(), m0, K, N);
+    else run_rows<kRowGroup, W>(w, rs, gs, staged, q8, integer, group.data(), m0, K, N);
+  }
   bool close = true, invariant = true;
   for (int64_t m = 0; m < M; ++m)
     for (int64_t n = 0; n < N; ++n) {
       double exact = 0, bound = 0;
       for (int64_t k = 0; k < K; ++k) {
-        const double xv = std::is_same_v<W, uint8_t> ? double(q[m * K + k]) * q_scales[(m * K + k) / kQ8Group]
-                                                     : double(from_bf16(x[m * K + k]));
+        const double xv = integer ? double(q[m * K + k]) * q_scales[(m * K + k) / kQ8Group]
+                                  : double(from_bf16(x[m * K + k]));
         exact += xv * ref_w[n * K + k];
         bound += std::fabs(xv * ref_w[n * K + k]);
       }
       close &= std::fabs(float(one[m * N + n]) - exact) <= 3 * std::ldexp(1.0, -8) * bound + 1e-6;
-      if (m < M / kGroup * kGroup) invariant &= one[m * N + n].bits == group[m * N + n].bits;
+      if (m < M / group_size * group_size) invariant &= one[m * N + n].bits == group[m * N + n].bits;
     }
   char what[160];
-  std::snprintf(what, sizeof what, "tile_rows %s: within bf16 rounding of the double product", name);
+  std::snprintf(what, sizeof what, "%s: within bf16 rounding of the double product", name);
   check(close, what);
-  std::snprintf(what, sizeof what, "tile_rows %s: a row's bits at M = 1 and M = %d are equal", name, int(kGroup));
+  std::snprintf(what, sizeof what, "%s: a row's bits at M = 1 and M = %d are equal", name, int(group_size));
   check(invariant, what);
 }
 
@@ -193,13 +205,14 @@ void q8_rows() {  // the activations' quantisation: scale = max |x| / 127 per gr
 }
 
 void linears() {
-  const int64_t M = 12, K = 96, N = 12;  // M: two row groups of 2, 3, 4 or 6
+  const int64_t M = 12, K = 96, N = 12;  // M: several row groups of 2 or 4
   const Tiles t = make_tiles(N, K);
   std::vector<uint16_t> x(M * K);
   for (auto& v : x) v = bf16(uniform(-1.0f, 1.0f));
-  linear_case("bf16", t.bf16.data(), nullptr, nullptr, t.w_bf16, x, M, K, N);
-  linear_case("int8", t.int8.data(), t.row_scales.data(), nullptr, t.w_int8, x, M, K, N);
-  linear_case("int4", t.int4.data(), nullptr, t.group_scales.data(), t.w_int4, x, M, K, N);
+  linear_case("tile_rows bf16", t.bf16.data(), nullptr, nullptr, t.w_bf16, x, M, K, N, false);
+  linear_case("tile_rows int8", t.int8.data(), t.row_scales.data(), nullptr, t.w_int8, x, M, K, N, false);
+  linear_case("tile_rows_int8 (Q8 rows)", t.int8.data(), t.row_scales.data(), nullptr, t.w_int8, x, M, K, N, true);
+  linear_case("tile_rows_int4 (Q8 rows)", t.int4.data(), nullptr, t.group_scales.data(), t.w_int4, x, M, K, N, true);
   q8_rows();
 }
 

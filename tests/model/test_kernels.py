@@ -43,10 +43,11 @@ def test_kernels_build_and_the_layout_follows_the_cpu(isa: str) -> None:
 
 @needs_kernels
 @pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("mode", ["bfloat16", "int8", "int4"])
+@pytest.mark.parametrize("mode", ["bfloat16", "int8", "int8_q8", "int4"])
 def test_linears_within_bf16_rounding_and_batch_invariant(isa: str, mode: str, layout: str) -> None:
-    lin = PackedLinear(WIDE, mode)
+    lin = PackedLinear(WIDE, "int8" if mode == "int8_q8" else mode)
     op = kernels.ops()
+    integer = mode in ("int4", "int8_q8")  # times x's Q8 rows
     if mode == "int4":
         if layout == "panels":
             pytest.skip("int4 has the tile layout only")
@@ -54,16 +55,15 @@ def test_linears_within_bf16_rounding_and_batch_invariant(isa: str, mode: str, l
 
         def run(x: torch.Tensor) -> torch.Tensor:
             return op.linear_int4(x.bfloat16(), lin.packed, lin.scales)
-
-        def activations(x: torch.Tensor) -> torch.Tensor:  # int4 multiplies x's Q8 rows
-            q, scales = kernels.quantize_q8_rows(x.bfloat16())
-            return (q.double().reshape(len(x), -1, 32) * scales.double()[..., None]).reshape(x.shape)
-    elif mode == "int8":
+    elif mode in ("int8", "int8_q8"):
+        if mode == "int8_q8" and layout == "panels":
+            pytest.skip("Q8 rows times int8 weights run on the tiles only")
         q = (lin.dequantized() / lin.scales[:, None]).round().to(torch.int8)
         weight, w = _layout(q, layout, 16), lin.dequantized().double()
+        linear = op.linear_int8_q8 if mode == "int8_q8" else op.linear_int8
 
         def run(x: torch.Tensor) -> torch.Tensor:
-            return op.linear_int8(x.bfloat16(), weight, lin.scales)
+            return linear(x.bfloat16(), weight, lin.scales)
     else:
         weight, w = _layout(WIDE.bfloat16(), layout, 32), WIDE.double()
 
@@ -72,10 +72,16 @@ def test_linears_within_bf16_rounding_and_batch_invariant(isa: str, mode: str, l
     x = torch.randn(150, 96, generator=gen)
     whole = run(x)  # 150 rows: several 64-row AMX passes and 4-row tile groups, partial ones at the end
     assert whole.dtype == torch.bfloat16 and whole.shape == (150, 80)
-    seen = activations(x) if mode == "int4" else x.bfloat16().double()
+    seen = q8_values(x) if integer else x.bfloat16().double()
     assert ((whole.double() - seen @ w.T).abs() <= _bf16_bound(seen.float(), w.float())).all()
     for start, rows in [(0, 1), (7, 1), (3, 2), (10, 3), (20, 4), (30, 5), (40, 17), (0, 64), (50, 65), (149, 1)]:
         assert torch.equal(run(x[start:start + rows]), whole[start:start + rows]), (start, rows)
+
+
+def q8_values(x: torch.Tensor) -> torch.Tensor:
+    """The values of x's Q8 rows (kernels.quantize_q8_rows), what the integer int8 / int4 kernels multiply."""
+    q, scales = kernels.quantize_q8_rows(x.bfloat16())
+    return (q.double().reshape(len(x), -1, 32) * scales.double()[..., None]).reshape(x.shape)
 
 
 @needs_kernels
@@ -87,6 +93,20 @@ def test_packed_linear_runs_its_layout_at_every_batch_size(isa: str) -> None:
         assert whole.dtype == torch.bfloat16
         for rows in (1, 4, 5, 64):
             assert torch.equal(lin(x[:rows]), whole[:rows])
+
+
+@needs_kernels
+def test_int8_activations_switch_chooses_the_q8_kernel_at_packing(isa: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    x = torch.randn(5, 96, generator=gen)
+    default = PackedLinear(WEIGHT, "int8")
+    monkeypatch.setenv(kernels.INT8_SWITCH, "q8")
+    q8 = PackedLinear(WEIGHT, "int8")
+    assert not default.int8_q8 and q8.int8_q8 and torch.equal(q8.packed, default.packed)
+    assert torch.equal(q8(x), kernels.ops().linear_int8_q8(x.bfloat16(), q8.packed, q8.scales))
+    assert torch.equal(default(x), kernels.ops().linear_int8(x.bfloat16(), default.packed, default.scales))
+    monkeypatch.setenv(kernels.INT8_SWITCH, "int4")
+    with pytest.raises(ValueError, match=kernels.INT8_SWITCH):
+        PackedLinear(WEIGHT, "int8")
 
 
 def test_noamx_switch_keeps_the_avx512_tiles(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -55,6 +55,24 @@ def test_x86_micro_kernels_match_the_reference(isa: str, tmp_path: Path) -> None
     _build_and_run(["g++"], X86_TARGETS[isa], tmp_path, [])
 
 
+@pytest.mark.skipif(not shutil.which("g++") or platform.machine() not in ("x86_64", "AMD64"), reason="needs g++ on x86")
+def test_an_isa_header_missing_a_contract_name_fails_to_compile(tmp_path: Path) -> None:
+    """isa_contract.h names every piece an ISA header provides: one renamed away is an error there, not only at
+    whichever driver happens to use it."""
+    for header in KERNELS.glob("*.h"):
+        (tmp_path / header.name).write_text(header.read_text(encoding="utf-8"), encoding="utf-8")
+    complete = subprocess.run(["g++", "-fsyntax-only", "-std=c++17", *X86_TARGETS["avx2"], f"-I{tmp_path}",
+                               str(HARNESS)], capture_output=True, text=True, timeout=120)
+    assert complete.returncode == 0, complete.stderr[-2000:]
+    header = tmp_path / "isa_avx2.h"
+    text = header.read_text(encoding="utf-8")
+    assert "void tile_rows_int8(" in text
+    header.write_text(text.replace("void tile_rows_int8(", "void tile_rows_int8_renamed("), encoding="utf-8")
+    done = subprocess.run(["g++", "-fsyntax-only", "-std=c++17", *X86_TARGETS["avx2"], f"-I{tmp_path}",
+                           str(HARNESS)], capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and "isa_contract.h" in done.stderr and "tile_rows_int8" in done.stderr
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(NATIVE_ARM or not shutil.which(CROSS), reason=f"needs {CROSS} on a non-aarch64 host")
 def test_the_neon_library_drivers_compile_for_aarch64() -> None:

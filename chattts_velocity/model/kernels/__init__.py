@@ -1,10 +1,11 @@
 """Model stage: optional C++ CPU kernels, built with the system's C++ compiler on first use, one library per ISA.
 
-Drivers shared by every ISA: cpu_linear.cpp (batch-invariant bf16 / int8 / int4 linears over one tile layout; int4
-times activations quantised per 32 columns, q8_rows.h), cpu_attention.cpp + attention_rows.h (paged decode
-attention), cpu_decode_layer.cpp (a whole decode layer as one op). Their inner loops come from one micro-kernel
-header per ISA: isa_avx512.h (AVX-512 BF16 and VNNI, plus cpu_amx.cpp on AMX CPUs), isa_avx2.h (AVX2 + FMA),
-isa_neon.h (aarch64 NEON; dotprod / bf16 / i8mm where the compiler targets them).
+Drivers shared by every ISA: cpu_linear.cpp (batch-invariant bf16 / int8 / int4 linears over one tile layout; int4,
+and int8 where int8_q8() opts in, times activations quantised per 32 columns, q8_rows.h), cpu_attention.cpp +
+attention_rows.h (paged decode attention), cpu_decode_layer.cpp (a whole decode layer as one op). Their inner
+loops come from one micro-kernel header per ISA: isa_avx512.h (AVX-512 BF16 and VNNI, plus cpu_amx.cpp on AMX
+CPUs), isa_avx2.h (AVX2 + FMA), isa_neon.h (aarch64 NEON; dotprod / bf16 / i8mm where the compiler targets them),
+each on isa_common.h and checked by isa_contract.h.
 
 The ISA is chosen once from the CPU flags (isa(); CHATTTS_VELOCITY_CPU_KERNELS overrides it: "avx2" runs the AVX2
 kernels on any x86 CPU with AVX2 + FMA, "noamx" the AVX-512 tiles on an AMX CPU, "0" none). `load()` -> True when
@@ -38,6 +39,7 @@ from .int4 import to_int4_tiles as to_int4_tiles
 DRIVERS = [Path(__file__).parent / f"cpu_{name}.cpp" for name in ("linear", "attention", "decode_layer")]
 HEADERS = sorted(Path(__file__).parent.glob("*.h"))
 ENV_SWITCH = "CHATTTS_VELOCITY_CPU_KERNELS"
+INT8_SWITCH = "CHATTTS_VELOCITY_INT8_ACTIVATIONS"  # "q8": int8 tiles on integer dot products; unset / "bf16": not
 SWITCH_VALUES = ("1", "0", "noamx", "avx512", "avx2", "neon")  # unset = "1": the best ISA of this CPU
 BASE_FLAGS = ["-O3", "-std=c++17", "-shared", "-fPIC", "-fopenmp", "-fvisibility=hidden"]
 
@@ -72,6 +74,17 @@ def native_bf16() -> bool:
     """Whether this CPU computes bf16 natively: the hosts of the AVX-512 BF16 kernels (AVX-512 BF16 or AMX; the
     switch's "avx2" makes an AVX-512 host answer as an AVX2 one). Precision.decide's cpu_bf16."""
     return isa() == "avx512"
+
+
+def int8_q8() -> bool:
+    """Whether int8 weights in the tile layout multiply x quantised per row and 32-column group to int8 (the Q8 rows
+    of quantize_q8_rows; integer dot products: faster from a few rows on, more so on AVX2) rather than x's bf16
+    values (weight-only int8, the default: closer to float32). Opt-in: CHATTTS_VELOCITY_INT8_ACTIVATIONS=q8, read
+    when a weight is packed."""
+    choice = os.environ.get(INT8_SWITCH, "bf16")
+    if choice not in ("bf16", "q8"):
+        raise ValueError(f"{INT8_SWITCH}={choice!r}: expected 'bf16' or 'q8'")
+    return choice == "q8"
 
 
 def unsupported() -> str | None:
@@ -214,8 +227,8 @@ def _build(which: str) -> Path:
 
 def _register_fakes(namespace: str) -> None:
     """Output shapes for torch.compile's tracing (the batch dimension stays symbolic)."""
-    fakes = {"linear_bf16": _fake_linear_bf16, "linear_int8": _fake_linear_int8, "linear_int4": _fake_linear_int4,
-             "paged_decode_attention": _fake_attention}
+    fakes = {"linear_bf16": _fake_linear_bf16, "linear_int8": _fake_linear_int8, "linear_int8_q8": _fake_linear_int8,
+             "linear_int4": _fake_linear_int4, "paged_decode_attention": _fake_attention}
     for op, fake in fakes.items():
         torch.library.register_fake(f"{namespace}::{op}")(fake)
 

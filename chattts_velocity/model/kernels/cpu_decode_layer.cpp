@@ -8,7 +8,7 @@
 //                weights [qkv, o, gate_up, down] in the tile or the AMX panel layout, all bf16, int8 or int4,
 //                scales (per weight: fp32 [N] for int8, fp32 [N/4, K/32, 4] for int4, None for bf16),
 //                k_cache, v_cache (mutated: the new K/V rows), slot_mapping [B], block_tables [B, n],
-//                context_lens [B], eps) -> x' [B, H] fp32
+//                context_lens [B], eps, int8_q8: int8 tiles times x's Q8 rows, linear_int8_q8) -> x' [B, H] fp32
 //
 // Why: at batch 1-4 a compiled layer costs ~0.4 ms of Python, guards and tiny kernels on top of its weight
 // reads, ~10 ms per 20-layer step; here the glue (norms, RoPE, KV store, SiLU gate, residuals) is a few
@@ -29,6 +29,7 @@ namespace {
 struct Projection {
   at::Tensor weight;                 // the tile or AMX panel layout (see cpu_linear.cpp)
   std::optional<at::Tensor> scales;  // int8 weights: fp32 [N]; int4: fp32 [N/4, K/32, 4]
+  bool int8_q8 = false;              // int8 tiles times Q8 rows of x (linear_int8_q8), else weight-only
   bool panels() const { return weight.size(2) == 16; }
   bool int4() const { return weight.scalar_type() == at::kByte; }
   int64_t out_features() const { return panels() ? weight.size(0) * 16 : weight.size(0) * 4; }
@@ -38,7 +39,8 @@ struct Projection {
 };
 
 at::Tensor project(const Projection& p, const at::Tensor& x) {  // [M, K] -> [M, N], bf16
-  if (p.weight.scalar_type() == at::kChar) return linear_int8(x, p.weight, *p.scales);
+  if (p.weight.scalar_type() == at::kChar)
+    return p.int8_q8 ? linear_int8_q8(x, p.weight, *p.scales) : linear_int8(x, p.weight, *p.scales);
   if (p.int4()) return linear_int4(x, p.weight, *p.scales);
   return linear_bf16(x, p.weight);
 }
@@ -222,12 +224,12 @@ at::Tensor decode_layer(const at::Tensor& x, const at::Tensor& positions, const 
                         const at::Tensor& norms, at::TensorList weights,
                         const c10::List<std::optional<at::Tensor>>& scales,
                         at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& slot_mapping,
-                        const at::Tensor& block_tables, const at::Tensor& context_lens, double eps) {
+                        const at::Tensor& block_tables, const at::Tensor& context_lens, double eps, bool int8_q8) {
   TORCH_CHECK(weights.size() == 4 && scales.size() == 4, "weights and scales: one each for qkv, o, gate_up, down");
   const Step step{positions, cos, sin, k_cache, v_cache, slot_mapping, block_tables, context_lens};
   check_step(x, step, norms);
   Projection w[4];
-  for (size_t i = 0; i < 4; ++i) w[i] = {weights[i], scales.get(i)};
+  for (size_t i = 0; i < 4; ++i) w[i] = {weights[i], scales.get(i), int8_q8};
   const auto type = w[0].weight.scalar_type();
   for (const auto& p : w) {
     TORCH_CHECK(p.weight.scalar_type() == type && p.weight.dim() == 4 &&
@@ -244,7 +246,7 @@ at::Tensor decode_layer(const at::Tensor& x, const at::Tensor& positions, const 
 CV_LIBRARY_FRAGMENT(CV_OPS, m) {
   m.def("decode_layer(Tensor x, Tensor positions, Tensor cos, Tensor sin, Tensor norms, Tensor[] weights, "
         "Tensor?[] scales, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor slot_mapping, Tensor block_tables, "
-        "Tensor context_lens, float eps) -> Tensor");
+        "Tensor context_lens, float eps, bool int8_q8=False) -> Tensor");
 }
 
 CV_LIBRARY_IMPL(CV_OPS, CPU, m) {

@@ -1,6 +1,7 @@
 // Shared by the cpu_*.cpp drivers (linked into one library per ISA): the ops' C++ entry points, so a fused op can
 // call them without the dispatcher, and the ISA's micro-kernels (isa_<isa>.h, chosen by the compiler flags that
-// __init__.py passes for that ISA; every header defines the same names: V16 and its helpers, tile_rows, Bf16Dot, ...).
+// __init__.py passes for that ISA, on top of isa_common.h; isa_contract.h checks that it defines every name the
+// drivers use, with its signature).
 //
 // The ops live in the namespace CV_OPS (chattts_velocity_<isa>, from -DCV_OPS=...), so libraries of several ISAs
 // can be loaded in one process (tests run the AVX2 kernels on an AVX-512 host).
@@ -24,6 +25,7 @@
 #error "no micro-kernels for this ISA: build with AVX-512 BF16, AVX2 + FMA or for aarch64"
 #endif
 
+#include "isa_contract.h"
 #include "attention_rows.h"
 
 #define CV_LIBRARY_FRAGMENT(ns, m) TORCH_LIBRARY_FRAGMENT(ns, m)  // expands CV_OPS before pasting
@@ -35,6 +37,7 @@ namespace chattts_velocity_cpu {
 // cpu_linear.cpp: y = x @ W.T with W in the tile layout or the AMX panel layout (see there).
 at::Tensor linear_bf16(const at::Tensor& x, const at::Tensor& weight);
 at::Tensor linear_int8(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& scales);
+at::Tensor linear_int8_q8(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& scales);
 at::Tensor linear_int4(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& scales);
 
 // cpu_amx.cpp (AVX-512 library only): y = x @ W.T with W in the AMX panel layout, up to kAmxMaxRows rows per pass.

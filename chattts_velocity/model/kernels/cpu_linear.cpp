@@ -1,5 +1,5 @@
-// Linears for the CPU engine: y = x @ W.T, x and y bf16, products summed in fp32, on the ISA's tile micro-kernel
-// (isa_<isa>.h tile_rows) or, on AMX CPUs, the AMX panel kernel (cpu_amx.cpp).
+// Linears for the CPU engine: y = x @ W.T, x and y bf16, products summed in fp32, on the ISA's tile micro-kernels
+// (isa_<isa>.h tile_rows, tile_rows_int8, tile_rows_int4) or, on AMX CPUs, the AMX panel kernel (cpu_amx.cpp).
 //
 // Batch invariance (the seed contract): a row's result never depends on how many rows come with it. Each row has
 // its own accumulators summed in one fixed order at every M, and the kernel is chosen by the weight's layout only
@@ -14,8 +14,11 @@
 //   linear_bf16(x, weight): weight in the tile layout, or in the AMX panel layout (kernels.to_panels) on AMX CPUs.
 //   linear_int8(x, weight, scales): weight-only int8 with per-output-row scales, either layout. The int8 values
 //     are exact in bf16 / fp32, so the arithmetic is linear_bf16's, then the fp32 sum is scaled and rounded once.
-//   linear_int4(x, weight, scales): int4 tiles with a scale per 32-column group, times x quantised per row and
-//     32-column group to int8 (q8_rows.h): integer dot products per group, scaled once (below).
+//   linear_int8_q8(x, weight, scales): int8 tiles with per-output-row scales times x quantised per row and
+//     32-column group to int8 (q8_rows.h): integer dot products per group (vpdpbusd, vpmaddubsw, SDOT / SMULL)
+//     times the group's scale, summed in fp32, times the row's scale once (kernels.int8_q8 chooses it).
+//   linear_int4(x, weight, scales): int4 tiles with a scale per 32-column group, times x's Q8 rows as linear_int8's
+//     tiles: integer dot products per group, scaled once.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -83,25 +86,33 @@ at::Tensor tiles_linear(const at::Tensor& x, const at::Tensor& tiles, const floa
   return y;
 }
 
-// y [M, N] bf16 = x [M, K] bf16 @ W.T for int4 tiles [N/4, K/32, 4, 16] with group_scales [N/4, K/32, 4]: x is
-// quantised once (Q8 rows), then blocks of tiles stream as in tiles_linear.
-at::Tensor int4_tiles_linear(const at::Tensor& x, const at::Tensor& tiles, const float* group_scales) {
+// y [M, N] bf16 = x [M, K] bf16 @ W.T for int4 tiles [N/4, K/32, 4, 16] with group_scales [N/4, K/32, 4], or for
+// int8 tiles [N/4, K/16, 4, 16] with row_scales [N]: x is quantised once (Q8 rows), then blocks of tiles stream as in
+// tiles_linear, each times every row group of x.
+template <typename W>
+at::Tensor q8_tiles_linear(const at::Tensor& x, const at::Tensor& tiles, const float* scales) {
+  constexpr bool kInt4 = std::is_same_v<W, uint8_t>;
   const int64_t M = x.size(0), K = x.size(1), num_tiles = tiles.size(0), N = num_tiles * kTileRows;
-  const int64_t tile_bytes = K / 2 * kTileRows, tile_scales = K / kQ8Group * kTileRows;
+  const int64_t tile_bytes = (kInt4 ? K / 2 : K) * kTileRows, tile_scales = kInt4 ? K / kQ8Group * kTileRows : kTileRows;
   auto xb = x.contiguous();
   auto y = at::empty({M, N}, x.options());
   std::vector<int8_t> q(static_cast<size_t>(M * K));
-  std::vector<float> scales(static_cast<size_t>(M * K / kQ8Group));
-  quantize_q8_rows(reinterpret_cast<const uint16_t*>(xb.data_ptr()), M, K, q.data(), scales.data());
-  const auto* wp = tiles.data_ptr<uint8_t>();
+  std::vector<float> q_scales(static_cast<size_t>(M * K / kQ8Group));
+  quantize_q8_rows(reinterpret_cast<const uint16_t*>(xb.data_ptr()), M, K, q.data(), q_scales.data());
+  if (!kInt4 && kQ8Int8Unsigned) offset_q8(q.data(), M * K);
+  const W* wp = reinterpret_cast<const W*>(tiles.data_ptr());
   auto* yp = y.data_ptr<at::BFloat16>();
   at::parallel_for(0, num_tiles, kBlockTiles, [&](int64_t t0, int64_t t1) {
     for (int64_t b0 = t0; b0 < t1; b0 += kBlockTiles) {
       const int64_t n = std::min(kBlockTiles, t1 - b0);
       row_groups<kQ8RowGroup>(M, [&](auto rows, int64_t m0) {
-        const Q8Rows xm{q.data() + m0 * K, scales.data() + m0 * (K / kQ8Group)};
-        tile_rows_q8<decltype(rows)::value>(xm, wp + b0 * tile_bytes, group_scales + b0 * tile_scales,
-                                            yp + m0 * N + b0 * kTileRows, K, N, n);
+        const Q8Rows xm{q.data() + m0 * K, q_scales.data() + m0 * (K / kQ8Group)};
+        constexpr int kRows = decltype(rows)::value;
+        auto* out = yp + m0 * N + b0 * kTileRows;
+        if constexpr (kInt4)
+          tile_rows_int4<kRows>(xm, wp + b0 * tile_bytes, scales + b0 * tile_scales, out, K, N, n);
+        else
+          tile_rows_int8<kRows>(xm, wp + b0 * tile_bytes, scales + b0 * tile_scales, out, K, N, n);
       });
     }
   });
@@ -143,6 +154,14 @@ at::Tensor linear_int8(const at::Tensor& x, const at::Tensor& weight, const at::
   return tiles_linear<int8_t>(x, weight, scales.data_ptr<float>());
 }
 
+at::Tensor linear_int8_q8(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& scales) {
+  TORCH_CHECK(weight.scalar_type() == at::kChar && !is_panels(weight), "weight must be int8 tiles");
+  check_inputs(x, weight, 16, 16);
+  TORCH_CHECK(scales.scalar_type() == at::kFloat && scales.numel() == weight.size(0) * kTileRows &&
+                  scales.is_contiguous(), "scales must be float32 [N]");
+  return q8_tiles_linear<int8_t>(x, weight, scales.data_ptr<float>());
+}
+
 // int4 tiles [N/4, K/32, 4, 16] uint8 (byte j of a group: column j in its low nibble, j + 16 in its high one, each
 // q + 8 for q in [-8, 7]) and one fp32 scale per (row, 32-column group) in tile order [N/4, K/32, 4].
 at::Tensor linear_int4(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& scales) {
@@ -151,7 +170,7 @@ at::Tensor linear_int4(const at::Tensor& x, const at::Tensor& weight, const at::
   TORCH_CHECK(scales.scalar_type() == at::kFloat && scales.is_contiguous() &&
                   scales.numel() == weight.size(0) * weight.size(1) * kTileRows,
               "scales must be contiguous float32 [N/4, K/32, 4]");
-  return int4_tiles_linear(x, weight, scales.data_ptr<float>());
+  return q8_tiles_linear<uint8_t>(x, weight, scales.data_ptr<float>());
 }
 
 }  // namespace chattts_velocity_cpu
@@ -159,11 +178,13 @@ at::Tensor linear_int4(const at::Tensor& x, const at::Tensor& weight, const at::
 CV_LIBRARY(CV_OPS, m) {
   m.def("linear_bf16(Tensor x, Tensor weight) -> Tensor");
   m.def("linear_int8(Tensor x, Tensor weight, Tensor scales) -> Tensor");
+  m.def("linear_int8_q8(Tensor x, Tensor weight, Tensor scales) -> Tensor");
   m.def("linear_int4(Tensor x, Tensor weight, Tensor scales) -> Tensor");
 }
 
 CV_LIBRARY_IMPL(CV_OPS, CPU, m) {
   m.impl("linear_bf16", &chattts_velocity_cpu::linear_bf16);
   m.impl("linear_int8", &chattts_velocity_cpu::linear_int8);
+  m.impl("linear_int8_q8", &chattts_velocity_cpu::linear_int8_q8);
   m.impl("linear_int4", &chattts_velocity_cpu::linear_int4);
 }

@@ -5,12 +5,7 @@
 
 #include <immintrin.h>
 
-#include <cstdint>
-#include <cstring>
-#include <type_traits>
-#include <vector>
-
-#include "q8_rows.h"
+#include "isa_common.h"
 
 namespace chattts_velocity_cpu {
 
@@ -33,13 +28,6 @@ inline V16 v_abs(V16 a) {
   return {_mm256_and_ps(a.lo, mask), _mm256_and_ps(a.hi, mask)};
 }
 
-inline float hsum8(__m256 v) {  // fixed order: (lo4 + hi4), then pairs
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
 inline float hmax8(__m256 v) {
   __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_max_ps(s, _mm_movehl_ps(s, s));
@@ -49,7 +37,6 @@ inline float hmax8(__m256 v) {
 
 inline float reduce_add(V16 a) { return hsum8(_mm256_add_ps(a.lo, a.hi)); }
 inline float reduce_max(V16 a) { return hmax8(_mm256_max_ps(a.lo, a.hi)); }
-inline void prefetch(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0); }
 
 // exp(x) for x in [-87, 88] (clamped outside), as isa_avx512.h: x = n ln2 + r, e^r by Cephes' degree-7 polynomial,
 // times 2^n built in the exponent bits (n + 127 in 1..254: always a normal float).
@@ -120,9 +107,8 @@ inline void store16_int16(int16_t* p, V16 v) {
 
 // ---- tile linear (cpu_linear.cpp): rows of x times weight tiles [tiles, K / C, 4, C] ----
 
-constexpr int64_t kTileRows = 4;     // output rows per tile
 constexpr int64_t kRowGroup = 2;     // rows of x per pass: 4 x 2 accumulators + 4 weight vectors in 16 registers
-constexpr int64_t kQ8RowGroup = 4;   // tile_rows_q8's rows per pass
+constexpr int64_t kQ8RowGroup = 4;   // tile_rows_int4's rows per pass
 constexpr int64_t kPrefetch = 2048;  // bytes ahead of the stream
 
 // x [M, K] as fp32, in the order the weights unpack: for bf16 weights each 16-wide chunk is its 8 even then its
@@ -138,11 +124,6 @@ inline Activations prepare_activations(const uint16_t* x, int64_t M, int64_t K, 
       std::memcpy(&buffer[i + (paired ? j / 2 + 8 * (j % 2) : j)], &bits, 4);
     }
   return buffer.data();
-}
-
-template <typename W>
-constexpr int64_t step_bytes() {  // weight bytes of one 32-wide step of one row
-  return std::is_same_v<W, uint16_t> ? 64 : 32;
 }
 
 // The 32 weights of row r at a step as 4 x 8 fp32, in the activations' order.
@@ -198,7 +179,7 @@ void tile_rows(Activations x, const W* w, const float* row_scales, at::BFloat16*
 // sums of x: sum(q x) per lane. Then times the weight's group scale and the row's (4 products per (row, group), one
 // lane each taken by a permute), into 8 fp32 lanes per (row, output) in a fixed order at every M.
 template <int M>
-void tile_rows_q8(Q8Rows x, const uint8_t* w, const float* group_scales, at::BFloat16* y, int64_t K, int64_t N,
+void tile_rows_int4(Q8Rows x, const uint8_t* w, const float* group_scales, at::BFloat16* y, int64_t K, int64_t N,
                   int64_t tiles) {
   const int64_t groups = K / kQ8Group;
   const __m256i nibbles = _mm256_set1_epi8(0x0F), eight = _mm256_set1_epi8(8), ones = _mm256_set1_epi16(1);
@@ -232,16 +213,53 @@ void tile_rows_q8(Q8Rows x, const uint8_t* w, const float* group_scales, at::BFl
   }
 }
 
-// int8 tiles widen in registers at every M here (no block buffer).
-constexpr bool kWidenInt8Blocks = false;
+// int8 tiles [tiles, K / 16, 4, 16] (per 32-wide step columns 0-15 of the 4 rows, then 16-31) times Q8 rows, exact
+// per group: vpmaddubsw multiplies |w| by x with w's sign (pairs <= 2 x 128 x 127: no saturation), vpmaddwd sums to
+// int32, three vphaddd fold the 4 rows into one register (lane r: row r's columns 0-15, lane 4 + r: 16-31), times
+// the row's group scale into fp32 lanes; at the end an output's two lanes added, times its row scale.
+constexpr bool kQ8Int8Unsigned = false;
+
+template <int M>
+void tile_rows_int8(Q8Rows x, const int8_t* w, const float* row_scales, at::BFloat16* y, int64_t K, int64_t N,
+                    int64_t tiles) {
+  const int64_t groups = K / kQ8Group;
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int64_t t = 0; t < tiles; ++t) {
+    const int8_t* wt = w + t * K * kTileRows;
+    __m256 acc[M];
+    for (int m = 0; m < M; ++m) acc[m] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < groups; ++g, wt += kQ8Group * kTileRows) {
+      prefetch(wt + kPrefetch);
+      prefetch(wt + kPrefetch + 64);
+      __m256i signs[kTileRows], magnitudes[kTileRows];
+      for (int r = 0; r < kTileRows; ++r) {
+        signs[r] = _mm256_set_m128i(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wt + 16 * kTileRows + 16 * r)),
+                                    _mm_loadu_si128(reinterpret_cast<const __m128i*>(wt + 16 * r)));
+        magnitudes[r] = _mm256_abs_epi8(signs[r]);
+      }
+      for (int m = 0; m < M; ++m) {
+        const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q + m * K + g * kQ8Group));
+        __m256i sums[kTileRows];
+        for (int r = 0; r < kTileRows; ++r)
+          sums[r] = _mm256_madd_epi16(_mm256_maddubs_epi16(magnitudes[r], _mm256_sign_epi8(xq, signs[r])), ones);
+        const __m256i rows = _mm256_hadd_epi32(_mm256_hadd_epi32(sums[0], sums[1]), _mm256_hadd_epi32(sums[2], sums[3]));
+        acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(rows), _mm256_set1_ps(x.scales[m * groups + g]), acc[m]);
+      }
+    }
+    for (int m = 0; m < M; ++m) {
+      alignas(32) float lanes[8];
+      _mm256_store_ps(lanes, acc[m]);
+      for (int r = 0; r < kTileRows; ++r)
+        y[m * N + t * kTileRows + r] = at::BFloat16(row_scales[t * kTileRows + r] * (lanes[r] + lanes[4 + r]));
+    }
+  }
+}
+
+constexpr bool kWidenInt8Blocks = false;  // int8 tiles widen in registers at every M here (no block buffer)
 using WideWeight = int8_t;
 inline void widen_int8_block(const int8_t*, int8_t*, int64_t, int64_t) {}
 
 // ---- paged attention rows (cpu_attention.cpp) ----
-
-inline void prefetch_row(const uint8_t* row, int64_t bytes) {
-  for (int64_t d = 0; d < bytes; d += 64) prefetch(row + d);
-}
 
 struct Bf16Dot {  // q . k of bf16 rows in fp32 (products exact)
   static float dot(const uint16_t* q, const uint8_t* row, int64_t D) {
@@ -276,15 +294,8 @@ inline float softmax_row(float* scores, int64_t len, float top) {  // in place: 
     _mm256_storeu_ps(scores + p, e);
     total = _mm256_add_ps(total, e);
   }
-  float sum = hsum8(total);
-  if (p < len) {  // the tail through a zero-padded buffer; padding lanes are left out of the sum
-    alignas(32) float tail[8] = {};
-    std::memcpy(tail, scores + p, (len - p) * sizeof(float));
-    _mm256_store_ps(tail, exp8(_mm256_sub_ps(_mm256_load_ps(tail), shift)));
-    for (int64_t i = 0; i < len - p; ++i) sum += tail[i];
-    std::memcpy(scores + p, tail, (len - p) * sizeof(float));
-  }
-  return sum;
+  return softmax_tail<8>(scores, p, len, hsum8(total),
+                         [&](float* tail) { _mm256_store_ps(tail, exp8(_mm256_sub_ps(_mm256_load_ps(tail), shift))); });
 }
 
 }  // namespace chattts_velocity_cpu

@@ -4,12 +4,7 @@
 
 #include <immintrin.h>
 
-#include <cstdint>
-#include <cstring>
-#include <type_traits>
-#include <vector>
-
-#include "q8_rows.h"
+#include "isa_common.h"
 
 namespace chattts_velocity_cpu {
 
@@ -26,7 +21,6 @@ inline V16 v_max(V16 a, V16 b) { return _mm512_max_ps(a, b); }
 inline V16 v_abs(V16 a) { return _mm512_abs_ps(a); }
 inline float reduce_add(V16 a) { return _mm512_reduce_add_ps(a); }
 inline float reduce_max(V16 a) { return _mm512_reduce_max_ps(a); }
-inline void prefetch(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0); }
 
 // exp(x) for x in [-87, 88] (clamped outside): x = n ln2 + r, |r| <= ln2 / 2, e^r by a degree-7 polynomial
 // (Cephes expf coefficients), times 2^n. Relative error ~2e-7.
@@ -70,9 +64,8 @@ inline void store16_int8(uint8_t* p, V16 v) {  // round half even (MXCSR), satur
 
 // ---- tile linear (cpu_linear.cpp): rows of x times weight tiles [tiles, K / C, 4, C] ----
 
-constexpr int64_t kTileRows = 4;    // output rows per tile
 constexpr int64_t kRowGroup = 4;    // rows of x per pass of the micro-kernel
-constexpr int64_t kQ8RowGroup = 4;  // tile_rows_q8's rows per pass
+constexpr int64_t kQ8RowGroup = 4;  // tile_rows_int4's rows per pass
 constexpr int64_t kPrefetch = 4096;  // bytes ahead of the stream
 
 using Activations = const uint16_t*;  // x [M, K] bf16 as it comes
@@ -87,11 +80,6 @@ inline __m512i weights32(const int8_t* wt, int r) {
   const __m512 hi = _mm512_cvtepi32_ps(
       _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wt + 16 * kTileRows + 16 * r))));
   return reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo));
-}
-
-template <typename W>
-constexpr int64_t step_bytes() {  // weight bytes of one 32-wide step of one row
-  return std::is_same_v<W, uint16_t> ? 64 : 32;
 }
 
 // Rows x[0, M) times `tiles` consecutive weight tiles from w: y[m * N + 4 t + r] = (row_scales[4 t + r] *) the sum.
@@ -124,20 +112,13 @@ void tile_rows(Activations x, const W* w, const float* row_scales, at::BFloat16*
   }
 }
 
-inline float hsum8(__m256 v) {  // fixed order: (lo4 + hi4), then pairs
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
 // int4 tiles [tiles, K / 32, 4, 16] (byte j of a row's group: q + 8 of column j in its low nibble, of column j + 16
 // in its high one) times Q8 rows, two output rows per register: lanes 0-7 row r, 8-15 row r + 1. Per group
 // vpdpbusd sums the (q + 8) x activation products in exact integers, starting from -8 x the activations' sums so
 // the lanes hold sum(q x); then times the weight's group scale and the row's, into fp32 lanes in a fixed order at
 // every M.
 template <int M>
-void tile_rows_q8(Q8Rows x, const uint8_t* w, const float* group_scales, at::BFloat16* y, int64_t K, int64_t N,
+void tile_rows_int4(Q8Rows x, const uint8_t* w, const float* group_scales, at::BFloat16* y, int64_t K, int64_t N,
                   int64_t tiles) {
   const int64_t groups = K / kQ8Group;
   const __m512i nibbles = _mm512_set1_epi8(0x0F), eight = _mm512_set1_epi8(8);
@@ -183,6 +164,46 @@ void tile_rows_q8(Q8Rows x, const uint8_t* w, const float* group_scales, at::BFl
   }
 }
 
+// int8 tiles [tiles, K / 16, 4, 16] (a 32-wide step: columns 0-15 of the 4 rows, then their columns 16-31) times
+// Q8 rows stored unsigned (q + 128: kQ8Int8Unsigned). Per group two vpdpbusd put in lane 4r + i the exact integer
+// sum over columns 4i..4i+3 and 16+4i..16+4i+3 of (q + 128) w for output row r, starting from -128 x the same sums
+// of w (two more vpdpbusd per tile and group, shared by the rows), so the lanes hold sum(q w); then times the row's
+// group scale into fp32 lanes. At the end each output's 4 lanes are summed in a fixed order, times its row scale.
+constexpr bool kQ8Int8Unsigned = true;
+
+template <int M>
+void tile_rows_int8(Q8Rows x, const int8_t* w, const float* row_scales, at::BFloat16* y, int64_t K, int64_t N,
+                    int64_t tiles) {
+  const int64_t groups = K / kQ8Group;
+  const __m512i offset = _mm512_set1_epi8(static_cast<char>(0x80)), zero = _mm512_setzero_si512();
+  for (int64_t t = 0; t < tiles; ++t) {
+    const int8_t* wt = w + t * K * kTileRows;
+    __m512 acc[M];
+    for (int m = 0; m < M; ++m) acc[m] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < groups; ++g, wt += kQ8Group * kTileRows) {
+      prefetch(wt + kPrefetch);
+      prefetch(wt + kPrefetch + 64);
+      const __m512i lo = _mm512_loadu_si512(wt), hi = _mm512_loadu_si512(wt + 16 * kTileRows);
+      const __m512i start = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(zero, offset, lo), offset, hi));
+      for (int m = 0; m < M; ++m) {
+        const int8_t* xq = x.q + m * K + g * kQ8Group;
+        const __m512i x_lo = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(xq)));
+        const __m512i x_hi = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(xq + 16)));
+        const __m512i sums = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(start, x_lo, lo), x_hi, hi);
+        acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), _mm512_set1_ps(x.scales[m * groups + g]), acc[m]);
+      }
+    }
+    for (int m = 0; m < M; ++m) {
+      alignas(64) float lanes[16];
+      _mm512_store_ps(lanes, acc[m]);
+      for (int r = 0; r < kTileRows; ++r) {
+        const float* l = lanes + 4 * r;
+        y[m * N + t * kTileRows + r] = at::BFloat16(row_scales[t * kTileRows + r] * ((l[0] + l[1]) + (l[2] + l[3])));
+      }
+    }
+  }
+}
+
 // Widening int8 tiles once per block (for many rows): [tiles, K/16, 4, 16] int8 -> [tiles, K/32, 4, 32] bf16, exact
 // (|q| <= 127), so they run tile_rows<uint16_t>'s arithmetic, the same as widening them in registers.
 constexpr bool kWidenInt8Blocks = true;
@@ -196,10 +217,6 @@ inline void widen_int8_block(const int8_t* w, uint16_t* out, int64_t K, int64_t 
 }
 
 // ---- paged attention rows (cpu_attention.cpp) ----
-
-inline void prefetch_row(const uint8_t* row, int64_t bytes) {
-  for (int64_t d = 0; d < bytes; d += 64) prefetch(row + d);
-}
 
 // bf16 pools: a row is D bf16 values; q . k by dpbf16 on q's bf16 values.
 struct Bf16Dot {

@@ -1,18 +1,13 @@
 // aarch64 NEON micro-kernels (Apple M-series, Graviton, Ampere): the vector helpers, the tile linear's inner loop
 // and the attention's row kernels behind the shared drivers (cpu_*.cpp). One V16 is four float32x4_t.
 // Where the compiler targets the BF16 extension (__ARM_FEATURE_BF16_VECTOR_ARITHMETIC: Graviton 3, M2 on), q . k of
-// bf16 rows uses BFDOT and fp32 -> bf16 uses BFCVT; elsewhere both are plain NEON. The int4 linear's integer dot
-// products use SDOT where the compiler targets dotprod, else SMULL / SMLAL (the same exact sums); i8mm is not used.
+// bf16 rows uses BFDOT and fp32 -> bf16 uses BFCVT; elsewhere both are plain NEON. The int4 / int8 linears' integer
+// dot products use SDOT where the compiler targets dotprod, else SMULL / SMLAL (exact sums); i8mm is not used.
 #pragma once
 
 #include <arm_neon.h>
 
-#include <cstdint>
-#include <cstring>
-#include <type_traits>
-#include <vector>
-
-#include "q8_rows.h"
+#include "isa_common.h"
 
 namespace chattts_velocity_cpu {
 
@@ -42,7 +37,6 @@ inline V16 v_abs(V16 a) {
 }
 inline float reduce_add(V16 a) { return vaddvq_f32(vaddq_f32(vaddq_f32(a.v[0], a.v[1]), vaddq_f32(a.v[2], a.v[3]))); }
 inline float reduce_max(V16 a) { return vmaxvq_f32(vmaxq_f32(vmaxq_f32(a.v[0], a.v[1]), vmaxq_f32(a.v[2], a.v[3]))); }
-inline void prefetch(const void* p) { __builtin_prefetch(p); }
 
 // exp(x) for x in [-87, 88] (clamped outside), as isa_avx512.h: x = n ln2 + r, e^r by Cephes' degree-7 polynomial,
 // times 2^n built in the exponent bits (n + 127 in 1..254: always a normal float).
@@ -130,9 +124,8 @@ inline void store16_int16(int16_t* p, V16 v) {
 
 // ---- tile linear (cpu_linear.cpp): rows of x times weight tiles [tiles, K / C, 4, C] ----
 
-constexpr int64_t kTileRows = 4;     // output rows per tile
 constexpr int64_t kRowGroup = 4;     // rows of x per pass: 16 accumulators + 8 weight vectors of 32 registers
-constexpr int64_t kQ8RowGroup = 4;   // tile_rows_q8's rows per pass
+constexpr int64_t kQ8RowGroup = 4;   // tile_rows_int4's rows per pass
 constexpr int64_t kPrefetch = 2048;  // bytes ahead of the stream
 
 using Activations = const float*;  // x [M, K] as fp32, natural order
@@ -141,11 +134,6 @@ inline Activations prepare_activations(const uint16_t* x, int64_t M, int64_t K, 
   buffer.resize(static_cast<size_t>(M * K));
   for (int64_t i = 0; i < M * K; i += 16) store16(buffer.data() + i, load16(x + i));
   return buffer.data();
-}
-
-template <typename W>
-constexpr int64_t step_bytes() {  // weight bytes of one 32-wide step of one row
-  return std::is_same_v<W, uint16_t> ? 64 : 32;
 }
 
 // The 32 weights of row r at a step as 8 x 4 fp32, natural order.
@@ -189,18 +177,15 @@ void tile_rows(Activations x, const W* w, const float* row_scales, at::BFloat16*
   }
 }
 
-// sum(q x) of 32 int4 weights (two int8x16: columns 0-15, 16-31) and 32 int8 activations in 4 int32 lanes, exact:
-// SDOT where the compiler targets the dot product extension, else SMULL / SMLAL (4 products of at most 8 x 127 per
-// int16 lane) and a pairwise widening add.
+// sum(q x) of 32 int8 / int4 weights (two int8x16: columns 0-15, 16-31) and 32 int8 activations in 4 int32 lanes,
+// exact: SDOT, else SMULL / SMLAL (2 products <= 128 x 127 per int16 lane) and pairwise widening adds.
 inline int32x4_t group_dot(int8x16_t w0, int8x16_t w1, int8x16_t x0, int8x16_t x1) {
 #if defined(__ARM_FEATURE_DOTPROD)
   return vdotq_s32(vdotq_s32(vdupq_n_s32(0), w0, x0), w1, x1);
 #else
-  int16x8_t sums = vmull_s8(vget_low_s8(w0), vget_low_s8(x0));
-  sums = vmlal_high_s8(sums, w0, x0);
-  sums = vmlal_s8(sums, vget_low_s8(w1), vget_low_s8(x1));
-  sums = vmlal_high_s8(sums, w1, x1);
-  return vpaddlq_s16(sums);
+  const int16x8_t lo = vmlal_high_s8(vmull_s8(vget_low_s8(w0), vget_low_s8(x0)), w0, x0);
+  const int16x8_t hi = vmlal_high_s8(vmull_s8(vget_low_s8(w1), vget_low_s8(x1)), w1, x1);
+  return vpadalq_s16(vpaddlq_s16(lo), hi);
 #endif
 }
 
@@ -208,7 +193,7 @@ inline int32x4_t group_dot(int8x16_t w0, int8x16_t w1, int8x16_t x0, int8x16_t x
 // in its high one) times Q8 rows: per group the exact integer sum(q x) (group_dot), times the weight's group scale
 // and the row's, into 4 fp32 lanes per (row, output) in a fixed order at every M.
 template <int M>
-void tile_rows_q8(Q8Rows x, const uint8_t* w, const float* group_scales, at::BFloat16* y, int64_t K, int64_t N,
+void tile_rows_int4(Q8Rows x, const uint8_t* w, const float* group_scales, at::BFloat16* y, int64_t K, int64_t N,
                   int64_t tiles) {
   const int64_t groups = K / kQ8Group;
   const int8x16_t eight = vdupq_n_s8(8);
@@ -237,16 +222,43 @@ void tile_rows_q8(Q8Rows x, const uint8_t* w, const float* group_scales, at::BFl
   }
 }
 
-// int8 tiles widen in registers at every M here (no block buffer).
-constexpr bool kWidenInt8Blocks = false;
+// int8 tiles [tiles, K / 16, 4, 16] (per 32-wide step columns 0-15 of the 4 rows, then 16-31) times Q8 rows: per
+// group group_dot times the row's group scale into 4 fp32 lanes per (row, output), fixed order at every M; at the
+// end the lanes' sum times the output's row scale.
+constexpr bool kQ8Int8Unsigned = false;
+
+template <int M>
+void tile_rows_int8(Q8Rows x, const int8_t* w, const float* row_scales, at::BFloat16* y, int64_t K, int64_t N,
+                    int64_t tiles) {
+  const int64_t groups = K / kQ8Group;
+  for (int64_t t = 0; t < tiles; ++t) {
+    const int8_t* wt = w + t * K * kTileRows;
+    float32x4_t acc[M][kTileRows];
+    for (int m = 0; m < M; ++m)
+      for (int r = 0; r < kTileRows; ++r) acc[m][r] = vdupq_n_f32(0);
+    for (int64_t g = 0; g < groups; ++g, wt += kQ8Group * kTileRows) {
+      prefetch(wt + kPrefetch);
+      prefetch(wt + kPrefetch + 64);
+      for (int r = 0; r < kTileRows; ++r) {
+        const int8x16_t w0 = vld1q_s8(wt + 16 * r), w1 = vld1q_s8(wt + 16 * kTileRows + 16 * r);
+        for (int m = 0; m < M; ++m) {
+          const int8_t* xq = x.q + m * K + g * kQ8Group;
+          const int32x4_t sums = group_dot(w0, w1, vld1q_s8(xq), vld1q_s8(xq + 16));
+          acc[m][r] = vfmaq_n_f32(acc[m][r], vcvtq_f32_s32(sums), x.scales[m * groups + g]);
+        }
+      }
+    }
+    for (int m = 0; m < M; ++m)
+      for (int r = 0; r < kTileRows; ++r)
+        y[m * N + t * kTileRows + r] = at::BFloat16(row_scales[t * kTileRows + r] * vaddvq_f32(acc[m][r]));
+  }
+}
+
+constexpr bool kWidenInt8Blocks = false;  // int8 tiles widen in registers at every M here (no block buffer)
 using WideWeight = int8_t;
 inline void widen_int8_block(const int8_t*, int8_t*, int64_t, int64_t) {}
 
 // ---- paged attention rows (cpu_attention.cpp) ----
-
-inline void prefetch_row(const uint8_t* row, int64_t bytes) {
-  for (int64_t d = 0; d < bytes; d += 64) prefetch(row + d);
-}
 
 struct Bf16Dot {  // q . k of bf16 rows in fp32 (products exact; BFDOT where the BF16 extension is targeted)
   static float dot(const uint16_t* q, const uint8_t* row, int64_t D) {
@@ -287,15 +299,8 @@ inline float softmax_row(float* scores, int64_t len, float top) {  // in place: 
     vst1q_f32(scores + p, e);
     total = vaddq_f32(total, e);
   }
-  float sum = vaddvq_f32(total);
-  if (p < len) {  // the tail through a zero-padded buffer; padding lanes are left out of the sum
-    float tail[4] = {};
-    std::memcpy(tail, scores + p, (len - p) * sizeof(float));
-    vst1q_f32(tail, exp4(vsubq_f32(vld1q_f32(tail), shift)));
-    for (int64_t i = 0; i < len - p; ++i) sum += tail[i];
-    std::memcpy(scores + p, tail, (len - p) * sizeof(float));
-  }
-  return sum;
+  return softmax_tail<4>(scores, p, len, vaddvq_f32(total),
+                         [&](float* tail) { vst1q_f32(tail, exp4(vsubq_f32(vld1q_f32(tail), shift))); });
 }
 
 }  // namespace chattts_velocity_cpu

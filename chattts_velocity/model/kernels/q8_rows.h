@@ -36,4 +36,9 @@ inline void quantize_q8_rows(const uint16_t* x, int64_t M, int64_t K, int8_t* q,
   }
 }
 
+// q + 128 as unsigned bytes (flipping the sign bit), in place: the unsigned operand of vpdpbusd (kQ8Int8Unsigned).
+inline void offset_q8(int8_t* q, int64_t count) {
+  for (int64_t i = 0; i < count; ++i) q[i] = static_cast<int8_t>(static_cast<uint8_t>(q[i]) ^ 0x80u);
+}
+
 }  // namespace chattts_velocity_cpu
