@@ -47,10 +47,10 @@ class FailsAfterFirst:
     def __init__(self) -> None:
         self.calls: list[list[str]] = []
 
-    def infer_many(self, texts, params, timestamps=False):
-        self.calls.append(list(texts))
+    def run_each(self, job):
+        self.calls.append(list(job.texts))
         yield 0, np.full(2400, 0.1, np.float32)
-        if len(texts) > 1:
+        if len(job.texts) > 1:
             raise RuntimeError("the batch failed")
 
 
