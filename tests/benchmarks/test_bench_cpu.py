@@ -18,6 +18,8 @@ from benchmarks import bench_cpu  # noqa: E402 (imported once REPO is on sys.pat
 from chattts_velocity.config import ModelConfig  # noqa: E402 (imported once REPO is on sys.path)
 from chattts_velocity.model import kernels  # noqa: E402 (imported once REPO is on sys.path)
 
+pytestmark = pytest.mark.slow  # one bench_cpu --quick run: about a minute on a quiet 2-core host
+
 
 @pytest.fixture(scope="module")
 def report(tiny_assets, tmp_path_factory) -> dict:
