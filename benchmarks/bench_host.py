@@ -90,6 +90,7 @@ def fill(n):
         engine.add_request(None, prompt(CONTEXT), params())
     while engine.scheduler.waiting or any(s.num_computed_tokens < len(s) - 1 for s in engine.scheduler.running):
         engine.step()
+    assert len(engine.scheduler.running) == n, "a step failed: the bench would time nothing"
 
 def clear():
     for seq in list(engine.scheduler.running):

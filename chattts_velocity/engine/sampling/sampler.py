@@ -9,8 +9,10 @@ import array
 import functools
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
+from chattts_velocity.engine.core.decode_batch import DecodeBatch
 from chattts_velocity.engine.core.sequence import Sequence
 from chattts_velocity.engine.sampling import logits_processors as lp
 
@@ -44,6 +46,7 @@ class SamplingBatch:
 
     params: lp.RowParams  # the processor chain's per-row parameters
     noise_seeds: list[int]  # [S] step_seed(seq.seed, len(seq.generated))
+    seed_bits: np.ndarray | None = None  # [S] uint64, the same seeds as an array (a steady step's)
 
 
 class Sampler:
@@ -69,6 +72,19 @@ class Sampler:
         # mypy silenced below: no seed is None (checked above)
         noise_seeds = [step_seed(seq.seed, seq.num_generated) for seq in seqs]  # type: ignore[arg-type]
         return SamplingBatch(_row_params(seqs, num_rows, self._static), noise_seeds)
+
+    def prepare_steady(self, state: DecodeBatch) -> SamplingBatch:
+        """prepare(state.seqs, state.rows) from the persistent batch's arrays: no per-sequence Python."""
+        rows = state.rows
+        static = _static_rows(state.seqs, rows, self._static)
+        history = torch.from_numpy(state.history.reshape(len(state) * rows, -1))  # [S*rows, W], any order
+        below = state.generated < state.min_new
+        mask_eos = torch.from_numpy(np.repeat(below, rows)) if below.any() else state.no_eos_mask
+        params = lp.RowParams(rows_per_seq=rows, temperatures=static.temperatures, eos_ids=static.eos_ids,
+                              mask_eos=mask_eos, penalties=static.penalties if history.shape[1] > 0 else None,
+                              history=history, top_p=static.top_p, top_k=static.top_k)
+        seeds = state.noise_seeds()
+        return SamplingBatch(params, seeds.tolist(), seeds)
 
     @torch.inference_mode()
     def sample(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
