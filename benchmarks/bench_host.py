@@ -2,7 +2,9 @@
 
 The engine runs a real backend ("triton" under TRITON_INTERPRET=1, or "cpu") whose kernels are replaced by
 ready-made results: the layers return their input (hidden states of the right shape), the heads return fixed
-logits, the sampler's draw returns fixed tokens (its host-side preparation still runs). What is left is the host
+logits, the sampler's draw returns fixed tokens (its host-side preparation still runs); on the triton backend a steady
+decode step's graph (engine/backends/step_graph.py: slots, embedding, layers, heads, sampler; one replay on a GPU)
+returns fixed tokens, while filling its buffers and staging its per-step inputs still run. What is left is the host
 work a GPU step cannot hide. Reported, in milliseconds of the host thread's CPU time per step (median; torch runs
 one thread, so a busy host's other processes inflate it far less than wall time):
 
@@ -69,10 +71,14 @@ if backend == "cpu" and not model_work:
     runner.backend.fused = lambda embeds, *args: embeds
 elif not model_work:
     runner.backend._layers = lambda x, *args: x
+ready_hidden = torch.zeros(max(sizes) + 1, cfg.hidden_size)
 if not model_work:
     runner.embed.logits_rowwise = lambda hidden, name: ready_code[: hidden.shape[0]]
     sampler = getattr(runner.backend, "sampler", None) or runner.sampler
     sampler.sample = lambda logits, batch: ready_tokens[: len(batch.noise_seeds)]
+    graphs = getattr(runner, "step_graphs", None)
+    if graphs is not None:  # a steady step is one graph replay on a GPU: its body is model work, filling it is not
+        graphs.fn = lambda inputs: (ready_tokens[: inputs.ids.shape[0]], ready_hidden[: inputs.ids.shape[0]])
 clock = time.process_time if model_work else time.thread_time
 gen = torch.Generator().manual_seed(0)
 

@@ -39,7 +39,7 @@ def _engine(backend: str, blocks: int = 64, steady: bool = True) -> LLMEngine:
     per_block = kv_cache_bytes_per_block(CONFIG.num_hidden_layers, BLOCK, HEADS, CONFIG.head_dim,
                                          torch.bfloat16 if backend == "cpu" else torch.float32)
     engine = LLMEngine(model.eval(), embed.eval(), CONFIG,
-                       EngineConfig(backend=backend, dtype=dtype, block_size=BLOCK, max_model_len=96,
+                       EngineConfig(backend=backend, dtype=dtype, block_size=BLOCK, max_model_len=56,
                                     max_num_seqs=8, kv_cache_memory=blocks * per_block))
     assert engine.runner.backend.name == backend
     engine.scheduler.use_steady = steady
@@ -83,7 +83,7 @@ def _scenario(engine: LLMEngine, steps: int, eos: int = 625) -> Trace:
     return trace
 
 
-def _same_both_ways(backend: str, steps: int, blocks: int = 64) -> None:
+def _same_both_ways(backend: str, steps: int, blocks: int = 64, hidden_tolerance: float = 0.0) -> None:
     oracle = _engine(backend, blocks, steady=False)
     free = _scenario(oracle, steps)
     # an EOS id the "eos" request samples: its own row-0 code at its 5th step when 625 was its EOS
@@ -94,7 +94,11 @@ def _same_both_ways(backend: str, steps: int, blocks: int = 64) -> None:
     got = _scenario(engine, steps, eos)
     assert engine.stats.num_steady_steps > steps // 2  # the persistent batch did serve most steps
     assert any(reason == "eos" for _, _, _, reason, _ in expected)
-    assert got == expected
+    assert [delta[:4] for delta in got] == [delta[:4] for delta in expected]  # codes, finish, order: identical
+    for (*_, hidden), (*_, reference) in zip(got, expected, strict=True):
+        assert (hidden is None) == (reference is None)
+        if hidden is not None and reference is not None:
+            assert max(abs(a - b) for a, b in zip(hidden, reference, strict=True)) <= hidden_tolerance
 
 
 @pytest.mark.skipif(kernels.unsupported() is not None, reason=f"CPU kernels: {kernels.unsupported()}")
@@ -117,7 +121,9 @@ def test_steady_decode_equals_the_per_sequence_loop_through_preemption() -> None
 @pytest.mark.skipif(available() is not None or os.environ.get("TRITON_INTERPRET") != "1",
                     reason="needs Triton's interpreter (TRITON_INTERPRET=1)")
 def test_steady_decode_equals_the_per_sequence_loop_on_triton() -> None:
-    _same_both_ways("triton", 8)
+    # the steady steps run as one graph on buffers padded to the ladder's size (engine/backends/step_graph.py): the
+    # decode attention's split count follows the batch size, so hidden states may differ in the last bits
+    _same_both_ways("triton", 8, hidden_tolerance=1e-5)
 
 
 def test_vectorised_step_seeds_equal_the_per_request_ones() -> None:

@@ -20,7 +20,7 @@ from chattts_velocity.model.llama import KVPair
 
 def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
     """A host tensor on `device`; to CUDA through pinned memory without blocking the host (no stream sync)."""
-    if device.type != "cuda":
+    if device.type != "cuda" or tensor.is_cuda:
         return tensor.to(device)
     return tensor.pin_memory().to(device, non_blocking=True)
 

@@ -12,11 +12,14 @@ import torch
 
 from chattts_velocity.config import EngineConfig, ModelConfig
 from chattts_velocity.engine.backends import DecodeBackend
+from chattts_velocity.engine.backends.cuda_graphs import graph_batch_sizes
 from chattts_velocity.engine.backends.paged_kv import BlockTables, PagedKV, StepTensors, step_tensors, to_device
 from chattts_velocity.engine.backends.select import select_backend
+from chattts_velocity.engine.backends.step_graph import StepGraphs, steady_step
 from chattts_velocity.engine.core.decode_batch import DecodeBatch
 from chattts_velocity.engine.core.sequence import Sequence
 from chattts_velocity.engine.core.step import ScheduledBatch, StepOutput
+from chattts_velocity.engine.sampling.device_sampler import DeviceSampler
 from chattts_velocity.engine.sampling.sampler import Sampler, SamplingBatch
 from chattts_velocity.model import ChatTTSLlama, Embed, allocate_kv_pairs
 
@@ -50,6 +53,16 @@ class ModelRunner:
         width = -(-engine_config.max_model_len // self.block_size)
         self.block_tables = BlockTables(2 * engine_config.max_num_seqs, width, self.device)
         self._positions: tuple[DecodeBatch, torch.Tensor] | None = None  # a persistent batch's last positions [B]
+        self.step_graphs = self._step_graphs(engine_config, width, num_blocks)
+
+    def _step_graphs(self, engine_config: EngineConfig, width: int, pad_block: int) -> StepGraphs | None:
+        """The triton backend's steady steps run as one graph each (captured on CUDA, eager on its buffers on CPU)."""
+        sampler, layers = self.sampler, getattr(self.backend, "decode_step", None)
+        if not isinstance(sampler, DeviceSampler) or layers is None:
+            return None
+        step = steady_step(self.embed, layers, sampler, self.act_dtype, self.block_size, self.config.num_vq)
+        return StepGraphs(step, graph_batch_sizes(engine_config.max_num_seqs), width, self.config.num_vq, pad_block,
+                          self.device)
 
     @property
     def sampler(self) -> Sampler:
@@ -76,16 +89,21 @@ class ModelRunner:
         return StepOutput(tokens=tokens, hidden=last, sampled=list(batch.sample), failed=failed)
 
     def _run_steady(self, state: DecodeBatch) -> StepOutput:
-        """A step of the persistent batch: positions advance on the device, the embedding ids are the tokens the
-        last step sampled (still on the device), the sampler's inputs come from the batch's arrays."""
-        if state.steps == 0 or self._positions is None or self._positions[0] is not state:
-            positions = to_device(torch.from_numpy(state.lengths - 1), self.device)
-            ids = to_device(state.last_tokens, self.device)
-        else:
-            positions, ids = self._positions[1] + 1, state.last_tokens
-        self._positions = (state, positions)
+        """A step of the persistent batch: the embedding ids are the tokens the last step sampled (still on the
+        device), positions advance on the device, the sampler's inputs come from the batch's arrays; on the triton
+        backend the whole step is one graph (engine/backends/step_graph.py)."""
+        fresh = state.steps == 0 or self._positions is None or self._positions[0] is not state
+        ids = to_device(state.last_tokens, self.device) if fresh else state.last_tokens
         tables = self.block_tables.steady_rows(state)
-        tokens, last = self.decode(ids, positions, tables, state.lengths.tolist(), self.sampler.prepare_steady(state))
+        if self.step_graphs is not None and self.step_graphs.covers(len(state)):
+            tokens, last = self.step_graphs.run(state, self.sampler, ids, tables)
+        else:
+            # mypy silenced below: not fresh means a previous step of this batch left its positions
+            positions = (to_device(torch.from_numpy(state.lengths - 1), self.device) if fresh
+                         else self._positions[1] + 1)  # type: ignore[index]
+            self._positions = (state, positions)
+            tokens, last = self.decode(ids, positions, tables, state.lengths.tolist(),
+                                       self.sampler.prepare_steady(state))
         state.last_tokens = tokens  # [B, rows] on the device: the next step's embedding ids
         return StepOutput(tokens=tokens.cpu(), hidden=last, sampled=[True] * len(state))
 

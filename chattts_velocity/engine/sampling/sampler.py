@@ -73,6 +73,10 @@ class Sampler:
         noise_seeds = [step_seed(seq.seed, seq.num_generated) for seq in seqs]  # type: ignore[arg-type]
         return SamplingBatch(_row_params(seqs, num_rows, self._static), noise_seeds)
 
+    def static_rows(self, state: DecodeBatch) -> StaticRows:
+        """The per-row parameters fixed while the persistent batch stays (cached)."""
+        return _static_rows(state.seqs, state.rows, self._static)
+
     def prepare_steady(self, state: DecodeBatch) -> SamplingBatch:
         """prepare(state.seqs, state.rows) from the persistent batch's arrays: no per-sequence Python."""
         rows = state.rows
@@ -106,7 +110,7 @@ class Sampler:
 
 
 @dataclass
-class _StaticRows:
+class StaticRows:
     """The per-row parameters that stay fixed while a request runs, for one batch of sequences."""
 
     seqs: list[Sequence]  # held so that the ids of the cache key stay theirs
@@ -117,10 +121,10 @@ class _StaticRows:
     top_k: torch.Tensor | None  # [R] int64; None: no row uses it
 
 
-StaticCache = dict[int, tuple[tuple[int, ...], _StaticRows]]  # num_rows -> (ids of the last batch, its rows)
+StaticCache = dict[int, tuple[tuple[int, ...], StaticRows]]  # num_rows -> (ids of the last batch, its rows)
 
 
-def _static_rows(seqs: list[Sequence], num_rows: int, cache: StaticCache) -> _StaticRows:
+def _static_rows(seqs: list[Sequence], num_rows: int, cache: StaticCache) -> StaticRows:
     """Built once per batch composition: consecutive decode steps of the same sequences reuse them."""
     key = tuple(map(id, seqs))
     hit = cache.get(num_rows)
@@ -134,7 +138,7 @@ def _static_rows(seqs: list[Sequence], num_rows: int, cache: StaticCache) -> _St
     top_p = [1.0 if p.top_p is None else p.top_p for p in params]
     top_k = [0 if p.top_k is None else p.top_k for p in params]
     # which steps any row needs is decided on the host lists: no tensor is read back (a sync on CUDA)
-    rows = _StaticRows(
+    rows = StaticRows(
         seqs=list(seqs),
         temperatures=torch.tensor([t for p in params for t in p.temperatures(num_rows)], dtype=torch.float32),
         eos_ids=per_row([p.eos_token_id for p in params], torch.int64),
