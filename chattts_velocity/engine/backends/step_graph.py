@@ -114,6 +114,7 @@ class StepGraphs:
         self.inputs: dict[int, StepInputs] = {}
         self.graphs: dict[int, tuple[Any, tuple[torch.Tensor, torch.Tensor]]] = {}
         self.filled: dict[int, DecodeBatch] = {}  # size -> the batch whose fixed parameters are in its buffers
+        self.blocks: dict[int, tuple[DecodeBatch, np.ndarray]] = {}  # size -> a batch's host per-step block
         self.pool: Any = None
 
     def covers(self, batch: int) -> bool:
@@ -166,16 +167,23 @@ class StepGraphs:
 
     def _fill_step(self, inputs: StepInputs, state: DecodeBatch, size: int) -> None:
         """One host-to-device copy of the per-step block: positions, seeds, EOS mask, history; padding rows at
-        position 0 with seed 0, no mask and an empty history."""
-        num, rows, window = len(state), state.rows, inputs.history.shape[1]
-        block = np.zeros(inputs.per_step.shape[0], dtype=np.int64)
-        block[:num] = state.lengths - 1
-        block[size: size + num] = state.noise_seeds().view(np.int64)
-        block[2 * size: 2 * size + num * rows] = np.repeat(state.generated < state.min_new, rows)
-        history = block[2 * size + size * rows:].reshape(size * rows, window)
-        history.fill(-1)
+        position 0 with seed 0, no mask and an empty history. The host block is kept per batch and patched."""
+        num, rows = len(state), state.rows
+        block = self.blocks.get(size)
+        if block is None or block[0] is not state:
+            block = (state, np.zeros(inputs.per_step.shape[0], dtype=np.int64))
+            history = block[1][2 * size + size * rows:].reshape(size * rows, inputs.history.shape[1])
+            history.fill(-1)
+            self.blocks[size] = block
+        values = block[1]
+        values[:num] = state.lengths - 1
+        values[size: size + num] = state.noise_seeds().view(np.int64)
+        below = state.generated < state.min_new
+        if below.any() or values[2 * size: 2 * size + num * rows].any():
+            values[2 * size: 2 * size + num * rows] = np.repeat(below, rows)
+        history = values[2 * size + size * rows:].reshape(size * rows, inputs.history.shape[1])
         history[: num * rows, : state.history.shape[2]] = state.history.reshape(num * rows, -1)
-        self.staging.send(block, inputs.per_step)
+        self.staging.send(values, inputs.per_step)
 
     def _replay(self, size: int, inputs: StepInputs) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.capture:
