@@ -2,12 +2,18 @@
 
 The engine runs a real backend ("triton" under TRITON_INTERPRET=1, or "cpu") whose kernels are replaced by
 ready-made results: the layers return their input (hidden states of the right shape), the heads return fixed
-logits, the sampler's draw returns fixed tokens (its host-side preparation still runs). What is left is the host
+logits, the sampler's draw returns fixed tokens (its host-side preparation still runs); on the triton backend a steady
+decode step's graph (engine/backends/step_graph.py: slots, embedding, layers, heads, sampler; one replay on a GPU)
+returns fixed tokens, while filling its buffers and staging its per-step inputs still run. What is left is the host
 work a GPU step cannot hide. Reported, in milliseconds of the host thread's CPU time per step (median; torch runs
 one thread, so a busy host's other processes inflate it far less than wall time):
 
 - decode_host_ms[N]: a decode step of N running sequences at context ~300;
-- admit_host_ms[P]: what a step admitting one P-row prompt among 63 running costs beyond a decode step of 63.
+- admit_host_ms[P]: what a step admitting one P-row prompt among 63 running costs beyond a decode step of 63;
+- launches_per_step[N] (the last tree only): the kernels one steady decode step of N sequences launches on a GPU, the
+  captured graph's and the eager ones (chattts_velocity/devtools/launch_counter.py: Triton launches and aten ops
+  that run a kernel), counted with the triton backend under the interpreter at ChatTTS's depth (20 layers, a small
+  width; Triton kernels counted, not run).
 
     python benchmarks/bench_host.py                          # this tree, triton backend
     python benchmarks/bench_host.py --trees OLD_CHECKOUT .   # two trees in one run, interleaved
@@ -65,10 +71,14 @@ if backend == "cpu" and not model_work:
     runner.backend.fused = lambda embeds, *args: embeds
 elif not model_work:
     runner.backend.layers = lambda x, *args: x
+ready_hidden = torch.zeros(max(sizes) + 1, cfg.hidden_size)
 if not model_work:
     runner.embed.logits_rowwise = lambda hidden, name: ready_code[: hidden.shape[0]]
     sampler = getattr(runner.backend, "sampler", None) or runner.sampler
     sampler.sample = lambda logits, batch: ready_tokens[: len(batch.noise_seeds)]
+    graphs = getattr(runner, "step_graphs", None)
+    if graphs is not None:  # a steady step is one graph replay on a GPU: its body is model work, filling it is not
+        graphs.fn = lambda inputs: (ready_tokens[: inputs.ids.shape[0]], ready_hidden[: inputs.ids.shape[0]])
 clock = time.process_time if model_work else time.thread_time
 gen = torch.Generator().manual_seed(0)
 
@@ -90,6 +100,7 @@ def fill(n):
         engine.add_request(None, prompt(CONTEXT), params())
     while engine.scheduler.waiting or any(s.num_computed_tokens < len(s) - 1 for s in engine.scheduler.running):
         engine.step()
+    assert len(engine.scheduler.running) == n, "a step failed: the bench would time nothing"
 
 def clear():
     for seq in list(engine.scheduler.running):
@@ -117,6 +128,56 @@ for rows in prompts:
 out["decode_host_ms_63"] = 1e3 * base
 print(json.dumps(out))
 """
+
+
+LAUNCHES = r"""
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import torch
+torch.set_num_threads(1)
+from chattts_velocity.config import EngineConfig, ModelConfig
+from chattts_velocity.devtools.launch_counter import LaunchCounter
+from chattts_velocity.engine.core.llm_engine import LLMEngine
+from chattts_velocity.model import ChatTTSLlama, Embed
+from chattts_velocity.schema import Prompt, SamplingParams
+
+# ChatTTS's depth (20 layers) and head_dim (64) at a small width: launches do not depend on the width. float32: its
+# seven GEMMs a layer are what a GPU runs (on CPU bf16 linears are packed for the C++ kernels; bf16's casts on a GPU,
+# 3 a layer, are not counted)
+cfg = ModelConfig(hidden_size=128, intermediate_size=256, num_attention_heads=2, num_key_value_heads=2,
+                  num_hidden_layers=20, max_position_embeddings=512)
+out = {}
+for n in json.loads(sys.argv[2]):
+    engine = LLMEngine(ChatTTSLlama(cfg), Embed(cfg.hidden_size, cfg.num_audio_tokens, cfg.num_text_tokens, cfg.num_vq),
+                       cfg, EngineConfig(backend="triton", dtype="float32", max_num_seqs=n, max_model_len=64,
+                                         kv_cache_memory=1 << 26))
+    for i in range(n):
+        ids = torch.full((4, cfg.num_vq), i % 500)
+        engine.add_request(None, Prompt(ids, torch.ones(4, dtype=torch.bool)),
+                           SamplingParams(max_new_token=8, min_new_token=8, seed=i))
+    # Triton kernels are counted but not run (the interpreter is slow), before the counted step too: the values
+    # are then meaningless, the launches are the same
+    with LaunchCounter(skip_kernels=True):
+        for _ in range(2):
+            engine.step()
+    steady = engine.stats.num_steady_steps
+    with LaunchCounter(skip_kernels=True) as launches:
+        engine.step()
+    assert engine.stats.num_steady_steps == steady + 1, "the counted step was not a steady decode step"
+    out[str(n)] = {"count": launches.count, "triton": launches.triton, "ops": dict(launches.ops)}
+print(json.dumps(out))
+"""
+
+
+def count_launches(tree: Path, sizes: tuple[int, ...] = (1, 64)) -> dict:
+    """Launches of one steady decode step of the triton backend under the interpreter: per batch size, the count,
+    its Triton kernels and every op by name (results file only)."""
+    env = {**os.environ, "PYTHONPATH": str(tree), "TRITON_INTERPRET": "1"}
+    done = subprocess.run([sys.executable, "-c", LAUNCHES, str(tree), json.dumps(sizes)], capture_output=True,
+                          text=True, timeout=1800, env=env, cwd=str(tree))
+    if done.returncode != 0:
+        raise RuntimeError(f"bench_host launch count failed for {tree}:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def measure(tree: Path, backend: str, steps: int, model_work: bool) -> dict:
@@ -155,13 +216,16 @@ def main(argv: list[str] | None = None) -> None:
         for tree in trees:
             rounds[str(tree)].append(measure(tree, args.backend, args.steps, args.model_work))
     summary = {tree: medians(r) for tree, r in rounds.items()}
+    launches = {} if args.model_work else count_launches(trees[-1])
+    if launches:  # the last tree's: what one steady decode step launches on a GPU (graph + eager)
+        summary[str(trees[-1])]["launches_per_step"] = {n: v["count"] for n, v in launches.items()}
     report = {"backend": args.backend, "model_work": args.model_work, "context": CONTEXT,
               "running_for_admission": 15 if args.model_work else RUNNING, "steps": args.steps,
-              "trees": summary, "rounds": rounds}
+              "trees": summary, "rounds": rounds, "launches": launches}
     if len(trees) == 2:
         old, new = (summary[str(t)] for t in trees)
         report["old_over_new"] = {key: {k: round(old[key][k] / max(new[key][k], 1e-9), 2) for k in new[key]}
-                                  for key in new}
+                                  for key in old}
     name = f"host_{args.backend}{'_model_work' if args.model_work else ''}.json"
     out = Path(args.out) if args.out else REPO / "benchmarks" / "results" / name
     out.parent.mkdir(parents=True, exist_ok=True)

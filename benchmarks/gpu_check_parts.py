@@ -132,7 +132,7 @@ def kernels_per_step(engine, n: int, steps: int) -> tuple[float | None, str]:
         with LaunchCounter() as launches:
             for _ in range(steps):
                 engine.step()
-        count, how = launches.total, "LaunchCounter (launches on CPU)"
+        count, how = launches.count, "LaunchCounter (launches on CPU)"
     for rid in ids:
         engine.abort_request(rid)
     return None if count is None else count / steps, how

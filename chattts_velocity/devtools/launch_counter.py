@@ -1,119 +1,112 @@
-"""Engine stage, checks: count the kernels a piece of code would launch on a GPU, on any machine.
+"""Engine checks: count the device launches of a step, on any machine.
 
-`LaunchCounter` is a TorchDispatchMode that also wraps Triton's launcher. Inside it, each Triton kernel launch
-(compiled, or run by the CPU interpreter under TRITON_INTERPRET=1) counts once, and each aten op that computes
-something (not a view, not a bare allocation, not a host-device copy) counts once: what it launches on CUDA,
-where a torch op is one kernel (a GEMM, an elementwise op, a reduction) or a few (sort, top-k). Host-device copies
-are counted apart (`copies`). Ops issued by Triton's interpreter itself (it runs kernels through numpy) are not
-the code's and are skipped. On a GPU, torch.profiler counts the real kernels (benchmarks/gpu_check_parts.py).
-
-    with LaunchCounter() as launches:
-        engine.step()
-    launches.total, launches.triton.most_common(3), launches.torch.most_common(3)
+`LaunchCounter` counts, while it is active,
+- every Triton kernel launch (JITFunction.run on a GPU, InterpretedFunction.run under TRITON_INTERPRET=1);
+- every aten op that would run a kernel on a GPU: any op but views, metadata and allocations (a cuBLAS GEMM, a
+  cast, an elementwise op, a copy each count one). Ops Triton's interpreter issues itself are not the engine's.
+On a CPU engine (the triton backend under the interpreter) the count is what one step launches on a GPU: the
+captured graph's kernels plus the eager ones around it. `skip_kernels=True` counts Triton launches without running
+them (the interpreter is slow; a step's launches do not depend on the values its kernels write): their float tensors
+are zeroed instead (uncounted), so what follows reads zeros, not uninitialised memory.
 """
 from __future__ import annotations
 
-import sys
 from collections import Counter
-from types import FrameType, TracebackType
+from types import TracebackType
 from typing import Any
 
 import torch
 from torch._ops import OpOverload
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from chattts_velocity.devtools.sync_detector import in_triton_interpreter
+
 aten = torch.ops.aten
-NO_KERNEL = {aten.empty, aten.empty_like, aten.empty_strided, aten.empty_permuted, aten.new_empty,
-             aten.new_empty_strided, aten.detach, aten.lift_fresh,
-             aten.alias, aten.set_, aten.resize_, aten._local_scalar_dense, aten.is_pinned, aten._pin_memory,
-             aten.record_stream, aten.sym_size, aten.sym_stride, aten.sym_numel, aten.sym_storage_offset}
-COPY_OPS = {aten._to_copy, aten.copy_, aten._copy_from}
-
-
-def _interpreter_frame() -> bool:
-    """Whether Triton's interpreter (or its launcher) is on the stack: its own tensor ops are not launches."""
-    if "triton.runtime.interpreter" not in sys.modules:  # no interpreter loaded: skip the stack walk
-        return False
-    frame: FrameType | None = sys._getframe(2)
-    while frame is not None:
-        name = frame.f_code.co_filename
-        if "triton" in name and ("interpreter" in name or "runtime" in name):
-            return True
-        frame = frame.f_back
-    return False
-
-
-def _has_tensor(out: Any) -> bool:
-    """Whether an op returned a tensor (scalar ops such as promote_types launch nothing)."""
-    return isinstance(out, torch.Tensor) or (isinstance(out, (tuple, list))
-                                             and any(isinstance(o, torch.Tensor) for o in out))
-
-
-def _crosses_devices(args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> bool:
-    devices = {a.device.type for a in (*args, *kwargs.values(), out) if isinstance(a, torch.Tensor)}
-    target = kwargs.get("device")
-    if target is not None:
-        devices.add(torch.device(target).type)
-    return len(devices) > 1
+# ops that launch nothing on a GPU: views and metadata, allocations (the caching allocator), host-side scalars
+FREE_OPS = {aten.view, aten._unsafe_view, aten.reshape, aten.expand, aten.slice, aten.select, aten.unsqueeze,
+            aten.squeeze, aten.t, aten.transpose, aten.permute, aten.as_strided, aten.alias, aten.detach,
+            aten.unbind, aten.split, aten.split_with_sizes, aten.chunk, aten.narrow, aten.flatten, aten.unflatten,
+            aten.view_as, aten.expand_as, aten.empty, aten.empty_like, aten.empty_strided, aten.lift_fresh,
+            aten._reshape_alias, aten.contiguous, aten.numpy_T, aten.is_same_size, aten.sym_size, aten.sym_stride,
+            aten.sym_numel, aten.sym_storage_offset, aten.is_nonzero, aten.result_type, aten.set_, aten.new_empty,
+            aten.new_empty_strided, aten.promote_types, aten.resolve_conj, aten.resolve_neg}
 
 
 class LaunchCounter(TorchDispatchMode):  # type: ignore[no-untyped-call]  # torch's __init_subclass__ is unannotated
-    """Counts Triton launches (by kernel name) and kernel-launching aten ops (by op) while active."""
+    """with LaunchCounter() as launches: engine.step()  ->  launches.count, launches.ops (name -> count)."""
 
-    def __init__(self) -> None:
-        super().__init__()  # type: ignore[no-untyped-call]
-        self.triton: Counter[str] = Counter()
-        self.torch: Counter[str] = Counter()
-        self.copies = 0  # host <-> device copies (memcpy, not kernels); on a CPU-only run these stay 0
-        self._restore: list[tuple[Any, Any]] = []
+    def __init__(self, skip_kernels: bool = False) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]  # TorchDispatchMode.__init__ is unannotated
+        self.ops: Counter[str] = Counter()
+        self.skip_kernels = skip_kernels
+        self._patched: list[tuple[Any, Any]] = []
+        self._depth = 0
+        self.muted = 0  # > 0: the counter's own ops (zeroing a skipped kernel's tensors) run uncounted
 
     @property
-    def total(self) -> int:
-        return sum(self.triton.values()) + sum(self.torch.values())
+    def count(self) -> int:
+        return sum(self.ops.values())
+
+    @property
+    def triton(self) -> int:
+        return sum(n for name, n in self.ops.items() if name.startswith("triton."))
 
     def __enter__(self) -> LaunchCounter:
-        self._wrap_triton()
-        super().__enter__()  # type: ignore[no-untyped-call]
+        if not self._patched:  # the outermost entry (decomposition re-enters the mode)
+            for cls in _kernel_classes():
+                self._patched.append((cls, cls.run))
+                cls.run = self._counting(cls.run)
+        self._depth += 1
+        super().__enter__()  # type: ignore[no-untyped-call]  # TorchDispatchMode.__enter__ is unannotated
         return self
 
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
-                 trace: TracebackType | None) -> None:
-        super().__exit__(kind, error, trace)  # type: ignore[no-untyped-call]
-        for cls, run in self._restore:
-            setattr(cls, "run", run)  # noqa: B010 -- restoring the launcher patched in _wrap_triton
-        self._restore.clear()
+    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        super().__exit__(kind, value, tb)  # type: ignore[no-untyped-call]  # unannotated in torch
+        self._depth -= 1
+        if self._depth == 0:
+            for cls, run in reversed(self._patched):
+                cls.run = run
+            self._patched.clear()
 
-    def __torch_dispatch__(self, func: OpOverload, types: Any, args: tuple[Any, ...] = (),
+    def _counting(self, run: Any) -> Any:
+        counter = self
+
+        def counted(kernel: Any, *args: Any, warmup: bool = False, **kwargs: Any) -> Any:
+            if not warmup:
+                counter.ops[f"triton.{getattr(kernel, '__name__', 'kernel')}"] += 1
+                if counter.skip_kernels:
+                    counter.muted += 1
+                    try:
+                        for arg in (*args, *kwargs.values()):
+                            if isinstance(arg, torch.Tensor) and arg.is_floating_point():
+                                arg.zero_()
+                    finally:
+                        counter.muted -= 1
+                    return None
+            return run(kernel, *args, warmup=warmup, **kwargs)
+
+        return counted
+
+    def __torch_dispatch__(self, func: OpOverload, types: tuple[type, ...], args: tuple[Any, ...] = (),
                            kwargs: dict[str, Any] | None = None) -> Any:
         kwargs = kwargs or {}
-        out = func(*args, **kwargs)
-        packet = func.overloadpacket
-        if func.is_view or packet in NO_KERNEL or not _has_tensor(out) or _interpreter_frame():
-            return out
-        if packet in COPY_OPS and _crosses_devices(args, kwargs, out):
-            self.copies += 1
-        else:
-            self.torch[packet.__name__] += 1
-        return out
-
-    def _wrap_triton(self) -> None:
-        """Count every launch through Triton's launchers (the compiled one and the interpreter's)."""
-        for cls in _triton_launchers():
-            original = getattr(cls, "run")  # noqa: B009 -- any launcher class
-
-            def run(kernel: Any, *args: Any, __original: Any = original, **kwargs: Any) -> Any:
-                fn = getattr(kernel, "fn", kernel)
-                self.triton[getattr(fn, "__name__", repr(fn))] += 1
-                return __original(kernel, *args, **kwargs)
-
-            self._restore.append((cls, original))
-            setattr(cls, "run", run)  # noqa: B010 -- patched while counting, restored in __exit__
+        if self.muted or in_triton_interpreter():
+            return func(*args, **kwargs)
+        with self:  # a composite op (linear, to, matmul, ...) counts as the ops it runs: none, one or more
+            result = func.decompose(*args, **kwargs)
+        if result is not NotImplemented:
+            return result
+        if func.overloadpacket not in FREE_OPS:
+            self.ops[str(func.overloadpacket)] += 1
+        return func(*args, **kwargs)
 
 
-def _triton_launchers() -> list[type]:
+def _kernel_classes() -> list[Any]:
+    """The Triton classes whose run() is one kernel launch (none when triton is not installed)."""
     try:
         from triton.runtime.interpreter import InterpretedFunction
         from triton.runtime.jit import JITFunction
-    except ImportError:  # no triton: only torch ops can launch
+    except ImportError:
         return []
     return [JITFunction, InterpretedFunction]

@@ -29,7 +29,7 @@ INDEX_OPS = {aten.index, aten.index_put, aten.index_put_, aten._index_put_impl_}
 COPY_OPS = {aten._to_copy, aten.copy_}
 
 
-def _in_triton_interpreter() -> bool:
+def in_triton_interpreter() -> bool:
     frame: FrameType | None = sys._getframe(2)
     while frame is not None:
         if "triton" in frame.f_code.co_filename and "interpreter" in frame.f_code.co_filename:
@@ -68,7 +68,7 @@ class SyncDetector(TorchDispatchMode):  # type: ignore[no-untyped-call]  # torch
         kwargs = kwargs or {}
         packet = func.overloadpacket
         if packet in SYNC_OPS or packet in INDEX_OPS or packet in COPY_OPS or packet is aten.repeat_interleave:
-            if self._syncs(func, args, kwargs) and not _in_triton_interpreter():
+            if self._syncs(func, args, kwargs) and not in_triton_interpreter():
                 self.ops[str(packet)] += 1
         return func(*args, **kwargs)
 
@@ -86,7 +86,7 @@ class SyncDetector(TorchDispatchMode):  # type: ignore[no-untyped-call]  # torch
         detector, cpu = self, self._cpu
 
         def counted_cpu(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-            if not tensor.is_cuda and not _in_triton_interpreter():
+            if not tensor.is_cuda and not in_triton_interpreter():
                 detector.ops["Tensor.cpu"] += 1
             return cpu(tensor, *args, **kwargs)
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from chattts_velocity.engine.core.decode_batch import DecodeBatch
 from chattts_velocity.engine.core.sequence import Sequence, SequenceStatus
 from chattts_velocity.engine.core.step import ScheduledBatch
 from chattts_velocity.model import AttentionMetadata, DecodeMetadata
@@ -19,7 +20,7 @@ from chattts_velocity.model.llama import KVPair
 
 def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
     """A host tensor on `device`; to CUDA through pinned memory without blocking the host (no stream sync)."""
-    if device.type != "cuda":
+    if device.type != "cuda" or tensor.is_cuda:
         return tensor.to(device)
     return tensor.pin_memory().to(device, non_blocking=True)
 
@@ -83,6 +84,14 @@ class StepTensors:
                    seq_of_row)
 
     @classmethod
+    def decode(cls, positions: torch.Tensor, k_lens: list[int], block_tables: torch.Tensor, block_size: int,
+               ) -> StepTensors:
+        """A decode step from its positions [B] and block tables [B, w], both on the device already."""
+        blocks = block_tables.gather(1, (positions // block_size).unsqueeze(1)).squeeze(1)
+        return cls([1] * len(k_lens), k_lens, positions, blocks * block_size + positions % block_size, block_tables,
+                   None)
+
+    @classmethod
     def from_lists(cls, q_lens: list[int], k_lens: list[int], tables: list[list[int]], block_size: int,
                    device: torch.device) -> StepTensors:
         """For callers holding plain lists (tests, benchmarks): tables padded with block 0."""
@@ -111,14 +120,35 @@ class BlockTables:
         self._source: list[list[int] | None] = [None] * num_rows  # the list object each row mirrors
         self._written = [0] * num_rows
         self._free = list(range(num_rows - 1, -1, -1))
+        self._steady: tuple[DecodeBatch, torch.Tensor] | None = None  # a persistent batch and its rows [B]
 
     def rows(self, batch: ScheduledBatch) -> torch.Tensor:
         """Bring the batch's rows up to date -> block tables [B, w] (w: the widest table of the batch)."""
+        index = to_device(torch.tensor(self._sync(batch.seqs), dtype=torch.int64), self.device)
+        width = max(len(seq.block_table) for seq in batch.seqs)
+        return self.table[index, :width]
+
+    def steady_rows(self, state: DecodeBatch) -> torch.Tensor:
+        """rows() of a persistent batch, kept in a copy of its own [B, width]: its first step syncs every row, a
+        later one writes only the last block of each slot that gained one (state.grown) -> block tables [B, w]."""
+        if self._steady is None or self._steady[0] is not state:
+            index = to_device(torch.tensor(self._sync(state.seqs), dtype=torch.int64), self.device)
+            self._steady = (state, self.table[index])
+        elif len(state.grown):
+            slots = state.grown.tolist()
+            tables = [state.seqs[b].block_table for b in slots]
+            writes = torch.tensor([slots, [len(t) - 1 for t in tables], [t[-1] for t in tables]], dtype=torch.int64)
+            writes = to_device(writes, self.device)
+            self._steady[1].index_put_((writes[0], writes[1]), writes[2])
+        return self._steady[1][:, : -(-state.max_length // state.block_size)]
+
+    def _sync(self, seqs: list[Sequence]) -> list[int]:
+        """Write the entries the sequences' tables gained since they were last written -> their rows."""
         index: list[int] = []
         rows: list[int] = []
         cols: list[int] = []
         values: list[int] = []
-        for seq in batch.seqs:
+        for seq in seqs:
             row = self._row.get(id(seq))
             if row is None or self._seq[row] is not seq:
                 row = self._assign(seq)
@@ -135,8 +165,7 @@ class BlockTables:
         if values:
             writes = to_device(torch.tensor([rows, cols, values], dtype=torch.int64), self.device)
             self.table.index_put_((writes[0], writes[1]), writes[2])
-        width = max(len(seq.block_table) for seq in batch.seqs)
-        return self.table[to_device(torch.tensor(index, dtype=torch.int64), self.device), :width]
+        return index
 
     def _assign(self, seq: Sequence) -> int:
         if not self._free:

@@ -146,11 +146,10 @@ class BlockManager:
         return hits
 
     def _block_key(self, seq: Sequence, index: int, parent: bytes) -> bytes:
-        ids, mask = seq.rows(index * self.block_size, (index + 1) * self.block_size)  # [bs, num_vq], [bs]
+        # the ids [bs, num_vq] int64 then the text_mask [bs] of the block's rows, as bytes (Sequence.row_bytes)
         digest = hashlib.blake2b(parent, digest_size=16)
         digest.update(seq.cache_salt)
-        digest.update(ids.contiguous().numpy().tobytes())
-        digest.update(mask.contiguous().numpy().tobytes())
+        digest.update(seq.row_bytes(index * self.block_size, (index + 1) * self.block_size))
         return digest.digest()
 
     def _pop_free(self) -> int:

@@ -18,6 +18,7 @@ from chattts_velocity.assets import AssetPaths
 from chattts_velocity.config import EngineConfig, ModelConfig
 from chattts_velocity.engine.beams.velocity import BeamSearch
 from chattts_velocity.engine.core.block_manager import BlockManager
+from chattts_velocity.engine.core.decode_batch import DecodeBatch
 from chattts_velocity.engine.core.kv_sizing import kv_cache_blocks
 from chattts_velocity.engine.core.model_runner import ModelRunner
 from chattts_velocity.engine.core.retry import RetryOnEmpty
@@ -38,6 +39,7 @@ class EngineStats:
     num_steps: int = 0
     num_tokens_computed: int = 0  # positions run through the model (prefill + decode)
     num_tokens_sampled: int = 0  # generated steps (one step = 4 codes)
+    num_steady_steps: int = 0  # steps run on the persistent decode batch (engine/core/decode_batch.py)
     busy_seconds: float = 0.0
     last_batch_size: int = 0
     last_step_seconds: float = 0.0
@@ -117,6 +119,8 @@ class LLMEngine:
         return [GenerationOutput.failed(seq.request_id, error) for seq, error in failures]
 
     def _deltas(self, batch: ScheduledBatch, out: StepOutput, finished: list[Sequence]) -> list[GenerationOutput]:
+        if batch.steady is not None and not finished:
+            return _steady_deltas(batch.steady, out)
         done = {seq.request_id for seq in finished if not self._retry(seq)}
         outputs = []
         # one [1, rows] / [1, H] view per sequence from one unbind each (per-row slicing costs a few us a row)
@@ -156,6 +160,7 @@ class LLMEngine:
         s.num_steps += 1
         s.num_tokens_computed += batch.num_tokens
         s.num_tokens_sampled += sum(batch.sample)
+        s.num_steady_steps += batch.steady is not None
         s.busy_seconds += seconds
         s.last_batch_size, s.last_step_seconds = batch.num_seqs, seconds
         s.batch_sizes = (s.batch_sizes + [batch.num_seqs])[-256:]
@@ -172,3 +177,12 @@ class LLMEngine:
             "steps_per_second": self.stats.num_tokens_sampled / max(self.stats.busy_seconds, 1e-9),
         }
 
+
+
+def _steady_deltas(state: DecodeBatch, out: StepOutput) -> list[GenerationOutput]:
+    """_deltas of a persistent-batch step where no sequence ended: one new row per slot (and the [1, H] hidden
+    views the sequences kept)."""
+    tokens = out.tokens.unsqueeze(1).unbind(0)  # [1, rows] views
+    return [GenerationOutput(rid, row, hidden, False, None, {"num_generated": count})
+            for rid, row, hidden, count in zip(state.request_ids, tokens, state.step_hidden, state.generated.tolist(),
+                                               strict=True)]

@@ -12,11 +12,15 @@ import torch
 
 from chattts_velocity.config import EngineConfig, ModelConfig
 from chattts_velocity.engine.backends import DecodeBackend
-from chattts_velocity.engine.backends.paged_kv import BlockTables, PagedKV, step_tensors, to_device
+from chattts_velocity.engine.backends.cuda_graphs import graph_batch_sizes
+from chattts_velocity.engine.backends.paged_kv import BlockTables, PagedKV, StepTensors, step_tensors, to_device
 from chattts_velocity.engine.backends.select import select_backend
+from chattts_velocity.engine.backends.step_graph import StepGraphs, steady_step
+from chattts_velocity.engine.core.decode_batch import DecodeBatch
 from chattts_velocity.engine.core.sequence import Sequence
 from chattts_velocity.engine.core.step import ScheduledBatch, StepOutput
-from chattts_velocity.engine.sampling.sampler import Sampler
+from chattts_velocity.engine.sampling.device_sampler import DeviceSampler
+from chattts_velocity.engine.sampling.sampler import Sampler, SamplingBatch
 from chattts_velocity.model import ChatTTSLlama, Embed, allocate_kv_pairs
 
 logger = logging.getLogger("chattts_velocity")
@@ -48,6 +52,17 @@ class ModelRunner:
         logger.info("decode backend: %s", self.backend.name)
         width = -(-engine_config.max_model_len // self.block_size)
         self.block_tables = BlockTables(2 * engine_config.max_num_seqs, width, self.device)
+        self._positions: tuple[DecodeBatch, torch.Tensor] | None = None  # a persistent batch's last positions [B]
+        self.step_graphs = self._step_graphs(engine_config, width, num_blocks)
+
+    def _step_graphs(self, engine_config: EngineConfig, width: int, pad_block: int) -> StepGraphs | None:
+        """The triton backend's steady steps run as one graph each (captured on CUDA, eager on its buffers on CPU)."""
+        sampler, layers = self.sampler, getattr(self.backend, "decode_step", None)
+        if not isinstance(sampler, DeviceSampler) or layers is None:
+            return None
+        step = steady_step(self.embed, layers, sampler, self.act_dtype, self.block_size, self.config.num_vq)
+        return StepGraphs(step, graph_batch_sizes(engine_config.max_num_seqs), width, self.config.num_vq, pad_block,
+                          self.device)
 
     @property
     def sampler(self) -> Sampler:
@@ -60,6 +75,8 @@ class ModelRunner:
             return self._run(batch)
 
     def _run(self, batch: ScheduledBatch) -> StepOutput:
+        if batch.steady is not None:
+            return self._run_steady(batch.steady)
         step = step_tensors(batch, self.block_tables, self.block_size)
         # one row per sequence is not enough for embed_decode: a one-row prompt chunk (the prefill budget's remainder,
         # or a recompute after preemption) feeds a prompt row, not the newest token
@@ -70,6 +87,34 @@ class ModelRunner:
         failed: dict[int, Exception] = {}
         tokens = self.sample(batch, last, failed)  # [B, num_vq]
         return StepOutput(tokens=tokens, hidden=last, sampled=list(batch.sample), failed=failed)
+
+    def _run_steady(self, state: DecodeBatch) -> StepOutput:
+        """A step of the persistent batch: the embedding ids are the tokens the last step sampled (still on the
+        device), positions advance on the device, the sampler's inputs come from the batch's arrays; on the triton
+        backend the whole step is one graph (engine/backends/step_graph.py)."""
+        fresh = state.steps == 0 or self._positions is None or self._positions[0] is not state
+        ids = to_device(state.last_tokens, self.device) if fresh else state.last_tokens
+        tables = self.block_tables.steady_rows(state)
+        if self.step_graphs is not None and self.step_graphs.covers(len(state)):
+            tokens, last = self.step_graphs.run(state, self.sampler, ids, tables)
+        else:
+            # mypy silenced below: not fresh means a previous step of this batch left its positions
+            positions = (to_device(torch.from_numpy(state.lengths - 1), self.device) if fresh
+                         else self._positions[1] + 1)  # type: ignore[index]
+            self._positions = (state, positions)
+            tokens, last = self.decode(ids, positions, tables, state.lengths.tolist(),
+                                       self.sampler.prepare_steady(state))
+        state.last_tokens = tokens  # [B, rows] on the device: the next step's embedding ids
+        return StepOutput(tokens=tokens.cpu(), hidden=last, sampled=[True] * len(state))
+
+    def decode(self, ids: torch.Tensor, positions: torch.Tensor, tables: torch.Tensor, k_lens: list[int],
+               sampling: SamplingBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """The model work of a steady decode step: ids [B, num_vq], positions [B], block tables [B, w] on the
+        device -> (sampled tokens [B, rows] on the device, last hidden states [B, H] fp32)."""
+        step = StepTensors.decode(positions, k_lens, tables, self.block_size)
+        last = self.backend.run(self.embed.embed_codes(ids).to(self.act_dtype), step).float()  # [B, H]
+        logits = self.embed.logits_rowwise(last, "code")  # [B, rows, V]
+        return self.sampler.sample(logits.reshape(-1, logits.shape[-1]), sampling), last
 
     def embed_decode(self, batch: ScheduledBatch) -> torch.Tensor:
         """[B, H]: each sequence feeds exactly its newest position (ids seq.last_row)."""

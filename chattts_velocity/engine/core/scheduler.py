@@ -9,10 +9,12 @@ import heapq
 import random
 from collections import Counter, deque
 
+import numpy as np
 import torch
 
 from chattts_velocity.config import EngineConfig
 from chattts_velocity.engine.core.block_manager import BlockManager
+from chattts_velocity.engine.core.decode_batch import DecodeBatch, eligible
 from chattts_velocity.engine.core.sequence import Sequence, SequenceStatus
 from chattts_velocity.engine.core.step import ScheduledBatch, StepOutput
 
@@ -28,6 +30,10 @@ class Scheduler:
         self._requests: dict[str, Sequence] = {}  # unfinished requests by id
         self._seeds = random.Random(config.seed)  # seeds unseeded requests, so an engine replays
         self.num_preemptions = 0  # total over the scheduler's life (for metrics)
+        # the persistent decode batch of the last decode-only step; reused until the running set changes
+        self.steady: DecodeBatch | None = None
+        self.use_steady = True  # False: every step takes the per-sequence path (the oracle of the tests)
+        self._changed = True  # a sequence was admitted, finished, preempted or aborted since the last schedule
 
     def _key(self, seq: Sequence) -> tuple[int, float]:
         """Lower runs first and is preempted last."""
@@ -42,6 +48,7 @@ class Scheduler:
             seq.seed = self._seeds.getrandbits(63)
         seq.status = SequenceStatus.WAITING
         self._requests[seq.request_id] = seq
+        self._changed = True
         if self.config.scheduling == "priority":
             keys = [self._key(s) for s in self.waiting]
             self.waiting.insert(bisect.bisect_right(keys, self._key(seq)), seq)
@@ -74,12 +81,14 @@ class Scheduler:
         seq.status = SequenceStatus.RUNNING
         self._requests[seq.request_id] = seq
         self.running.append(seq)
+        self._changed = True
 
     def abort(self, request_id: str) -> bool:
         """Stop a waiting or running request and free its blocks. False if it is unknown or done."""
         seq = self._requests.pop(request_id, None)
         if seq is None:
             return False
+        self._changed = True
         if seq in self.waiting:
             self.waiting.remove(seq)
         if seq in self.running:
@@ -103,6 +112,9 @@ class Scheduler:
         # blocks are freed, num_computed_tokens drops to 0, generated tokens and hidden states
         # stay, and it goes back to the front of the queue. Its sampling noise is keyed by
         # (seed, step), so the recomputed run samples exactly what an unconstrained run would.
+        steady = self._schedule_steady()
+        if steady is not None:
+            return steady
         budget = self.config.max_num_batched_tokens
         chosen: list[tuple[Sequence, int]] = []
         preempted = False
@@ -123,7 +135,28 @@ class Scheduler:
             budget -= chosen[-1][1]
         if not preempted:  # the pool is full: admitting now would only preempt again
             self._admit(chosen, budget)
-        return self._batch(chosen)
+        batch = self._batch(chosen)
+        whole = self.use_steady and len(chosen) == len(self.running) and batch.is_decode_only and not self.waiting
+        self.steady = batch.steady = (DecodeBatch(batch.seqs, self.block_manager.block_size)
+                                      if whole and eligible(batch.seqs) else None)
+        self._changed = False
+        return batch
+
+    def _schedule_steady(self) -> ScheduledBatch | None:
+        """The step the loop above would schedule for an unchanged set of decoding sequences, from the persistent
+        batch's arrays; None when it does not apply (anything changed, or the pool is short of blocks)."""
+        state = self.steady
+        if state is None or self._changed or self.waiting:
+            return None
+        grow = state.new_blocks()
+        if len(grow) > self.block_manager.num_free_blocks:
+            return None  # the loop above preempts
+        for b in grow.tolist():
+            self.block_manager.append_slot(state.seqs[b])
+        state.grown = grow
+        n = len(state)
+        return ScheduledBatch(seqs=state.seqs, num_new_tokens=[1] * n, num_computed_tokens=(state.lengths - 1).tolist(),
+                              is_prefill=[False] * n, sample=[True] * n, steady=state)
 
     def _reserve_slot(self, seq: Sequence, scheduled: set[Sequence]) -> bool:
         """Get seq's next KV slot, preempting other unscheduled runners; False if seq itself went."""
@@ -138,6 +171,7 @@ class Scheduler:
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
         self.block_manager.free(seq)
+        self._changed = True
         seq.status = SequenceStatus.WAITING
         seq.num_preemptions += 1
         self.num_preemptions += 1
@@ -213,6 +247,8 @@ class Scheduler:
         """Advance the KV counters, append sampled tokens, apply finish rules; returns finished seqs."""
         if list(out.sampled) != batch.sample:
             raise RuntimeError(f"StepOutput.sampled {out.sampled} != ScheduledBatch.sample {batch.sample}")
+        if batch.steady is not None and batch.steady is self.steady and not self._changed:
+            return self._postprocess_steady(batch.steady, out)
         tokens = out.tokens.tolist() if any(batch.sample) else []
         hiddens = out.hidden.unbind(0) if out.hidden is not None else [None] * batch.num_seqs  # [H] views
         finished = []
@@ -229,6 +265,31 @@ class Scheduler:
                 finished.append(seq)
         return finished
 
+    def _postprocess_steady(self, state: DecodeBatch, out: StepOutput) -> list[Sequence]:
+        """postprocess for the persistent batch: the sequences that go on append in one loop, the few that end go
+        through the per-sequence rules."""
+        tokens = out.tokens.numpy()  # [B, rows] int64
+        done = state.finished(tokens)
+        rows = list(map(tuple, tokens.tolist()))
+        computed = state.lengths.tolist()  # every new position is computed
+        finished = []
+        for b in np.flatnonzero(done).tolist() if done.any() else ():
+            seq = state.seqs[b]
+            seq.num_computed_tokens = computed[b]
+            self.block_manager.cache_computed_blocks(seq)
+            status = self._append(seq, rows[b], out.hidden[b] if out.hidden is not None else None)
+            if status is not None:
+                self._finish(seq, status)
+                finished.append(seq)
+        live = ~done if finished else None
+        Sequence.append_rows(state.seqs, rows, computed, state.hidden_rows(out.hidden), live)
+        full = state.lengths % self.block_manager.block_size == 0  # a block filled with this step
+        if self.block_manager.enable_prefix_caching and full.any():
+            for b in np.flatnonzero(full if live is None else full & live).tolist():
+                self.block_manager.cache_computed_blocks(state.seqs[b])
+        state.advance(tokens)
+        return finished
+
     @staticmethod
     def _append(seq: Sequence, token: tuple[int, ...], hidden: torch.Tensor | None) -> SequenceStatus | None:
         """Finish rules (upstream's): EOS in any row (not appended), or max_new_token reached."""
@@ -242,6 +303,7 @@ class Scheduler:
         return None
 
     def _finish(self, seq: Sequence, status: SequenceStatus) -> None:
+        self._changed = True
         self.running.remove(seq)
         self.block_manager.free(seq)
         self._requests.pop(seq.request_id, None)

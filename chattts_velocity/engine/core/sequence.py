@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import array
 import hashlib
+import itertools
 from enum import Enum
 
+import numpy as np
 import torch
 
 from chattts_velocity.schema import FinishReason, Prompt, SamplingParams
@@ -46,6 +48,8 @@ class Sequence:
         self.arrival = arrival
         self.prompt_ids = prompt.input_ids.to("cpu", torch.int64)  # [P, num_vq]
         self.prompt_mask = prompt.text_mask.to("cpu", torch.bool)  # [P]
+        self._prompt_array = self.prompt_ids.contiguous().numpy()  # the same rows, for row_bytes
+        self._prompt_mask_array = self.prompt_mask.contiguous().numpy()
         self.num_prompt_tokens = self.prompt_ids.shape[0]  # an int: len(seq) is read many times per step
         self.num_vq = self.prompt_ids.shape[1]
         self.is_text = params.mode == "text"
@@ -53,7 +57,7 @@ class Sequence:
         params.temperatures(self.num_rows)  # a ValueError at add time, not in a step, if the count does not fit
         self.generated: list[tuple[int, ...]] = []  # [G][num_rows]
         self.generated_flat = array.array("q")  # [G * num_rows] the same ids, flat (the sampler's penalty history)
-        # [H] per kept generated token: views of the step outputs (no copy per step), stacked on demand
+        # [H] or [1, H] per kept generated token: views of the step outputs (no copy per step), joined on demand
         self._hidden: list[torch.Tensor] = []
         self.status = SequenceStatus.WAITING
         self.num_computed_tokens = 0  # positions whose KV is in the cache
@@ -105,6 +109,20 @@ class Sequence:
             mask.append(torch.full((gen.shape[0],), self.is_text, dtype=torch.bool))
         return torch.cat(ids), torch.cat(mask)
 
+    def row_bytes(self, start: int, end: int) -> bytes:
+        """The bytes of rows(start, end) as numpy gives them: ids (int64, row-major) then text_mask (bool); for
+        hashing a block without building tensors."""
+        num_prompt, num_gen = self.num_prompt_tokens, max(end - max(start, self.num_prompt_tokens), 0)
+        ids = self._prompt_array[start:min(end, num_prompt)].tobytes()
+        mask = self._prompt_mask_array[start:min(end, num_prompt)].tobytes()
+        if num_gen:
+            first = max(start, num_prompt) - num_prompt
+            generated = np.frombuffer(self.generated_flat, dtype=np.int64)[first * self.num_rows:
+                                                                         (first + num_gen) * self.num_rows]
+            ids += (np.repeat(generated, self.num_vq) if self.is_text else generated).tobytes()
+            mask += (b"\x01" if self.is_text else b"\x00") * num_gen
+        return ids + mask
+
     @property
     def last_row(self) -> tuple[int, ...]:
         """The ids of position len-1 ([num_vq]; a text token repeated), fed at a decode step."""
@@ -121,7 +139,7 @@ class Sequence:
         """[G, H]; row k is the state that predicted generated token k. None if none kept."""
         if not self._hidden:
             return None
-        return torch.stack(self._hidden)
+        return torch.cat([h.view(1, -1) for h in self._hidden])
 
     def append_token(self, token: tuple[int, ...], hidden: torch.Tensor | None) -> None:
         """Record one sampled token ([num_rows] ids) and the hidden state [H] that predicted it."""
@@ -131,6 +149,20 @@ class Sequence:
             self._hidden.append(hidden)
         self.generated.append(token)
         self.generated_flat.extend(token)
+
+    @staticmethod
+    def append_rows(seqs: list[Sequence], rows: list[tuple[int, ...]], computed: list[int],
+                    hidden: list[torch.Tensor | None], live: np.ndarray | None = None) -> None:
+        """A steady decode step: seqs[b] appends rows[b] ([num_rows] ids) and hidden[b] ([1, H], None: not kept), and
+        has computed[b] positions in the cache; only where live[b] when given. One tight loop, no checks: the persistent
+        batch checked the shapes and who keeps hidden states once."""
+        items = zip(seqs, rows, computed, hidden, strict=True)
+        for seq, row, done, state in (items if live is None else itertools.compress(items, live.tolist())):
+            seq.generated.append(row)
+            seq.generated_flat.extend(row)
+            seq.num_computed_tokens = done
+            if state is not None:
+                seq._hidden.append(state)
 
 
 def _cache_salt(prompt: Prompt) -> bytes:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from chattts_velocity.engine.core.decode_batch import DecodeBatch
 from chattts_velocity.engine.core.sequence import Sequence
 
 
@@ -23,6 +24,8 @@ class ScheduledBatch:
     # True for prompt chunks and for recomputing generated positions after a preemption.
     is_prefill: list[bool]
     sample: list[bool]  # [B] the chunk reaches len(seq): the last position's logits are sampled
+    # the persistent decode batch this step runs on (a decode-only step of an eligible, whole running set), or None
+    steady: DecodeBatch | None = None
 
     @property
     def num_seqs(self) -> int:

@@ -11,6 +11,7 @@ the other backends'). Custom processors are user code: they may sync, and get th
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from chattts_velocity.engine.backends.paged_kv import to_device
@@ -45,7 +46,10 @@ class DeviceSampler(Sampler):
     def sample(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
         """logits [S*rows, V] (any float dtype; not modified) -> tokens [S, rows] int64 on the logits' device."""
         processed = self.process(logits, batch)
-        seeds = to_device(self.ops.noise_seeds(batch.noise_seeds, "cpu"), logits.device)  # [S] int64
+        bits = batch.seed_bits
+        host_seeds = (self.ops.noise_seeds(batch.noise_seeds, "cpu") if bits is None
+                      else torch.from_numpy(bits.view(np.int64)))  # [S] int64, the seeds' bits
+        seeds = to_device(host_seeds, logits.device)
         return self.ops.sample(processed, seeds, batch.params.rows_per_seq)
 
     @torch.inference_mode()

@@ -9,8 +9,10 @@ import array
 import functools
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
+from chattts_velocity.engine.core.decode_batch import DecodeBatch
 from chattts_velocity.engine.core.sequence import Sequence
 from chattts_velocity.engine.sampling import logits_processors as lp
 
@@ -44,6 +46,7 @@ class SamplingBatch:
 
     params: lp.RowParams  # the processor chain's per-row parameters
     noise_seeds: list[int]  # [S] step_seed(seq.seed, len(seq.generated))
+    seed_bits: np.ndarray | None = None  # [S] uint64, the same seeds as an array (a steady step's)
 
 
 class Sampler:
@@ -70,6 +73,23 @@ class Sampler:
         noise_seeds = [step_seed(seq.seed, seq.num_generated) for seq in seqs]  # type: ignore[arg-type]
         return SamplingBatch(_row_params(seqs, num_rows, self._static), noise_seeds)
 
+    def static_rows(self, state: DecodeBatch) -> StaticRows:
+        """The per-row parameters fixed while the persistent batch stays (cached)."""
+        return _static_rows(state.seqs, state.rows, self._static)
+
+    def prepare_steady(self, state: DecodeBatch) -> SamplingBatch:
+        """prepare(state.seqs, state.rows) from the persistent batch's arrays: no per-sequence Python."""
+        rows = state.rows
+        static = _static_rows(state.seqs, rows, self._static)
+        history = torch.from_numpy(state.history.reshape(len(state) * rows, -1))  # [S*rows, W], any order
+        below = state.generated < state.min_new
+        mask_eos = torch.from_numpy(np.repeat(below, rows)) if below.any() else state.no_eos_mask
+        params = lp.RowParams(rows_per_seq=rows, temperatures=static.temperatures, eos_ids=static.eos_ids,
+                              mask_eos=mask_eos, penalties=static.penalties if history.shape[1] > 0 else None,
+                              history=history, top_p=static.top_p, top_k=static.top_k)
+        seeds = state.noise_seeds()
+        return SamplingBatch(params, seeds.tolist(), seeds)
+
     @torch.inference_mode()
     def sample(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
         """logits [S*rows, V] (any float dtype, any device; not modified) -> tokens [S, rows] int64."""
@@ -90,7 +110,7 @@ class Sampler:
 
 
 @dataclass
-class _StaticRows:
+class StaticRows:
     """The per-row parameters that stay fixed while a request runs, for one batch of sequences."""
 
     seqs: list[Sequence]  # held so that the ids of the cache key stay theirs
@@ -101,10 +121,10 @@ class _StaticRows:
     top_k: torch.Tensor | None  # [R] int64; None: no row uses it
 
 
-StaticCache = dict[int, tuple[tuple[int, ...], _StaticRows]]  # num_rows -> (ids of the last batch, its rows)
+StaticCache = dict[int, tuple[tuple[int, ...], StaticRows]]  # num_rows -> (ids of the last batch, its rows)
 
 
-def _static_rows(seqs: list[Sequence], num_rows: int, cache: StaticCache) -> _StaticRows:
+def _static_rows(seqs: list[Sequence], num_rows: int, cache: StaticCache) -> StaticRows:
     """Built once per batch composition: consecutive decode steps of the same sequences reuse them."""
     key = tuple(map(id, seqs))
     hit = cache.get(num_rows)
@@ -118,7 +138,7 @@ def _static_rows(seqs: list[Sequence], num_rows: int, cache: StaticCache) -> _St
     top_p = [1.0 if p.top_p is None else p.top_p for p in params]
     top_k = [0 if p.top_k is None else p.top_k for p in params]
     # which steps any row needs is decided on the host lists: no tensor is read back (a sync on CUDA)
-    rows = _StaticRows(
+    rows = StaticRows(
         seqs=list(seqs),
         temperatures=torch.tensor([t for p in params for t in p.temperatures(num_rows)], dtype=torch.float32),
         eos_ids=per_row([p.eos_token_id for p in params], torch.int64),

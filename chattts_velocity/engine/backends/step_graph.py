@@ -1,0 +1,223 @@
+"""Engine stage, triton backend: one graph a steady decode step — slots, embedding gather, layers, heads and the
+device sampler — captured per batch size of the ladder (cuda_graphs.graph_batch_sizes) on static buffers.
+
+In: a persistent batch's step (engine/core/decode_batch.py): the embedding ids (the tokens the last step sampled,
+on the device), positions and block tables on the device, the sampler's per-row inputs. Out: tokens [B, rows] and the
+last hidden states [B, H] on the device. Before a replay the host writes only device-to-device copies and one
+host-to-device copy of what changes every step (the EOS mask, the penalty history, the noise seeds), through
+double-buffered pinned staging guarded by events; the fixed per-row parameters are written when the batch changes.
+Padding rows sit at position 0 of the pad block (they write their K/V only there) and sample with neutral parameters.
+On CPU nothing is captured: run() calls the same function eagerly on the same buffers (what the tests check).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from chattts_velocity.engine.backends.cuda_graphs import bucket
+from chattts_velocity.engine.core.decode_batch import DecodeBatch
+from chattts_velocity.engine.sampling import logits_processors as lp
+from chattts_velocity.engine.sampling.device_sampler import DeviceSampler
+from chattts_velocity.engine.sampling.sampler import Sampler, SamplingBatch
+from chattts_velocity.model import DecodeMetadata, Embed
+
+
+@dataclass
+class StepInputs:
+    """The static buffers of one graph: `size` rows (R = size * rows sampling rows), history `window` wide.
+
+    What changes every step lives in one int64 block (`per_step`, written by one copy): positions, seeds, the EOS mask
+    and the penalty history are views of it, in that order.
+    """
+
+    ids: torch.Tensor  # [size, num_vq] int64; each replay writes its sampled tokens here (the next step's ids)
+    tables: torch.Tensor  # [size, width] int64
+    temperatures: torch.Tensor  # [R] float32
+    eos_ids: torch.Tensor  # [R] int64
+    penalties: torch.Tensor  # [R] float32
+    top_p: torch.Tensor  # [R] float32
+    top_k: torch.Tensor  # [R] int64
+    per_step: torch.Tensor  # [2 * size + R + R * window] int64
+    positions: torch.Tensor  # [size] int64 (view of per_step)
+    seeds: torch.Tensor  # [size] int64, the step seeds' bits (view)
+    mask_eos: torch.Tensor  # [R] int64, 1 = EOS forbidden (view)
+    history: torch.Tensor  # [R, window] int64, -1 = empty (view)
+
+    @classmethod
+    def allocate(cls, size: int, width: int, rows: int, window: int, num_vq: int, pad_block: int,
+                 device: torch.device) -> StepInputs:
+        num = size * rows
+
+        def zeros(dtype: torch.dtype, *shape: int) -> torch.Tensor:
+            return torch.zeros(*shape, dtype=dtype, device=device)
+
+        per_step = zeros(torch.int64, 2 * size + num + num * window)
+        inputs = cls(zeros(torch.int64, size, num_vq), zeros(torch.int64, size, width) + pad_block,
+                     zeros(torch.float32, num) + 1, zeros(torch.int64, num), zeros(torch.float32, num) + 1,
+                     zeros(torch.float32, num) + 1, zeros(torch.int64, num), per_step, per_step[:size],
+                     per_step[size: 2 * size], per_step[2 * size: 2 * size + num],
+                     per_step[2 * size + num:].view(num, window))
+        inputs.history.fill_(-1)
+        return inputs
+
+    def row_params(self, rows: int) -> lp.RowParams:
+        """The sampler's chain parameters, every step on (neutral values where a row does not use it)."""
+        return lp.RowParams(rows, self.temperatures, self.eos_ids, self.mask_eos != 0, self.penalties, self.history,
+                            self.top_p, self.top_k)
+
+
+StepFn = Callable[[StepInputs], tuple[torch.Tensor, torch.Tensor]]  # -> tokens [size, rows], hidden [size, H]
+
+
+class Staging:
+    """Host-to-device copies through two pinned buffers used in turn; each buffer's event says when its last copy
+    has left, so the host never overwrites bytes still in flight. On CPU: plain tensors."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.buffers: list[torch.Tensor | None] = [None, None]  # pinned host buffers
+        self.events: list[Any] = [None, None]
+        self.turn = 0
+
+    def send(self, values: np.ndarray, into: torch.Tensor) -> None:
+        """Copy values [n] int64 from the host into `into` [n] on the device (ordered on the current stream)."""
+        if self.device.type != "cuda":
+            into.copy_(torch.from_numpy(values))
+            return
+        turn, n = self.turn, values.shape[0]
+        self.turn ^= 1
+        if self.events[turn] is not None:
+            self.events[turn].synchronize()  # this buffer's previous copy has left
+        buffer = self.buffers[turn]
+        if buffer is None or buffer.shape[0] < n:
+            buffer = torch.empty(n, dtype=torch.int64, pin_memory=True)
+            self.buffers[turn] = buffer
+        buffer.numpy()[:n] = values
+        into.copy_(buffer[:n], non_blocking=True)
+        self.events[turn] = torch.cuda.Event()  # type: ignore[no-untyped-call]  # unannotated in torch
+        self.events[turn].record()
+
+
+class StepGraphs:
+    """run(state, sampler, ids, tables) replays the graph of the smallest size >= len(state) (captured on first
+    use, on CUDA), after filling its buffers; on CPU it calls `fn` on them."""
+
+    def __init__(self, fn: StepFn, sizes: list[int], width: int, num_vq: int, pad_block: int,
+                 device: torch.device) -> None:
+        self.fn, self.sizes, self.width, self.num_vq = fn, sorted(sizes), width, num_vq
+        self.pad_block, self.device, self.capture = pad_block, device, device.type == "cuda"
+        self.staging = Staging(device)
+        self.inputs: dict[int, StepInputs] = {}
+        self.graphs: dict[int, tuple[Any, tuple[torch.Tensor, torch.Tensor]]] = {}
+        self.filled: dict[int, DecodeBatch] = {}  # size -> the batch whose fixed parameters are in its buffers
+        self.blocks: dict[int, tuple[DecodeBatch, np.ndarray]] = {}  # size -> a batch's host per-step block
+        self.pool: Any = None
+
+    def covers(self, batch: int) -> bool:
+        return bucket(batch, self.sizes) is not None
+
+    def run(self, state: DecodeBatch, sampler: Sampler, ids: torch.Tensor, tables: torch.Tensor,
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> tokens [B, rows] (a view, valid until the next replay) and hidden [B, H] (a copy)."""
+        num, size = len(state), bucket(len(state), self.sizes)
+        if size is None:
+            raise ValueError(f"StepGraphs.run: {num} sequences, more than the largest graph; see covers()")
+        inputs = self._buffers(size, state)
+        if self.filled.get(size) is not state:  # a new batch: its fixed parameters, tables and ids
+            self._fill_fixed(inputs, state, sampler)
+            inputs.ids[:num].copy_(ids)
+            inputs.tables[:num, : tables.shape[1]].copy_(tables)
+            self.filled[size] = state
+        elif len(state.grown):  # the ids are the last replay's tokens already
+            inputs.tables[:num, : tables.shape[1]].copy_(tables)
+        self._fill_step(inputs, state, size)
+        tokens, hidden = self._replay(size, inputs)
+        return tokens[:num], hidden[:num].clone()
+
+    def _buffers(self, size: int, state: DecodeBatch) -> StepInputs:
+        window = max(16, state.history.shape[2])
+        inputs = self.inputs.get(size)
+        if inputs is None or inputs.history.shape[1] < window:  # a wider penalty window: new buffers, new graph
+            inputs = StepInputs.allocate(size, self.width, state.rows, window, self.num_vq, self.pad_block,
+                                         self.device)
+            self.inputs[size] = inputs
+            self.graphs.pop(size, None)
+            self.filled.pop(size, None)
+        return inputs
+
+    def _fill_fixed(self, inputs: StepInputs, state: DecodeBatch, sampler: Sampler) -> None:
+        """The parameters fixed while the batch stays; padding rows get neutral ones."""
+        num = len(state) * state.rows
+        static = sampler.static_rows(state)
+        for name, value, pad in (("temperatures", static.temperatures, 1.0), ("eos_ids", static.eos_ids, 0),
+                                 ("penalties", static.penalties, 1.0), ("top_p", static.top_p, 1.0),
+                                 ("top_k", static.top_k, 0)):
+            buffer: torch.Tensor = getattr(inputs, name)
+            buffer[num:].fill_(pad)
+            if value is None:
+                buffer[:num].fill_(pad)
+            else:
+                buffer[:num].copy_(value.to(self.device))
+        inputs.ids[len(state):].fill_(0)
+        inputs.tables[len(state):].fill_(self.pad_block)
+
+    def _fill_step(self, inputs: StepInputs, state: DecodeBatch, size: int) -> None:
+        """One host-to-device copy of the per-step block: positions, seeds, EOS mask, history; padding rows at
+        position 0 with seed 0, no mask and an empty history. The host block is kept per batch and patched."""
+        num, rows = len(state), state.rows
+        block = self.blocks.get(size)
+        if block is None or block[0] is not state:
+            block = (state, np.zeros(inputs.per_step.shape[0], dtype=np.int64))
+            history = block[1][2 * size + size * rows:].reshape(size * rows, inputs.history.shape[1])
+            history.fill(-1)
+            self.blocks[size] = block
+        values = block[1]
+        values[:num] = state.lengths - 1
+        values[size: size + num] = state.noise_seeds().view(np.int64)
+        below = state.generated < state.min_new
+        if below.any() or values[2 * size: 2 * size + num * rows].any():
+            values[2 * size: 2 * size + num * rows] = np.repeat(below, rows)
+        history = values[2 * size + size * rows:].reshape(size * rows, inputs.history.shape[1])
+        history[: num * rows, : state.history.shape[2]] = state.history.reshape(num * rows, -1)
+        self.staging.send(values, inputs.per_step)
+
+    def _replay(self, size: int, inputs: StepInputs) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.capture:
+            return self.fn(inputs)
+        if size not in self.graphs:
+            side = torch.cuda.Stream()  # type: ignore[no-untyped-call]  # torch leaves Stream() unannotated
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                self.fn(inputs)  # compiles what the capture needs
+            torch.cuda.current_stream().wait_stream(side)
+            self.pool = self.pool if self.pool is not None else torch.cuda.graph_pool_handle()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool):
+                outputs = self.fn(inputs)
+            self.graphs[size] = (graph, outputs)
+        graph, outputs = self.graphs[size]
+        graph.replay()
+        return outputs
+
+
+def steady_step(embed: Embed, layers: Callable[[torch.Tensor, torch.Tensor, DecodeMetadata], torch.Tensor],
+                sampler: DeviceSampler, act_dtype: torch.dtype, block_size: int, rows: int) -> StepFn:
+    """The device work of a steady decode step on StepInputs, device tensors only (what one graph captures): slots
+    from the block tables, the embedding gather, the layers, the code heads, the sampler's chain and draw."""
+
+    def step(inputs: StepInputs) -> tuple[torch.Tensor, torch.Tensor]:
+        positions, tables = inputs.positions, inputs.tables
+        blocks = tables.gather(1, (positions // block_size).unsqueeze(1)).squeeze(1)
+        meta = DecodeMetadata(blocks * block_size + positions % block_size, tables, positions + 1)
+        last = layers(embed.embed_codes(inputs.ids).to(act_dtype), positions, meta).float()  # [size, H]
+        logits = embed.logits_rowwise(last, "code")  # [size, rows, V]
+        processed = sampler.process(logits.reshape(-1, logits.shape[-1]), SamplingBatch(inputs.row_params(rows), []))
+        tokens: torch.Tensor = sampler.ops.sample(processed, inputs.seeds, rows)
+        inputs.ids.copy_(tokens)  # the next step's embedding ids (code mode: rows == num_vq)
+        return tokens, last
+
+    return step

@@ -1,0 +1,122 @@
+"""Engine stage: the persistent decode batch — per-slot state of a steady set of decoding sequences, as arrays.
+
+In: the sequences of a decode-only step (built once, when the running set changes). Out: what a steady decode step
+needs without a per-sequence Python loop: lengths, generated counts, finish limits, seed keys, the repetition-penalty
+history, the last sampled tokens. The scheduler (engine/core/scheduler.py) builds one whenever a decode-only batch
+is eligible and reuses it while no sequence is admitted, finishes, is preempted or aborted; the model runner and
+the sampler read it; the scheduler advances it after each step. The Sequence objects stay the truth: a steady step
+appends its tokens to them in one tight loop, so every slow path sees them as the synchronous loop leaves them.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from chattts_velocity.engine.core.sequence import Sequence
+
+MASK64 = (1 << 64) - 1
+EMPTY = np.empty(0, dtype=np.int64)
+
+
+def splitmix64(x: np.ndarray) -> np.ndarray:
+    """splitmix64 of every element of a uint64 array (wrapping arithmetic, as engine/sampling/sampler.py's)."""
+    # NOTE: numpy wraps uint64 array arithmetic silently (only scalar overflow warns)
+    x = x + np.uint64(0x9E3779B97F4A7C15)
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    mixed: np.ndarray = x ^ (x >> np.uint64(31))
+    return mixed
+
+
+def eligible(seqs: list[Sequence]) -> bool:
+    """A batch the steady path serves: plain code-mode decodes, no beams, no custom processors."""
+    return bool(seqs) and all(
+        not seq.is_beam and not seq.is_text and not seq.params.logits_processors and seq.seed is not None
+        and seq.num_computed_tokens == len(seq) - 1 and seq.num_rows == seq.num_vq
+        for seq in seqs)
+
+
+class DecodeBatch:
+    """Slot b is seqs[b]; arrays [B] unless noted. Valid while the running set does not change."""
+
+    def __init__(self, seqs: list[Sequence], block_size: int) -> None:
+        self.seqs = list(seqs)
+        self.block_size = block_size
+        self.request_ids = [seq.request_id for seq in seqs]
+        self.rows = seqs[0].num_rows
+        params = [seq.params for seq in seqs]
+        self.lengths = np.array([len(seq) for seq in seqs], dtype=np.int64)  # positions, the newest included
+        self.generated = np.array([seq.num_generated for seq in seqs], dtype=np.int64)
+        self.last_step = np.array([p.max_new_token - 1 for p in params], dtype=np.int64)  # generated count ending
+        self.min_new = np.array([p.min_new_token for p in params], dtype=np.int64)
+        self.eos = np.array([p.eos_token_id for p in params], dtype=np.int64)
+        # mypy silenced below: eligible() checked that every seed is set
+        seeds = np.array([seq.seed & MASK64 for seq in seqs], dtype=np.uint64)  # type: ignore[operator]
+        self.seed_keys = splitmix64(seeds)
+        self.windows = np.array([max(p.penalty_window, 0) for p in params], dtype=np.int64)
+        self.history = self._history()  # [B, rows, W] ring of the last `window` ids, -1 = empty
+        self.ring_slots = np.flatnonzero(self.windows > 0)  # the slots that keep a history
+        same = len(self.ring_slots) == len(seqs) and bool((self.windows == self.windows[0]).all())
+        self.one_window = int(self.windows[0]) if same else 0  # every slot's window, when they are all one
+        self.max_length = int(self.lengths.max())
+        self.no_eos_mask = torch.zeros(len(seqs) * self.rows, dtype=torch.bool)  # [B * rows] no slot masks EOS
+        self.hidden_index = [b for b, p in enumerate(params) if p.return_hidden]
+        self.step_hidden: list[torch.Tensor | None] = []  # [B] of [1, H] views: this step's kept hidden states
+        self.last_tokens = torch.tensor([seq.last_row for seq in seqs], dtype=torch.int64)  # [B, num_vq]
+        self.grown = EMPTY  # slots whose block table gained a block for this step
+        self.steps = 0  # steady steps run on this batch
+
+    def __len__(self) -> int:
+        return len(self.seqs)
+
+    def _history(self) -> np.ndarray:
+        width = int(self.windows.max(initial=0))
+        ring = np.full((len(self.seqs), self.rows, width), -1, dtype=np.int64)
+        for b, seq in enumerate(self.seqs):
+            window, count = int(self.windows[b]), min(seq.num_generated, int(self.windows[b]))
+            if not count:
+                continue
+            recent = np.frombuffer(seq.generated_flat, dtype=np.int64)[-count * self.rows:].reshape(count, self.rows)
+            steps = np.arange(seq.num_generated - count, seq.num_generated)
+            ring[b, :, steps % window] = recent
+        return ring
+
+    def hidden_rows(self, hidden: torch.Tensor | None) -> list[torch.Tensor | None]:
+        """This step's hidden states [B, H] as the [1, H] view each slot keeps (None where it keeps none); the
+        sequences and their deltas share them."""
+        if hidden is None or not self.hidden_index:
+            self.step_hidden = [None] * len(self.seqs)
+        elif len(self.hidden_index) == len(self.seqs):
+            self.step_hidden = list(hidden.unsqueeze(1).unbind(0))
+        else:
+            views = hidden.unsqueeze(1)
+            self.step_hidden = [None] * len(self.seqs)
+            for b in self.hidden_index:
+                self.step_hidden[b] = views[b]
+        return self.step_hidden
+
+    def noise_seeds(self) -> np.ndarray:
+        """[B] uint64 step_seed(seed, num_generated) of every slot (engine/sampling/sampler.step_seed)."""
+        return splitmix64(self.seed_keys ^ self.generated.astype(np.uint64))
+
+    def new_blocks(self) -> np.ndarray:
+        """Slots whose newest position (len - 1) opens a block: they need one more block this step."""
+        opens = (self.lengths - 1) % self.block_size == 0
+        return np.flatnonzero(opens) if opens.any() else EMPTY
+
+    def finished(self, tokens: np.ndarray) -> np.ndarray:
+        """[B] bool: the slots that end with this step's tokens [B, rows] (EOS in any row, or max_new_token)."""
+        ends: np.ndarray = (tokens == self.eos[:, None]).any(1) | (self.generated >= self.last_step)
+        return ends
+
+    def advance(self, tokens: np.ndarray) -> None:
+        """Every slot appended tokens [B, rows]: lengths, counts and the penalty ring move one step."""
+        if self.one_window:
+            self.history[self.ring_slots, :, self.generated % self.one_window] = tokens
+        elif len(self.ring_slots):
+            live = self.ring_slots
+            self.history[live, :, self.generated[live] % self.windows[live]] = tokens[live]
+        self.lengths += 1
+        self.max_length += 1
+        self.generated += 1
+        self.steps += 1
