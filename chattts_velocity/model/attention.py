@@ -231,8 +231,8 @@ def paged_attention(
     """Attention of the packed new rows q [N_new, heads, head_dim] over each sequence's cached context.
 
     The new rows' K/V must already be stored (store_kvcache). Prefill chunks and decode rows mix freely.
-    per_sequence: each sequence attends in its own SDPA call at its own q_len and k_len, masked only where it
-    has several new rows; SDPA's kernel and summation order then depend on that sequence alone, not on the batch.
+    per_sequence: each sequence attends alone (_attend_alone) at its own q_len and k_len, masked only where it
+    has several new rows: its summation order depends on that sequence alone, not on the batch or thread count.
     """
     block_size, scale, max_q = k_cache.shape[1], q.shape[-1] ** -0.5, meta.q_index.shape[1]
     if meta.decode_only:
@@ -250,14 +250,26 @@ def paged_attention(
         keys = _as_values(_gather(k_cache, blocks, k_len, k_scratch), q.dtype)
         values = _as_values(_gather(v_cache, blocks, k_len, v_scratch), q.dtype)
         mask = None if meta.attn_mask is None else meta.attn_mask[start:end, :, :q_len, :k_len]
-        if per_sequence and q_len == 1:
-            mask = None  # one new row sees its whole context
-        out = F.scaled_dot_product_attention(queries[start:end, :, :q_len], keys, values, attn_mask=mask, scale=scale)
+        if per_sequence:
+            out = _attend_alone(queries[start:end, :, :q_len], keys, values, mask if q_len > 1 else None, scale)
+        else:
+            out = F.scaled_dot_product_attention(queries[start:end, :, :q_len], keys, values, attn_mask=mask,
+                                                 scale=scale)
         outs.append(F.pad(out, (0, 0, 0, max_q - q_len)) if q_len < max_q else out)
     out = torch.cat(outs) if len(outs) > 1 else outs[0]  # [B, heads, max_q, head_dim]
     if meta.decode_only:
         return out.squeeze(2)
     return out.transpose(1, 2).flatten(0, 1)[meta.out_index]
+
+
+def _attend_alone(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+                  scale: float) -> torch.Tensor:
+    # q [1, heads, q_len, d], k/v [1, heads, k_len, d] -> [1, heads, q_len, d], in fp32. Plain GEMMs and a softmax:
+    # SDPA's CPU kernel splits a long context across threads, so its sums depend on the thread count.
+    scores = (q.float() @ k.float().transpose(-1, -2)) * scale
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return (scores.softmax(-1) @ v.float()).to(q.dtype)
 
 
 def paged_decode_attention(

