@@ -14,7 +14,7 @@ from chattts_velocity.config import EngineConfig, ModelConfig
 from chattts_velocity.engine.backends.paged_kv import PagedKV
 from chattts_velocity.engine.backends.select import select_backend
 from chattts_velocity.engine.backends.torch_backend import TorchBackend
-from chattts_velocity.engine.core.weights import pack_for
+from chattts_velocity.engine.loading.weights import pack_for
 from chattts_velocity.model import (
     ChatTTSLlama,
     allocate_kv_pairs,

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from chattts_velocity.config import EngineConfig, ModelConfig
-from chattts_velocity.engine.core.kv_sizing import (
+from chattts_velocity.engine.loading.kv_sizing import (
     DEFAULT_KV_BYTES,
     DEFAULT_VRAM_FRACTION,
     budget_bytes,

@@ -1,4 +1,4 @@
-"""The GPT's weights in the engine's precision (engine/core/weights.py): loaded in its weight dtype, packed for it."""
+"""The GPT's weights in the engine's precision (engine/loading/weights.py): loaded in its weight dtype, packed for it."""
 from __future__ import annotations
 
 import pytest
@@ -6,7 +6,7 @@ import torch
 
 from chattts_velocity.assets import AssetPaths
 from chattts_velocity.config import EngineConfig, ModelConfig
-from chattts_velocity.engine.core.weights import load_weights, pack_for
+from chattts_velocity.engine.loading.weights import load_weights, pack_for
 from chattts_velocity.model import PackedLinear
 from chattts_velocity.precision import Precision
 

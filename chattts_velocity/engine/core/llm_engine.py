@@ -19,13 +19,13 @@ from chattts_velocity.config import EngineConfig, ModelConfig
 from chattts_velocity.engine.beams.velocity import BeamSearch
 from chattts_velocity.engine.core.block_manager import BlockManager
 from chattts_velocity.engine.core.decode_batch import DecodeBatch
-from chattts_velocity.engine.core.kv_sizing import kv_cache_blocks
 from chattts_velocity.engine.core.model_runner import ModelRunner
 from chattts_velocity.engine.core.retry import RetryOnEmpty
 from chattts_velocity.engine.core.scheduler import Scheduler
 from chattts_velocity.engine.core.sequence import Sequence, SequenceStatus
 from chattts_velocity.engine.core.step import ScheduledBatch, StepOutput
-from chattts_velocity.engine.core.weights import load_weights, pack_for
+from chattts_velocity.engine.loading.kv_sizing import kv_cache_blocks
+from chattts_velocity.engine.loading.weights import load_weights, pack_for
 from chattts_velocity.model import ChatTTSLlama, Embed
 from chattts_velocity.schema import GenerationOutput, Prompt, SamplingParams
 
@@ -80,7 +80,7 @@ class LLMEngine:
 
     def add_request(self, request_id: str | None, prompt: Prompt, params: SamplingParams, client: str = "") -> str:
         """Queue a request; it joins the running batch at the next step. Returns its id. `client` names who sent it:
-        admission takes turns between clients (Scheduler._admission_order)."""
+        admission takes turns between clients (engine/core/admission.py)."""
         request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
         if params.beam_width > 1:
             return self.beams.add(request_id, prompt, params, arrival=time.monotonic(), client=client)

@@ -5,14 +5,13 @@ In: Sequences via add(); StepOutput from the model runner. Out: ScheduledBatch; 
 from __future__ import annotations
 
 import bisect
-import heapq
 import random
-from collections import Counter, deque
 
 import numpy as np
 import torch
 
 from chattts_velocity.config import EngineConfig
+from chattts_velocity.engine.core.admission import admission_order, seats_in_use
 from chattts_velocity.engine.core.block_manager import BlockManager
 from chattts_velocity.engine.core.decode_batch import DecodeBatch, eligible
 from chattts_velocity.engine.core.sequence import Sequence, SequenceStatus
@@ -185,8 +184,8 @@ class Scheduler:
         # NOTE: a sequence takes one of max_num_seqs seats; a seat group (a beam request, whose forks join the
         # running set without admission) takes all its seats when its first sequence is admitted, so the running
         # set never outgrows max_num_seqs (KV pressure from its forks is met by preemption, as for anyone else).
-        used, held = self._seats_in_use()
-        for seq in self._admission_order():
+        used, held = seats_in_use(self.running)
+        for seq in admission_order(self.waiting, self.running, self.config):
             if budget <= 0:
                 break
             group = seq.seat_group
@@ -203,32 +202,6 @@ class Scheduler:
             self.running.append(seq)
             chosen.append((seq, min(len(seq) - seq.num_computed_tokens, budget)))
             budget -= chosen[-1][1]
-
-    def _admission_order(self) -> list[Sequence]:
-        """The next max_num_seqs waiting sequences to try, in turn: queue order within a client; between clients
-        (fcfs scheduling) the one with the fewest running, then admitted, sequences goes next, so a client with
-        1,000 queued pieces shares the batch with one that sends a single piece."""
-        clients: dict[str, deque[Sequence]] = {}
-        for seq in self.waiting:
-            clients.setdefault(seq.client, deque()).append(seq)
-        if len(clients) <= 1 or self.config.scheduling == "priority":
-            return self.waiting[: self.config.max_num_seqs]
-        running = Counter(seq.client for seq in self.running)
-        turns = [(running[name], self.waiting.index(queue[0]), name) for name, queue in clients.items()]
-        heapq.heapify(turns)
-        order: list[Sequence] = []
-        while turns and len(order) < self.config.max_num_seqs:
-            count, _, name = heapq.heappop(turns)
-            order.append(clients[name].popleft())
-            if clients[name]:
-                heapq.heappush(turns, (count + 1, len(order), name))
-        return order
-
-    def _seats_in_use(self) -> tuple[int, set[str]]:
-        """Seats the running set holds, and the seat groups holding theirs."""
-        groups = {seq.seat_group for seq in self.running if seq.seat_group is not None}
-        singles = sum(seq.seat_group is None for seq in self.running)
-        return singles + sum(seats for _, seats in groups), {name for name, _ in groups}
 
     @staticmethod
     def _batch(chosen: list[tuple[Sequence, int]]) -> ScheduledBatch:
