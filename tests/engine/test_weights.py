@@ -1,4 +1,4 @@
-"""The GPT's weights in the engine's precision (engine/loading/weights.py): loaded in its weight dtype, packed for it."""
+"""The GPT's weights in the engine's precision (engine/loading/weights.py): loaded in its weight dtype, packed."""
 from __future__ import annotations
 
 import pytest
