@@ -48,6 +48,7 @@ def test_unset_flags_keep_the_dataclass_defaults(served: list[dict]) -> None:
     assert config.max_new_token == DEMO_MAX_NEW_TOKEN  # the demo cap, unchanged by the new flags
 
 
+@pytest.mark.slow  # imports Ray and its Serve: about 10 s
 def test_ray_path_gets_the_same_config(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     built: list = []
     monkeypatch.setattr(ray_serve, "init_ray", lambda *a, **kw: None)
