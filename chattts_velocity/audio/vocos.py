@@ -137,15 +137,3 @@ class Vocos(nn.Module):
     @torch.inference_mode()
     def decode(self, mel: torch.Tensor) -> torch.Tensor:  # [B, n_mels, T] -> [B, (T-1)*hop]
         return self(mel)
-
-    def decode_rows(self, mel: torch.Tensor, frames: list[int]) -> list[torch.Tensor]:  # -> [(frames_i - 1)*hop]
-        """Right-padded rows [B, n_mels, T] of frames[i] frames each, every one as if decoded alone: masked
-        before each conv, and each row's iSTFT overlap-adds only its own frames."""
-        mask = frame_mask(frames, mel.shape[2], mel.device)
-        spec = self.head.spectrum(self.backbone(mel, mask))  # [B, n_fft//2+1, T]
-        return [self.head.istft(spec[i: i + 1, :, :f])[0] for i, f in enumerate(frames)]
-
-
-def frame_mask(frames: list[int], width: int, device: torch.device) -> torch.Tensor:  # -> [B, 1, width] float
-    """1.0 on each row's first frames[i] frames, 0.0 after."""
-    return (torch.arange(width, device=device) < torch.tensor(frames, device=device)[:, None]).float()[:, None]

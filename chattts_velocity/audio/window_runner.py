@@ -2,7 +2,7 @@
 
 In: the rows [W, C] of windows that share a `WindowShape` (audio/chunk_plan.py fixes the shapes by window index).
 Out: each window's kept samples, float32 numpy. Without CUDA (or with the modules on two devices) windows run
-eagerly, those of all shapes that go on in one right-padded batch (`run_padded`), as a CPU batches best. On CUDA
+eagerly, each in a pass of its own shape (streaming.decode_windows: a row's bits never depend on the others). On CUDA
 every call runs on the runner's own CUDA stream, which waits for the caller's stream with an event (so the GPT's
 stream keeps running beside the audio), and a (shape, batch bucket, autocast) is captured once as a CUDA graph
 and replayed after: the batch is zero-padded to the next power of two (rows are independent through
@@ -23,7 +23,7 @@ import torch
 
 from chattts_velocity.audio.chunk_plan import STEP_FRAMES, Span, mel_span
 from chattts_velocity.audio.dvae import DVAE, Decoder
-from chattts_velocity.audio.pipeline import decode_codes_batch, decode_hidden_batch, pad_batch
+from chattts_velocity.audio.pipeline import decode_codes_batch, decode_hidden_batch
 from chattts_velocity.audio.vocos import Vocos
 
 log = logging.getLogger(__name__)
@@ -85,7 +85,7 @@ class WindowRunner:
         device = mel_model.coef.device
         on_cuda = device.type == "cuda" and vocos.head.istft.window.device == device
         self.stream = torch.cuda.Stream(device) if on_cuda else None
-        self.by_shape = on_cuda  # group windows by shape (what graphs need); else one padded batch
+        self.by_shape = on_cuda  # group windows by shape (what graphs need); else each window alone
         self.pool: tuple[int, int] | None = None
         self.graphs: dict[tuple, _Graph | None] = {}  # None: capture failed, that key runs eagerly
 
@@ -108,15 +108,6 @@ class WindowRunner:
             graph = self._graph(shape, batch) if self.stream is not None else None
             wav = graph.run(batch) if graph else decode_batch(self.mel_model, self.vocos, shape, batch)
             return _to_host(wav)  # on CUDA this waits for the runner's stream only
-
-    def run_padded(self, shapes: list[WindowShape], rows: list[torch.Tensor]) -> list[np.ndarray]:
-        """Windows of any shapes in one eager batch, right-padded with zeros to the longest: padding changes only
-        frames within the receptive field of a window's right edge, which no window that goes on keeps."""
-        with self._own_stream():
-            mel = self.mel_model(pad_batch(rows, self.mel_model.coef.device))  # [B, n_mels, 2 W_max]
-            crops = [mel[i, :, a:b].T for i, (a, b) in enumerate(s.crop for s in shapes)]  # [b - a, n_mels] each
-            wavs = self.vocos(pad_batch(crops, self.vocos.head.istft.window.device)).float().cpu().numpy()
-            return [wavs[i, s0:s1].copy() for i, (s0, s1) in enumerate(s.keep for s in shapes)]
 
     def run_clip_ends(self, spans: list[Span], rows: list[torch.Tensor]) -> list[np.ndarray]:
         """Windows that end their clip (real right edges, one-off shapes) in one batch decode of whole clips: the

@@ -216,8 +216,8 @@ class SpeechPipeline:
         if job.refine_only:
             raise ValueError("refine_only: a stream is audio; refine the texts with run(refine_only=True)")
         mel, pieces, requests = self._prepare(job)
-        chunk_steps = options or StreamOptions(chunk_steps=job.params_list()[0].stream_batch)
-        return self._stream(job, mel, pieces, requests, chunk_steps)
+        chunking = options or StreamOptions(chunk_steps=job.params_list()[0].stream_batch)
+        return self._stream(job, mel, pieces, requests, chunking)
 
     def interrupt(self) -> None:
         """Stop every call in flight (running or waiting for its turn) after its current step; each returns what it
