@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from chattts_velocity.model import kernels
+from chattts_velocity.model.invariant_attention import attend_sequence
 
 
 @dataclass
@@ -40,6 +41,13 @@ class AttentionMetadata:
     # per-step scratch, reused by every layer: (pool dtype, device) -> (K, V) gather buffers
     workspace: dict[tuple[torch.dtype, torch.device], tuple[torch.Tensor, torch.Tensor]] = field(
         default_factory=dict, repr=False)
+    prompt_lens: list[int] | None = None  # [B] prompt positions per sequence (invariant attention); None: a
+    # sequence with one new row decodes it, several new rows are prompt rows
+
+    def prompt_len(self, b: int) -> int:
+        if self.prompt_lens is not None:
+            return self.prompt_lens[b]
+        return self.k_lens[b] - (1 if self.q_lens[b] == 1 else 0)
 
     @property
     def num_seqs(self) -> int:
@@ -64,6 +72,7 @@ def build_attention_metadata(
     block_tables: list[list[int]] | torch.Tensor,
     block_size: int,
     device: torch.device | str = "cpu",
+    prompt_lens: list[int] | None = None,
 ) -> AttentionMetadata:
     """Precompute every index of one step once, so the per-layer work is gathers and one SDPA call.
 
@@ -110,6 +119,7 @@ def build_attention_metadata(
         max_k=max_k,
         attn_mask=None if attn_mask is None else attn_mask.to(device),
         decode_only=max_q == 1,
+        prompt_lens=None if prompt_lens is None else list(prompt_lens),
     )
 
 
@@ -231,8 +241,8 @@ def paged_attention(
     """Attention of the packed new rows q [N_new, heads, head_dim] over each sequence's cached context.
 
     The new rows' K/V must already be stored (store_kvcache). Prefill chunks and decode rows mix freely.
-    per_sequence: each sequence attends alone (_attend_alone) at its own q_len and k_len, masked only where it
-    has several new rows: its summation order depends on that sequence alone, not on the batch or thread count.
+    per_sequence: each sequence attends alone (invariant_attention.attend_sequence): a row's bits depend on its
+    own sequence only, not on the batch, its chunk, the step kind or the thread count.
     """
     block_size, scale, max_q = k_cache.shape[1], q.shape[-1] ** -0.5, meta.q_index.shape[1]
     if meta.decode_only:
@@ -251,7 +261,7 @@ def paged_attention(
         values = _as_values(_gather(v_cache, blocks, k_len, v_scratch), q.dtype)
         mask = None if meta.attn_mask is None else meta.attn_mask[start:end, :, :q_len, :k_len]
         if per_sequence:
-            out = _attend_alone(queries[start:end, :, :q_len], keys, values, mask if q_len > 1 else None, scale)
+            out = attend_sequence(queries[start:end, :, :q_len], keys, values, meta.prompt_len(start), scale)
         else:
             out = F.scaled_dot_product_attention(queries[start:end, :, :q_len], keys, values, attn_mask=mask,
                                                  scale=scale)
@@ -260,16 +270,6 @@ def paged_attention(
     if meta.decode_only:
         return out.squeeze(2)
     return out.transpose(1, 2).flatten(0, 1)[meta.out_index]
-
-
-def _attend_alone(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
-                  scale: float) -> torch.Tensor:
-    # q [1, heads, q_len, d], k/v [1, heads, k_len, d] -> [1, heads, q_len, d], in fp32. Plain GEMMs and a softmax:
-    # SDPA's CPU kernel splits a long context across threads, so its sums depend on the thread count.
-    scores = (q.float() @ k.float().transpose(-1, -2)) * scale
-    if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
-    return (scores.softmax(-1) @ v.float()).to(q.dtype)
 
 
 def paged_decode_attention(

@@ -46,6 +46,7 @@ class StepTensors:
     slots: torch.Tensor  # [N] int64, pool slot each new row's K/V goes to
     block_tables: torch.Tensor  # [B, w] int64, w >= every sequence's block count; entries past a context: any block
     seq_of_row: torch.Tensor | None  # [N] int64, the sequence of each row; None in decode steps (row b = sequence b)
+    prompt_lens: list[int] | None = None  # [B] prompt positions of each sequence (rows past them were generated)
 
     @property
     def decode_only(self) -> bool:
@@ -188,7 +189,10 @@ def step_tensors(batch: ScheduledBatch, tables: BlockTables, block_size: int) ->
     """The step's integer inputs: lengths from the batch, block tables from the persistent buffer."""
     q_lens = batch.num_new_tokens
     k_lens = [done + new for done, new in zip(batch.num_computed_tokens, q_lens, strict=True)]
-    return StepTensors.build(q_lens, k_lens, tables.rows(batch), block_size)
+    step = StepTensors.build(q_lens, k_lens, tables.rows(batch), block_size)
+    if not batch.is_decode_only:  # some row is a prompt row, or one of several new rows
+        step.prompt_lens = [seq.num_prompt_tokens for seq in batch.seqs]
+    return step
 
 
 def padded_decode(st: StepTensors, kv: PagedKV, size: int, width: int,

@@ -23,7 +23,8 @@ MIN_DYNAMIC = 2  # compiled steps pad batch and table width to >= 2: torch.compi
 
 def attention_metadata(step: StepTensors, kv: PagedKV) -> AttentionMetadata:
     """The torch layers' metadata (gather indices and, where contexts differ, the attention mask)."""
-    return build_attention_metadata(step.q_lens, step.k_lens, step.block_tables, kv.block_size, kv.device)
+    return build_attention_metadata(step.q_lens, step.k_lens, step.block_tables, kv.block_size, kv.device,
+                                    step.prompt_lens)
 
 
 class TorchBackend:
