@@ -118,3 +118,17 @@ def test_limit_flags_reach_server_config_and_bad_ones_name_their_flag(served: li
     with pytest.raises(SystemExit) as exc:
         cli.main(["serve", "--body-timeout-s", "0"])
     assert str(exc.value.code).startswith("error: --body-timeout-s: ")
+
+
+def test_every_limit_flag_reaches_server_config_and_its_help_states_the_real_default(served: list[dict]) -> None:
+    values = {name: (kind(2.5) if kind is float else 7) for name, (kind, _) in cli_serve.LIMIT_FLAGS.items()}
+    cli.main(["serve", *[a for name, v in values.items() for a in (f"--{name.replace('_', '-')}", str(v))]])
+    config = served[0]["config"]
+    assert {name: getattr(config, name) for name in values} == values
+    defaults = openai_api.ServerConfig()
+    for name, (_, text) in cli_serve.LIMIT_FLAGS.items():
+        stated = text.rsplit("(default ", 1)[1].split(";")[0].rstrip(")")
+        assert float(stated) == getattr(defaults, name), name
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["serve", "--max-queued-per-client", "0"])
+    assert str(exc.value.code).startswith("error: --max-queued-per-client: ")
