@@ -29,7 +29,7 @@ pass of its own shape, so a stream's samples are the same bits whichever other s
 shared padded batch changed the last bits: the kernels' summation order follows the batch's shape). On a GPU the
 windows of one shape, from any streams, share one Decoder + one Vocos call (audio/window_runner.py: CUDA graphs on
 their own stream). A window that ends its clip (a flush) has a real right edge and is decoded as a whole clip (the
-masked batch of audio/pipeline.py, each row as if alone).
+masked batch of audio/decode.py, each row as if alone).
 """
 from __future__ import annotations
 

@@ -22,8 +22,8 @@ import numpy as np
 import torch
 
 from chattts_velocity.audio.chunk_plan import STEP_FRAMES, Span, mel_span
+from chattts_velocity.audio.decode import decode_codes_batch, decode_hidden_batch
 from chattts_velocity.audio.dvae import DVAE, Decoder
-from chattts_velocity.audio.pipeline import decode_codes_batch, decode_hidden_batch
 from chattts_velocity.audio.vocos import Vocos
 
 log = logging.getLogger(__name__)
@@ -111,7 +111,7 @@ class WindowRunner:
 
     def run_clip_ends(self, spans: list[Span], rows: list[torch.Tensor]) -> list[np.ndarray]:
         """Windows that end their clip (real right edges, one-off shapes) in one batch decode of whole clips: the
-        masked batch of audio/pipeline.py gives each what it gives alone; the kept samples are each window's tail."""
+        masked batch of audio/decode.py gives each what it gives alone; the kept samples are each window's tail."""
         device = self.mel_model.coef.device.type
         dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
         decode = decode_hidden_batch if isinstance(self.mel_model, Decoder) else decode_codes_batch

@@ -20,7 +20,7 @@ from .common import (
 )
 
 if TYPE_CHECKING:
-    from ..serve.config import ServerConfig
+    from ..serve.server_config import ServerConfig
 
 
 LIMIT_FLAGS = {  # ServerConfig field -> (type, help); each is the flag --FIELD-WITH-DASHES, unset keeps the default
@@ -33,7 +33,7 @@ LIMIT_FLAGS = {  # ServerConfig field -> (type, help); each is the flag --FIELD-
 
 def server_config(args: argparse.Namespace) -> ServerConfig:
     """ServerConfig from the serve flags (unset ones keep its defaults); a bad value is a ValueError naming its flag."""
-    from ..serve.config import ServerConfig
+    from ..serve.server_config import ServerConfig
     from ..speech.streams import StreamOptions
 
     stream = {k: getattr(args, k) for k in ("chunk_steps", "first_chunk_steps", "first_lookahead_steps")}

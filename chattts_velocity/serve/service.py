@@ -21,7 +21,7 @@ from ..audio.timestamps import Timeline
 from ..engine.async_engine import AsyncLLMEngine, RequestStream
 from ..params import InferCodeParams, RefineTextParams
 from ..schema import Prompt, SamplingParams, TextPieces
-from ..speech.mel import MelSource
+from ..speech.mel_source import MelSource
 from ..speech.pipeline import SpeechPipeline
 from ..speech.streams import EMPTY, StreamOptions, StreamSet
 from .text_work import TextWorker

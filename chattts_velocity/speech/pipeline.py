@@ -39,7 +39,7 @@ from ..text import Normalizer, Tokenizer, empty_text, encode_prompt, sample_rand
 from .calls import CallGate, Jobs, Stop
 from .frontend import TextFrontEnd
 from .job import SynthesisJob
-from .mel import MEL_SOURCES, DecoderSource, DVAESource, MelSource
+from .mel_source import MEL_SOURCES, DecoderSource, DVAESource, MelSource
 from .streams import StreamOptions, StreamSet, stream_texts
 
 

@@ -17,7 +17,7 @@ import torch
 from ..audio.streaming import STEP_FRAMES, StreamDecoder
 from ..engine.gpt import GPTBackend
 from ..schema import SpeechRequests
-from .mel import MelSource
+from .mel_source import MelSource
 
 EMPTY = np.zeros(0, dtype=np.float32)
 

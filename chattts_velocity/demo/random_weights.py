@@ -21,7 +21,7 @@ from tqdm import tqdm
 from chattts_velocity.assets import DEMO_KIND, DEMO_MARKER, AssetPaths
 from chattts_velocity.audio.mel import htk_mel_filterbank
 from chattts_velocity.audio.wav import SAMPLE_RATE
-from chattts_velocity.demo.tokenizer import write_tokenizer
+from chattts_velocity.demo.tokenizer_files import write_tokenizer
 
 Shapes = dict[str, tuple[int, ...]]
 TEXT_EOS_ID = 21136  # [Ebreak]: its head row gets a larger gain so random refine-text ends after ~10 tokens
