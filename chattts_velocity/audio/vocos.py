@@ -44,6 +44,8 @@ class ISTFT(nn.Module):
     when the checkpoint loads (check_window). Equal to torch.istft to float rounding (tests/audio/test_vocos.py).
     """
 
+    window: torch.Tensor  # [n_fft], a buffer
+
     def __init__(self, n_fft: int = 1024, hop_length: int = HOP_LENGTH) -> None:
         super().__init__()
         self.hop_length = hop_length

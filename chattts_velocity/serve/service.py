@@ -59,7 +59,7 @@ class DecodeWorker:
     pile up in the inbox, so the busier the server, the more windows share one Decoder + Vocos call.
     """
 
-    def __init__(self, streams: StreamSet) -> None:
+    def __init__(self, streams: StreamSet[str]) -> None:
         self.streams = streams
         self.max_batch = 0  # most streams that got audio from one batched decode
         self._inbox: queue.SimpleQueue[_Open | _Push | _Drop | None] = queue.SimpleQueue()
