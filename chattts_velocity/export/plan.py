@@ -20,6 +20,7 @@ from ..schema import check_sampling
 from ..text import decode_spk_emb
 from ..text.voices import VoiceLibrary, voice_params
 from .encoding import check_encodable, make_encodable
+from .line import ExportLine
 from .lock import lock_folder
 from .manifest import (
     MANIFEST,
@@ -45,32 +46,6 @@ class ClipPrompt(TypedDict, total=False):
 
     spk_smp: str | None
     txt_smp: str | None
-
-
-@dataclass
-class ExportLine:
-    """One input line and what became of it (one manifest entry)."""
-
-    line: int  # 1-based line number in the input file
-    text: str
-    id: str | None = None
-    output: str | None = None  # relative to the output folder, "/"-separated
-    seed: int | None = None
-    speaker: str | None = None
-    voice: str | None = None  # as the server takes it (text.voices.voice_params); its speaker goes to `speaker`
-    status: str = "pending"  # pending -> ok (written by this run) | skipped (see reason) | error
-    error: str | None = None
-    duration: float | None = None  # seconds of audio
-    request: str | None = None  # hash of what the line asks for (manifest.request_hash)
-    reason: str | None = None  # why a line was skipped: an empty line, or already exported
-    audio: str | None = None  # digest of the WAV file as written (manifest.file_digest); a resume checks it
-
-    @property
-    def file(self) -> str:
-        """`output` of a line that is to run: plan_export names every line it does not fail."""
-        if self.output is None:
-            raise ValueError(f"line {self.line}: has no output name ({self.status})")
-        return self.output
 
 
 @dataclass
