@@ -51,7 +51,8 @@ def pad_batch(rows: list[torch.Tensor], device: torch.device) -> torch.Tensor:  
 def _decode_alone(mel_model: Decoder | DVAE, vocos: Vocos, row: torch.Tensor) -> torch.Tensor:
     """One row [T, C] -> its waveform [(2T - 1) * 256] in a Decoder + Vocos pass of its own."""
     mel = mel_model(row.transpose(0, 1)[None].to(mel_model.coef.device)).float()  # [1, n_mels, 2T]
-    return vocos(mel.to(vocos.head.istft.window.device)).float()[0]
+    wav: torch.Tensor = vocos(mel.to(vocos.head.istft.window.device))
+    return wav.float()[0]
 
 
 def _decode_rows(
