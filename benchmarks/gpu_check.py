@@ -60,7 +60,7 @@ def mel_source(args: argparse.Namespace, device: str):
     decoder = audio.Decoder.from_state_dict(audio.load_safetensors(paths.decoder)).to(device).eval()
     vocos = audio.Vocos.from_state_dict(audio.load_safetensors(paths.vocos)).to(device).eval()
     dtype = torch.bfloat16 if args.dtype == "bfloat16" else None
-    decoder, vocos = audio.cast_for_autocast((decoder, vocos), dtype)
+    decoder, vocos = audio.cast_for_autocast(decoder, dtype), audio.cast_for_autocast(vocos, dtype)
     return DecoderSource(decoder, vocos, dtype)
 
 

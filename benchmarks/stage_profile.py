@@ -61,12 +61,9 @@ class StageClock:
 
 def attach(clock: StageClock, chat: Any) -> None:
     """Every stage's timer on `chat`'s engine and decoder-mel path."""
-    from chattts_velocity.audio import pipeline as audio_pipeline
-
     engine = chat.engine()
     clock.wrap(engine.runner, "run", lambda batch: "gpt_decode" if batch.is_decode_only else "gpt_prefill")
     clock.wrap(engine.scheduler, "schedule", "planning")
-    clock.wrap(audio_pipeline, "length_groups", "planning")
     source = chat.pipeline.mel("decoder")
     clock.wrap(source.model, "forward", "decoder")
     for name in ("forward", "decode_rows"):

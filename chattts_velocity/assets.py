@@ -193,13 +193,11 @@ def _hf_download(
             f"cannot download {HF_REPO_ID} {where}: huggingface_hub is not installed "
             f"(pip install huggingface_hub).\n{_FIX_HINT}"
         ) from exc
-    kwargs: dict = {"allow_patterns": HF_ALLOW_PATTERNS, "force_download": force_download}
-    if local_dir is not None:
-        kwargs["local_dir"] = str(local_dir)
-    elif cache_dir is not None:
-        kwargs["cache_dir"] = str(cache_dir)
+    local = None if local_dir is None else str(local_dir)
+    cache = None if local_dir is not None or cache_dir is None else str(cache_dir)  # a local_dir needs no cache
     try:
-        return Path(huggingface_hub.snapshot_download(repo_id=HF_REPO_ID, **kwargs))
+        return Path(huggingface_hub.snapshot_download(repo_id=HF_REPO_ID, allow_patterns=HF_ALLOW_PATTERNS,
+                                                      force_download=force_download, local_dir=local, cache_dir=cache))
     except Exception as exc:  # network, auth, disk: all end in the same advice
         raise AssetError(
             f"could not download {HF_REPO_ID} {where}: {type(exc).__name__}: {exc}\n"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, TypeAlias
 
 import numpy as np
 import torch
@@ -28,8 +29,8 @@ from .text import Normalizer, Tokenizer, check_texts
 
 
 class Chat:
-    RefineTextParams = RefineTextParams
-    InferCodeParams = InferCodeParams
+    RefineTextParams: TypeAlias = RefineTextParams
+    InferCodeParams: TypeAlias = InferCodeParams
 
     def __init__(self, logger: logging.Logger | None = None) -> None:
         self.logger = logger or logging.getLogger("chattts_velocity")
@@ -52,7 +53,7 @@ class Chat:
         dtype: str = "float32",
         decode_dtype: str | None = None,
         kv_cache_dtype: str = "auto",
-        **engine_kwargs,
+        **engine_kwargs: object,
     ) -> bool:
         """Find, verify and load the assets. `verify=False` is the explicit opt-out for custom weights.
 
@@ -159,7 +160,7 @@ class Chat:
         params_refine_text: RefineTextParams | None = None,
         params_infer_code: InferCodeParams | None = None,
         use_vllm: bool | None = None,
-    ):
+    ) -> Any:  # as upstream's: waveforms, or a stream of chunks, or the refined text(s), by the flags
         """One float32 24 kHz waveform per input text (a str input gives a one-element list).
 
         Safe to call from several threads: calls take the model one at a time (a stream holds it until it is

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 from dataclasses import InitVar, dataclass, field, fields
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -47,7 +48,9 @@ class ModelConfig:
             raise ValueError(f"gpt config: {path} is not valid JSON ({exc})") from None
         if not isinstance(raw, dict):
             raise ValueError(f"gpt config: {path} must hold a JSON object, got a {type(raw).__name__}")
-        cfg = cls(**{f.name: _checked(path, f.name, raw[f.name], f.type) for f in fields(cls) if f.name in raw})
+        values: dict[str, Any] = {f.name: _checked(path, f.name, raw[f.name], str(f.type))  # f.type: "int" | "float"
+                                  for f in fields(cls) if f.name in raw}
+        cfg = cls(**values)
         if cfg.hidden_size % cfg.num_attention_heads:
             raise ValueError(f"gpt config: {path}: hidden_size ({cfg.hidden_size}) is not a multiple of "
                              f"num_attention_heads ({cfg.num_attention_heads})")
@@ -112,7 +115,7 @@ class EngineConfig:
                                               backend=self.backend)
 
     @classmethod
-    def from_kwargs(cls, precision: Precision | None = None, **kwargs) -> EngineConfig:
+    def from_kwargs(cls, precision: Precision | None = None, **kwargs: Any) -> EngineConfig:
         """The config of these options; `precision` (a decided Precision) overrides dtype and kv_cache_dtype."""
         names = {f.name for f in fields(cls) if f.init}
         unknown = set(kwargs) - names

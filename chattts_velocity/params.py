@@ -7,8 +7,9 @@ Unlike upstream, `Chat.infer` never mutates a params object (nor a shared defaul
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
-from .schema import CODE_PROMPT, MAX_NEW_TOKEN, SAMPLING_RULES, LogitsProcessor, SamplingParams, check_sampling
+from .schema import CODE_PROMPT, MAX_NEW_TOKEN, SAMPLING_RULES, LogitsProcessor, Mode, SamplingParams, check_sampling
 
 # SamplingParams' name -> the upstream name these params use (for values and error messages)
 UPSTREAM_NAMES = {"top_p": "top_P", "top_k": "top_K", "seed": "manual_seed"}
@@ -38,8 +39,8 @@ class RefineTextParams:
         ours = {name: UPSTREAM_NAMES.get(name, name) for name in SAMPLING_RULES}
         return {name: getattr(self, mine) for name, mine in ours.items() if hasattr(self, mine)}
 
-    def to_sampling_params(self, mode: str, eos_token_id: int, return_hidden: bool) -> SamplingParams:
-        values = self.sampling_values()
+    def to_sampling_params(self, mode: Mode, eos_token_id: int, return_hidden: bool) -> SamplingParams:
+        values: dict[str, Any] = self.sampling_values()  # SamplingParams' keywords, each checked (check_sampling)
         if isinstance(self.temperature, (list, tuple)):
             values["temperature"] = tuple(float(t) for t in self.temperature)
         values["repetition_penalty"] = float(self.repetition_penalty)

@@ -9,7 +9,7 @@ import math
 import numbers
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, TypeGuard, TypeVar
 
 import torch
 
@@ -23,6 +23,7 @@ CODE_PROMPT = "[speed_5]"  # upstream's default control prompt of the code pass
 LogitsProcessor = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 Mode = Literal["code", "text"]
+T = TypeVar("T")
 
 
 @dataclass
@@ -100,7 +101,7 @@ TOP_K_MAX = 2**31 - 1  # larger k are clamped to the vocabulary at use anyway; t
 MIN_TEMPERATURE = 1e-30
 
 
-def _real(x: object) -> bool:
+def _real(x: object) -> TypeGuard[float]:  # any finite real number (int, float, numpy scalars), not a bool
     if isinstance(x, bool) or not isinstance(x, numbers.Real):
         return False
     try:
@@ -109,7 +110,7 @@ def _real(x: object) -> bool:
         return False
 
 
-def _integer(x: object) -> bool:
+def _integer(x: object) -> TypeGuard[int]:
     return isinstance(x, numbers.Integral) and not isinstance(x, bool)
 
 
@@ -149,7 +150,7 @@ def check_sampling(values: Mapping[str, object], spelled: Mapping[str, str] | No
         if not accepts(value):
             raise ValueError(f"{spelled.get(name, name)}: {rule}, got {value!r}")
     low, high = values.get("min_new_token"), values.get("max_new_token")
-    if low is not None and high is not None and low > high:
+    if _integer(low) and _integer(high) and low > high:  # both checked above when given
         raise ValueError(f"{spelled.get('min_new_token', 'min_new_token')}: must be <= "
                          f"{spelled.get('max_new_token', 'max_new_token')} ({high}), got {low}")
 
@@ -173,9 +174,9 @@ class TextPieces:
         texts = [t for t, owner in zip(self.texts, self.owner, strict=True) if owner == i]
         return TextPieces(texts, [0] * len(texts), 1)
 
-    def group(self, items: list) -> list[list]:
+    def group(self, items: list[T]) -> list[list[T]]:
         """items [P], one per piece -> one list per text, in piece order."""
-        grouped: list[list] = [[] for _ in range(self.num_texts)]
+        grouped: list[list[T]] = [[] for _ in range(self.num_texts)]
         for item, i in zip(items, self.owner, strict=True):
             grouped[i].append(item)
         return grouped
@@ -202,7 +203,7 @@ class GenerationOutput:
     hidden: torch.Tensor | None = None  # [T, H] float32; hidden[k] is the state that predicted token_ids[k]
     finished: bool = False
     finish_reason: FinishReason | None = None
-    extra: dict = field(default_factory=dict)  # timings and stats (e.g. time to first token)
+    extra: dict[str, float] = field(default_factory=dict)  # stats (num_generated, beam_score, ...)
     error: Exception | None = None  # why this request failed (finish_reason "error"); the others go on
 
     @classmethod

@@ -214,3 +214,13 @@ def test_the_runtime_never_imports_the_development_tools() -> None:
     found = sorted(f"{m} -> {t}" for m, targets in graph.items() if not m.startswith("chattts_velocity.devtools")
                    for t in targets if t.startswith("chattts_velocity.devtools"))
     assert found == []
+
+
+def test_no_module_file_name_repeats_across_package_folders() -> None:
+    """A file's name says what it holds wherever it sits: two folders' `pipeline.py` leave a reader asking which.
+    `__init__.py` and `__main__.py` are Python's names for a package and its `python -m` entry."""
+    by_name: dict[str, list[str]] = {}
+    for path in (REPO / "chattts_velocity").rglob("*.py"):
+        if path.name not in ("__init__.py", "__main__.py"):
+            by_name.setdefault(path.name, []).append(str(path.relative_to(REPO)))
+    assert {name: sorted(paths) for name, paths in by_name.items() if len(paths) > 1} == {}

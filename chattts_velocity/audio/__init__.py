@@ -2,12 +2,12 @@
 from __future__ import annotations
 
 from chattts_velocity.audio.convnext import ConvNeXtBlock, ConvNeXtStack
+from chattts_velocity.audio.decode import cast_for_autocast, decode_codes_batch, decode_hidden_batch, pad_batch
 from chattts_velocity.audio.dvae import DVAE, Decoder, interleave
 from chattts_velocity.audio.encode import open_encoder, wav_bytes, write_wav
 from chattts_velocity.audio.gfsq import GFSQ, FSQVariant
 from chattts_velocity.audio.loading import load_safetensors, load_strict
 from chattts_velocity.audio.mel import MelSpectrogram, MelSpectrogramFeatures, htk_mel_filterbank
-from chattts_velocity.audio.pipeline import cast_for_autocast, decode_codes_batch, decode_hidden_batch, pad_batch
 from chattts_velocity.audio.streaming import StreamDecoder, receptive_field
 from chattts_velocity.audio.timestamps import Spoken, Timestamp, piece_timestamps
 from chattts_velocity.audio.vocos import Vocos

@@ -4,6 +4,8 @@ Tensors in and out are channels-first `[B, C, T]`. ChatTTS names the layer scale
 """
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -31,7 +33,7 @@ class ConvNeXtBlock(nn.Module):
         self.register_parameter(layer_scale_name, nn.Parameter(torch.ones(dim)))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, C, T] -> [B, C, T]
-        y = self.dwconv(x).transpose(1, 2)  # [B, T, C]
+        y: torch.Tensor = self.dwconv(x).transpose(1, 2)  # [B, T, C]
         y = self.pwconv2(F.gelu(self.pwconv1(self.norm(y))))
         y = y * getattr(self, self.layer_scale_name)
         return x + y.transpose(1, 2)
@@ -57,7 +59,7 @@ class ConvNeXtStack(nn.Module):
 
     @property
     def idim(self) -> int:
-        return self.conv_in[0].in_channels
+        return cast(nn.Conv1d, self.conv_in[0]).in_channels
 
     @property
     def odim(self) -> int:
@@ -82,4 +84,5 @@ class ConvNeXtStack(nn.Module):
         y = conv1(masked(gelu(conv0(masked(x, mask))), mask))  # [B, hidden, T]
         for block in self.decoder_block:
             y = block(masked(y, mask))
-        return self.conv_out(y)
+        out: torch.Tensor = self.conv_out(y)  # [B, odim, T]
+        return out

@@ -29,6 +29,8 @@ def _mel_head(n_in: int, n_mels: int) -> tuple[nn.Conv1d, torch.Tensor]:
 class Decoder(nn.Module):
     """Decoder.safetensors: interleave -> conv stack -> out_conv -> * coef."""
 
+    coef: torch.Tensor  # [1, n_mels, 1], a buffer
+
     def __init__(self, decoder: ConvNeXtStack, n_mels: int = 100) -> None:
         super().__init__()
         self.decoder = decoder
@@ -50,15 +52,19 @@ class Decoder(nn.Module):
         expected = 2 * self.decoder.idim
         if hidden.dim() != 3 or hidden.shape[1] != expected:
             raise ValueError(f"hidden: expected [B, {expected}, T] (channels first), got {tuple(hidden.shape)}")
-        return self.out_conv(masked(self.decoder(interleave(hidden), mask), mask)) * self.coef
+        mel: torch.Tensor = self.out_conv(masked(self.decoder(interleave(hidden), mask), mask))
+        return mel * self.coef
 
     @torch.inference_mode()
     def decode(self, hidden: torch.Tensor) -> torch.Tensor:  # [B, H, T] -> [B, n_mels, 2T]
-        return self(hidden)
+        mel: torch.Tensor = self(hidden)
+        return mel
 
 
 class DVAE(nn.Module):
     """DVAE.safetensors: GFSQ codes <-> features, conv-stack decoder, mel encoder front-end."""
+
+    coef: torch.Tensor  # [1, n_mels, 1], a buffer
 
     def __init__(self, encoder: ConvNeXtStack, decoder: ConvNeXtStack, vq_layer: GFSQ,
                  preprocessor_mel: MelSpectrogramFeatures) -> None:
@@ -93,11 +99,13 @@ class DVAE(nn.Module):
     def forward(self, codes: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         """[B, 4, T] int -> [B, n_mels, 2T]; mask [B, 1, 2T] as in Decoder.forward."""
         feats = self.vq_layer.decode(codes)  # [B, dim, T]
-        return self.out_conv(masked(self.decoder(interleave(feats), mask), mask)) * self.coef
+        mel: torch.Tensor = self.out_conv(masked(self.decoder(interleave(feats), mask), mask))
+        return mel * self.coef
 
     @torch.inference_mode()
     def decode(self, codes: torch.Tensor) -> torch.Tensor:  # [B, 4, T] int -> [B, n_mels, 2T]
-        return self(codes)
+        mel: torch.Tensor = self(codes)
+        return mel
 
     @torch.inference_mode()
     def encode(self, wav: torch.Tensor | np.ndarray) -> torch.Tensor:  # [N] float 24 kHz -> [4, T] int32

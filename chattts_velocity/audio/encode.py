@@ -10,12 +10,15 @@ from __future__ import annotations
 import io
 import struct
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
 from .formats import STREAMED_DATA_SIZE, STREAMED_RIFF_SIZE, AudioFormat, audio_format
 from .wav import SAMPLE_RATE, as_mono, float_to_int16
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
 
 # Opus pages: ffmpeg's default 1 s would hold a streamed response's bytes back; the first audio page leaves after
 # two pages' worth of samples (formats.py's first_chunk_samples), 60 ms pages cost ~3.7 kbit/s of page headers
@@ -79,7 +82,8 @@ class WavEncoder:
 
     def __init__(self, sample_rate: int, streamed: bool) -> None:
         self.sample_rate, self.streamed = sample_rate, streamed
-        self.header_sent, self.kept = False, []
+        self.header_sent = False
+        self.kept: list[bytes] = []
 
     def encode(self, chunk: np.ndarray) -> bytes:
         data = _int16(chunk).tobytes()
@@ -115,10 +119,11 @@ class Pipe(io.RawIOBase):
     def seekable(self) -> bool:
         return False
 
-    def write(self, data: bytes) -> int:
-        self.parts.append(bytes(data))
-        self.size += len(data)
-        return len(data)
+    def write(self, data: Buffer) -> int:
+        view = memoryview(data)
+        self.parts.append(view.tobytes())
+        self.size += view.nbytes
+        return view.nbytes
 
     def tell(self) -> int:
         return self.size
@@ -156,7 +161,12 @@ class AvEncoder:
         self.container = av.open(self.sink, "w", format=spec.muxer, container_options=options,
                                  buffer_size=STREAM_IO_BUFFER if streamed else 32768)
         codec_options = {"frame_size": str(spec.frame_size)} if spec.frame_size else {}
-        self.stream = self.container.add_stream(spec.codec, rate=sample_rate, layout="mono", options=codec_options)
+        if spec.codec is None:
+            raise ValueError(f"{spec.name}: names no PyAV codec")
+        stream = self.container.add_stream(spec.codec, rate=sample_rate, layout="mono", options=codec_options)
+        if not isinstance(stream, av.AudioStream):
+            raise ValueError(f"{spec.name}: PyAV's {spec.codec!r} is not an audio encoder")
+        self.stream = stream
         if spec.bit_rate:
             self.stream.bit_rate = spec.bit_rate
 

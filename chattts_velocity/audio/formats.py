@@ -61,6 +61,8 @@ def available_formats() -> tuple[str, ...]:
 
 def _can_encode(f: AudioFormat) -> bool:
     if f.encoder == "av":
+        if f.codec is None:
+            return False
         try:
             import av
 

@@ -10,7 +10,9 @@ Code-channel order is c = g*R + r; index = sum_d l_d * prod(levels[:d]); code va
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from enum import Enum
+from typing import cast
 
 import torch
 from torch import nn
@@ -44,6 +46,10 @@ def _levels_symmetric(u: torch.Tensor, levels: torch.Tensor) -> torch.Tensor:
 
 class ResidualFSQ(nn.Module):
     """One group: Linear(dim -> d) -> R residual FSQ stages -> Linear(d -> dim)."""
+
+    levels: torch.Tensor  # [d] int64, buffers registered in __init__
+    basis: torch.Tensor  # [d] int64
+    scales: torch.Tensor  # [R, d]
 
     def __init__(self, dim: int, levels: tuple[int, ...], num_quantizers: int, variant: FSQVariant) -> None:
         super().__init__()
@@ -82,7 +88,8 @@ class ResidualFSQ(nn.Module):
         half = self.levels // 2
         level = indices.long().unsqueeze(-1) // self.basis % self.levels  # [..., R, d]
         codes = (level - half) / half
-        return self.project_out((codes * self.scales).sum(-2))
+        features: torch.Tensor = self.project_out((codes * self.scales).sum(-2))
+        return features
 
 
 class GroupedResidualFSQ(nn.Module):
@@ -93,9 +100,10 @@ class GroupedResidualFSQ(nn.Module):
         super().__init__()
         if dim % groups:
             raise ValueError(f"GFSQ: dim {dim} is not divisible by groups {groups}")
-        self.rvqs = nn.ModuleList(
+        # a ModuleList (keys rvqs.i.*), typed by what it holds
+        self.rvqs = cast(Sequence[ResidualFSQ], nn.ModuleList(
             ResidualFSQ(dim // groups, levels, num_quantizers, variant) for _ in range(groups)
-        )
+        ))
 
     def quantize(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, dim] -> [B, T, G*R]
         chunks = x.chunk(len(self.rvqs), dim=-1)

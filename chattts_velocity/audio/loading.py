@@ -5,11 +5,14 @@ Sizes are read from tensor shapes; a wrong or damaged file is reported as a Valu
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 from torch import nn
 
 from chattts_velocity.assets import read_safetensors
+
+M = TypeVar("M", bound=nn.Module)
 
 
 def load_safetensors(path: str | Path) -> dict[str, torch.Tensor]:
@@ -35,7 +38,7 @@ def count_indexed(sd: dict[str, torch.Tensor], prefix: str, what: str) -> int:
     return len(found)
 
 
-def load_strict(module: nn.Module, sd: dict[str, torch.Tensor], what: str) -> nn.Module:
+def load_strict(module: M, sd: dict[str, torch.Tensor], what: str) -> M:
     """load_state_dict(strict=True), with missing/unexpected keys and shape mismatches as ValueError."""
     expected = module.state_dict()
     missing = sorted(set(expected) - set(sd))

@@ -34,4 +34,5 @@ def normalize_loudness(wav: np.ndarray, target: float, sample_rate: int = SAMPLE
     gain = 10.0 ** ((target - measured) / 20.0)
     peak = float(np.abs(wav).max())
     gain = min(gain, PEAK_LIMIT / peak)
-    return (wav * gain).astype(np.float32)
+    normalised: np.ndarray = (wav * gain).astype(np.float32)
+    return normalised

@@ -33,6 +33,8 @@ def htk_mel_filterbank(n_freqs: int = 513, n_mels: int = 100, sample_rate: int =
 class Spectrogram(nn.Module):
     """|STFT| with a periodic window buffer, center=True, reflect padding, onesided."""
 
+    window: torch.Tensor  # [n_fft], a buffer
+
     def __init__(self, n_fft: int = 1024, hop_length: int = HOP_LENGTH) -> None:
         super().__init__()
         self.hop_length = hop_length
@@ -50,6 +52,8 @@ class Spectrogram(nn.Module):
 
 class MelScale(nn.Module):
     """Linear-frequency magnitudes -> mel bands through the filterbank buffer `fb` [n_freqs, n_mels]."""
+
+    fb: torch.Tensor
 
     def __init__(self, n_freqs: int = 513, n_mels: int = 100, sample_rate: int = SAMPLE_RATE) -> None:
         super().__init__()
@@ -69,7 +73,8 @@ class MelSpectrogram(nn.Module):
         self.mel_scale = MelScale(n_fft // 2 + 1, n_mels, sample_rate)
 
     def forward(self, wav: torch.Tensor) -> torch.Tensor:  # [..., N] -> [..., n_mels, N//hop+1]
-        return self.mel_scale(self.spectrogram(wav))
+        mel: torch.Tensor = self.mel_scale(self.spectrogram(wav))
+        return mel
 
 
 class MelSpectrogramFeatures(nn.Module):

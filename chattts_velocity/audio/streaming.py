@@ -29,7 +29,7 @@ pass of its own shape, so a stream's samples are the same bits whichever other s
 shared padded batch changed the last bits: the kernels' summation order follows the batch's shape). On a GPU the
 windows of one shape, from any streams, share one Decoder + one Vocos call (audio/window_runner.py: CUDA graphs on
 their own stream). A window that ends its clip (a flush) has a real right edge and is decoded as a whole clip (the
-masked batch of audio/pipeline.py, each row as if alone).
+masked batch of audio/decode.py, each row as if alone).
 """
 from __future__ import annotations
 
@@ -50,6 +50,8 @@ def conv_radius(modules: list[nn.Module]) -> int:
     """Frames each side that the stacked same-length Conv1d layers of modules see (sum of their paddings)."""
     radius = 0
     for conv in (m for root in modules for m in root.modules() if isinstance(m, nn.Conv1d)):
+        if isinstance(conv.padding, str):  # "same" / "valid": not the explicit paddings summed here
+            raise ValueError(f"streaming: conv {conv} has padding {conv.padding!r}, not explicit widths")
         k, d, p, s = conv.kernel_size[0], conv.dilation[0], conv.padding[0], conv.stride[0]
         if s != 1 or 2 * p != d * (k - 1):
             raise ValueError(f"streaming: conv {conv} is not a stride-1 same-length conv")
@@ -238,13 +240,14 @@ class StreamDecoder:
         if rows.is_floating_point() != self.takes_hidden:
             raise ValueError(f"{what}: expected {'float hidden states' if self.takes_hidden else 'integer codes'}, "
                              f"got {rows.dtype}")
-        size = None if self.takes_hidden else self.mel_model.vq_layer.codebook_size
+        size = self.mel_model.vq_layer.codebook_size if isinstance(self.mel_model, DVAE) else None
         if size is not None and rows.numel() and (rows.min() < 0 or rows.max() >= size):
             raise ValueError(f"codes: values must be in [0, {size}); drop the audio EOS step ({size}) first")
 
     def _plan(self, at_end: bool) -> list[Window]:
         """The windows due now, in order (each emits its schedule's chunk; at the end, one emits the rest)."""
-        windows, next_step, total = [], self._next, self.total_steps
+        windows: list[Window] = []
+        next_step, total = self._next, self.total_steps
         while (span := plan_span(self.schedule, self._windows + len(windows), next_step, total,
                                  self.left_context_steps, at_end=False)) is not None:
             windows.append(Window(self._rows[span.first - self._start: span.end - self._start], span))

@@ -34,7 +34,8 @@ class Timeline:
     """Pieces appended in playing order -> their Timestamps."""
 
     def __init__(self, sample_rate: int = SAMPLE_RATE) -> None:
-        self.sample_rate, self.samples, self.stamps = sample_rate, 0, []
+        self.sample_rate, self.samples = sample_rate, 0
+        self.stamps: list[Timestamp] = []
 
     def add(self, text: str, samples: int) -> Timestamp:
         start, self.samples = self.samples, self.samples + samples

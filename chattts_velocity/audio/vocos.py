@@ -33,7 +33,8 @@ class VocosBackbone(nn.Module):
         x = self.norm(self.embed(masked(mel, mask)).transpose(1, 2)).transpose(1, 2)  # [B, dim, T]
         for block in self.convnext:
             x = block(masked(x, mask))
-        return self.final_layer_norm(x.transpose(1, 2))
+        out: torch.Tensor = self.final_layer_norm(x.transpose(1, 2))
+        return out
 
 
 class ISTFT(nn.Module):
@@ -43,6 +44,8 @@ class ISTFT(nn.Module):
     the envelope on every call (NOLA), which reads a value back and makes the host wait; here it is checked once,
     when the checkpoint loads (check_window). Equal to torch.istft to float rounding (tests/audio/test_vocos.py).
     """
+
+    window: torch.Tensor  # [n_fft], a buffer
 
     def __init__(self, n_fft: int = 1024, hop_length: int = HOP_LENGTH) -> None:
         super().__init__()
@@ -87,7 +90,8 @@ class ISTFTHead(nn.Module):
         self.istft = ISTFT(n_fft, hop_length)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, dim] -> [B, (T-1)*hop]
-        return self.istft(self.spectrum(x))
+        wav: torch.Tensor = self.istft(self.spectrum(x))
+        return wav
 
     def spectrum(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, dim] -> [B, n_fft//2+1, T] complex
         mag, phase = self.out(x).transpose(1, 2).chunk(2, dim=1)  # 2 x [B, n_fft//2+1, T]
@@ -132,8 +136,10 @@ class Vocos(nn.Module):
         n_mels = self.backbone.embed.in_channels
         if mel.dim() != 3 or mel.shape[1] != n_mels or mel.shape[2] < 2:
             raise ValueError(f"mel: expected [B, {n_mels}, T] with T >= 2, got {tuple(mel.shape)}")
-        return self.head(self.backbone(mel))
+        wav: torch.Tensor = self.head(self.backbone(mel))
+        return wav
 
     @torch.inference_mode()
     def decode(self, mel: torch.Tensor) -> torch.Tensor:  # [B, n_mels, T] -> [B, (T-1)*hop]
-        return self(mel)
+        wav: torch.Tensor = self(mel)
+        return wav

@@ -19,7 +19,8 @@ def samples_for_steps(num_steps: int, hop_length: int = HOP_LENGTH) -> int:
 def float_to_int16(wav: np.ndarray) -> np.ndarray:
     """Clip to [-1, 1] and scale by 32767 (no peak normalisation, so silence stays silent)."""
     x = np.nan_to_num(np.asarray(wav, dtype=np.float32), nan=0.0)
-    return np.rint(np.clip(x, -1.0, 1.0) * 32767.0).astype(np.int16)
+    scaled: np.ndarray = np.rint(np.clip(x, -1.0, 1.0) * 32767.0).astype(np.int16)
+    return scaled
 
 
 def as_mono(wav: np.ndarray) -> np.ndarray:

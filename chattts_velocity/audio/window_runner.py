@@ -16,17 +16,20 @@ import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 import torch
 
 from chattts_velocity.audio.chunk_plan import STEP_FRAMES, Span, mel_span
+from chattts_velocity.audio.decode import decode_codes_batch, decode_hidden_batch
 from chattts_velocity.audio.dvae import DVAE, Decoder
-from chattts_velocity.audio.pipeline import decode_codes_batch, decode_hidden_batch
 from chattts_velocity.audio.vocos import Vocos
 
 log = logging.getLogger(__name__)
+if TYPE_CHECKING:
+    from torch.cuda import _POOL_HANDLE
+
 M = TypeVar("M", bound=torch.nn.Module)
 
 
@@ -35,6 +38,10 @@ class WindowShape:
     steps: int  # W: rows decoded
     crop: tuple[int, int]  # mel frames [a, b) of the window that Vocos reads
     keep: tuple[int, int]  # samples [s0, s1) of Vocos' output that are emitted
+
+
+# a captured graph's key: (shape, batch bucket, the rows' dtype, autocast on, autocast's dtype)
+GraphKey = tuple[WindowShape, int, torch.dtype, bool, torch.dtype]
 
 
 def window_shape(span: Span, mel_reach: int, hop: int) -> WindowShape:
@@ -48,7 +55,8 @@ def decode_batch(mel_model: Decoder | DVAE, vocos: Vocos, shape: WindowShape,
                  batch: torch.Tensor) -> torch.Tensor:  # [B, C, W] -> [B, s1 - s0] float32
     mel = mel_model(batch)  # [B, n_mels, 2 W]
     (a, b), (s0, s1) = shape.crop, shape.keep
-    return vocos(mel[:, :, a:b]).float()[:, s0:s1]
+    wav: torch.Tensor = vocos(mel[:, :, a:b])
+    return wav.float()[:, s0:s1]
 
 
 def batch_bucket(rows: int) -> int:
@@ -84,10 +92,10 @@ class WindowRunner:
         self._mel_model, self._vocos = weakref.ref(mel_model), weakref.ref(vocos)
         device = mel_model.coef.device
         on_cuda = device.type == "cuda" and vocos.head.istft.window.device == device
-        self.stream = torch.cuda.Stream(device) if on_cuda else None
+        self.stream = torch.cuda.Stream(device) if on_cuda else None  # type: ignore[no-untyped-call]  # unannotated in torch
         self.by_shape = on_cuda  # group windows by shape (what graphs need); else each window alone
-        self.pool: tuple[int, int] | None = None
-        self.graphs: dict[tuple, _Graph | None] = {}  # None: capture failed, that key runs eagerly
+        self.pool: _POOL_HANDLE | None = None
+        self.graphs: dict[GraphKey, _Graph | None] = {}  # None: capture failed, that key runs eagerly
 
     @property
     def mel_model(self) -> Decoder | DVAE:
@@ -111,12 +119,13 @@ class WindowRunner:
 
     def run_clip_ends(self, spans: list[Span], rows: list[torch.Tensor]) -> list[np.ndarray]:
         """Windows that end their clip (real right edges, one-off shapes) in one batch decode of whole clips: the
-        masked batch of audio/pipeline.py gives each what it gives alone; the kept samples are each window's tail."""
+        masked batch of audio/decode.py gives each what it gives alone; the kept samples are each window's tail."""
         device = self.mel_model.coef.device.type
         dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
-        decode = decode_hidden_batch if isinstance(self.mel_model, Decoder) else decode_codes_batch
+        model = self.mel_model
         with self._own_stream():
-            wavs = decode(self.mel_model, self.vocos, rows, dtype)
+            wavs = (decode_hidden_batch(model, self.vocos, rows, dtype) if isinstance(model, Decoder)
+                    else decode_codes_batch(model, self.vocos, rows, dtype))
         hop = self.vocos.head.istft.hop_length
         return [wav[hop * STEP_FRAMES * (s.next - s.first):] for wav, s in zip(wavs, spans, strict=True)]
 
@@ -126,14 +135,14 @@ class WindowRunner:
         if self.stream is None:
             yield
             return
-        ready = torch.cuda.Event()
+        ready = torch.cuda.Event()  # type: ignore[no-untyped-call]  # unannotated in torch
         ready.record()
         with torch.cuda.device(self.stream.device), torch.cuda.stream(self.stream):
             self.stream.wait_event(ready)
             yield
 
     def _graph(self, shape: WindowShape, batch: torch.Tensor) -> _Graph | None:
-        key = (shape, batch_bucket(batch.shape[0]), batch.dtype, torch.is_autocast_enabled("cuda"),
+        key: GraphKey = (shape, batch_bucket(batch.shape[0]), batch.dtype, torch.is_autocast_enabled("cuda"),
                torch.get_autocast_dtype("cuda"))
         if key not in self.graphs:
             try:

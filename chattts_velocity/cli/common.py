@@ -7,6 +7,7 @@ import sys
 import warnings
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, TypedDict
 
 from .. import precision
 from ..assets import AssetError
@@ -14,6 +15,9 @@ from ..chat import Chat
 from ..config import BACKENDS
 from ..demo import DEMO_MAX_NEW_TOKEN, default_max_new_token, ensure_model
 from ..params import InferCodeParams
+
+if TYPE_CHECKING:
+    Subparsers = argparse._SubParsersAction[argparse.ArgumentParser]  # what add_subparsers returns
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
 
@@ -33,7 +37,8 @@ def resolve_dtype(args: argparse.Namespace) -> str:
     if args.dtype == "auto":
         args.dtype = fastest_dtype()
         print(f"precision: {args.dtype} (the fastest measured here; --dtype float32 for exact runs)", file=sys.stderr)
-    return args.dtype
+    dtype: str = args.dtype
+    return dtype
 
 
 def load_line(chat: Chat) -> str:
@@ -128,7 +133,8 @@ def check_writable(path: Path, flag: str) -> None:
 _SHOW_WARNING = warnings.formatwarning  # Python's own, for warnings raised outside the package
 
 
-def _format_warning(message, category, filename, lineno, line=None) -> str:
+def _format_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                    line: str | None = None) -> str:
     if Path(filename).resolve().is_relative_to(PACKAGE_DIR):
         return f"warning: {message}\n"
     return _SHOW_WARNING(message, category, filename, lineno, line)
@@ -139,7 +145,12 @@ def package_warnings_in_one_line() -> None:
     warnings.formatwarning = _format_warning
 
 
-def engine_options(args: argparse.Namespace) -> dict:
+class EngineOptions(TypedDict, total=False):
+    backend: str
+    kv_cache_dtype: str
+
+
+def engine_options(args: argparse.Namespace) -> EngineOptions:
     """The engine's options among the model flags, as Chat.load takes them (here or in a Ray worker)."""
     return {"backend": args.backend, "kv_cache_dtype": args.kv_cache_dtype}
 
@@ -169,15 +180,15 @@ def seed_speakers(args: argparse.Namespace) -> Callable[[int], str]:
     return draw
 
 
-def load_chat(args: argparse.Namespace, use_vllm: bool = True, **kwargs) -> Chat:
+def load_chat(args: argparse.Namespace, use_vllm: bool = True, compile: bool = False) -> Chat:
     """A loaded Chat from the model flags; a folder that is not the official files is refused in one line."""
     root, verify = model_folder(args)
     resolve_dtype(args)
     chat = Chat()
-    engine = engine_options(args) if use_vllm else {}  # the plain path has no backends
+    engine = engine_options(args) if use_vllm else EngineOptions()  # the plain path has no backends
     try:
         chat.load(source="custom", custom_path=root, verify=verify, use_vllm=use_vllm, dtype=args.dtype,
-                  **engine, **kwargs)
+                  compile=compile, **engine)
     except AssetError as exc:
         what = (f"missing {', '.join(exc.missing)}" if exc.missing else
                 f"sha256 differs for {', '.join(exc.mismatched)}")

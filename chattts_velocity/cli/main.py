@@ -6,6 +6,8 @@ import signal
 import sys
 import time
 from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 from ..audio.wav import SAMPLE_RATE
 from ..demo import uses_demo_weights
@@ -23,6 +25,11 @@ from .common import (
 )
 from .serve import add_serve_parser
 from .webui import add_webui_parser
+
+if TYPE_CHECKING:
+    from ..export import ExportPlan
+    from ..params import InferCodeParams
+    from .common import Subparsers
 
 DEMO_TEXTS = [
     "Hello! This is chattts velocity, reading a short sentence.",
@@ -105,7 +112,7 @@ def cmd_export(args: argparse.Namespace) -> None:
         raise SystemExit(1)
 
 
-def _export_with_ray(args: argparse.Namespace, plan, params) -> None:
+def _export_with_ray(args: argparse.Namespace, plan: ExportPlan, params: InferCodeParams) -> None:
     from ..cluster import init_ray  # imports no ray: init_ray sets the loopback env first
     from ..export import ray as ray_export
 
@@ -136,7 +143,7 @@ def _add_export_ray_flags(p: argparse.ArgumentParser) -> None:
                    help="lines an actor synthesises together, one shard (default %(default)s)")
 
 
-def bench_module():
+def bench_module() -> ModuleType:
     """benchmarks/bench_engine.py of a source checkout (the same code as `python benchmarks/bench_engine.py`)."""
     import importlib.util
 
@@ -144,6 +151,8 @@ def bench_module():
     if not path.exists():
         raise SystemExit(f"bench: {path} not found; run from a source checkout of chattts_velocity")
     spec = importlib.util.spec_from_file_location("bench_engine", path)
+    if spec is None or spec.loader is None:
+        raise SystemExit(f"bench: {path} is not a Python module")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -157,14 +166,14 @@ def bench_argv(argv: list[str]) -> list[str]:
     return argv if given or "-h" in argv or "--help" in argv else [*argv, "--out", str(cache_dir() / "bench")]
 
 
-def _add_bench(sub) -> None:
+def _add_bench(sub: Subparsers) -> None:
     # `main` hands every argument after `bench` to benchmarks/bench_engine.py unparsed.
     sub.add_parser("bench", help="velocity vs plain path (and reference) in the same run; JSON results (from a "
                                  "source checkout: it runs benchmarks/bench_engine.py)",
                    add_help=False)
 
 
-def _add_export(sub) -> None:
+def _add_export(sub: Subparsers) -> None:
     p = sub.add_parser("export", help="synthesise every line of a text or JSONL file to its own WAV (resumable)")
     p.add_argument("input", help="text file (one utterance per line) or JSONL (text, id, speaker, voice, seed, "
                                  "output); '-' reads stdin")

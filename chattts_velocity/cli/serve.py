@@ -20,7 +20,8 @@ from .common import (
 )
 
 if TYPE_CHECKING:
-    from ..serve.config import ServerConfig
+    from ..serve.server_config import ServerConfig
+    from .common import Subparsers
 
 
 LIMIT_FLAGS = {  # ServerConfig field -> (type, help); each is the flag --FIELD-WITH-DASHES, unset keeps the default
@@ -40,7 +41,7 @@ LIMIT_FLAGS = {  # ServerConfig field -> (type, help); each is the flag --FIELD-
 
 def server_config(args: argparse.Namespace) -> ServerConfig:
     """ServerConfig from the serve flags (unset ones keep its defaults); a bad value is a ValueError naming its flag."""
-    from ..serve.config import ServerConfig
+    from ..serve.server_config import ServerConfig
     from ..speech.streams import StreamOptions
 
     stream = {k: getattr(args, k) for k in ("chunk_steps", "first_chunk_steps", "first_lookahead_steps")}
@@ -73,12 +74,13 @@ def cmd_serve(args: argparse.Namespace) -> None:
     run_server(chat.pipeline, config, host=args.host, port=args.port)
 
 
-def _serve_with_ray(args: argparse.Namespace, config) -> None:
+def _serve_with_ray(args: argparse.Namespace, config: ServerConfig) -> None:
     """Serve on Ray until SIGTERM, SIGINT or SIGHUP; then stop Serve, Ray and every process the driver started."""
-    from ..serve import ray_serve, ray_stop  # import no ray: init_ray sets the loopback env first
+    from ..cluster import init_ray  # imports no ray: init_ray sets the loopback env first
+    from ..serve import ray_serve, ray_stop
 
     try:
-        ray_serve.init_ray(args.ray_address, log_to_driver=True)
+        init_ray(args.ray_address, log_to_driver=True)
         ray_stop.stop_on_signals()  # after ray.init, which installs its own SIGTERM handler
         root, verify = model_folder(args)
         options = ray_serve.ReplicaOptions(replicas=args.replicas, autoscale=args.autoscale,
@@ -100,7 +102,7 @@ def _min_max(value: str) -> tuple[int, int]:
     return int(low), int(high)
 
 
-def add_serve_parser(sub) -> None:
+def add_serve_parser(sub: Subparsers) -> None:
     p = sub.add_parser("serve", help="OpenAI-compatible speech API (pip install -e '.[server]')")
     add_model_flags(p)
     p.add_argument("--host", default="127.0.0.1", help="bind address (0.0.0.0 exposes the API on the network)")

@@ -5,9 +5,13 @@ Imports nothing from gradio or webui/ until the command runs, so `chattts-veloci
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from ..demo import uses_demo_weights
 from .common import add_model_flags, add_step_cap_flag, check_port_free, load_chat, max_new_token
+
+if TYPE_CHECKING:
+    from .common import Subparsers
 
 
 def add_webui_flags(p: argparse.ArgumentParser) -> None:
@@ -39,7 +43,7 @@ def cmd_webui(args: argparse.Namespace) -> None:
     launch(page, host=args.host, port=args.port, share=args.share)
 
 
-def add_webui_parser(sub) -> None:
+def add_webui_parser(sub: Subparsers) -> None:
     p = sub.add_parser("webui", help="Gradio web UI (pip install -e '.[webui]'; ffmpeg for streaming)")
     add_webui_flags(p)
     p.set_defaults(func=cmd_webui)

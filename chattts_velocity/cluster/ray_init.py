@@ -33,8 +33,10 @@ def init_ray(address: str | None = None, num_cpus: float | None = None, object_s
         _set_loopback_env()
     import ray
 
+    info: dict[str, Any]  # ray.init's context types address_info as Any
     if address is not None:
-        return ray.init(address=address, log_to_driver=log_to_driver).address_info
+        info = ray.init(address=address, log_to_driver=log_to_driver).address_info
+        return info
     store = None if object_store_mb is None else int(object_store_mb * 2**20)
     info = ray.init(num_cpus=num_cpus, include_dashboard=False, object_store_memory=store, _temp_dir=temp_dir,
                     log_to_driver=log_to_driver).address_info

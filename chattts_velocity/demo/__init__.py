@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from chattts_velocity.assets import DEMO_MARKER, OFFICIAL_SHA256, is_demo_folder
-from chattts_velocity.demo.weights import DemoDims, write_demo_assets
+from chattts_velocity.demo.random_weights import DemoDims, write_demo_assets
 from chattts_velocity.params import InferCodeParams
 
 __all__ = ["DEMO_MAX_NEW_TOKEN", "DemoDims", "cache_dir", "check_demo_target", "default_max_new_token",

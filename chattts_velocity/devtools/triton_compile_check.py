@@ -44,7 +44,7 @@ def record() -> list[Spec]:
     import torch
     from triton.runtime.interpreter import InterpretedFunction
 
-    from chattts_velocity.model.kernels.triton import attention, gemm
+    from chattts_velocity.model.kernels.triton import gemm, prefill_attention
 
     launches: dict[str, Spec] = {}
 
@@ -52,7 +52,7 @@ def record() -> list[Spec]:
         spec = _spec(self, args, kwargs)
         launches[json.dumps(spec, sort_keys=True)] = spec
 
-    attention.INTERPRETED = gemm.INTERPRETED = False  # record UPCAST as a GPU launch decides it
+    prefill_attention.INTERPRETED = gemm.INTERPRETED = False  # record UPCAST as a GPU launch decides it
     InterpretedFunction.run = capture
     with torch.inference_mode():
         for hidden, heads, inter in MODELS.values():

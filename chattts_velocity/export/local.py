@@ -52,6 +52,7 @@ def run_export(speech: SpeechPipeline | Chat | None, plan: ExportPlan, params: I
 
         try:
             for shard in shards:
+                assert pipeline is not None  # shards hold the pending lines, and they need a pipeline (above)
                 run_shard(pipeline, shard, done, log)
                 plan.save()
         finally:
@@ -66,17 +67,17 @@ def store(plan: ExportPlan, result: LineResult, log: Log) -> None:
     line = plan.lines[result.key]
     if result.error is not None:
         return fail(plan, result.key, result.error, log)
+    path, wav, stamps = plan.out_dir / line.file, result.wav, result.timestamps
     try:
-        replace_atomically(plan.out_dir / line.output, lambda tmp: tmp.write_bytes(result.wav))
-        if result.timestamps is not None:
-            replace_atomically(timestamps_path(plan.out_dir / line.output),
-                               lambda tmp: tmp.write_bytes(result.timestamps))
+        replace_atomically(path, lambda tmp: tmp.write_bytes(wav))
+        if stamps is not None:
+            replace_atomically(timestamps_path(path), lambda tmp: tmp.write_bytes(stamps))
     except Exception as exc:  # noqa: BLE001 - a full disk or a blocked path fails this line only
         return fail(plan, result.key, f"could not write {line.output}: {exc}", log)
     line.status, line.error, line.duration = "ok", None, result.seconds
-    line.audio = file_digest(plan.out_dir / line.output)
+    line.audio = file_digest(path)
     plan.journal(line)
-    log(f"{plan.out_dir / line.output}  {line.duration:.2f} s")
+    log(f"{path}  {line.duration:.2f} s")
 
 
 def fail(plan: ExportPlan, key: int, message: str, log: Log) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 try:
     import fcntl
 except ImportError:  # not POSIX: no lock (the export still never leaves a partial file)
-    fcntl = None
+    fcntl = None  # type: ignore[assignment]  # the module or None: checked before each use
 
 LOCK_NAME = ".export.lock"
 _held: dict[Path, list[int]] = {}  # folder -> [fd, plans holding it], in this process

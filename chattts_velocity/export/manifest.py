@@ -14,10 +14,15 @@ import json
 import os
 import tempfile
 import wave
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
+if TYPE_CHECKING:
+    from ..params import InferCodeParams
+
+Json = dict[str, Any]  # a JSON object, as written or read back
 MANIFEST = "manifest.json"
 JOURNAL = "manifest.journal"
 # InferCodeParams fields that are per line (speaker, seed) or do not change the audio
@@ -25,22 +30,22 @@ NOT_HASHED = {"spk_emb", "manual_seed", "show_tqdm", "logits_processors", "strea
               "pass_first_n_batches"}
 
 
-def params_record(params: object) -> dict:
+def params_record(params: InferCodeParams) -> Json:
     """The sampling parameters that shape every line's audio, as JSON-able values."""
     return {f.name: getattr(params, f.name) for f in dataclasses.fields(params) if f.name not in NOT_HASHED}
 
 
-def request_hash(text: str, speaker: str | None, seed: int | None, params: dict, clip: dict | None = None) -> str:
+def request_hash(text: str, speaker: str | None, seed: int | None, params: Json,
+                 clip: Mapping[str, object] | None = None) -> str:
     """What a line asked for; seed is None when the line did not choose one (then any recorded seed will do).
     `clip` is a cloned voice's {spk_smp, txt_smp} (left out when empty, so older records keep their hashes)."""
     doc = {"text": text, "speaker": speaker, "seed": seed, "params": params, **({"clip": clip} if clip else {})}
-    doc = json.dumps(doc, sort_keys=True)
-    return hashlib.sha256(doc.encode("utf-8")).hexdigest()[:32]
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode("utf-8")).hexdigest()[:32]
 
 
-def read_record(out_dir: Path) -> dict[str, dict]:
+def read_record(out_dir: Path) -> dict[str, Json]:
     """output -> its latest recorded entry: manifest.json, then the journal's lines (a torn last line is ignored)."""
-    entries: list[dict] = []
+    entries: list[Json] = []
     try:
         entries += json.loads((out_dir / MANIFEST).read_text(encoding="utf-8"))["lines"]
     except (OSError, ValueError, KeyError, TypeError):
@@ -56,7 +61,7 @@ def read_record(out_dir: Path) -> dict[str, dict]:
     return {e["output"]: e for e in entries if isinstance(e, dict) and e.get("output")}
 
 
-def append_journal(out_dir: Path, entry: dict) -> None:
+def append_journal(out_dir: Path, entry: Json) -> None:
     """One finished line, on disk before this returns."""
     with open(out_dir / JOURNAL, "a", encoding="utf-8") as f:
         f.write(json.dumps(entry, ensure_ascii=False) + "\n")
@@ -64,7 +69,7 @@ def append_journal(out_dir: Path, entry: dict) -> None:
         os.fsync(f.fileno())
 
 
-def write_record(out_dir: Path, doc: dict) -> Path:
+def write_record(out_dir: Path, doc: Json) -> Path:
     """manifest.json, atomically; it now holds everything the journal did, so the journal goes."""
     body = json.dumps(doc, ensure_ascii=False, indent=1)
     replace_atomically(out_dir / MANIFEST, lambda tmp: tmp.write_text(body, encoding="utf-8"))
@@ -75,7 +80,7 @@ def write_record(out_dir: Path, doc: dict) -> Path:
 FILE_MODE = 0o644  # the WAVs and the manifest: readable by others, as `demo`'s WAVs and any file written by open()
 
 
-def replace_atomically(path: Path, write: Callable[[Path], None]) -> None:
+def replace_atomically(path: Path, write: Callable[[Path], object]) -> None:
     """write() a hidden temp file (a unique name per call), fsync, rename: a crash never leaves a partial file under
     `path`, and two writers never share a temp file."""
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -12,6 +12,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypedDict
 
 from ..audio.loudness import check_loudness
 from ..params import InferCodeParams
@@ -19,9 +20,11 @@ from ..schema import check_sampling
 from ..text import decode_spk_emb
 from ..text.voices import VoiceLibrary, voice_params
 from .encoding import check_encodable, make_encodable
+from .line import ExportLine
 from .lock import lock_folder
 from .manifest import (
     MANIFEST,
+    Json,
     append_journal,
     file_digest,
     now,
@@ -38,23 +41,11 @@ TEXT_FIELDS = ("text", "id", "output", "speaker", "voice", "error")  # what the 
 EMPTY = "empty line"
 
 
-@dataclass
-class ExportLine:
-    """One input line and what became of it (one manifest entry)."""
+class ClipPrompt(TypedDict, total=False):
+    """A cloned voice's audio prompt, as InferCodeParams takes it."""
 
-    line: int  # 1-based line number in the input file
-    text: str
-    id: str | None = None
-    output: str | None = None  # relative to the output folder, "/"-separated
-    seed: int | None = None
-    speaker: str | None = None
-    voice: str | None = None  # as the server takes it (text.voices.voice_params); its speaker goes to `speaker`
-    status: str = "pending"  # pending -> ok (written by this run) | skipped (see reason) | error
-    error: str | None = None
-    duration: float | None = None  # seconds of audio
-    request: str | None = None  # hash of what the line asks for (manifest.request_hash)
-    reason: str | None = None  # why a line was skipped: an empty line, or already exported
-    audio: str | None = None  # digest of the WAV file as written (manifest.file_digest); a resume checks it
+    spk_smp: str | None
+    txt_smp: str | None
 
 
 @dataclass
@@ -63,8 +54,8 @@ class ExportPlan:
     out_dir: Path
     lines: list[ExportLine] = field(repr=False)  # every input line, empty ones included
     speakers: set[str] = field(default_factory=set, repr=False)  # speaker strings checked to decode
-    meta: dict = field(default_factory=dict)  # the run's model, precision, sampling parameters and times
-    voice_clips: dict[str, dict] = field(default_factory=dict, repr=False)  # voice name -> {spk_smp, txt_smp}
+    meta: Json = field(default_factory=dict)  # the run's model, precision, sampling parameters and times
+    voice_clips: dict[str, ClipPrompt] = field(default_factory=dict, repr=False)  # by voice name
     timestamps: bool = False  # also write each WAV's spans to <output>.timestamps.json (not kept in the manifest)
     release: Callable[[], None] = field(default=lambda: None, repr=False)  # drops the output folder's lock
 
@@ -75,11 +66,12 @@ class ExportPlan:
     @property
     def loudness(self) -> float | None:
         """The LUFS target every WAV is normalised to, or None (part of the request hashes via meta["params"])."""
-        return self.meta["params"].get("loudness")
+        loudness: float | None = self.meta["params"].get("loudness")
+        return loudness
 
-    def clip_params(self, line: ExportLine) -> dict:
+    def clip_params(self, line: ExportLine) -> ClipPrompt:
         """The line's audio prompt (InferCodeParams spk_smp / txt_smp) when its voice is a cloned clip."""
-        return self.voice_clips.get(line.voice, {})
+        return {} if line.voice is None else self.voice_clips.get(line.voice, {})
 
     def count(self, status: str) -> int:
         return sum(line.status == status for line in self.lines)
@@ -212,6 +204,7 @@ def _fill_from_json(line: ExportLine, raw: str, speakers: set[str]) -> None:
 
 def _check_seed(value: object, name: str) -> int:
     check_sampling({"seed": value}, {"seed": name})
+    assert isinstance(value, int)  # check_sampling accepts only integer seeds
     return value
 
 
@@ -258,7 +251,9 @@ def _needs_the_model(seed: int) -> str:
 
 def _reject_duplicates(lines: list[ExportLine]) -> None:
     owner: dict[str, int] = {}
-    for line in (x for x in lines if x.output is not None):
+    for line in lines:
+        if line.output is None:
+            continue
         key = line.output.casefold()  # a case-insensitive file system would merge these
         if key in owner:
             line.status = "error"
@@ -271,7 +266,7 @@ def _mark_finished(plan: ExportPlan) -> None:
     sidecar the run asks for; any other WAV is made again."""
     record = read_record(plan.out_dir)
     for line in plan.todo:
-        before, path = record.get(line.output, {}), plan.out_dir / line.output
+        before, path = record.get(line.file, {}), plan.out_dir / line.file
         seconds = wav_seconds(path)
         if seconds is None or before.get("status") not in ("ok", "skipped") or before.get("request") != line.request:
             continue

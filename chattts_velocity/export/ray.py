@@ -13,7 +13,7 @@ from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from tqdm import tqdm
 
@@ -24,6 +24,9 @@ from .local import report_done, report_plan, store
 from .manifest import now
 from .plan import ExportPlan
 from .runner import LineResult, Log, Shard, run_shard, shards_of
+
+if TYPE_CHECKING:
+    from ray.actor import ActorHandle
 
 
 @dataclass
@@ -118,14 +121,17 @@ def _run_on_actors(model_dir: str, plan: ExportPlan, shards: list[Shard], option
     log(f"ray: {len(actors)} actor(s) ran {sorted(lines.values())} lines in {len(shards)} shard(s)")
 
 
-def start_actors(model_dir: str, count: int, options: RayExportOptions, load_kwargs: dict[str, Any]) -> dict:
+def start_actors(model_dir: str, count: int, options: RayExportOptions,
+                 load_kwargs: dict[str, Any]) -> dict[str, ActorHandle[ShardWorker]]:
     """name -> actor handle, once every actor has loaded its model (ValueError if they cannot be placed in time)."""
     import ray
 
     gpus = {"num_gpus": options.gpus_per_actor} if options.gpus_per_actor else {}
     # A dead actor process is restarted (loading the model again) and its shard run again.
     worker = ray.remote(max_restarts=1, max_task_retries=1)(ShardWorker)
-    actors = [worker.options(num_cpus=options.cpus_per_actor, **gpus).remote(model_dir, load_kwargs)
+    # Ray types an actor class's remote() as "the handle or the class"; it returns the handle
+    actors = [cast("ActorHandle[ShardWorker]",
+                   worker.options(num_cpus=options.cpus_per_actor, **gpus).remote(model_dir, load_kwargs))
               for _ in range(count)]
     try:
         names = ray.get([actor.name.remote() for actor in actors], timeout=options.start_timeout_s)
@@ -145,7 +151,8 @@ def _cause(exc: Exception) -> str:
     return lines[-1] if lines else type(exc).__name__
 
 
-def dispatch(actors: dict, shards: list[Shard], in_flight: int) -> Iterator[tuple[str, list[LineResult]]]:
+def dispatch(actors: dict[str, ActorHandle[ShardWorker]], shards: list[Shard],
+             in_flight: int) -> Iterator[tuple[str, list[LineResult]]]:
     """(actor name, its results) per shard as shards finish; each actor holds up to `in_flight` shards at once.
 
     A shard whose actor failed for good comes back as an error on each of its lines, and that actor gets no more;

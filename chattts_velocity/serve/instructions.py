@@ -22,7 +22,7 @@ from ..params import InferCodeParams, RefineTextParams
 from ..text.controls import CONTROL_LEVELS, control_token
 from ..text.ssml import is_ssml, parse_ssml
 from .request import api_error
-from .voices import speed_prompt
+from .voice_fields import speed_prompt
 
 SPEED_WORDS = {"very slow": 1, "slow": 3, "slower": 3, "normal": 5, "normal speed": 5, "fast": 7, "faster": 7,
                "very fast": 9}

@@ -31,9 +31,7 @@ from ..text.voices import VoiceLibrary
 from . import metrics
 from .audio_stream import encoded_chunks
 from .cache import AudioCache, recorded
-from .config import API_KEY_ENV, ServerConfig  # noqa: F401 -- the names this module has always offered
 from .edge import Edge
-from .formats import sse_events
 from .instructions import SpeechInput, check_model, code_params, speech_input
 from .request import (
     SpeechBody,
@@ -44,10 +42,12 @@ from .request import (
     sampling_kwargs,
     validation_detail,
 )
+from .server_config import API_KEY_ENV, ServerConfig  # noqa: F401 -- the names this module has always offered
 from .service import SpeechService, SpeechStream
+from .sse import sse_events
 from .text_work import TextWorker
+from .voice_fields import VoiceBook
 from .voice_routes import VOICES_PATH, add_voice_routes
-from .voices import VoiceBook
 
 logger = logging.getLogger("chattts_velocity.serve")
 MODEL_ALIASES = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")

@@ -25,7 +25,7 @@ class SpeechBody(BaseModel):
     input: str
     voice: SkipValidation[str | int | dict | None] = None  # checked by text.voice_params (bools are no seeds)
     response_format: str = "mp3"
-    speed: SkipValidation[float] = 1.0  # checked by serve/voices.speed_prompt (true is not 1.0)
+    speed: SkipValidation[float] = 1.0  # checked by serve/voice_fields.speed_prompt (true is not 1.0)
     stream: bool = False
     stream_format: str = "audio"
     timestamps: bool = False  # with stream_format "sse": a speech.audio.timestamp event per sentence piece

@@ -21,7 +21,7 @@ from ..audio.timestamps import Timeline
 from ..engine.async_engine import AsyncLLMEngine, RequestStream
 from ..params import InferCodeParams, RefineTextParams
 from ..schema import Prompt, SamplingParams, TextPieces
-from ..speech.mel import MelSource
+from ..speech.mel_source import MelSource
 from ..speech.pipeline import SpeechPipeline
 from ..speech.streams import EMPTY, StreamOptions, StreamSet
 from .text_work import TextWorker
@@ -59,7 +59,7 @@ class DecodeWorker:
     pile up in the inbox, so the busier the server, the more windows share one Decoder + Vocos call.
     """
 
-    def __init__(self, streams: StreamSet) -> None:
+    def __init__(self, streams: StreamSet[str]) -> None:
         self.streams = streams
         self.max_batch = 0  # most streams that got audio from one batched decode
         self._inbox: queue.SimpleQueue[_Open | _Push | _Drop | None] = queue.SimpleQueue()

@@ -1,13 +1,13 @@
 """Speech: the pipeline built once (text front end, GPT backends, mel sources) and streaming on top of it.
 
 pipeline.py holds SpeechPipeline (what Chat, the server, the export and the web UI share) and its use cases
-(`run`, `run_each`, `stream` of a SynthesisJob, job.py); frontend.py the text front end; mel.py the mel sources;
+(`run`, `run_each`, `stream` of a SynthesisJob, job.py); frontend.py the text front end; mel_source.py the mel sources;
 streams.py the shared streaming pieces (StreamOptions, StreamSet). The server's SpeechService, built on these, lives
 in serve/service.py.
 """
 from chattts_velocity.speech.frontend import SpeakerPrompt, TextFrontEnd
 from chattts_velocity.speech.job import SynthesisJob, TextOptions
-from chattts_velocity.speech.mel import MEL_SOURCES, DecoderSource, DVAESource, MelSource
+from chattts_velocity.speech.mel_source import MEL_SOURCES, DecoderSource, DVAESource, MelSource
 from chattts_velocity.speech.pipeline import SpeechPipeline
 from chattts_velocity.speech.streams import EMPTY, StreamOptions, StreamSet, stream_texts
 

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from ..schema import GenerationOutput, Prompt, SamplingParams, SpeechRequests, TextPieces
-from .mel import MelSource
+from .mel_source import MelSource
 
 Stop = Callable[[], bool]
 

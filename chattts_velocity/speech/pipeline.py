@@ -11,6 +11,7 @@ import dataclasses
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -39,7 +40,7 @@ from ..text import Normalizer, Tokenizer, empty_text, encode_prompt, sample_rand
 from .calls import CallGate, Jobs, Stop
 from .frontend import TextFrontEnd
 from .job import SynthesisJob
-from .mel import MEL_SOURCES, DecoderSource, DVAESource, MelSource
+from .mel_source import MEL_SOURCES, DecoderSource, DVAESource, MelSource
 from .streams import StreamOptions, StreamSet, stream_texts
 
 
@@ -64,7 +65,8 @@ class SpeechPipeline:
                                           cpu_bf16=kernels.native_bf16())
         self.paths, self.device, self.default_use_vllm = paths, device, use_vllm
         self.dtype = self.precision.dtype  # "auto" resolved
-        self._gpt_options = dict(device=str(device), **gpt_options, dtype=self.dtype)
+        # load_pretrained's keywords, passed through as given: EngineConfig checks them
+        self._gpt_options: dict[str, Any] = dict(device=str(device), **gpt_options, dtype=self.dtype)
         self._gpts: dict[bool, GPTBackend] = {}  # use_vllm -> the backend load_pretrained chose
         self._loading = threading.Lock()
         self.gate = CallGate()  # one call at a time through the model (run, run_each, stream)
@@ -73,10 +75,10 @@ class SpeechPipeline:
         self.decoder = Decoder.from_state_dict(load_safetensors(paths.decoder)).to(device).eval()
         self.vocos = Vocos.from_state_dict(load_safetensors(paths.vocos)).to(device).eval()
         self.decode_dtype = self.precision.audio  # None: exact float32
-        decoder, dvae, vocos = cast_for_autocast((self.decoder, self.dvae, self.vocos), self.decode_dtype)
+        vocos = cast_for_autocast(self.vocos, self.decode_dtype)
         self.mel_sources: dict[str, MelSource] = {
-            "decoder": DecoderSource(decoder, vocos, self.decode_dtype),
-            "dvae": DVAESource(dvae, vocos, self.decode_dtype),
+            "decoder": DecoderSource(cast_for_autocast(self.decoder, self.decode_dtype), vocos, self.decode_dtype),
+            "dvae": DVAESource(cast_for_autocast(self.dvae, self.decode_dtype), vocos, self.decode_dtype),
         }
         config = self.gpt().config
         self.frontend = TextFrontEnd(tokenizer, config.hidden_size, config.audio_eos_id, normalizer)
@@ -105,7 +107,7 @@ class SpeechPipeline:
         is_vllm = self.default_use_vllm if use_vllm is None else bool(use_vllm)
         with self._loading:  # two threads asking for a backend not loaded yet load it once
             if is_vllm not in self._gpts:
-                engine_only = {"precision": self.precision} if is_vllm else {}  # the engine's = this one
+                engine_only: dict[str, Any] = {"precision": self.precision} if is_vllm else {}  # the engine's too
                 self._gpts[is_vllm] = load_pretrained(self.paths, is_vllm=is_vllm, **self._gpt_options, **engine_only)
         return self._gpts[is_vllm]
 

@@ -10,16 +10,19 @@ import math
 from collections import deque
 from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass, replace
+from typing import Generic, TypeVar
 
 import numpy as np
 import torch
 
-from ..audio.streaming import STEP_FRAMES, StreamDecoder
+from ..audio.chunk_plan import STEP_FRAMES
+from ..audio.streaming import StreamDecoder
 from ..engine.gpt import GPTBackend
 from ..schema import SpeechRequests
-from .mel import MelSource
+from .mel_source import MelSource
 
 EMPTY = np.zeros(0, dtype=np.float32)
+K = TypeVar("K", bound=Hashable)  # a StreamSet's keys: pieces (int) in stream_texts, request ids (str) in the server
 
 
 @dataclass(frozen=True)
@@ -57,16 +60,16 @@ class StreamOptions:
             raise ValueError(f"left_context_steps: must be >= 0, got {self.left_context_steps!r}")
 
 
-class StreamSet:
+class StreamSet(Generic[K]):
     """StreamDecoders by key, each on its mel source; each push/finish decodes every due window in one batch per
     source."""
 
     def __init__(self, options: StreamOptions | None = None) -> None:
         self.options = options or StreamOptions()
-        self.streams: dict[Hashable, StreamDecoder] = {}
-        self.sources: dict[Hashable, MelSource] = {}
+        self.streams: dict[K, StreamDecoder] = {}
+        self.sources: dict[K, MelSource] = {}
 
-    def open(self, key: Hashable, mel: MelSource, first_chunk_samples: int = 0) -> None:
+    def open(self, key: K, mel: MelSource, first_chunk_samples: int = 0) -> None:
         """A stream for key; its first chunk holds at least first_chunk_samples (what the response's encoder needs
         before it gives out audio: audio/formats.py)."""
         o = self.options
@@ -78,25 +81,25 @@ class StreamSet:
                                   first_lookahead_steps=o.first_lookahead_steps, max_chunk_steps=o.max_chunk_steps)
         self.streams[key], self.sources[key] = stream, mel
 
-    def push(self, rows: dict[Hashable, torch.Tensor]) -> dict[Hashable, np.ndarray]:
+    def push(self, rows: dict[K, torch.Tensor]) -> dict[K, np.ndarray]:
         """Append each key's new steps [n, C]; returns the samples that became final, per key."""
         return self._batched(list(rows), lambda group: StreamDecoder.push_many(
             [self.streams[k] for k in group], [rows[k] for k in group]))
 
-    def finish(self, keys: list[Hashable]) -> dict[Hashable, np.ndarray]:
+    def finish(self, keys: list[K]) -> dict[K, np.ndarray]:
         """Flush and forget the keys' streams; returns their remaining samples."""
         out = self._batched(keys, lambda group: StreamDecoder.flush_many([self.streams[k] for k in group]))
         for key in keys:
             self.drop(key)
         return out
 
-    def drop(self, key: Hashable) -> None:
+    def drop(self, key: K) -> None:
         self.streams.pop(key, None)
         self.sources.pop(key, None)
 
-    def _batched(self, keys: list[Hashable], run: Callable[[list], list[np.ndarray]]) -> dict[Hashable, np.ndarray]:
-        out: dict[Hashable, np.ndarray] = {}
-        by_source: dict[int, list[Hashable]] = {}  # push_many needs streams on the same modules
+    def _batched(self, keys: list[K], run: Callable[[list[K]], list[np.ndarray]]) -> dict[K, np.ndarray]:
+        out: dict[K, np.ndarray] = {}
+        by_source: dict[int, list[K]] = {}  # push_many needs streams on the same modules
         for key in keys:
             by_source.setdefault(id(self.sources[key]), []).append(key)
         for group in by_source.values():
@@ -133,7 +136,7 @@ class InOrder:
         return out
 
 
-def stream_texts(streams: StreamSet, gpt: GPTBackend, requests: SpeechRequests, mel: MelSource,
+def stream_texts(streams: StreamSet[int], gpt: GPTBackend, requests: SpeechRequests, mel: MelSource,
                  should_stop: Callable[[], bool] = lambda: False) -> Iterator[list[np.ndarray]]:
     """SpeechPipeline.stream: yields one new chunk per text whenever any text has new audio."""
     for k in range(len(requests.prompts)):

@@ -2,6 +2,7 @@
 
 In: user text, speaker strings, voice-sample codes. Out: schema.Prompt for the engine.
 """
+from chattts_velocity.schema import pad_left
 from chattts_velocity.text.controls import CONTROL_LEVELS, DEFAULT_LEVELS, check_controls, control_token
 from chattts_velocity.text.normalizer import Normalizer, detect_language, split_text
 from chattts_velocity.text.pieces import (
@@ -22,7 +23,7 @@ from chattts_velocity.text.speaker import (
     seed_context,
     speaker_tensor,
 )
-from chattts_velocity.text.tokenizer import Tokenizer, pad_left
+from chattts_velocity.text.tokenizer import Tokenizer
 from chattts_velocity.text.voices import Voice, VoiceLibrary, voice_params
 
 __all__ = [

@@ -164,7 +164,8 @@ def _spoken_en() -> Callable[[str], str]:
 def _wetextprocessing_zh() -> Callable[[str], str]:
     from tn.chinese.normalizer import Normalizer as ZhNormalizer
 
-    return ZhNormalizer(remove_interjections=False).normalize
+    normalize: Callable[[str], str] = ZhNormalizer(remove_interjections=False).normalize  # tn is untyped
+    return normalize
 
 
 def _nemo_en() -> Callable[[str], str]:

@@ -76,7 +76,8 @@ class SpokenText:
         """wetext's reading of a short text; where its grammar fails on it, each word is read on its own."""
         check_budget()
         try:
-            return self._wetext[lang].normalize(text)
+            spoken: str = self._wetext[lang].normalize(text)  # wetext is untyped
+            return spoken
         except Exception as e:  # wetext asserts on some inputs ("+1", "100€"): read word by word
             logger.debug("wetext %s failed on %r (%s); reading word by word", lang, text, e)
         return "".join(self._say_word(word, lang) for word in _SPACE_SPLIT.split(text))

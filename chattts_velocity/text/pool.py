@@ -39,8 +39,15 @@ def split_in_worker(text: str, lang: str | None, normalize: bool, split: bool, s
                     budget_s: float | None) -> TextPieces:
     """TextFrontEnd.pieces(text, lang=lang, normalize=normalize, homophones=normalize, split=split) with the
     worker's normaliser, under the budget."""
+    normalizer = worker_normalizer()
     with time_budget(budget_s, started):
-        return normalized_pieces(text, lambda p: _normalizer(p, normalize, normalize, lang), split)
+        return normalized_pieces(text, lambda p: normalizer(p, normalize, normalize, lang), split)
+
+
+def worker_normalizer() -> Normalizer:
+    if _normalizer is None:
+        raise RuntimeError("split_in_worker: runs in the processes the text pool started (their initializer)")
+    return _normalizer
 
 
 def uses_default_normalizers(normalizer: Normalizer) -> bool:

@@ -50,7 +50,7 @@ def fold_punctuation(text: str) -> str:
     return _SPACE_BEFORE_MARK.sub(_mark_then_space, _MARK_RUN.sub(_strongest_mark, text))
 
 
-def _strongest_mark(run: re.Match) -> str:
+def _strongest_mark(run: re.Match[str]) -> str:
     """One mark for a run of marks: a full stop beats a comma; full-width if any mark was."""
     marks = run.group(0)
     full_width = any(c in "，。、" for c in marks)
@@ -59,7 +59,7 @@ def _strongest_mark(run: re.Match) -> str:
     return mark + (" " if not full_width and " " in marks else "")
 
 
-def _mark_then_space(m: re.Match) -> str:
+def _mark_then_space(m: re.Match[str]) -> str:
     """ "known ,famous" -> "known, famous"; "dash ," -> "dash,"."""
     return m.group(1) + (" " if m.group(2) else "")
 

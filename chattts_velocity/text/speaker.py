@@ -80,7 +80,8 @@ def encode_spk_emb(x: torch.Tensor) -> str:
     if not isinstance(x, torch.Tensor) or x.dim() != 1 or not x.is_floating_point():
         raise ValueError(f"spk_emb: expected a 1-D float tensor, got {_describe(x)}")
     arr = x.detach().to(device="cpu", dtype=torch.float16).numpy().astype("<f2")
-    return b14.encode_to_string(_compress(arr.tobytes()))
+    encoded: str = b14.encode_to_string(_compress(arr.tobytes()))  # pybase16384 is untyped
+    return encoded
 
 
 def decode_spk_emb(s: str, field: str = "speaker") -> torch.Tensor:
@@ -184,7 +185,8 @@ def encode_prompt(codes: torch.Tensor) -> str:
     if max(codes.shape) > 0xFFFF or (codes.numel() and (codes.min() < 0 or codes.max() > 0xFFFF)):
         raise ValueError("spk_smp: codes and both dimensions must fit in uint16 (0..65535)")
     arr = codes.detach().cpu().numpy().astype("<u2")  # row-major [num_vq, T]
-    return b14.encode_to_string(struct.pack("<HH", *arr.shape) + _compress(arr.tobytes()))
+    encoded: str = b14.encode_to_string(struct.pack("<HH", *arr.shape) + _compress(arr.tobytes()))
+    return encoded
 
 
 def decode_prompt(s: str) -> torch.Tensor:
@@ -209,7 +211,7 @@ def _clip_codes(s: str) -> np.ndarray:
 
 def _clip_bytes(head: bytes) -> int:
     """The payload size a clip code's header announces, once its shape is known to be one a model can use."""
-    rows, cols = struct.unpack("<HH", head)
+    rows, cols = (int(n) for n in struct.unpack("<HH", head))
     if rows != CLIP_ROWS or not 1 <= cols <= MAX_CLIP_FRAMES:
         raise ValueError(f"spk_smp: the codes are [{rows}, {cols}]; a clip code is [{CLIP_ROWS}, 1..{MAX_CLIP_FRAMES}] "
                          f"{_SMP_HINT}")

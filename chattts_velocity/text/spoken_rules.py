@@ -30,8 +30,9 @@ SYMBOLS = {
 }
 CURRENCY_ZH = {"$": "美元", "€": "欧元", "£": "英镑", "¥": "元", "￥": "元"}
 CURRENCY_EN = {"$": ("dollar", "cent"), "€": ("euro", "cent"), "£": ("pound", "penny")}
-_EN_NUMBER_WORDS = set(DIGITS["en"] + "ten eleven twelve thirteen fourteen fifteen sixteen seventeen eighteen "
-                       "nineteen twenty thirty forty fifty sixty seventy eighty ninety hundred and".split())
+_EN_NUMBER_WORDS = set(DIGITS["en"]) | set("ten eleven twelve thirteen fourteen fifteen sixteen seventeen eighteen "
+                                            "nineteen twenty thirty forty fifty sixty seventy eighty ninety hundred "
+                                            "and".split())
 
 _WIDE = re.compile(r"[０-９Ａ-Ｚａ-ｚ％＋＝＠＆＃＄\u2460-\u2473\u3380-\u33df]")  # full-width, ①-⑳, ㎡ ㎞ ...
 _SQUARED = {"㎡": "m²", "㎥": "m³", "㎢": "km²", "㎠": "cm²"}  # NFKC would give "m2"
@@ -146,7 +147,7 @@ def _spoken_phone(number: str, lang: str) -> str:
     return "plus " + ", ".join(groups)
 
 
-def _dollars_and_cents(m: re.Match) -> str:
+def _dollars_and_cents(m: re.Match[str]) -> str:
     """"$3.50" -> "3 dollars 50 cents" (wetext reads it "three point five dollars")."""
     unit, subunit = CURRENCY_EN[m.group(1)]
     whole, cents = int(m.group(2)), int(m.group(3))
@@ -165,7 +166,7 @@ def _plural(words: str) -> str:
     return words + "s"
 
 
-def _one_thousand(m: re.Match) -> str:
+def _one_thousand(m: re.Match[str]) -> str:
     """wetext says "thousand two hundred" for 1,200 in money and grouped numbers."""
     before = m.group(1) or ""
     if before.strip().lower() in _EN_NUMBER_WORDS:

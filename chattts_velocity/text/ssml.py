@@ -17,10 +17,14 @@ from __future__ import annotations
 import functools
 import re
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, NoReturn
 from xml.parsers import expat
 
 from chattts_velocity.text.normalizer import detect_language
 from chattts_velocity.text.spoken_rules import spell_digits
+
+if TYPE_CHECKING:
+    from chattts_velocity.text.numbers import SpokenText
 
 RATES = {"x-slow": 0.5, "slow": 0.75, "medium": 1.0, "default": 1.0, "fast": 1.5, "x-fast": 2.0}
 RATE_RANGE = (0.25, 4.0)
@@ -49,13 +53,12 @@ def is_ssml(text: str) -> bool:
 
 def parse_ssml(source: str) -> SsmlText:
     """SSML -> SsmlText; malformed or unsupported markup is a ValueError naming `input` and the position."""
-    reader = _Reader(source)
     parser = expat.ParserCreate()
+    reader = _Reader(source, parser)
     parser.StartDoctypeDeclHandler = lambda *_: reader.fail("a DTD is not allowed")
     parser.EntityDeclHandler = lambda *_: reader.fail("entity declarations are not allowed")
     parser.StartElementHandler, parser.EndElementHandler = reader.start, reader.end
     parser.CharacterDataHandler = reader.data
-    reader.parser = parser
     try:
         parser.Parse(source, True)
     except expat.ExpatError as exc:
@@ -75,14 +78,14 @@ def _tidy(text: str) -> str:
 @dataclass
 class _Reader:
     source: str
-    parser: expat.XMLParserType | None = None
+    parser: expat.XMLParserType
     parts: list[str] = field(default_factory=list)
     stack: list[tuple[str, dict[str, str]]] = field(default_factory=list)
     held: list[str] = field(default_factory=list)  # the text inside a say-as or sub, used at its end
     rate: float | None = None
     lang: str | None = None
 
-    def fail(self, why: str) -> None:
+    def fail(self, why: str) -> NoReturn:
         line, column = self.parser.CurrentLineNumber, self.parser.CurrentColumnNumber + 1
         raise ValueError(f"input: {why} at line {line} column {column}")
 
@@ -189,7 +192,7 @@ def _spoken(text: str, lang: str) -> str:
 
 
 @functools.lru_cache(maxsize=2)
-def _reader(lang: str):
+def _reader(lang: str) -> SpokenText:
     from chattts_velocity.text.numbers import SpokenText
 
     return SpokenText(lang)

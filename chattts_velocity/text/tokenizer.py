@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from chattts_velocity.schema import CODE_PROMPT, Prompt, pad_left  # noqa: F401  (Prompt, pad_left re-exported)
+from chattts_velocity.schema import CODE_PROMPT, Prompt
 from chattts_velocity.text.speaker import decode_prompt, decode_spk_emb, normalize_spk_emb
 
 _STRIPPED_TAGS = ("[Stts]", "[spk_emb]", "[empty_spk]")  # removed from user text before wrapping
@@ -25,7 +25,7 @@ class Tokenizer:
             raise FileNotFoundError(f"tokenizer: {folder} has no tokenizer.json (expected asset/tokenizer)")
         # NOTE: tokenizers warns (and may deadlock) when a process forks after using it in parallel.
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-        from transformers import BertTokenizerFast
+        from transformers import BertTokenizerFast  # type: ignore[attr-defined]  # exported lazily, not in its stubs
 
         self._tok = BertTokenizerFast.from_pretrained(str(folder))
         self.num_vq = num_vq
@@ -47,12 +47,14 @@ class Tokenizer:
         """Token ids of `text`: no [CLS]/[SEP], no truncation (a 600-token text stays 600)."""
         if not isinstance(text, str):
             raise ValueError(f"text: expected a str, got {type(text).__name__}")
-        return self._tok(text, add_special_tokens=False, truncation=False, padding=False)["input_ids"]
+        ids: list[int] = self._tok(text, add_special_tokens=False, truncation=False, padding=False)["input_ids"]
+        return ids
 
     def decode(self, ids: list[int] | torch.Tensor) -> str:
         """Ids -> text with special tokens kept and tokens space-separated ("[Sbreak] 你 好 ...")."""
         ids = ids.tolist() if isinstance(ids, torch.Tensor) else list(ids)
-        return self._tok.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=None)
+        text: str = self._tok.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=None)
+        return text
 
     def refined_text(self, ids: list[int] | torch.Tensor) -> str:
         """Refine-phase output ids (EOS excluded) -> code-phase text: drops [break_k] and later ids."""

@@ -14,7 +14,7 @@ import re
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -164,7 +164,7 @@ class VoiceLibrary:
     def _path(self, name: str) -> Path:
         return self.root / f"{name.lower()}.json"  # names are case-insensitively unique
 
-    def _files(self) -> list[Path]:
+    def _files(self) -> Sequence[Path]:  # (`list` here is the method above)
         return sorted(self.root.glob("*.json")) if self.root.is_dir() else []
 
     def _write(self, path: Path, voice: Voice, overwrite: bool) -> None:

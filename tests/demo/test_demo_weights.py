@@ -18,8 +18,8 @@ from chattts_velocity.assets import (
     file_sha256,
     verify_assets,
 )
-from chattts_velocity.demo import tokenizer as demo_tokenizer
-from chattts_velocity.demo.weights import (
+from chattts_velocity.demo import tokenizer_files as demo_tokenizer
+from chattts_velocity.demo.random_weights import (
     FULL_DIMS,
     TINY_DIMS,
     asset_shapes,

@@ -24,7 +24,7 @@ pytest.importorskip("fastapi")
 from chattts_velocity import Chat  # noqa: E402 (after the importorskip above)
 from chattts_velocity.serve import ServerConfig, create_app  # noqa: E402 (after the importorskip above)
 from chattts_velocity.serve.metrics import ENGINE_METRICS, SPEECH_METRICS  # noqa: E402 (after the importorskip above)
-from chattts_velocity.serve.voices import VoiceBook, speed_prompt  # noqa: E402 (after the importorskip above)
+from chattts_velocity.serve.voice_fields import VoiceBook, speed_prompt  # noqa: E402 (after the importorskip above)
 
 HOP = 256
 KEY = "test-key-123"

@@ -11,7 +11,7 @@ import torch
 
 from chattts_velocity import Chat, InferCodeParams
 from chattts_velocity.export import export
-from chattts_velocity.serve.voices import VoiceBook
+from chattts_velocity.serve.voice_fields import VoiceBook
 from chattts_velocity.text import VoiceLibrary, encode_prompt
 
 STEPS = 8

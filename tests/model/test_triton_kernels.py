@@ -34,9 +34,9 @@ from chattts_velocity.model.layers import RMSNorm
 if available() is not None:
     pytest.skip(f"Triton kernels unavailable: {available()}", allow_module_level=True)  # e.g. the reason above
 
-from chattts_velocity.model.kernels.triton import attention as tk
 from chattts_velocity.model.kernels.triton import decode_attention as da
 from chattts_velocity.model.kernels.triton import norm, sampling
+from chattts_velocity.model.kernels.triton import prefill_attention as tk
 
 pytestmark = pytest.mark.triton
 DEVICE = "cuda" if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1" else "cpu"

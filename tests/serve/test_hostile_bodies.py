@@ -6,7 +6,7 @@ import pytest
 
 from chattts_velocity.serve.edge import json_problem
 from chattts_velocity.serve.request import bad_request
-from chattts_velocity.serve.voices import speed_prompt
+from chattts_velocity.serve.voice_fields import speed_prompt
 from chattts_velocity.text import EmptyText
 from chattts_velocity.text.budget import TextBudgetExceeded
 from chattts_velocity.text.voices import voice_params
@@ -61,7 +61,7 @@ def test_seeded_voices_drawn_on_many_threads_are_the_voices_of_their_seeds() -> 
 
     import torch
 
-    from chattts_velocity.serve.voices import VoiceBook
+    from chattts_velocity.serve.voice_fields import VoiceBook
     from chattts_velocity.text import sample_random_speaker, seed_context
 
     def expected(seed: int) -> str:

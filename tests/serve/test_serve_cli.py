@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("fastapi")
 
-from chattts_velocity import cli
+from chattts_velocity import cli, cluster
 from chattts_velocity.cli import serve as cli_serve
 from chattts_velocity.demo import DEMO_MAX_NEW_TOKEN
 from chattts_velocity.serve import openai_api, ray_serve
@@ -51,7 +51,7 @@ def test_unset_flags_keep_the_dataclass_defaults(served: list[dict]) -> None:
 @pytest.mark.slow  # imports Ray and its Serve: about 10 s
 def test_ray_path_gets_the_same_config(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     built: list = []
-    monkeypatch.setattr(ray_serve, "init_ray", lambda *a, **kw: None)
+    monkeypatch.setattr(cluster, "init_ray", lambda *a, **kw: None)
     monkeypatch.setattr(ray_serve, "build_app", lambda root, config, options, **kw: built.append((root, config)))
     monkeypatch.setattr(ray_serve, "serve_on_ray", lambda app, **kw: None)
     cli.main(["serve", "--ray", "--model", str(tmp_path), *LOW_LATENCY])

@@ -50,13 +50,13 @@ class TritonBackend:
     def __init__(self, model: ChatTTSLlama, kv: PagedKV, act_dtype: torch.dtype, max_num_seqs: int,
                  max_model_len: int) -> None:
         from chattts_velocity.model.kernels.triton import (  # imports triton: only when chosen
-            attention,
             decode_attention,
             gemm,
+            prefill_attention,
         )
 
         self.model, self.kv, self.sampler = model, kv, DeviceSampler()
-        self.attention, self.decode_attention = attention, decode_attention
+        self.prefill_attention, self.decode_attention = prefill_attention, decode_attention
         self.pdl = gemm.pdl_available(kv.device)
         self.layers = FusedLayers(model, kv, self.pdl)
         heads, head_dim = model.config.num_attention_heads, model.config.head_dim
@@ -121,8 +121,8 @@ class TritonBackend:
         cu_q_lens, k_lens, max_q_len = lens[0, : num + 1], lens[1, :num], max(step.q_lens)
 
         def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
-            out: torch.Tensor = self.attention.paged_prefill_attention(q, k_cache, v_cache, cu_q_lens, k_lens,
-                                                                       step.block_tables, max_q_len)
+            out: torch.Tensor = self.prefill_attention.paged_prefill_attention(
+                q, k_cache, v_cache, cu_q_lens, k_lens, step.block_tables, max_q_len)
             return out
 
         return self.layers(embeds, step.positions, step.slots, attend)

@@ -6,7 +6,7 @@ In: the residual stream x [N, H] (the embeddings), positions and pool slots [N],
 | kernel | does |
 |---|---|
 | K1 `qkv.norm_qkv_rope` | RMSNorm -> q|k|v (one packed weight) -> RoPE -> K/V into the pool |
-| K2 `decode_attention.paged_decode_attention` (decode) or `attention.paged_prefill_attention` | paged attention |
+| K2 `decode_attention.paged_decode_attention` or `prefill_attention.paged_prefill_attention` | paged attention |
 | K3 `gemm.residual_linear` | o projection + the residual add |
 | K4 `gemm.norm_gate_up` | RMSNorm -> gate|up (one packed weight) -> SiLU(gate) * up |
 | K5 `gemm.residual_linear` | down projection + the residual add |

@@ -18,8 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
-from chattts_velocity.model.kernels.triton.attention import LOG2E, pool_slots
 from chattts_velocity.model.kernels.triton.gemm import Tile, options, release_next, wait_previous
+from chattts_velocity.model.kernels.triton.prefill_attention import LOG2E, pool_slots
 from chattts_velocity.model.kernels.triton.rounding import to_dtype
 
 SPLIT_LEN = 128  # context positions per split: at a 500-position context, 4 splits x 12 heads programs per sequence

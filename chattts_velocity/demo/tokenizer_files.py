@@ -5,6 +5,7 @@ special_tokens_map.json that BertTokenizerFast loads with len 21178 and the offi
 """
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 from collections.abc import Callable
@@ -36,39 +37,44 @@ def shared_tokenizer_dir() -> Path:
     return Path(__file__).resolve().parents[2] / ".." / "shared" / "chattts-asset" / "tokenizer"
 
 
-def write_tokenizer(folder: Path, src: str | Path | None, atomic_write: Callable) -> str:
+def write_tokenizer(folder: Path, src: str | Path | None,
+                    atomic_write: Callable[[Path, Callable[[Path], object]], None]) -> str:
     """Copy `src` (or the shared real tokenizer when present), else generate one; returns "copied"/"generated"."""
     if src is not None and not all((Path(src) / name).is_file() for name in TOKENIZER_FILES):
         raise ValueError(f"tokenizer_src: {src} must contain {', '.join(TOKENIZER_FILES)}")
     source = Path(src) if src is not None else shared_tokenizer_dir()
     if all((source / name).is_file() for name in TOKENIZER_FILES):
         for name in TOKENIZER_FILES:
-            atomic_write(folder / name, lambda p, name=name: shutil.copyfile(source / name, p))
+            atomic_write(folder / name, functools.partial(shutil.copyfile, source / name))
         return "copied"
     texts = {"special_tokens_map.json": _json_text(special_tokens_map()),
              "tokenizer_config.json": _json_text(tokenizer_config())}
     for name, text in texts.items():
-        atomic_write(folder / name, lambda p, text=text: p.write_text(text, encoding="utf-8"))
+        atomic_write(folder / name, functools.partial(_write_text, text=text))
     atomic_write(folder / "tokenizer.json", lambda p: build_tokenizer().save(str(p), pretty=True))
     return "generated"
 
 
-def _json_text(obj: dict) -> str:
+def _write_text(path: Path, text: str) -> None:
+    path.write_text(text, encoding="utf-8")
+
+
+def _json_text(obj: dict[str, object]) -> str:
     return json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
 
 
-def _token_entry(content: str) -> dict:
+def _token_entry(content: str) -> dict[str, object]:
     return {"content": content, "lstrip": False, "normalized": False, "rstrip": False, "single_word": False}
 
 
-def special_tokens_map() -> dict:
+def special_tokens_map() -> dict[str, object]:
     named = {"cls_token": "[CLS]", "mask_token": "[MASK]", "pad_token": "[PAD]", "sep_token": "[SEP]",
              "unk_token": "[UNK]"}
     return {"additional_special_tokens": [_token_entry(t) for t in ADDED_SPECIALS]} | {
         k: _token_entry(v) for k, v in named.items()}
 
 
-def tokenizer_config() -> dict:
+def tokenizer_config() -> dict[str, object]:
     ids = {**BASE_SPECIALS, **{t: BASE_VOCAB_SIZE + i for i, t in enumerate(ADDED_SPECIALS)}}
     return {
         "added_tokens_decoder": {str(i): _token_entry(t) | {"special": True} for t, i in ids.items()},

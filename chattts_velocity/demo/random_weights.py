@@ -21,7 +21,7 @@ from tqdm import tqdm
 from chattts_velocity.assets import DEMO_KIND, DEMO_MARKER, AssetPaths
 from chattts_velocity.audio.mel import htk_mel_filterbank
 from chattts_velocity.audio.wav import SAMPLE_RATE
-from chattts_velocity.demo.tokenizer import write_tokenizer
+from chattts_velocity.demo.tokenizer_files import write_tokenizer
 
 Shapes = dict[str, tuple[int, ...]]
 TEXT_EOS_ID = 21136  # [Ebreak]: its head row gets a larger gain so random refine-text ends after ~10 tokens
@@ -62,7 +62,7 @@ FULL_DIMS = DemoDims(768, 3072, 20, 12, 12, 512, 256, 128, 12, 512, 128, 12, 512
 TINY_DIMS = DemoDims(64, 128, 2, 4, 4, 32, 32, 16, 2, 32, 16, 2, 32, 64, 2)
 
 
-def gpt_config_dict(dims: DemoDims) -> dict:
+def gpt_config_dict(dims: DemoDims) -> dict[str, object]:
     """The official asset/gpt/config.json fields with the sizes of `dims`."""
     return {
         "architectures": ["LlamaModel"], "attention_bias": False, "attention_dropout": 0.0,
@@ -225,7 +225,8 @@ def _weight_norm_gains(tensors: dict[str, torch.Tensor]) -> None:
         tensors[key] = g
 
 
-def build_file(rel: str, shapes: Shapes, seed: int, dims: DemoDims, tick: Callable[[int], object]) -> dict:
+def build_file(rel: str, shapes: Shapes, seed: int, dims: DemoDims,
+               tick: Callable[[int], object]) -> dict[str, torch.Tensor]:
     """All tensors of one safetensors file, float32, contiguous."""
     tensors: dict[str, torch.Tensor] = {}
     gen = torch.Generator(device="cpu")

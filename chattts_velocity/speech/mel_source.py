@@ -38,7 +38,7 @@ class MelSource:
         raise NotImplementedError
 
     def decode(self, outputs: list[GenerationOutput]) -> list[np.ndarray]:
-        """Whole outputs -> float32 24 kHz waveforms of (2T - 1) * 256 samples each (audio/pipeline.py)."""
+        """Whole outputs -> float32 24 kHz waveforms of (2T - 1) * 256 samples each (audio/decode.py)."""
         raise NotImplementedError
 
     def stream_decoder(self, chunk_steps: int = 24, left_context_steps: int | None = None,

@@ -85,10 +85,10 @@ def test_bad_rows_raise(models: tuple[DVAE, Decoder, Vocos]) -> None:
 @pytest.mark.parametrize("use_decoder", [True, False])
 def test_weights_cast_once_give_autocasts_numbers(models: tuple[DVAE, Decoder, Vocos], use_decoder: bool) -> None:
     dvae, decoder, vocos = models
-    decoder16, dvae16, vocos16 = cast_for_autocast((decoder, dvae, vocos), torch.bfloat16)
+    decoder16, dvae16, vocos16 = (cast_for_autocast(m, torch.bfloat16) for m in (decoder, dvae, vocos))
     assert decoder16.out_conv.weight.dtype == torch.bfloat16 and decoder.out_conv.weight.dtype == torch.float32
     assert decoder16.coef.dtype == torch.float32 and vocos16.backbone.norm.weight.dtype == torch.float32
-    assert cast_for_autocast((decoder, vocos), None) == (decoder, vocos)
+    assert cast_for_autocast(decoder, None) is decoder and cast_for_autocast(vocos, torch.float32) is vocos
     if use_decoder:
         rows = [torch.randn(t, 64) for t in (9, 9, 4)]
         got, expected = (decode_hidden_batch(d, v, rows, torch.bfloat16) for d, v in ((decoder16, vocos16),
@@ -115,7 +115,7 @@ def test_full_size_rows_are_the_row_alone_bit_for_bit(full_assets) -> None:
     equal = [torch.randn(40, 768, generator=g) for _ in range(4)]
     mixed = [h[:n] for h, n in zip(equal, (40, 9, 33, 1), strict=True)]
     for dtype in (None, torch.bfloat16):
-        decoder_cast, vocos_cast = cast_for_autocast((decoder, vocos), dtype)
+        decoder_cast, vocos_cast = cast_for_autocast(decoder, dtype), cast_for_autocast(vocos, dtype)
         for rows in (equal, mixed):
             alone_wavs = [decode_hidden_batch(decoder, vocos, [h], dtype)[0] for h in rows]
             for got in (decode_hidden_batch(decoder, vocos, rows, dtype),

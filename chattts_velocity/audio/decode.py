@@ -23,18 +23,17 @@ from chattts_velocity.audio.vocos import Vocos
 M = TypeVar("M", bound=nn.Module)
 
 
-def cast_for_autocast(modules: tuple[M | None, ...], dtype: torch.dtype | None) -> tuple[M | None, ...]:
-    """The modules themselves for float32 (None); else copies whose Conv1d / Linear weights and biases already are
+def cast_for_autocast(module: M, dtype: torch.dtype | None) -> M:
+    """The module itself for float32 (None); else a copy whose Conv1d / Linear weights and biases already are
     `dtype`, which is all autocast casts of them, on every call: the same numbers without the casts (5-12 % of a
     bf16 Decoder + Vocos pass on CPU). Other parameters stay float32."""
     if dtype in (None, torch.float32):
-        return modules
-    copies = tuple(copy.deepcopy(m) for m in modules)
-    for m in filter(None, copies):
-        for layer in m.modules():
-            if isinstance(layer, (nn.Conv1d, nn.Linear)):
-                layer.to(dtype)
-    return copies
+        return module
+    cast = copy.deepcopy(module)
+    for layer in cast.modules():
+        if isinstance(layer, (nn.Conv1d, nn.Linear)):
+            layer.to(dtype)
+    return cast
 
 
 def pad_batch(rows: list[torch.Tensor], device: torch.device) -> torch.Tensor:  # [T_i, C] -> [B, C, T_max]
@@ -52,7 +51,8 @@ def pad_batch(rows: list[torch.Tensor], device: torch.device) -> torch.Tensor:  
 def _decode_alone(mel_model: Decoder | DVAE, vocos: Vocos, row: torch.Tensor) -> torch.Tensor:
     """One row [T, C] -> its waveform [(2T - 1) * 256] in a Decoder + Vocos pass of its own."""
     mel = mel_model(row.transpose(0, 1)[None].to(mel_model.coef.device)).float()  # [1, n_mels, 2T]
-    return vocos(mel.to(vocos.head.istft.window.device)).float()[0]
+    wav: torch.Tensor = vocos(mel.to(vocos.head.istft.window.device))
+    return wav.float()[0]
 
 
 def _decode_rows(
