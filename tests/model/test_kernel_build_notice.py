@@ -1,5 +1,5 @@
-"""A first run says why it pauses: the CPU kernels' cold g++ build (about half a minute on 2 cores) is announced before it
-starts, on stderr."""
+"""A first run says why it pauses: the CPU kernels' cold g++ build (about half a minute on 2 cores) is announced
+before it starts, on stderr."""
 from __future__ import annotations
 
 import os

@@ -18,40 +18,26 @@ per ISA, source, flags, torch and Python version in $CHATTTS_VELOCITY_CACHE/kern
 from __future__ import annotations
 
 import functools
-import hashlib
 import os
 import platform
 import subprocess
-import sys
-import sysconfig
-import tempfile
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from .build import DRIVERS as DRIVERS  # re-exported: the harness test and packaging read them
+from .build import HEADERS as HEADERS
+from .build import Isa, build_library
 from .int4 import INT4_GROUP as INT4_GROUP  # re-exported: the int4 layout's helpers are kernels.*
 from .int4 import from_int4_tiles as from_int4_tiles
 from .int4 import quantize_q8_rows as quantize_q8_rows
 from .int4 import to_int4_tiles as to_int4_tiles
 
-DRIVERS = [Path(__file__).parent / f"cpu_{name}.cpp" for name in ("linear", "attention", "decode_layer")]
-HEADERS = sorted(Path(__file__).parent.glob("*.h"))
 ENV_SWITCH = "CHATTTS_VELOCITY_CPU_KERNELS"
 INT8_SWITCH = "CHATTTS_VELOCITY_INT8_ACTIVATIONS"  # "q8": int8 tiles on integer dot products; unset / "bf16": not
 SWITCH_VALUES = ("1", "0", "noamx", "avx512", "avx2", "neon")  # unset = "1": the best ISA of this CPU
-BASE_FLAGS = ["-O3", "-std=c++17", "-shared", "-fPIC", "-fopenmp", "-fvisibility=hidden"]
-
-
-@dataclass(frozen=True)
-class Isa:
-    """One build of the kernels: the CPU flags it needs (/proc/cpuinfo names), its compiler flags, extra sources."""
-
-    cpu_flags: tuple[str, ...]
-    compiler_flags: tuple[str, ...]
-    extra_sources: tuple[str, ...] = ()
 
 
 ISAS = {
@@ -164,7 +150,7 @@ def _load(which: str | None) -> bool:
     if which is None:
         return False
     try:
-        torch.ops.load_library(str(_build(which)))  # type: ignore[no-untyped-call]  # torch leaves it unannotated
+        torch.ops.load_library(str(build_library(which, ISAS[which])))  # type: ignore[no-untyped-call]  # torch leaves it unannotated
         _register_fakes(f"chattts_velocity_{which}")
         return True
     except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
@@ -192,48 +178,6 @@ def cpu_flags() -> set[str]:
         return set()
     line = next((line for line in text.splitlines() if line.startswith(("flags", "Features"))), "")
     return set(line.partition(":")[2].split())
-
-
-def _build(which: str) -> Path:
-    """Compile the sources once per (ISA, sources, flags, torch, python); concurrent builders each write a temporary
-    file and rename it into place, so readers only ever see a complete library."""
-    from torch.utils import cpp_extension
-
-    spec = ISAS[which]
-    sources = DRIVERS + [Path(__file__).parent / name for name in spec.extra_sources]
-    flags = [*BASE_FLAGS, *spec.compiler_flags, f"-DCV_OPS=chattts_velocity_{which}"]
-    source = b"".join(path.read_bytes() for path in sources + HEADERS) + " ".join(flags).encode()
-    key = hashlib.sha256(source + torch.__version__.encode() + sys.version.encode()).hexdigest()[:16]
-    cache = Path(os.environ.get("CHATTTS_VELOCITY_CACHE") or Path.home() / ".cache" / "chattts_velocity")
-    target = cache / "kernels" / key / f"cpu_kernels_{which}.so"
-    if target.is_file():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    print(f"note: building the CPU kernels ({which}) with g++, once: about half a minute on 2 cores (cached in "
-          f"{target.parent.parent})", file=sys.stderr, flush=True)
-    libs, compiler = cpp_extension.library_paths(), os.environ.get("CXX", "g++")
-    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
-    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        built = Path(tmp) / target.name
-        common = [*flags, f"-D_GLIBCXX_USE_CXX11_ABI={abi}", *(f"-I{p}" for p in cpp_extension.include_paths()),
-                  f"-I{sysconfig.get_paths()['include']}"]
-        objects = [Path(tmp) / f"{path.stem}.o" for path in sources]
-        _run_all([[compiler, *common, "-c", str(path), "-o", str(obj)]  # one process per source: every core
-                  for path, obj in zip(sources, objects, strict=True)])
-        _run_all([[compiler, *flags, *map(str, objects), "-o", str(built), *(f"-L{p}" for p in libs),
-                   *(f"-Wl,-rpath,{p}" for p in libs), "-lc10", "-ltorch_cpu"]])
-        os.replace(built, target)
-    return target
-
-
-def _run_all(commands: list[list[str]]) -> None:
-    """Run the commands at once; RuntimeError with the first failure's output."""
-    running = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                text=True) for c in commands]
-    outputs = [(p.communicate(timeout=600)[0], p.returncode) for p in running]
-    failed = [out for out, code in outputs if code != 0]
-    if failed:
-        raise RuntimeError(failed[0])
 
 
 def _register_fakes(namespace: str) -> None:
