@@ -61,8 +61,8 @@ class ModelRunner:
         if not isinstance(sampler, DeviceSampler) or layers is None:
             return None
         step = steady_step(self.embed, layers, sampler, self.act_dtype, self.block_size, self.config.num_vq)
-        return StepGraphs(step, graph_batch_sizes(engine_config.max_num_seqs), width, self.config.num_vq, pad_block,
-                          self.device)
+        return StepGraphs(step, graph_batch_sizes(engine_config.max_num_seqs), width, self.config.num_vq,
+                          self.config.hidden_size, pad_block, self.device)
 
     @property
     def sampler(self) -> Sampler:
