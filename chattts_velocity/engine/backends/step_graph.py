@@ -123,6 +123,14 @@ class StepGraphs:
     def covers(self, batch: int) -> bool:
         return bucket(batch, self.sizes) is not None
 
+    def warm_up(self, rows: int) -> None:
+        """Run the step once on padding rows only (the pad block, neutral parameters) at the smallest size and the
+        smallest even one, so that every kernel variant a replay launches compiles at load (at odd sizes the seeds'
+        view of the per-step block is not 16-byte aligned, a variant of its own)."""
+        for size in {self.sizes[0], next((s for s in self.sizes if s % 2 == 0), self.sizes[0])}:
+            self.fn(StepInputs.allocate(size, self.width, rows, 16, self.num_vq, self.hidden_size, self.pad_block,
+                                        self.device))
+
     def run(self, state: DecodeBatch, sampler: Sampler, ids: torch.Tensor, tables: torch.Tensor,
             ) -> tuple[torch.Tensor, torch.Tensor]:
         """-> tokens [B, rows] (a view, valid until the next replay) and hidden [B, H] (a copy)."""
