@@ -7,7 +7,8 @@ The caller applies them in engine/sampling/sampler.py's order: temperature + pen
 the fp32 copy), top-p + top-k (a sort, torch's softmax of the sorted rows, one kernel), custom processors, then
 `sample`: EOS mask, softmax, noise and argmax in one kernel (`mask_eos` alone where the chain's output is wanted).
 The top-p cumulative sums are fp64, as torch's CPU cumsum; the draw's softmax is the kernel's own, so a row's token
-can differ from torch's softmax / noise / argmax only where two scores tie to the last bit.
+can differ from torch's softmax / noise / argmax only where two scores tie to the last bit, or where torch would pick
+a dropped column (probability 0 over noise 0 is NaN, which torch's argmax takes for the maximum; the kernel never).
 
 NOTE (noise): `sample` draws its Exp(1) noise with Philox in Triton, keyed by the request's step seed
 (engine/sampling/sampler.step_seed) and the element's index inside the request's [rows, V] block. Like the CPU path it
@@ -146,7 +147,10 @@ def _sample_kernel(logits_ptr, seeds_ptr, mask_eos_ptr, eos_ids_ptr, tokens_ptr,
         cols = start + tl.arange(0, BLOCK)
         x = tl.load(row_ptr + cols, mask=cols < vocab, other=float("-inf"))
         p = tl.div_rn(tl.exp(tl.where(cols == eos, float("-inf"), x) - peak), total)
-        score = tl.where(cols < vocab, tl.div_rn(p, _exp_noise(seeds_ptr, row, cols, num_rows, vocab)), -1.0)
+        score = tl.div_rn(p, _exp_noise(seeds_ptr, row, cols, num_rows, vocab))
+        # the noise is 0 where u rounds to 1 (2^-24 of the draws): a column the chain dropped (p = 0) gets 0 / 0, NaN,
+        # and must not win (torch's argmax would pick it); p / 0 for a kept column is -inf (-log(1) = -0), as torch
+        score = tl.where((cols < vocab) & (score == score), score, -1.0)
         tile_best = tl.max(score, 0)
         tile_token = start + tl.argmax(score, 0, tie_break_left=True)
         token = tl.where(tile_best > best, tile_token, token)
