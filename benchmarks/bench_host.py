@@ -141,9 +141,8 @@ from chattts_velocity.engine.core.llm_engine import LLMEngine
 from chattts_velocity.model import ChatTTSLlama, Embed
 from chattts_velocity.schema import Prompt, SamplingParams
 
-# ChatTTS's depth (20 layers) and head_dim (64) at a small width: launches do not depend on the width. float32: its
-# seven GEMMs a layer are what a GPU runs (on CPU bf16 linears are packed for the C++ kernels; bf16's casts on a GPU,
-# 3 a layer, are not counted)
+# ChatTTS's depth (20 layers) and head_dim (64) at a small width: launches do not depend on the width, nor on the
+# dtype (bf16 weights launch what float32 weights launch: tests/engine/test_launches.py)
 cfg = ModelConfig(hidden_size=128, intermediate_size=256, num_attention_heads=2, num_key_value_heads=2,
                   num_hidden_layers=20, max_position_embeddings=512)
 out = {}

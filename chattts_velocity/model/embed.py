@@ -86,13 +86,13 @@ class Embed(nn.Module):
         # adds ((e0 + e1) + e2) + e3 in fp32 (bf16/fp16 tables: in fp32, rounded once). So do, over the concatenated
         # tables, embedding_bag's sum (fp32 tables; it reads each row once) and a sum over dim 1 of one lookup
         # [N, num_vq, H] (others): the same bits (tests/model/test_model_embed.py), ~5-40x faster than the stack
-        table = self._code_table()
+        table = self.code_table()
         ids = ids.to(table.device) + torch.arange(self.num_vq, device=table.device) * self.num_audio_tokens
         if table.dtype == torch.float32:
             return F.embedding_bag(ids, table, mode="sum")
         return F.embedding(ids, table).sum(1, dtype=torch.float32).to(table.dtype)
 
-    def _code_table(self) -> torch.Tensor:
+    def code_table(self) -> torch.Tensor:
         """The num_vq code tables as one [num_vq * num_audio_tokens, H] tensor (a cached copy, rebuilt when a
         table is replaced or moved)."""
         weights = [emb.weight for emb in self.emb_code]

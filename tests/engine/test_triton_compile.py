@@ -21,7 +21,8 @@ from chattts_velocity.devtools import triton_compile_check as compile_check
 pytestmark = pytest.mark.slow
 
 KERNELS = {"_norm_qkv_rope_kernel", "_decode_kernel", "_residual_linear_kernel", "_norm_gate_up_kernel",
-           "_prefill_kernel", "_rms_norm_kernel", "_temperature_penalty_kernel", "_noise_kernel"}
+           "_prefill_kernel", "_rms_norm_kernel", "_temperature_penalty_kernel", "_top_p_top_k_kernel",
+           "_sample_kernel", "_decode_inputs_kernel"}
 FUSED = {"_norm_qkv_rope_kernel", "_decode_kernel", "_residual_linear_kernel", "_norm_gate_up_kernel"}
 
 

@@ -219,6 +219,19 @@ def test_sample_is_batch_invariant_and_equals_torch_with_the_same_noise():
     assert sampling.sample(peaked, seeds[:1], num_rows=1).item() == 17
 
 
+def test_a_dropped_column_never_wins_where_the_noise_is_zero():
+    # this step seed's noise is exactly 0 at row 1, column 387 (u rounds to 1): torch's softmax / noise / argmax
+    # takes the NaN of 0 / 0 there for the maximum, and would return a column whose logit is -inf
+    seeds = torch.tensor([8623160922125302522], device=DEVICE)
+    noise = sampling.exponential_noise(seeds, 4, 626)
+    assert noise[1, 387].item() == 0
+    logits = torch.full((4, 626), float("-inf"), device=DEVICE)
+    logits[:, 100:103] = torch.tensor([0.5, 1.0, 2.0], device=DEVICE)  # three kept columns
+    assert (logits.softmax(-1) / noise).argmax(-1)[1].item() == 387
+    tokens = sampling.sample(logits, seeds, num_rows=4)
+    assert bool(((tokens >= 100) & (tokens < 103)).all())
+
+
 def test_bad_inputs_raise_value_error():
     _, k_cache, v_cache, q, _, _ = paged_step([1], [4], 4, torch.float32, heads=3)
     with pytest.raises(ValueError, match="q: need"):

@@ -22,7 +22,7 @@ from chattts_velocity.engine.backends.cuda_graphs import bucket
 from chattts_velocity.engine.core.decode_batch import DecodeBatch
 from chattts_velocity.engine.sampling import logits_processors as lp
 from chattts_velocity.engine.sampling.device_sampler import DeviceSampler
-from chattts_velocity.engine.sampling.sampler import Sampler, SamplingBatch
+from chattts_velocity.engine.sampling.sampler import Sampler
 from chattts_velocity.model import DecodeMetadata, Embed
 
 
@@ -46,9 +46,11 @@ class StepInputs:
     seeds: torch.Tensor  # [size] int64, the step seeds' bits (view)
     mask_eos: torch.Tensor  # [R] int64, 1 = EOS forbidden (view)
     history: torch.Tensor  # [R, window] int64, -1 = empty (view)
+    hidden: torch.Tensor  # [max(2, size), H] float32: the last hidden states; rows past size stay 0 (the heads' GEMM
+    # has at least two rows, the row-invariant BLAS path, without a copy)
 
     @classmethod
-    def allocate(cls, size: int, width: int, rows: int, window: int, num_vq: int, pad_block: int,
+    def allocate(cls, size: int, width: int, rows: int, window: int, num_vq: int, hidden_size: int, pad_block: int,
                  device: torch.device) -> StepInputs:
         num = size * rows
 
@@ -60,13 +62,14 @@ class StepInputs:
                      zeros(torch.float32, num) + 1, zeros(torch.int64, num), zeros(torch.float32, num) + 1,
                      zeros(torch.float32, num) + 1, zeros(torch.int64, num), per_step, per_step[:size],
                      per_step[size: 2 * size], per_step[2 * size: 2 * size + num],
-                     per_step[2 * size + num:].view(num, window))
+                     per_step[2 * size + num:].view(num, window), zeros(torch.float32, max(2, size), hidden_size))
         inputs.history.fill_(-1)
         return inputs
 
     def row_params(self, rows: int) -> lp.RowParams:
-        """The sampler's chain parameters, every step on (neutral values where a row does not use it)."""
-        return lp.RowParams(rows, self.temperatures, self.eos_ids, self.mask_eos != 0, self.penalties, self.history,
+        """The sampler's chain parameters, every step on (neutral values where a row does not use it); mask_eos
+        int64, nonzero = forbidden (the draw's kernel reads it as it is)."""
+        return lp.RowParams(rows, self.temperatures, self.eos_ids, self.mask_eos, self.penalties, self.history,
                             self.top_p, self.top_k)
 
 
@@ -106,9 +109,9 @@ class StepGraphs:
     """run(state, sampler, ids, tables) replays the graph of the smallest size >= len(state) (captured on first
     use, on CUDA), after filling its buffers; on CPU it calls `fn` on them."""
 
-    def __init__(self, fn: StepFn, sizes: list[int], width: int, num_vq: int, pad_block: int,
+    def __init__(self, fn: StepFn, sizes: list[int], width: int, num_vq: int, hidden_size: int, pad_block: int,
                  device: torch.device) -> None:
-        self.fn, self.sizes, self.width, self.num_vq = fn, sorted(sizes), width, num_vq
+        self.fn, self.sizes, self.width, self.num_vq, self.hidden_size = fn, sorted(sizes), width, num_vq, hidden_size
         self.pad_block, self.device, self.capture = pad_block, device, device.type == "cuda"
         self.staging = Staging(device)
         self.inputs: dict[int, StepInputs] = {}
@@ -119,6 +122,14 @@ class StepGraphs:
 
     def covers(self, batch: int) -> bool:
         return bucket(batch, self.sizes) is not None
+
+    def warm_up(self, rows: int) -> None:
+        """Run the step once on padding rows only (the pad block, neutral parameters) at the smallest size and the
+        smallest even one, so that every kernel variant a replay launches compiles at load (at odd sizes the seeds'
+        view of the per-step block is not 16-byte aligned, a variant of its own)."""
+        for size in {self.sizes[0], next((s for s in self.sizes if s % 2 == 0), self.sizes[0])}:
+            self.fn(StepInputs.allocate(size, self.width, rows, 16, self.num_vq, self.hidden_size, self.pad_block,
+                                        self.device))
 
     def run(self, state: DecodeBatch, sampler: Sampler, ids: torch.Tensor, tables: torch.Tensor,
             ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -142,8 +153,8 @@ class StepGraphs:
         window = max(16, state.history.shape[2])
         inputs = self.inputs.get(size)
         if inputs is None or inputs.history.shape[1] < window:  # a wider penalty window: new buffers, new graph
-            inputs = StepInputs.allocate(size, self.width, state.rows, window, self.num_vq, self.pad_block,
-                                         self.device)
+            inputs = StepInputs.allocate(size, self.width, state.rows, window, self.num_vq, self.hidden_size,
+                                         self.pad_block, self.device)
             self.inputs[size] = inputs
             self.graphs.pop(size, None)
             self.filled.pop(size, None)
@@ -204,20 +215,23 @@ class StepGraphs:
         return outputs
 
 
-def steady_step(embed: Embed, layers: Callable[[torch.Tensor, torch.Tensor, DecodeMetadata], torch.Tensor],
-                sampler: DeviceSampler, act_dtype: torch.dtype, block_size: int, rows: int) -> StepFn:
-    """The device work of a steady decode step on StepInputs, device tensors only (what one graph captures): slots
-    from the block tables, the embedding gather, the layers, the code heads, the sampler's chain and draw."""
+def steady_step(embed: Embed, layers: Callable[..., torch.Tensor], sampler: DeviceSampler, act_dtype: torch.dtype,
+                block_size: int, rows: int) -> StepFn:
+    """The device work of a steady decode step on StepInputs, device tensors only (what one graph captures), ten
+    launches and five a layer: the embedding gather with the slots and context lengths (one kernel), the layers
+    (the final norm writing fp32), the code heads (one GEMM), the sampler's chain (a kernel, a sort, a softmax, a
+    kernel) and the draw (one kernel, which also writes the next step's ids)."""
+    from chattts_velocity.model.kernels.triton import embedding  # imports triton: only when chosen
 
     def step(inputs: StepInputs) -> tuple[torch.Tensor, torch.Tensor]:
-        positions, tables = inputs.positions, inputs.tables
-        blocks = tables.gather(1, (positions // block_size).unsqueeze(1)).squeeze(1)
-        meta = DecodeMetadata(blocks * block_size + positions % block_size, tables, positions + 1)
-        last = layers(embed.embed_codes(inputs.ids).to(act_dtype), positions, meta).float()  # [size, H]
-        logits = embed.logits_rowwise(last, "code")  # [size, rows, V]
-        processed = sampler.process(logits.reshape(-1, logits.shape[-1]), SamplingBatch(inputs.row_params(rows), []))
-        tokens: torch.Tensor = sampler.ops.sample(processed, inputs.seeds, rows)
-        inputs.ids.copy_(tokens)  # the next step's embedding ids (code mode: rows == num_vq)
+        positions, tables, size = inputs.positions, inputs.tables, inputs.ids.shape[0]
+        embeds, slots, context = embedding.decode_inputs(inputs.ids, embed.code_table(), positions, tables,
+                                                         block_size, act_dtype)
+        last = layers(embeds, positions, DecodeMetadata(slots, tables, context), out=inputs.hidden[:size])
+        logits = embed.logits_rowwise(inputs.hidden, "code")[:size]  # [size, rows, V]
+        processed = sampler.chain(logits.reshape(-1, logits.shape[-1]), inputs.row_params(rows))
+        tokens: torch.Tensor = sampler.ops.sample(processed, inputs.seeds, rows, inputs.mask_eos, inputs.eos_ids,
+                                                  ids_out=inputs.ids)  # the next step's embedding ids
         return tokens, last
 
     return step

@@ -127,12 +127,14 @@ class TritonBackend:
 
         return self.layers(embeds, step.positions, step.slots, attend)
 
-    def decode_step(self, embeds: torch.Tensor, positions: torch.Tensor, meta: DecodeMetadata) -> torch.Tensor:
-        """embeds [B, H], positions [B] -> hidden [B, H]: device tensors only, so a CUDA graph can capture it."""
+    def decode_step(self, embeds: torch.Tensor, positions: torch.Tensor, meta: DecodeMetadata,
+                    out: torch.Tensor | None = None) -> torch.Tensor:
+        """embeds [B, H], positions [B] -> hidden [B, H] (into out, if given, e.g. fp32): device tensors only, so a
+        CUDA graph can capture it."""
 
         def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
-            out: torch.Tensor = self.decode_attention.paged_decode_attention(
+            attended: torch.Tensor = self.decode_attention.paged_decode_attention(
                 q, k_cache, v_cache, meta.block_tables, meta.context_lens, self.workspace, pdl=self.pdl)
-            return out
+            return attended
 
-        return self.layers(embeds, positions, meta.slot_mapping, attend)
+        return self.layers(embeds, positions, meta.slot_mapping, attend, out)

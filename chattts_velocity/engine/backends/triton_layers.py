@@ -86,16 +86,18 @@ class FusedLayers:
         self.cos, self.sin = model.rotary_emb.cos_cache, model.rotary_emb.sin_cache
         self.eps = model.config.rms_norm_eps
 
-    def __call__(self, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, attend: Attend) -> torch.Tensor:
-        """x [N, H] -> hidden [N, H]: 5 launches a layer, then the final norm."""
+    def __call__(self, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, attend: Attend,
+                 out: torch.Tensor | None = None) -> torch.Tensor:
+        """x [N, H] -> hidden [N, H]: 5 launches a layer, then the final norm (into out [N, H], fp32 or the
+        activations' dtype, if given)."""
         gemm, pdl, eps = self.gemm, self.pdl, self.eps
         residual = x.contiguous()
         for packed, (k_cache, v_cache) in zip(self.layers, self.kv.pairs, strict=True):
             q = self.qkv.norm_qkv_rope(residual, packed.input_norm, packed.qkv, positions, slots, self.cos, self.sin,
                                        k_cache, v_cache, eps, pdl=pdl)
-            out = attend(q, k_cache, v_cache)  # [N, heads, head_dim]
-            residual = gemm.residual_linear(out.flatten(1), packed.o, residual, pdl=pdl)
+            attended = attend(q, k_cache, v_cache)  # [N, heads, head_dim]
+            residual = gemm.residual_linear(attended.flatten(1), packed.o, residual, pdl=pdl)
             act = gemm.norm_gate_up(residual, packed.post_norm, packed.gate_up, eps, pdl=pdl)
             residual = gemm.residual_linear(act, packed.down, residual, pdl=pdl)
-        hidden: torch.Tensor = self.norm.rms_norm(residual, self.final_norm, eps)
+        hidden: torch.Tensor = self.norm.rms_norm(residual, self.final_norm, eps, out=out)
         return hidden

@@ -61,8 +61,14 @@ class ModelRunner:
         if not isinstance(sampler, DeviceSampler) or layers is None:
             return None
         step = steady_step(self.embed, layers, sampler, self.act_dtype, self.block_size, self.config.num_vq)
-        return StepGraphs(step, graph_batch_sizes(engine_config.max_num_seqs), width, self.config.num_vq, pad_block,
-                          self.device)
+        graphs = StepGraphs(step, graph_batch_sizes(engine_config.max_num_seqs), width, self.config.num_vq,
+                            self.config.hidden_size, pad_block, self.device)
+        with torch.inference_mode(), self._on_device():
+            graphs.warm_up(self.config.num_vq)
+        return graphs
+
+    def _on_device(self) -> contextlib.AbstractContextManager[object]:
+        return torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext()
 
     @property
     def sampler(self) -> Sampler:
@@ -71,7 +77,7 @@ class ModelRunner:
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> StepOutput:
         # every launch of the step (layers, heads, sampler) on the engine's device, not the current one
-        with torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext():
+        with self._on_device():
             return self._run(batch)
 
     def _run(self, batch: ScheduledBatch) -> StepOutput:

@@ -4,7 +4,9 @@ In: the sequences that sample this step and their logits [S*rows, V] on the devi
 the device; the model runner's copy of them is the step's only device-to-host transfer. The per-row parameters are
 built on the host (Sampler.prepare, as for every backend) and sent with pinned, non-blocking copies; the chain is
 engine/sampling/logits_processors.py's, in its order, through the ops of model/kernels/triton/sampling.py:
-    temperature + penalty -> top-p + top-k -> custom processors -> EOS mask -> Philox Exp(1) noise -> argmax
+    temperature + penalty -> top-p + top-k -> custom processors -> EOS mask + softmax + Philox Exp(1) noise + argmax
+(a kernel, a sort, a softmax and a kernel, then one kernel for the draw; five launches a step without custom
+processors).
 NOTE (noise): keyed by (seed, step) like Sampler's, so a request's tokens never depend on its batch; but it is
 Philox in Triton, not torch's CPU generator: the same distribution, a different stream (a seed's audio differs from
 the other backends'). Custom processors are user code: they may sync, and get their history with a blocking copy.
@@ -45,12 +47,14 @@ class DeviceSampler(Sampler):
     @torch.inference_mode()
     def sample(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
         """logits [S*rows, V] (any float dtype; not modified) -> tokens [S, rows] int64 on the logits' device."""
-        processed = self.process(logits, batch)
         bits = batch.seed_bits
         host_seeds = (self.ops.noise_seeds(batch.noise_seeds, "cpu") if bits is None
                       else torch.from_numpy(bits.view(np.int64)))  # [S] int64, the seeds' bits
-        seeds = to_device(host_seeds, logits.device)
-        return self.ops.sample(processed, seeds, batch.params.rows_per_seq)
+        device = logits.device
+        params = batch.params
+        processed = self.chain(logits, params)
+        return self.ops.sample(processed, to_device(host_seeds, device), params.rows_per_seq,
+                               to_device(params.mask_eos, device), self._send(params.eos_ids, device))
 
     @torch.inference_mode()
     def warm_up(self, num_vq: int, audio_vocab: int, text_vocab: int, device: torch.device) -> None:
@@ -66,19 +70,25 @@ class DeviceSampler(Sampler):
     @torch.inference_mode()
     def process(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
         """The processor chain of lp.process on the device: logits [R, V] -> a processed fp32 copy [R, V]."""
-        params, ops = batch.params, self.ops
-        device = logits.device
-        logits = logits.to(torch.float32, copy=True).contiguous()
+        params = batch.params
+        processed = self.chain(logits, params)
+        masked: torch.Tensor = self.ops.mask_eos(processed, to_device(params.mask_eos, logits.device),
+                                                 self._send(params.eos_ids, logits.device))
+        return masked
+
+    def chain(self, logits: torch.Tensor, params: lp.RowParams) -> torch.Tensor:
+        """The chain but the EOS mask (sample() applies it in its kernel, after the custom processors): logits [R, V]
+        (any float dtype; not modified) -> a processed fp32 copy [R, V]. Without custom processors, no host sync:
+        what a captured step runs."""
+        ops, device = self.ops, logits.device
         temperatures, history, penalties = _temperature_penalty_args(params)
-        ops.apply_temperature_and_penalty(logits, self._send(temperatures, device), to_device(history, device),
-                                          self._send(penalties, device))
+        processed = ops.apply_temperature_and_penalty(
+            logits, self._send(temperatures, device), to_device(history, device), self._send(penalties, device),
+            out=torch.empty(logits.shape, dtype=torch.float32, device=device))
         if params.top_p is not None or params.top_k is not None:
             top_p, top_k = _top_p_top_k_args(params)
-            ops.apply_top_p_top_k(logits, self._send(top_p, device), self._send(top_k, device))
-        logits = lp.apply_custom(logits, params.custom, params.rows_per_seq, params.failures)
-        eos_ids = self._send(params.eos_ids, device)
-        masked: torch.Tensor = ops.mask_eos(logits, to_device(params.mask_eos, device), eos_ids)
-        return masked
+            ops.apply_top_p_top_k(processed, self._send(top_p, device), self._send(top_k, device))
+        return lp.apply_custom(processed, params.custom, params.rows_per_seq, params.failures)
 
 
 def _temperature_penalty_args(params: lp.RowParams) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

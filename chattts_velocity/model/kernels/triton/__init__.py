@@ -2,8 +2,9 @@
 
 The decode layer's five kernels: qkv.py (RMSNorm -> q|k|v -> RoPE -> KV store), decode_attention.py (paged
 decode attention, batch-invariant splits), gemm.py (o / down projection + residual, RMSNorm -> gate|up -> SiLU x up);
-prefill_attention.py (varlen prefill attention), norm.py (the final RMSNorm), sampling.py (temperature + repetition
-penalty, top-p/top-k, EOS mask, counter-based Exp(1) noise). Each op takes the tensors the torch paths of
+prefill_attention.py (varlen prefill attention), norm.py (the final RMSNorm), embedding.py (a decode step's code
+embeddings, slots and context lengths), sampling.py (temperature + repetition penalty, top-p/top-k, EOS mask,
+counter-based Exp(1) noise and the draw). Each op takes the tensors the torch paths of
 model/attention.py, model/layers.py and engine/ take, and returns the same values up to float rounding; the tests
 compare them on small shapes.
 

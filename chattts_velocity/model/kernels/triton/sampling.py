@@ -3,8 +3,12 @@
 Rows are (sequence, codebook) pairs, logits [R, V] fp32, per-row parameters [R], as in
 engine/sampling/logits_processors.py, whose semantics these ops keep (HF top-p / top-k with 3 tokens kept, the
 reference's asymmetric penalty).
-The caller applies them in engine/sampling/sampler.py's order: temperature + penalty, top-p + top-k, custom
-processors, EOS mask, then `sample`.
+The caller applies them in engine/sampling/sampler.py's order: temperature + penalty (one kernel, which also makes
+the fp32 copy), top-p + top-k (a sort, torch's softmax of the sorted rows, one kernel), custom processors, then
+`sample`: EOS mask, softmax, noise and argmax in one kernel (`mask_eos` alone where the chain's output is wanted).
+The top-p cumulative sums are fp64, as torch's CPU cumsum; the draw's softmax is the kernel's own, so a row's token
+can differ from torch's softmax / noise / argmax only where two scores tie to the last bit, or where torch would pick
+a dropped column (probability 0 over noise 0 is NaN, which torch's argmax takes for the maximum; the kernel never).
 
 NOTE (noise): `sample` draws its Exp(1) noise with Philox in Triton, keyed by the request's step seed
 (engine/sampling/sampler.step_seed) and the element's index inside the request's [rows, V] block. Like the CPU path it
@@ -25,16 +29,18 @@ FLOAT32_MAX = tl.constexpr(3.4028234663852886e38)  # torch.finfo(torch.float32).
 
 
 @triton.jit(do_not_specialize=["history_stride", "width"])
-def _temperature_penalty_kernel(logits_ptr, temperatures_ptr, history_ptr, penalties_ptr, logits_stride,
-                                history_stride, vocab, width, BLOCK_V: tl.constexpr, BLOCK_W: tl.constexpr):
-    # one program per row: divide the row by its temperature, then penalise the ids of its history window, visited
-    # in tiles of BLOCK_W (one compiled variant for every window width)
+def _temperature_penalty_kernel(in_ptr, logits_ptr, temperatures_ptr, history_ptr, penalties_ptr, in_stride,
+                                logits_stride, history_stride, vocab, width, BLOCK_V: tl.constexpr,
+                                BLOCK_W: tl.constexpr):
+    # one program per row: the input row (any float dtype) in fp32 divided by its temperature into the output row
+    # (in_ptr may be logits_ptr), then penalise the ids of its history window, visited in tiles of BLOCK_W (one
+    # compiled variant for every window width)
     row = tl.program_id(0).to(tl.int64)
     row_ptr = logits_ptr + row * logits_stride
     temperature = tl.load(temperatures_ptr + row)
     for start in range(0, vocab, BLOCK_V):
         cols = start + tl.arange(0, BLOCK_V)
-        x = tl.load(row_ptr + cols, mask=cols < vocab)
+        x = tl.load(in_ptr + row * in_stride + cols, mask=cols < vocab).to(tl.float32)
         tl.store(row_ptr + cols, tl.div_rn(x, temperature), mask=cols < vocab)
     tl.debug_barrier()  # the penalty reads what the temperature pass wrote
     penalty = tl.load(penalties_ptr + row)
@@ -66,34 +72,118 @@ def _temperature_penalty_kernel(logits_ptr, temperatures_ptr, history_ptr, penal
 
 
 @triton.jit
-def _noise_kernel(seeds_ptr, out_ptr, num_rows, vocab, BLOCK: tl.constexpr):
-    # program (row, tile of BLOCK ids): Exp(1) noise keyed by (its sequence's seed, its index in [rows, V])
-    row = tl.program_id(0)
-    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+def _exp_noise(seeds_ptr, row, cols, num_rows, vocab):
+    # Exp(1) noise of columns `cols` of sampling row `row` (int32), keyed by (its sequence's seed, its index in
+    # [rows, V])
     seed = tl.load(seeds_ptr + row // num_rows)
     bits = tl.randint(seed, (row % num_rows) * vocab + cols)  # uint32, Philox 4x32-10
     u = ((bits >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)  # 24-bit uniform in (0, 1): no log(0)
-    tl.store(out_ptr + row.to(tl.int64) * vocab + cols, -tl.log(u), mask=cols < vocab)
+    return -tl.log(u)
+
+
+@triton.jit
+def _noise_kernel(seeds_ptr, out_ptr, num_rows, vocab, BLOCK: tl.constexpr):
+    # program (row, tile of BLOCK ids)
+    row = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    noise = _exp_noise(seeds_ptr, row, cols, num_rows, vocab)
+    tl.store(out_ptr + row.to(tl.int64) * vocab + cols, noise, mask=cols < vocab)
+
+
+@triton.jit
+def _top_p_top_k_kernel(logits_ptr, ascending_ptr, order_ptr, probs_ptr, top_p_ptr, top_k_ptr, logits_stride,
+                        vocab, MIN_KEEP: tl.constexpr, BLOCK: tl.constexpr):
+    # one program per row over its stable ascending sort (values, their columns, their softmax): top-p drops the
+    # columns whose cumulative probability (summed in fp64, as torch's CPU cumsum) is <= 1 - top_p but the MIN_KEEP
+    # last; top-k then drops what lies below the survivor at column V - k. Two identical scans: the first finds
+    # that survivor, the second writes -inf into the logits at the dropped columns.
+    row = tl.program_id(0).to(tl.int64)
+    top_p = tl.load(top_p_ptr + row)
+    top_k = tl.load(top_k_ptr + row)
+    threshold = tl.where(top_p < 1.0, 1.0 - top_p, -1.0)  # top_p >= 1: no cumulative sum is <= -1
+    # top_k <= 0: no column is the k-th, which stays -inf and drops nothing
+    kth_col = tl.where(top_k > 0, vocab - tl.minimum(tl.maximum(top_k, MIN_KEEP), vocab), -1)
+    kth = tl.full([], float("-inf"), tl.float32)
+    for scan in tl.static_range(2):
+        carry = tl.zeros([1], dtype=tl.float64)
+        for start in range(0, vocab, BLOCK):
+            cols = start + tl.arange(0, BLOCK)
+            ok = cols < vocab
+            p = tl.load(probs_ptr + row * vocab + cols, mask=ok, other=0.0).to(tl.float64)
+            cumulative = tl.cumsum(p, 0)
+            below = (carry + cumulative).to(tl.float32) <= threshold
+            carry += tl.sum(p, 0)
+            drop = below & (cols < vocab - MIN_KEEP)
+            x = tl.load(ascending_ptr + row * vocab + cols, mask=ok, other=0.0)
+            if scan == 0:
+                hit = ok & (cols == kth_col)
+                kth = tl.maximum(kth, tl.max(tl.where(hit & ~drop, x, float("-inf")), 0))  # one tile hits
+            else:
+                drop = drop | (x < kth)
+                column = tl.load(order_ptr + row * vocab + cols, mask=ok, other=0)
+                tl.store(logits_ptr + row * logits_stride + column, float("-inf"), mask=ok & drop)
+
+
+@triton.jit
+def _sample_kernel(logits_ptr, seeds_ptr, mask_eos_ptr, eos_ids_ptr, tokens_ptr, ids_ptr, logits_stride, num_rows,
+                   vocab, WRITE_IDS: tl.constexpr, BLOCK: tl.constexpr):
+    # one program per row: EOS masked where asked, softmax, then argmax(p / E), E ~ Exp(1) (one multinomial draw),
+    # the first column on ties as torch's argmax
+    row = tl.program_id(0)
+    row_ptr = logits_ptr + row.to(tl.int64) * logits_stride
+    eos = tl.where(tl.load(mask_eos_ptr + row) != 0, tl.load(eos_ids_ptr + row), -1)
+    peak = tl.full([], float("-inf"), tl.float32)
+    for start in range(0, vocab, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        x = tl.load(row_ptr + cols, mask=cols < vocab, other=float("-inf"))
+        peak = tl.maximum(peak, tl.max(tl.where(cols == eos, float("-inf"), x), 0))
+    total = tl.full([], 0.0, tl.float32)
+    for start in range(0, vocab, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        x = tl.load(row_ptr + cols, mask=cols < vocab, other=float("-inf"))
+        total += tl.sum(tl.exp(tl.where(cols == eos, float("-inf"), x) - peak), 0)
+    best, token = tl.full([], -1.0, tl.float32), tl.full([], 0, tl.int32)
+    for start in range(0, vocab, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        x = tl.load(row_ptr + cols, mask=cols < vocab, other=float("-inf"))
+        p = tl.div_rn(tl.exp(tl.where(cols == eos, float("-inf"), x) - peak), total)
+        score = tl.div_rn(p, _exp_noise(seeds_ptr, row, cols, num_rows, vocab))
+        # the noise is 0 where u rounds to 1 (2^-24 of the draws): a column the chain dropped (p = 0) gets 0 / 0, NaN,
+        # and must not win (torch's argmax would pick it); p / 0 for a kept column is -inf (-log(1) = -0), as torch
+        score = tl.where((cols < vocab) & (score == score), score, -1.0)
+        tile_best = tl.max(score, 0)
+        tile_token = start + tl.argmax(score, 0, tie_break_left=True)
+        token = tl.where(tile_best > best, tile_token, token)
+        best = tl.maximum(tile_best, best)
+    tl.store(tokens_ptr + row, token.to(tl.int64))
+    if WRITE_IDS:
+        tl.store(ids_ptr + row, token.to(tl.int64))
 
 
 def apply_temperature_and_penalty(
-    logits: torch.Tensor, temperatures: torch.Tensor, history: torch.Tensor, penalties: torch.Tensor
+    logits: torch.Tensor, temperatures: torch.Tensor, history: torch.Tensor, penalties: torch.Tensor,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """logits [R, V] fp32 (modified in place and returned) / temperatures [R], then the repetition penalty.
+    """logits [R, V] / temperatures [R], then the repetition penalty, into out [R, V] fp32 (default: logits, which
+    must then be fp32; modified in place). Returns out.
 
     history [R, W] int ids of each row's recent generated tokens, -1 = padding; penalties [R], 1.0 = off.
     """
-    rows, vocab = _check_logits(logits)
+    out = logits if out is None else out
+    rows, vocab = _check_logits(out)
+    if logits.shape != out.shape or logits.stride(1) != 1 or not logits.is_floating_point():
+        raise ValueError(f"apply_temperature_and_penalty: logits must be float [{rows}, {vocab}] with contiguous "
+                         f"rows, got {tuple(logits.shape)} {logits.dtype}")
     if temperatures.shape != (rows,) or penalties.shape != (rows,) or history.dim() != 2 or len(history) != rows:
         raise ValueError(f"apply_temperature_and_penalty: need temperatures, penalties [{rows}], history [{rows}, W];"
                          f" got {tuple(temperatures.shape)}, {tuple(penalties.shape)}, {tuple(history.shape)}")
     width = history.shape[1]
     history = history.contiguous()
     _temperature_penalty_kernel[(rows,)](
-        logits, temperatures.float().contiguous(), history, penalties.float().contiguous(), logits.stride(0),
-        history.stride(0), vocab, width, BLOCK_V=min(4096, triton.next_power_of_2(vocab)),
+        logits, out, temperatures.float().contiguous(), history, penalties.float().contiguous(), logits.stride(0),
+        out.stride(0), history.stride(0), vocab, width, BLOCK_V=min(4096, triton.next_power_of_2(vocab)),
         BLOCK_W=HISTORY_TILE, num_warps=4, **EAGER)
-    return logits
+    return out
 
 
 def apply_top_p_top_k(
@@ -103,21 +193,19 @@ def apply_top_p_top_k(
 
     top_p [R] float (>= 1 = off), top_k [R] int (<= 0 = off). Top-p drops a prefix of the ascending order, so
     after it the sorted row is still sorted, and the k-th largest survivor is at column V - k: one sort, no
-    host sync (logits_processors.apply_top_k reads max(k) on the host).
+    host sync (logits_processors.apply_top_k reads max(k) on the host). Three launches: the sort, the softmax of
+    the sorted rows (torch's, so the cumulative sums are the CPU chain's) and one kernel for both masks.
     """
     rows, vocab = _check_logits(logits)
     if top_p.shape != (rows,) or top_k.shape != (rows,):
         raise ValueError(f"apply_top_p_top_k: top_p and top_k must be [{rows}], got "
                          f"{tuple(top_p.shape)} and {tuple(top_k.shape)}")
     ascending, order = torch.sort(logits, dim=-1, stable=True)
-    drop = ascending.softmax(dim=-1).cumsum(dim=-1) <= (1 - top_p).unsqueeze(1)
-    drop[:, -min_keep:] = False
-    drop &= (top_p < 1).unsqueeze(1)
-    ascending = ascending.masked_fill(drop, float("-inf"))
-    k = top_k.clamp(min=min_keep, max=vocab)
-    kth = ascending.gather(1, (vocab - k).unsqueeze(1))  # [R, 1]
-    ascending = ascending.masked_fill((ascending < kth) & (top_k > 0).unsqueeze(1), float("-inf"))
-    return logits.scatter_(1, order, ascending)
+    probs = ascending.softmax(dim=-1)
+    _top_p_top_k_kernel[(rows,)](logits, ascending, order, probs, top_p.float().contiguous(),
+                                 top_k.long().contiguous(), logits.stride(0), vocab, MIN_KEEP=min_keep,
+                                 BLOCK=min(2048, triton.next_power_of_2(vocab)), num_warps=4, **EAGER)
+    return logits
 
 
 def mask_eos(logits: torch.Tensor, rows: torch.Tensor, eos_ids: torch.Tensor) -> torch.Tensor:
@@ -148,13 +236,28 @@ def exponential_noise(seeds: torch.Tensor, num_rows: int, vocab: int) -> torch.T
     return out
 
 
-def sample(logits: torch.Tensor, seeds: torch.Tensor, num_rows: int) -> torch.Tensor:
-    """argmax(softmax(logits) / E), E ~ Exp(1) (one multinomial draw per row): logits [S*rows, V] -> [S, rows]."""
+def sample(logits: torch.Tensor, seeds: torch.Tensor, num_rows: int, mask_eos: torch.Tensor | None = None,
+           eos_ids: torch.Tensor | None = None, ids_out: torch.Tensor | None = None) -> torch.Tensor:
+    """argmax(softmax(logits) / E), E ~ Exp(1) (one multinomial draw per row): logits [S*rows, V] -> [S, rows], in
+    one launch. With mask_eos [S*rows] (bool or int, nonzero = forbid) and eos_ids [S*rows], EOS is masked first
+    (as mask_eos). ids_out [S, rows] int64, if given, receives the tokens too."""
     rows, vocab = _check_logits(logits)
     if rows != seeds.shape[0] * num_rows:
         raise ValueError(f"sample: logits need {seeds.shape[0]} * {num_rows} rows, got {rows}")
-    probs = logits.softmax(dim=-1)
-    return probs.div_(exponential_noise(seeds, num_rows, vocab)).argmax(dim=-1).view(-1, num_rows)
+    if ids_out is not None and (ids_out.shape != (seeds.shape[0], num_rows) or not ids_out.is_contiguous()):
+        raise ValueError(f"sample: ids_out must be [{seeds.shape[0]}, {num_rows}] contiguous, got "
+                         f"{tuple(ids_out.shape)}")
+    if mask_eos is None or eos_ids is None:
+        mask_eos = eos_ids = torch.zeros(rows, dtype=torch.int64, device=logits.device)
+    elif mask_eos.shape != (rows,) or eos_ids.shape != (rows,):
+        raise ValueError(f"sample: mask_eos and eos_ids must be [{rows}], got {tuple(mask_eos.shape)} and "
+                         f"{tuple(eos_ids.shape)}")
+    tokens = torch.empty(seeds.shape[0], num_rows, dtype=torch.int64, device=logits.device)
+    _sample_kernel[(rows,)](logits, seeds, mask_eos.contiguous(), eos_ids.contiguous(), tokens,
+                            tokens if ids_out is None else ids_out, logits.stride(0), num_rows, vocab,
+                            WRITE_IDS=ids_out is not None, BLOCK=min(2048, triton.next_power_of_2(vocab)),
+                            num_warps=4, **EAGER)
+    return tokens
 
 
 def _check_logits(logits: torch.Tensor) -> tuple[int, int]:

@@ -1,0 +1,59 @@
+"""Model stage, CUDA backend: a steady decode step's inputs in one launch: the code embeddings and the paged metadata.
+
+In: the step's ids [B, num_vq] (the codes the last step sampled), the num_vq code tables concatenated [num_vq * V, H],
+positions [B] and block tables [B, n]. Out: embeddings [B, H] (the layers' dtype), the pool slots [B] the new
+positions write their K/V to and the context lengths [B] they attend over (model/attention.DecodeMetadata).
+The embedding sums the num_vq rows as Embed.embed_codes does, ((e0 + e1) + e2) + e3 in fp32, rounded once to the
+tables' dtype, then to the layers'.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from chattts_velocity.model.kernels.triton.rounding import to_dtype
+
+EAGER = {"enable_fp_fusion": False}
+HIDDEN_TILE = 1024  # embedding columns per loop step
+
+
+@triton.jit
+def _decode_inputs_kernel(ids_ptr, table_ptr, positions_ptr, tables_ptr, embeds_ptr, slots_ptr, context_ptr,
+                          table_stride, vocab, hidden, block_size, NUM_VQ: tl.constexpr, BLOCK: tl.constexpr):
+    # one program per sequence
+    seq = tl.program_id(0).to(tl.int64)
+    position = tl.load(positions_ptr + seq)
+    block = tl.load(tables_ptr + seq * table_stride + position // block_size)
+    tl.store(slots_ptr + seq, block * block_size + position % block_size)
+    tl.store(context_ptr + seq, position + 1)
+    for start in range(0, hidden, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        ok = cols < hidden
+        first = tl.load(ids_ptr + seq * NUM_VQ)
+        acc = tl.load(table_ptr + first * hidden + cols, mask=ok, other=0.0).to(tl.float32)
+        for q in tl.static_range(1, NUM_VQ):
+            row = tl.load(ids_ptr + seq * NUM_VQ + q) + q * vocab
+            acc += tl.load(table_ptr + row * hidden + cols, mask=ok, other=0.0).to(tl.float32)
+        summed = to_dtype(acc, table_ptr.dtype.element_ty)
+        tl.store(embeds_ptr + seq * hidden + cols, to_dtype(summed, embeds_ptr.dtype.element_ty), mask=ok)
+
+
+def decode_inputs(ids: torch.Tensor, code_table: torch.Tensor, positions: torch.Tensor, block_tables: torch.Tensor,
+                  block_size: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """ids [B, num_vq] int64, code_table [num_vq * V, H], positions [B] int64, block_tables [B, n] int64 ->
+    (embeddings [B, H] in dtype, slots [B] int64, context_lens [B] int64)."""
+    num, num_vq = ids.shape
+    if code_table.dim() != 2 or code_table.shape[0] % num_vq or positions.shape != (num,) \
+            or block_tables.dim() != 2 or block_tables.shape[0] != num:
+        raise ValueError(f"decode_inputs: need ids [B, num_vq], code_table [num_vq * V, H], positions [B] and "
+                         f"block_tables [B, n], got {tuple(ids.shape)}, {tuple(code_table.shape)}, "
+                         f"{tuple(positions.shape)}, {tuple(block_tables.shape)}")
+    hidden = code_table.shape[1]
+    embeds = torch.empty(num, hidden, dtype=dtype, device=ids.device)
+    slots, context = (torch.empty(num, dtype=torch.int64, device=ids.device) for _ in range(2))
+    _decode_inputs_kernel[(num,)](ids.contiguous(), code_table.contiguous(), positions.contiguous(), block_tables,
+                                  embeds, slots, context, block_tables.stride(0), code_table.shape[0] // num_vq,
+                                  hidden, block_size, NUM_VQ=num_vq,
+                                  BLOCK=min(HIDDEN_TILE, triton.next_power_of_2(hidden)), num_warps=4, **EAGER)
+    return embeds, slots, context
