@@ -4,12 +4,14 @@ The engine runs a real backend ("triton" under TRITON_INTERPRET=1, or "cpu") who
 ready-made results: the layers return their input (hidden states of the right shape), the heads return fixed
 logits, the sampler's draw returns fixed tokens (its host-side preparation still runs); on the triton backend a steady
 decode step's graph (engine/backends/step_graph.py: slots, embedding, layers, heads, sampler; one replay on a GPU)
-returns fixed tokens, while filling its buffers and staging its per-step inputs still run. What is left is the host
-work a GPU step cannot hide. Reported, in milliseconds of the host thread's CPU time per step (median; torch runs
-one thread, so a busy host's other processes inflate it far less than wall time):
+returns fixed tokens, while filling its buffers and staging its per-step inputs still run; steady steps run a step
+ahead of the host (EngineConfig.overlap), as on a GPU. What is left is the host work of a step. Reported, in
+milliseconds of the host thread's CPU time per step (median; torch runs one thread, so a busy host's other processes
+inflate it far less than wall time):
 
 - decode_host_ms[N]: a decode step of N running sequences at context ~300;
-- admit_host_ms[P]: what a step admitting one P-row prompt among 63 running costs beyond a decode step of 63;
+- admit_host_ms[P]: what admitting one P-row prompt among 63 running costs beyond decode steps of 63 (the steps
+  until it runs: with the triton backend's overlapped loop, the one that drains the step in flight, then its own);
 - launches_per_step[N] (the last tree only): the kernels one steady decode step of N sequences launches on a GPU, the
   captured graph's and the eager ones (chattts_velocity/devtools/launch_counter.py: Triton launches and aten ops
   that run a kernel), counted with the triton backend under the interpreter at ChatTTS's depth (20 layers, a small
@@ -55,8 +57,10 @@ cfg = ModelConfig(num_hidden_layers=20 if model_work else 2)
 positions = max(sizes) * (CONTEXT + steps + 16) + max(prompts) + 4096  # + one full-length sequence
 pool = -(-positions // 16) * kv_cache_bytes_per_block(cfg.num_hidden_layers, 16, cfg.num_attention_heads, cfg.head_dim,
                                                      torch.bfloat16)
+# the step loop a GPU runs: steady steps a step ahead of the host on the triton backend (where the tree has it)
+ahead = {"overlap": True} if backend == "triton" and "overlap" in EngineConfig.__dataclass_fields__ else {}
 engine_config = EngineConfig(backend=backend, dtype="bfloat16", max_num_seqs=max(sizes), max_num_batched_tokens=4096,
-                             max_model_len=4096, kv_cache_memory=pool)
+                             max_model_len=4096, kv_cache_memory=pool, **ahead)
 model = ChatTTSLlama(cfg)
 for weight in model.parameters():  # weights in bf16, RoPE tables (buffers) stay fp32, as load_gpt leaves them
     weight.data = weight.data.to(torch.bfloat16)
@@ -121,7 +125,10 @@ for rows in prompts:
     extra = []
     for _ in range(5):
         rid = engine.add_request(None, prompt(rows), params())
-        extra.append(timed_step() - base)
+        spent = timed_step() - base
+        while engine.scheduler.waiting:  # a step in flight is read first (overlapped loop): then the admission
+            spent += timed_step() - base
+        extra.append(spent)
         engine.abort_request(rid)
         engine.step()
     out["admit_host_ms"][str(rows)] = 1e3 * statistics.median(extra)

@@ -77,7 +77,8 @@ def measure(args: argparse.Namespace, plan: dict, report: dict) -> None:
             traceback.print_exc()
         report["seconds"][name] = round(time.perf_counter() - start, 2)
 
-    llm = load(args, args.backend, max(SIZES))
+    option = parts.overlap_option()  # the figures beside the overlapped ones come from the synchronous loop
+    llm = load(args, args.backend, max(SIZES), **({option: False} if option else {}))
     engine = llm.engine
     report["backend"] = engine.runner.backend.name
     kv = parts.paged_kv(engine.runner)
@@ -124,7 +125,6 @@ def measure(args: argparse.Namespace, plan: dict, report: dict) -> None:
                      ("greedy", greedy), ("streaming", streaming)):
         part(name, fn)
     llm.shutdown()
-    option = parts.overlap_option()
     report["overlap_option"] = option
     if option is not None:
         def overlapped() -> None:

@@ -96,6 +96,9 @@ class EngineConfig:
     backend: str = "auto"  # decode backend: "auto", "torch", "cpu" or "triton" (engine/backends/select.py)
     kv_cache_dtype: str = "auto"  # "auto": the weights' dtype; "int8": one fp32 scale per (slot, head), cpu backend
     compile: bool = False  # torch.compile the decode step (torch backend)
+    # launch steady decode step n+1 before reading step n's tokens (engine/core/overlap.py); None: where steady steps
+    # run as one CUDA graph (the triton backend on CUDA). Read once, by the model runner.
+    overlap: bool | None = None
     num_threads: int | None = None
     seed: int = 0  # seeds the generator that picks seeds for unseeded requests
     precision: Precision = field(init=False, repr=False, compare=False)  # decided from dtype, kv_cache_dtype, ...

@@ -129,9 +129,10 @@ class BlockTables:
         width = max(len(seq.block_table) for seq in batch.seqs)
         return self.table[index, :width]
 
-    def steady_rows(self, state: DecodeBatch) -> torch.Tensor:
+    def steady_rows(self, state: DecodeBatch, ahead: int = 0) -> torch.Tensor:
         """rows() of a persistent batch, kept in a copy of its own [B, width]: its first step syncs every row, a
-        later one writes only the last block of each slot that gained one (state.grown) -> block tables [B, w]."""
+        later one writes only the last block of each slot that gained one (state.grown) -> block tables [B, w]
+        (wide enough for a step `ahead` of the host's tokens)."""
         if self._steady is None or self._steady[0] is not state:
             index = to_device(torch.tensor(self._sync(state.seqs), dtype=torch.int64), self.device)
             self._steady = (state, self.table[index])
@@ -141,7 +142,7 @@ class BlockTables:
             writes = torch.tensor([slots, [len(t) - 1 for t in tables], [t[-1] for t in tables]], dtype=torch.int64)
             writes = to_device(writes, self.device)
             self._steady[1].index_put_((writes[0], writes[1]), writes[2])
-        return self._steady[1][:, : -(-state.max_length // state.block_size)]
+        return self._steady[1][:, : -(-(state.max_length + ahead) // state.block_size)]
 
     def _sync(self, seqs: list[Sequence]) -> list[int]:
         """Write the entries the sequences' tables gained since they were last written -> their rows."""

@@ -30,8 +30,9 @@ from chattts_velocity.model import DecodeMetadata, Embed
 class StepInputs:
     """The static buffers of one graph: `size` rows (R = size * rows sampling rows), history `window` wide.
 
-    What changes every step lives in one int64 block (`per_step`, written by one copy): positions, seeds, the EOS mask
-    and the penalty history are views of it, in that order.
+    What changes every step lives in one int64 block (`per_step`, written by one copy): positions, seeds, the EOS mask,
+    the penalty history and the ring columns are views of it, in that order. The history's last column is scratch
+    (always -1 after the step's ring write): the ring column of a row whose input goes to no ring.
     """
 
     ids: torch.Tensor  # [size, num_vq] int64; each replay writes its sampled tokens here (the next step's ids)
@@ -41,11 +42,12 @@ class StepInputs:
     penalties: torch.Tensor  # [R] float32
     top_p: torch.Tensor  # [R] float32
     top_k: torch.Tensor  # [R] int64
-    per_step: torch.Tensor  # [2 * size + R + R * window] int64
+    per_step: torch.Tensor  # [2 * size + R + R * window + R] int64
     positions: torch.Tensor  # [size] int64 (view of per_step)
     seeds: torch.Tensor  # [size] int64, the step seeds' bits (view)
     mask_eos: torch.Tensor  # [R] int64, 1 = EOS forbidden (view)
     history: torch.Tensor  # [R, window] int64, -1 = empty (view)
+    ring_cols: torch.Tensor  # [R] int64: the history column the row's input id (ids) goes to (view)
     hidden: torch.Tensor  # [max(2, size), H] float32: the last hidden states; rows past size stay 0 (the heads' GEMM
     # has at least two rows, the row-invariant BLAS path, without a copy)
 
@@ -57,20 +59,22 @@ class StepInputs:
         def zeros(dtype: torch.dtype, *shape: int) -> torch.Tensor:
             return torch.zeros(*shape, dtype=dtype, device=device)
 
-        per_step = zeros(torch.int64, 2 * size + num + num * window)
+        per_step = zeros(torch.int64, 2 * size + num + num * window + num)
         inputs = cls(zeros(torch.int64, size, num_vq), zeros(torch.int64, size, width) + pad_block,
                      zeros(torch.float32, num) + 1, zeros(torch.int64, num), zeros(torch.float32, num) + 1,
                      zeros(torch.float32, num) + 1, zeros(torch.int64, num), per_step, per_step[:size],
                      per_step[size: 2 * size], per_step[2 * size: 2 * size + num],
-                     per_step[2 * size + num:].view(num, window), zeros(torch.float32, max(2, size), hidden_size))
+                     per_step[2 * size + num: -num].view(num, window), per_step[-num:],
+                     zeros(torch.float32, max(2, size), hidden_size))
         inputs.history.fill_(-1)
+        inputs.ring_cols.fill_(window - 1)
         return inputs
 
     def row_params(self, rows: int) -> lp.RowParams:
         """The sampler's chain parameters, every step on (neutral values where a row does not use it); mask_eos
         int64, nonzero = forbidden (the draw's kernel reads it as it is)."""
-        return lp.RowParams(rows, self.temperatures, self.eos_ids, self.mask_eos, self.penalties, self.history,
-                            self.top_p, self.top_k)
+        return lp.RowParams(rows, self.temperatures, self.eos_ids, self.mask_eos, self.penalties,
+                            self.history[:, :-1], self.top_p, self.top_k)  # the scratch column left out
 
 
 StepFn = Callable[[StepInputs], tuple[torch.Tensor, torch.Tensor]]  # -> tokens [size, rows], hidden [size, H]
@@ -131,9 +135,10 @@ class StepGraphs:
             self.fn(StepInputs.allocate(size, self.width, rows, 16, self.num_vq, self.hidden_size, self.pad_block,
                                         self.device))
 
-    def run(self, state: DecodeBatch, sampler: Sampler, ids: torch.Tensor, tables: torch.Tensor,
+    def run(self, state: DecodeBatch, sampler: Sampler, ids: torch.Tensor, tables: torch.Tensor, ahead: int = 0,
             ) -> tuple[torch.Tensor, torch.Tensor]:
-        """-> tokens [B, rows] (a view, valid until the next replay) and hidden [B, H] (a copy)."""
+        """-> tokens [B, rows] (a view, valid until the next replay) and hidden [B, H] (a copy). ahead 1: the step
+        after one whose tokens the host has not read (its ids are that step's tokens, already in the buffer)."""
         num, size = len(state), bucket(len(state), self.sizes)
         if size is None:
             raise ValueError(f"StepGraphs.run: {num} sequences, more than the largest graph; see covers()")
@@ -145,12 +150,12 @@ class StepGraphs:
             self.filled[size] = state
         elif len(state.grown):  # the ids are the last replay's tokens already
             inputs.tables[:num, : tables.shape[1]].copy_(tables)
-        self._fill_step(inputs, state, size)
+        self._fill_step(inputs, state, size, ahead)
         tokens, hidden = self._replay(size, inputs)
         return tokens[:num], hidden[:num].clone()
 
     def _buffers(self, size: int, state: DecodeBatch) -> StepInputs:
-        window = max(16, state.history.shape[2])
+        window = max(16, state.history.shape[2] + 1)  # and a scratch column
         inputs = self.inputs.get(size)
         if inputs is None or inputs.history.shape[1] < window:  # a wider penalty window: new buffers, new graph
             inputs = StepInputs.allocate(size, self.width, state.rows, window, self.num_vq, self.hidden_size,
@@ -176,23 +181,27 @@ class StepGraphs:
         inputs.ids[len(state):].fill_(0)
         inputs.tables[len(state):].fill_(self.pad_block)
 
-    def _fill_step(self, inputs: StepInputs, state: DecodeBatch, size: int) -> None:
-        """One host-to-device copy of the per-step block: positions, seeds, EOS mask, history; padding rows at
-        position 0 with seed 0, no mask and an empty history. The host block is kept per batch and patched."""
-        num, rows = len(state), state.rows
+    def _fill_step(self, inputs: StepInputs, state: DecodeBatch, size: int, ahead: int) -> None:
+        """One host-to-device copy of the per-step block: positions, seeds, EOS mask, history, ring columns; padding
+        rows at position 0 with seed 0, no mask, an empty history and the scratch column. The host block is kept per
+        batch and patched. A step `ahead` of the host's tokens has its counters moved on by one and a history one
+        token short: the step's ring write puts the missing token (its input ids) in."""
+        num, rows, window = len(state), state.rows, inputs.history.shape[1]
         block = self.blocks.get(size)
         if block is None or block[0] is not state:
             block = (state, np.zeros(inputs.per_step.shape[0], dtype=np.int64))
-            history = block[1][2 * size + size * rows:].reshape(size * rows, inputs.history.shape[1])
-            history.fill(-1)
+            block[1][2 * size + size * rows:].fill(-1)
+            block[1][-size * rows:] = window - 1
             self.blocks[size] = block
         values = block[1]
-        values[:num] = state.lengths - 1
-        values[size: size + num] = state.noise_seeds().view(np.int64)
-        below = state.generated < state.min_new
+        values[:num] = state.lengths - 1 + ahead
+        values[size: size + num] = state.noise_seeds(ahead).view(np.int64)
+        columns = values.shape[0] - size * rows  # where the ring columns start
+        values[columns: columns + num * rows] = np.repeat(state.ring_columns(ahead, window - 1), rows)
+        below = state.generated + ahead < state.min_new
         if below.any() or values[2 * size: 2 * size + num * rows].any():
             values[2 * size: 2 * size + num * rows] = np.repeat(below, rows)
-        history = values[2 * size + size * rows:].reshape(size * rows, inputs.history.shape[1])
+        history = values[2 * size + size * rows: -size * rows].reshape(size * rows, window)
         history[: num * rows, : state.history.shape[2]] = state.history.reshape(num * rows, -1)
         self.staging.send(values, inputs.per_step)
 
@@ -225,8 +234,10 @@ def steady_step(embed: Embed, layers: Callable[..., torch.Tensor], sampler: Devi
 
     def step(inputs: StepInputs) -> tuple[torch.Tensor, torch.Tensor]:
         positions, tables, size = inputs.positions, inputs.tables, inputs.ids.shape[0]
+        # the input ids join the penalty ring in the same kernel (a no-op where the host's history has them already;
+        # rows of no ring write the scratch column, which the penalty does not read)
         embeds, slots, context = embedding.decode_inputs(inputs.ids, embed.code_table(), positions, tables,
-                                                         block_size, act_dtype)
+                                                         block_size, act_dtype, ring=(inputs.history, inputs.ring_cols))
         last = layers(embeds, positions, DecodeMetadata(slots, tables, context), out=inputs.hidden[:size])
         logits = embed.logits_rowwise(inputs.hidden, "code")[:size]  # [size, rows, V]
         processed = sampler.chain(logits.reshape(-1, logits.shape[-1]), inputs.row_params(rows))

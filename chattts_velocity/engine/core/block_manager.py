@@ -26,6 +26,7 @@ class BlockManager:
         # ref-0 blocks in eviction order (front first); they stay findable by hash until popped
         self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self._cached: dict[bytes, int] = {}  # block hash -> block id holding that KV
+        self._held: list[list[int]] | None = None  # while a step is in flight: freed tables it may still write
 
     @property
     def num_free_blocks(self) -> int:
@@ -72,9 +73,9 @@ class BlockManager:
         """True when position len(seq)-1 has a slot or one free block can provide it."""
         return seq.num_blocks(self.block_size) <= len(seq.block_table) or len(self._free) > 0
 
-    def append_slot(self, seq: Sequence) -> None:
-        """Make sure position len(seq)-1 has a slot (a new block when it crosses a boundary)."""
-        missing = seq.num_blocks(self.block_size) - len(seq.block_table)
+    def append_slot(self, seq: Sequence, ahead: int = 0) -> None:
+        """Make sure position len(seq)-1+ahead has a slot (a new block when it crosses a boundary)."""
+        missing = -(-(len(seq) + ahead) // self.block_size) - len(seq.block_table)
         if missing > 1:
             raise RuntimeError(f"append_slot: {seq.request_id} is {missing} blocks short; allocate() first")
         if missing == 1:
@@ -83,15 +84,32 @@ class BlockManager:
             seq.block_table.append(self._pop_free())
 
     def free(self, seq: Sequence) -> None:
-        """Release the sequence's blocks (its KV is gone: num_computed_tokens becomes 0)."""
-        for block in reversed(seq.block_table):  # tail first: prefixes are evicted last
+        """Release the sequence's blocks (its KV is gone: num_computed_tokens becomes 0); while held, they return to
+        the pool only at release()."""
+        table, seq.block_table, seq.num_computed_tokens = seq.block_table, [], 0
+        if self._held is not None:
+            self._held.append(table)
+        else:
+            self._return(table)
+
+    def hold(self) -> None:
+        """A step is in flight on the device and may still write the KV of the sequences it runs: blocks freed from
+        now on stay out of the pool until release() (called once that step completed)."""
+        if self._held is None:
+            self._held = []
+
+    def release(self) -> None:
+        held, self._held = self._held or [], None
+        for table in held:
+            self._return(table)
+
+    def _return(self, table: list[int]) -> None:
+        for block in reversed(table):  # tail first: prefixes are evicted last
             self.ref_counts[block] -= 1
             if self.ref_counts[block] == 0:
                 self._free[block] = None
                 if self.block_hashes[block] is None:
                     self._free.move_to_end(block, last=False)  # nothing reusable: evict first
-        seq.block_table = []
-        seq.num_computed_tokens = 0
 
     def can_fork(self, parent: Sequence, child: Sequence) -> bool:
         return child.num_blocks(self.block_size) - self._num_shared(parent, child) <= len(self._free)

@@ -95,14 +95,29 @@ class DecodeBatch:
                 self.step_hidden[b] = views[b]
         return self.step_hidden
 
-    def noise_seeds(self) -> np.ndarray:
-        """[B] uint64 step_seed(seed, num_generated) of every slot (engine/sampling/sampler.step_seed)."""
-        return splitmix64(self.seed_keys ^ self.generated.astype(np.uint64))
+    def noise_seeds(self, ahead: int = 0) -> np.ndarray:
+        """[B] uint64 step_seed(seed, num_generated + ahead) of every slot (engine/sampling/sampler.step_seed): the
+        step after the last appended one, or `ahead` steps past it (a step launched before its predecessor's
+        tokens are read, engine/core/overlap.py)."""
+        return splitmix64(self.seed_keys ^ (self.generated + ahead).astype(np.uint64))
 
-    def new_blocks(self) -> np.ndarray:
-        """Slots whose newest position (len - 1) opens a block: they need one more block this step."""
-        opens = (self.lengths - 1) % self.block_size == 0
+    def new_blocks(self, ahead: int = 0) -> np.ndarray:
+        """Slots whose newest position (len - 1 + ahead) opens a block: they need one more block this step."""
+        opens = (self.lengths - 1 + ahead) % self.block_size == 0
         return np.flatnonzero(opens) if opens.any() else EMPTY
+
+    def ring_columns(self, ahead: int, scratch: int) -> np.ndarray:
+        """[B] the penalty-ring column of the token a step feeds as its input (generated count - 1 + ahead, modulo
+        the slot's window), `scratch` where it goes to no ring (no window, or a prompt row)."""
+        previous = self.generated + (ahead - 1)
+        columns = np.full(len(self.seqs), scratch, dtype=np.int64)
+        keep = (previous >= 0) & (self.windows > 0)
+        columns[keep] = previous[keep] % self.windows[keep]
+        return columns
+
+    def ends_by_length(self) -> bool:
+        """True when a slot reaches max_new_token with the step after the last appended one."""
+        return bool((self.generated >= self.last_step).any())
 
     def finished(self, tokens: np.ndarray) -> np.ndarray:
         """[B] bool: the slots that end with this step's tokens [B, rows] (EOS in any row, or max_new_token)."""

@@ -20,6 +20,7 @@ from chattts_velocity.engine.beams.velocity import BeamSearch
 from chattts_velocity.engine.core.block_manager import BlockManager
 from chattts_velocity.engine.core.decode_batch import DecodeBatch
 from chattts_velocity.engine.core.model_runner import ModelRunner
+from chattts_velocity.engine.core.overlap import InFlight
 from chattts_velocity.engine.core.retry import RetryOnEmpty
 from chattts_velocity.engine.core.scheduler import Scheduler
 from chattts_velocity.engine.core.sequence import Sequence, SequenceStatus
@@ -40,6 +41,7 @@ class EngineStats:
     num_tokens_computed: int = 0  # positions run through the model (prefill + decode)
     num_tokens_sampled: int = 0  # generated steps (one step = 4 codes)
     num_steady_steps: int = 0  # steps run on the persistent decode batch (engine/core/decode_batch.py)
+    num_ahead_steps: int = 0  # steady steps launched before the previous step's tokens were read
     busy_seconds: float = 0.0
     last_batch_size: int = 0
     last_step_seconds: float = 0.0
@@ -65,6 +67,7 @@ class LLMEngine:
         self.beams = BeamSearch(self.scheduler, self.runner.embed)  # requests with beam_width > 1
         self.retries = RetryOnEmpty()
         self._ids = itertools.count()
+        self.in_flight: InFlight | None = None  # a steady step launched, its tokens not read (engine/core/overlap.py)
 
     @classmethod
     def from_assets(cls, paths: AssetPaths, **engine_kwargs: Any) -> LLMEngine:
@@ -94,23 +97,56 @@ class LLMEngine:
         return self.beams.abort(request_id) or self.scheduler.abort(request_id)
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished()
+        return self.scheduler.has_unfinished() or self.in_flight is not None
 
     def step(self) -> list[GenerationOutput]:
-        batch = self.scheduler.schedule()
-        if not batch.seqs:
-            return []
+        """One step's deltas. With the runner's overlap on, a steady step is launched, then the next one (when the
+        batch stays), then the first one's tokens are read: each call returns the deltas of one step."""
+        step, self.in_flight = self.in_flight, None
+        if step is None:
+            batch = self.scheduler.schedule()
+            if not batch.seqs:
+                return []
+            if not (self.runner.overlap and batch.steady is not None):
+                return self._run(batch)
+            try:
+                step = self.runner.launch(batch)
+            except Exception as exc:  # noqa: BLE001 -- not attributable to one request: this step's requests fail
+                return self._failed_step(batch, exc)
+        ahead = self.scheduler.schedule_ahead(step.batch.steady) if step.batch.steady is not None else None
+        try:
+            if ahead is not None:
+                self.block_manager.hold()  # the step ahead may write the KV of sequences that end with this one
+                self.in_flight = self.runner.launch(ahead)
+            out = self.runner.collect(step)
+        except Exception as exc:  # noqa: BLE001 -- as above; the step ahead fails with it
+            self.in_flight = None
+            self.block_manager.release()
+            return self._failed_step(step.batch, exc)
+        if self.in_flight is None:
+            self.block_manager.release()  # nothing in flight: held blocks go back to the pool
+        return self._finish(step.batch, out, step.start)
+
+    def _run(self, batch: ScheduledBatch) -> list[GenerationOutput]:
+        """A step run synchronously: launched, its tokens read, the sequences updated."""
         start = time.perf_counter()
         try:
             out = self.runner.run(batch)
         except Exception as exc:  # noqa: BLE001 -- not attributable to one request: this step's requests fail
-            logger.exception("engine step failed; failing its %d request(s), serving the others", batch.num_seqs)
-            error = f"engine: a step failed ({exc!r}); this request was in it"
-            return self.beams.after_step(batch, None, self._fail([(seq, RuntimeError(error)) for seq in batch.seqs]))
+            return self._failed_step(batch, exc)
+        return self._finish(batch, out, start)
+
+    def _finish(self, batch: ScheduledBatch, out: StepOutput, start: float) -> list[GenerationOutput]:
         failed = self._fail([(batch.seqs[b], error) for b, error in out.failed.items()])
-        finished = self.scheduler.postprocess(batch, out)
         self._record(batch, time.perf_counter() - start)
+        finished = self.scheduler.postprocess(batch, out)
         return self.beams.after_step(batch, out, failed + self._deltas(batch, out, finished))
+
+    def _failed_step(self, batch: ScheduledBatch, exc: Exception) -> list[GenerationOutput]:
+        logger.exception("engine step failed; failing its %d request(s), serving the others", batch.num_seqs)
+        error = f"engine: a step failed ({exc!r}); this request was in it"
+        live = [seq for seq in batch.seqs if not seq.status.is_finished]
+        return self.beams.after_step(batch, None, self._fail([(seq, RuntimeError(error)) for seq in live]))
 
     def _fail(self, failures: list[tuple[Sequence, Exception]]) -> list[GenerationOutput]:
         """Abort each sequence (its blocks are freed) and hand its error on as its last delta."""
@@ -161,6 +197,7 @@ class LLMEngine:
         s.num_tokens_computed += batch.num_tokens
         s.num_tokens_sampled += sum(batch.sample)
         s.num_steady_steps += batch.steady is not None
+        s.num_ahead_steps += batch.ahead
         s.busy_seconds += seconds
         s.last_batch_size, s.last_step_seconds = batch.num_seqs, seconds
         s.batch_sizes = (s.batch_sizes + [batch.num_seqs])[-256:]

@@ -17,6 +17,7 @@ from chattts_velocity.engine.backends.paged_kv import BlockTables, PagedKV, Step
 from chattts_velocity.engine.backends.select import select_backend
 from chattts_velocity.engine.backends.step_graph import StepGraphs, steady_step
 from chattts_velocity.engine.core.decode_batch import DecodeBatch
+from chattts_velocity.engine.core.overlap import InFlight, Readback
 from chattts_velocity.engine.core.sequence import Sequence
 from chattts_velocity.engine.core.step import ScheduledBatch, StepOutput
 from chattts_velocity.engine.sampling.device_sampler import DeviceSampler
@@ -54,6 +55,10 @@ class ModelRunner:
         self.block_tables = BlockTables(2 * engine_config.max_num_seqs, width, self.device)
         self._positions: tuple[DecodeBatch, torch.Tensor] | None = None  # a persistent batch's last positions [B]
         self.step_graphs = self._step_graphs(engine_config, width, num_blocks)
+        # steady steps launched a step ahead of the host (engine/core/overlap.py): where they run as one graph
+        wanted = engine_config.overlap if engine_config.overlap is not None else self.device.type == "cuda"
+        self.overlap = wanted and self.step_graphs is not None
+        self.readback = Readback(self.device)
 
     def _step_graphs(self, engine_config: EngineConfig, width: int, pad_block: int) -> StepGraphs | None:
         """The triton backend's steady steps run as one graph each (captured on CUDA, eager on its buffers on CPU)."""
@@ -94,15 +99,34 @@ class ModelRunner:
         tokens = self.sample(batch, last, failed)  # [B, num_vq]
         return StepOutput(tokens=tokens, hidden=last, sampled=list(batch.sample), failed=failed)
 
+    @torch.inference_mode()
+    def launch(self, batch: ScheduledBatch) -> InFlight:
+        """Start a steady step (batch.ahead 0 or 1) and the copy of its tokens to the host; collect() reads them."""
+        with torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext():
+            # mypy silenced below: the engine launches only steady batches
+            tokens, last = self._steady_step(batch.steady, batch.ahead)  # type: ignore[arg-type]
+            return self.readback.start(batch, tokens, last)
+
+    def collect(self, step: InFlight) -> StepOutput:
+        """The launched step's output (waits for its tokens)."""
+        return StepOutput(tokens=self.readback.finish(step), hidden=step.hidden, sampled=[True] * step.batch.num_seqs)
+
     def _run_steady(self, state: DecodeBatch) -> StepOutput:
+        tokens, last = self._steady_step(state, 0)
+        return StepOutput(tokens=tokens.cpu(), hidden=last, sampled=[True] * len(state))
+
+    def _steady_step(self, state: DecodeBatch, ahead: int) -> tuple[torch.Tensor, torch.Tensor]:
         """A step of the persistent batch: the embedding ids are the tokens the last step sampled (still on the
         device), positions advance on the device, the sampler's inputs come from the batch's arrays; on the triton
-        backend the whole step is one graph (engine/backends/step_graph.py)."""
+        backend the whole step is one graph (engine/backends/step_graph.py), the only path that runs a step ahead
+        -> tokens [B, rows] and hidden [B, H] on the device."""
         fresh = state.steps == 0 or self._positions is None or self._positions[0] is not state
         ids = to_device(state.last_tokens, self.device) if fresh else state.last_tokens
-        tables = self.block_tables.steady_rows(state)
+        tables = self.block_tables.steady_rows(state, ahead)
         if self.step_graphs is not None and self.step_graphs.covers(len(state)):
-            tokens, last = self.step_graphs.run(state, self.sampler, ids, tables)
+            tokens, last = self.step_graphs.run(state, self.sampler, ids, tables, ahead)
+        elif ahead:
+            raise RuntimeError("ModelRunner: a step ahead of the host runs only as a step graph")
         else:
             # mypy silenced below: not fresh means a previous step of this batch left its positions
             positions = (to_device(torch.from_numpy(state.lengths - 1), self.device) if fresh
@@ -111,7 +135,7 @@ class ModelRunner:
             tokens, last = self.decode(ids, positions, tables, state.lengths.tolist(),
                                        self.sampler.prepare_steady(state))
         state.last_tokens = tokens  # [B, rows] on the device: the next step's embedding ids
-        return StepOutput(tokens=tokens.cpu(), hidden=last, sampled=[True] * len(state))
+        return tokens, last
 
     def decode(self, ids: torch.Tensor, positions: torch.Tensor, tables: torch.Tensor, k_lens: list[int],
                sampling: SamplingBatch) -> tuple[torch.Tensor, torch.Tensor]:

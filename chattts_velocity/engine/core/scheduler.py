@@ -147,15 +147,29 @@ class Scheduler:
         state = self.steady
         if state is None or self._changed or self.waiting:
             return None
-        grow = state.new_blocks()
+        return self._steady_batch(state, 0)
+
+    def schedule_ahead(self, state: DecodeBatch) -> ScheduledBatch | None:
+        """The steady step after the one in flight on `state`, before that one's tokens are read (its sequences are
+        assumed to go on; one that ends with it is seen one step late). None when the batch may change: anything
+        admitted, finished, aborted or waiting, a slot that reaches max_new_token with the step in flight, a pool
+        short of blocks."""
+        if state is not self.steady or self._changed or self.waiting or state.ends_by_length():
+            return None
+        return self._steady_batch(state, 1)
+
+    def _steady_batch(self, state: DecodeBatch, ahead: int) -> ScheduledBatch | None:
+        grow = state.new_blocks(ahead)
         if len(grow) > self.block_manager.num_free_blocks:
-            return None  # the loop above preempts
+            return None  # the loop in schedule() preempts
         for b in grow.tolist():
-            self.block_manager.append_slot(state.seqs[b])
+            self.block_manager.append_slot(state.seqs[b], ahead)
         state.grown = grow
         n = len(state)
-        return ScheduledBatch(seqs=state.seqs, num_new_tokens=[1] * n, num_computed_tokens=(state.lengths - 1).tolist(),
-                              is_prefill=[False] * n, sample=[True] * n, steady=state)
+        return ScheduledBatch(seqs=state.seqs, num_new_tokens=[1] * n,
+                              num_computed_tokens=(state.lengths - 1 + ahead).tolist(), is_prefill=[False] * n,
+                              sample=[True] * n, steady=state, ahead=ahead)
+
 
     def _reserve_slot(self, seq: Sequence, scheduled: set[Sequence]) -> bool:
         """Get seq's next KV slot, preempting other unscheduled runners; False if seq itself went."""
@@ -222,6 +236,7 @@ class Scheduler:
             raise RuntimeError(f"StepOutput.sampled {out.sampled} != ScheduledBatch.sample {batch.sample}")
         if batch.steady is not None and batch.steady is self.steady and not self._changed:
             return self._postprocess_steady(batch.steady, out)
+        batch.steady = None  # the batch changed while the step ran: its deltas too come per sequence
         tokens = out.tokens.tolist() if any(batch.sample) else []
         hiddens = out.hidden.unbind(0) if out.hidden is not None else [None] * batch.num_seqs  # [H] views
         finished = []

@@ -26,6 +26,9 @@ class ScheduledBatch:
     sample: list[bool]  # [B] the chunk reaches len(seq): the last position's logits are sampled
     # the persistent decode batch this step runs on (a decode-only step of an eligible, whole running set), or None
     steady: DecodeBatch | None = None
+    # 1: a steady step scheduled before the tokens of the one in flight were read (engine/core/overlap.py); its
+    # positions, counters and blocks are one step past the sequences'
+    ahead: int = 0
 
     @property
     def num_seqs(self) -> int:

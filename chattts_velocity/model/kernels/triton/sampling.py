@@ -178,7 +178,8 @@ def apply_temperature_and_penalty(
         raise ValueError(f"apply_temperature_and_penalty: need temperatures, penalties [{rows}], history [{rows}, W];"
                          f" got {tuple(temperatures.shape)}, {tuple(penalties.shape)}, {tuple(history.shape)}")
     width = history.shape[1]
-    history = history.contiguous()
+    if history.stride(1) != 1:  # rows may be strided (a view without a scratch column): the kernel takes the stride
+        history = history.contiguous()
     _temperature_penalty_kernel[(rows,)](
         logits, out, temperatures.float().contiguous(), history, penalties.float().contiguous(), logits.stride(0),
         out.stride(0), history.stride(0), vocab, width, BLOCK_V=min(4096, triton.next_power_of_2(vocab)),
