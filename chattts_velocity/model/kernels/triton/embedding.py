@@ -18,7 +18,7 @@ EAGER = {"enable_fp_fusion": False}
 HIDDEN_TILE = 1024  # embedding columns per loop step
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["history_stride"])  # the penalty window's width changes with requests: one variant
 def _decode_inputs_kernel(ids_ptr, table_ptr, positions_ptr, tables_ptr, embeds_ptr, slots_ptr, context_ptr,
                           history_ptr, ring_ptr, table_stride, history_stride, vocab, hidden, block_size,
                           NUM_VQ: tl.constexpr, BLOCK: tl.constexpr, RING: tl.constexpr):
