@@ -259,10 +259,10 @@ def paged_attention(
         blocks = meta.gather_blocks[start:end, : -(-k_len // block_size)]
         keys = _as_values(_gather(k_cache, blocks, k_len, k_scratch), q.dtype)
         values = _as_values(_gather(v_cache, blocks, k_len, v_scratch), q.dtype)
-        mask = None if meta.attn_mask is None else meta.attn_mask[start:end, :, :q_len, :k_len]
         if per_sequence:
             out = attend_sequence(queries[start:end, :, :q_len], keys, values, meta.prompt_len(start), scale)
         else:
+            mask = None if meta.attn_mask is None else meta.attn_mask[start:end, :, :q_len, :k_len]
             out = F.scaled_dot_product_attention(queries[start:end, :, :q_len], keys, values, attn_mask=mask,
                                                  scale=scale)
         outs.append(F.pad(out, (0, 0, 0, max_q - q_len)) if q_len < max_q else out)

@@ -155,3 +155,17 @@ def run(scheduler: Scheduler, runner: ScriptedRunner | KVFakeRunner, max_steps: 
         if on_step is not None:
             on_step(step, scheduler, batch)
     raise AssertionError(f"not finished after {max_steps} steps")
+
+
+def text_prompt(i: int, text_vocab: int) -> Prompt:
+    """Request i's text prompt: 3 + 2i ids, so that every request has a length of its own."""
+    ids = (torch.arange(3 + 2 * i) * 7 + i) % text_vocab
+    return Prompt(ids[:, None].repeat(1, 4), torch.ones(len(ids), dtype=torch.bool))
+
+
+def varied_params(i: int, steps: int, **kw: object) -> SamplingParams:
+    """Request i's sampling: seeded, with top-P, top-K, penalty and window varying by i, forced to `steps`."""
+    base: dict[str, object] = dict(temperature=0.7, top_p=0.7 if i % 2 else None, top_k=20 if i % 3 else None,
+                                   repetition_penalty=1.05 + 0.05 * (i % 2), penalty_window=4 + 4 * (i % 3),
+                                   seed=100 + i, max_new_token=steps, min_new_token=steps, return_hidden=i != 1)
+    return SamplingParams(**{**base, **kw})  # type: ignore[arg-type]

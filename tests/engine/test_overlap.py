@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 import pytest
 import torch
+from fakes import text_prompt, varied_params
 
 from chattts_velocity.config import EngineConfig, ModelConfig
 from chattts_velocity.engine.core.block_manager import BlockManager
@@ -48,15 +49,7 @@ def _engine(overlap: bool, backend: str = "triton", blocks: int = 64) -> LLMEngi
 
 
 def _prompt(i: int) -> Prompt:
-    ids = (torch.arange(3 + 2 * i) * 7 + i) % TEXT_VOCAB  # text prompts of different lengths
-    return Prompt(ids[:, None].repeat(1, 4), torch.ones(len(ids), dtype=torch.bool))
-
-
-def _params(i: int, steps: int, **kw: object) -> SamplingParams:
-    base: dict[str, object] = dict(temperature=0.7, top_p=0.7 if i % 2 else None, top_k=20 if i % 3 else None,
-                                   repetition_penalty=1.05 + 0.05 * (i % 2), penalty_window=4 + 4 * (i % 3),
-                                   seed=100 + i, max_new_token=steps, min_new_token=steps, return_hidden=i != 1)
-    return SamplingParams(**{**base, **kw})  # type: ignore[arg-type]
+    return text_prompt(i, TEXT_VOCAB)
 
 
 def _run(engine: LLMEngine, events: dict[int, Callable[[LLMEngine], object]], limit: int = 80) -> Trace:
@@ -79,19 +72,19 @@ def _steady(engine: LLMEngine, eos: int) -> Trace:
     """Four sequences decoding together to the end: forced lengths, and one that stops at EOS after
     min_new_token 3 (4 rows, then 3: one graph size, so every row's arithmetic is the same both ways)."""
     for i in range(3):
-        engine.add_request(f"r{i}", _prompt(i), _params(i, 10 - i))
-    engine.add_request("eos", _prompt(5), _params(5, 10, eos_token_id=eos, min_new_token=3))
+        engine.add_request(f"r{i}", _prompt(i), varied_params(i, 10 - i))
+    engine.add_request("eos", _prompt(5), varied_params(5, 10, eos_token_id=eos, min_new_token=3))
     return _run(engine, {})
 
 
 def _mixed(engine: LLMEngine, eos: int) -> Trace:
     """_steady's kind of requests, plus one admitted and one aborted while the others decode, and a beam search."""
     for i in range(4):
-        engine.add_request(f"r{i}", _prompt(i), _params(i, 12 - i))
-    engine.add_request("eos", _prompt(5), _params(5, 12, eos_token_id=eos, min_new_token=3))
+        engine.add_request(f"r{i}", _prompt(i), varied_params(i, 12 - i))
+    engine.add_request("eos", _prompt(5), varied_params(5, 12, eos_token_id=eos, min_new_token=3))
     beam = SamplingParams(mode="text", beam_width=2, max_new_token=4, eos_token_id=TEXT_VOCAB - 1,
                           return_hidden=False)
-    return _run(engine, {4: lambda e: e.add_request("late", _prompt(6), _params(6, 12)),
+    return _run(engine, {4: lambda e: e.add_request("late", _prompt(6), varied_params(6, 12)),
                          9: lambda e: e.add_request("beam", _prompt(2), beam),
                          12: lambda e: e.abort_request("r3")})
 
@@ -171,7 +164,7 @@ def test_overlap_is_a_no_op_where_steady_steps_are_not_one_graph() -> None:
 def test_blocks_of_a_sequence_that_ends_while_a_step_is_in_flight_stay_held() -> None:
     engine = _engine(True)
     for i in range(3):
-        engine.add_request(f"r{i}", _prompt(i), _params(i, 10))
+        engine.add_request(f"r{i}", _prompt(i), varied_params(i, 10))
     while engine.in_flight is None:
         engine.step()
     pool = engine.block_manager

@@ -12,6 +12,7 @@ import os
 import numpy as np
 import pytest
 import torch
+from fakes import text_prompt, varied_params
 
 from chattts_velocity.config import EngineConfig, ModelConfig
 from chattts_velocity.engine.core.decode_batch import splitmix64
@@ -47,27 +48,19 @@ def _engine(backend: str, blocks: int = 64, steady: bool = True) -> LLMEngine:
 
 
 def _prompt(i: int) -> Prompt:
-    ids = (torch.arange(3 + 2 * i) * 7 + i) % TEXT_VOCAB  # text prompts of different lengths
-    return Prompt(ids[:, None].repeat(1, 4), torch.ones(len(ids), dtype=torch.bool))
-
-
-def _params(i: int, steps: int, **kw: object) -> SamplingParams:
-    base: dict[str, object] = dict(temperature=0.7, top_p=0.7 if i % 2 else None, top_k=20 if i % 3 else None,
-                                   repetition_penalty=1.05 + 0.05 * (i % 2), penalty_window=4 + 4 * (i % 3),
-                                   seed=100 + i, max_new_token=steps, min_new_token=steps, return_hidden=i != 1)
-    return SamplingParams(**{**base, **kw})  # type: ignore[arg-type]
+    return text_prompt(i, TEXT_VOCAB)
 
 
 def _scenario(engine: LLMEngine, steps: int, eos: int = 625) -> Trace:
     """Requests of forced lengths, one that may end at EOS, one admitted while the others decode, one aborted,
     one beam search; every delta of every step, in order."""
     for i in range(4):
-        engine.add_request(f"r{i}", _prompt(i), _params(i, steps - i))
-    engine.add_request("eos", _prompt(5), _params(5, steps, eos_token_id=eos, min_new_token=2))
+        engine.add_request(f"r{i}", _prompt(i), varied_params(i, steps - i))
+    engine.add_request("eos", _prompt(5), varied_params(5, steps, eos_token_id=eos, min_new_token=2))
     trace: Trace = []
     for step in range(4 * steps):
         if step == 3:
-            engine.add_request("late", _prompt(6), _params(6, steps))
+            engine.add_request("late", _prompt(6), varied_params(6, steps))
         if step == 5:
             engine.add_request("beam", _prompt(2), SamplingParams(mode="text", beam_width=2, max_new_token=4,
                                                                    eos_token_id=TEXT_VOCAB - 1, return_hidden=False))
