@@ -138,7 +138,7 @@ class LLMEngine:
 
     def _finish(self, batch: ScheduledBatch, out: StepOutput, start: float) -> list[GenerationOutput]:
         failed = self._fail([(batch.seqs[b], error) for b, error in out.failed.items()])
-        self._record(batch, time.perf_counter() - start)
+        self._record(batch, self._sampled_rows(batch), time.perf_counter() - start)
         finished = self.scheduler.postprocess(batch, out)
         return self.beams.after_step(batch, out, failed + self._deltas(batch, out, finished))
 
@@ -191,11 +191,18 @@ class LLMEngine:
             self.scheduler.add(again)
         return again is not None
 
-    def _record(self, batch: ScheduledBatch, seconds: float) -> None:
+    def _sampled_rows(self, batch: ScheduledBatch) -> int:
+        """Sampled rows that reach a sequence: a step run ahead also computed a row for each sequence that ended or
+        was aborted with the step before it (or while it ran), and that row is dropped."""
+        if batch.ahead and self.scheduler.changed:
+            return sum(seq.status is SequenceStatus.RUNNING for seq in batch.seqs)
+        return sum(batch.sample)
+
+    def _record(self, batch: ScheduledBatch, sampled: int, seconds: float) -> None:
         s = self.stats
         s.num_steps += 1
         s.num_tokens_computed += batch.num_tokens
-        s.num_tokens_sampled += sum(batch.sample)
+        s.num_tokens_sampled += sampled
         s.num_steady_steps += batch.steady is not None
         s.num_ahead_steps += batch.ahead
         s.busy_seconds += seconds

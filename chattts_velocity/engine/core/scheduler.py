@@ -34,6 +34,11 @@ class Scheduler:
         self.use_steady = True  # False: every step takes the per-sequence path (the oracle of the tests)
         self._changed = True  # a sequence was admitted, finished, preempted or aborted since the last schedule
 
+    @property
+    def changed(self) -> bool:
+        """A sequence was admitted, finished, preempted or aborted since the last schedule."""
+        return self._changed
+
     def _key(self, seq: Sequence) -> tuple[int, float]:
         """Lower runs first and is preempted last."""
         priority = seq.params.priority if self.config.scheduling == "priority" else 0
