@@ -26,7 +26,7 @@ from ..schema import Prompt, SamplingParams, TextPieces
 from ..speech.mel_source import MelSource
 from ..speech.pipeline import SpeechPipeline
 from ..speech.streams import EMPTY, StreamOptions, StreamSet
-from .text_work import TextOptions, TextWorker
+from .text_work import PieceOptions, TextWorker
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -194,7 +194,7 @@ class SpeechService:
 
     async def open(self, text: str, params: InferCodeParams, mel: MelSource | None = None,
                    refine: RefineTextParams | None = None, first_chunk_samples: int = 0,
-                   **text_options: Unpack[TextOptions]) -> SpeechStream:
+                   **text_options: Unpack[PieceOptions]) -> SpeechStream:
         """Queue every piece of text on the engine (after the refine pass if `refine`), its audio from `mel`
         (default: the Decoder), each piece's first chunk at least first_chunk_samples long (StreamSet.open);
         text_options are text_pieces()'s. Bad input raises ValueError here, before any audio."""
@@ -214,7 +214,7 @@ class SpeechService:
 
     async def synthesize(self, text: str, params: InferCodeParams, mel: MelSource | None = None,
                          refine: RefineTextParams | None = None, first_chunk_samples: int = 0,
-                         **text_options: Unpack[TextOptions]) -> np.ndarray:
+                         **text_options: Unpack[PieceOptions]) -> np.ndarray:
         """The whole waveform of text (the concatenation of its stream)."""
         stream = await self.open(text, params, mel, refine, first_chunk_samples, **text_options)
         chunks = [chunk async for chunk in stream]

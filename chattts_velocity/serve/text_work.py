@@ -28,7 +28,7 @@ logger = logging.getLogger("chattts_velocity.serve")
 LONG_TEXT_CHARS = 512  # longer texts go to a worker process (shorter ones cost milliseconds on a thread)
 
 
-class TextOptions(TypedDict, total=False):
+class PieceOptions(TypedDict, total=False):
     """SpeechService.text_pieces()'s keywords: how a request's text becomes its sentence pieces."""
 
     lang: str | None
