@@ -35,7 +35,7 @@ from ..engine.gpt import GPTBackend, load_pretrained
 from ..model import kernels
 from ..params import InferCodeParams, RefineTextParams
 from ..precision import Precision, fastest_dtype
-from ..schema import SpeechRequests, TextPieces
+from ..schema import MAX_NEW_TOKEN, SpeechRequests, TextPieces
 from ..text import Normalizer, Tokenizer, empty_text, encode_prompt, sample_random_speaker
 from .calls import CallGate, Jobs, Stop
 from .frontend import TextFrontEnd
@@ -229,10 +229,10 @@ class SpeechPipeline:
     def step_capped(self, params: list[InferCodeParams]) -> list[InferCodeParams]:
         """Each params with the loaded weights' default step cap (demo weights: the CLI's) where max_new_token was
         left at InferCodeParams' default; an explicit max_new_token is kept."""
-        cap, default = default_max_new_token(self.paths.root), InferCodeParams.max_new_token
+        cap = default_max_new_token(self.paths.root)
         capped: dict[int, InferCodeParams] = {}  # id -> its capped copy: texts that shared params still share them
         for p in params:
-            if isinstance(p, InferCodeParams) and p.max_new_token == default and cap < default:
+            if isinstance(p, InferCodeParams) and p.max_new_token == MAX_NEW_TOKEN and cap < MAX_NEW_TOKEN:
                 capped.setdefault(id(p), dataclasses.replace(p, max_new_token=cap))
         return [capped.get(id(p), p) for p in params]
 
