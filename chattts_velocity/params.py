@@ -9,7 +9,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .schema import CODE_PROMPT, MAX_NEW_TOKEN, SAMPLING_RULES, LogitsProcessor, Mode, SamplingParams, check_sampling
+from .schema import (
+    CODE_PROMPT,
+    MAX_NEW_TOKEN,
+    REFINE_MAX_NEW_TOKEN,
+    SAMPLING_RULES,
+    LogitsProcessor,
+    Mode,
+    SamplingParams,
+    check_sampling,
+)
 
 # SamplingParams' name -> the upstream name these params use (for values and error messages)
 UPSTREAM_NAMES = {"top_p": "top_P", "top_k": "top_K", "seed": "manual_seed"}
@@ -22,7 +31,7 @@ class RefineTextParams:
     top_K: int | None = 20
     temperature: float | list[float] = 0.7
     repetition_penalty: float = 1.0
-    max_new_token: int = 384
+    max_new_token: int = REFINE_MAX_NEW_TOKEN
     min_new_token: int = 0
     show_tqdm: bool = True
     ensure_non_empty: bool = True

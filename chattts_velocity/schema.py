@@ -13,7 +13,10 @@ from typing import Literal, TypeGuard, TypeVar
 
 import torch
 
-MAX_NEW_TOKEN = 2048  # upstream's cap on generated steps per sentence piece (both passes)
+# The default caps on generated steps per sentence piece (upstream's): every default of a code-pass cap is
+# MAX_NEW_TOKEN itself (the CLI, the server, the page, SamplingParams), every refine-pass one REFINE_MAX_NEW_TOKEN.
+MAX_NEW_TOKEN = 2048  # the audio-code pass (InferCodeParams)
+REFINE_MAX_NEW_TOKEN = 384  # the refine-text pass (RefineTextParams)
 CODE_PROMPT = "[speed_5]"  # upstream's default control prompt of the code pass
 
 # A custom logits processor sees the request's generated history and the logits of its rows.
@@ -155,6 +158,14 @@ def check_sampling(values: Mapping[str, object], spelled: Mapping[str, str] | No
                          f"{spelled.get('max_new_token', 'max_new_token')} ({high}), got {low}")
 
 
+def check_prompt_fits(prompt_positions: int, max_new_token: int, limit: int, limit_name: str) -> None:
+    """The one "prompt fits" rule, for both engines: a prompt and every step it may generate need
+    prompt_positions + max_new_token positions, at most `limit` (the engine's max_model_len, the plain loop's
+    max_position_embeddings). The ValueError names max_new_token (the server reports it under `input`)."""
+    positions = prompt_positions + max_new_token
+    if positions > limit:
+        raise ValueError(f"max_new_token: the prompt ({prompt_positions} positions) + max_new_token ({max_new_token}) "
+                         f"= {positions} exceeds {limit_name} ({limit}); lower max_new_token or shorten the text")
 
 
 @dataclass

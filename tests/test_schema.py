@@ -1,5 +1,6 @@
 """The one sampling validator (schema.check_sampling) behind RefineTextParams, InferCodeParams, SamplingParams
-and the export plan's seeds: every bad value is a ValueError that starts with the field as the caller spells it."""
+and the export plan's seeds: every bad value is a ValueError that starts with the field as the caller spells it.
+The step caps' defaults and the "prompt fits" rule (schema.check_prompt_fits), each decided in schema.py alone."""
 from __future__ import annotations
 
 import math
@@ -9,7 +10,16 @@ import pytest
 
 from chattts_velocity.export import plan_export
 from chattts_velocity.params import InferCodeParams, RefineTextParams
-from chattts_velocity.schema import MIN_TEMPERATURE, SEED_MAX, TOP_K_MAX, SamplingParams, check_sampling
+from chattts_velocity.schema import (
+    MAX_NEW_TOKEN,
+    MIN_TEMPERATURE,
+    REFINE_MAX_NEW_TOKEN,
+    SEED_MAX,
+    TOP_K_MAX,
+    SamplingParams,
+    check_prompt_fits,
+    check_sampling,
+)
 
 NAN, INF = math.nan, math.inf
 # SamplingParams' name -> values every entry point must refuse
@@ -102,3 +112,26 @@ def test_export_seed_base_may_reach_the_largest_seed_but_not_pass_it(tmp_path) -
     assert [line.seed for line in plan.lines] == [SEED_MAX - 1, SEED_MAX]
     with pytest.raises(ValueError, match=r"^seed \+ line number: "):
         plan_export(lines, tmp_path / "out", seed=SEED_MAX)
+
+
+def test_every_default_step_cap_is_the_schemas_constant_itself(tmp_path) -> None:
+    """One default per cap: a second literal 2048 or 384 anywhere would be an int object of its own."""
+    from chattts_velocity.demo import default_max_new_token
+
+    assert SamplingParams.max_new_token is MAX_NEW_TOKEN and InferCodeParams.max_new_token is MAX_NEW_TOKEN
+    assert default_max_new_token(tmp_path) is MAX_NEW_TOKEN  # not demo weights: the library's default
+    assert RefineTextParams.max_new_token is REFINE_MAX_NEW_TOKEN
+
+
+def test_the_servers_default_step_cap_is_the_librarys() -> None:
+    pytest.importorskip("fastapi")
+    from chattts_velocity.serve.server_config import ServerConfig
+
+    assert ServerConfig().max_new_token is MAX_NEW_TOKEN
+
+
+def test_a_prompt_fits_while_its_steps_stay_within_the_limit() -> None:
+    check_prompt_fits(4000, 96, 4096, "max_model_len")  # exactly full
+    with pytest.raises(ValueError, match=r"^max_new_token: the prompt \(4000 positions\) \+ max_new_token \(97\) = "
+                                         r"4097 exceeds max_model_len \(4096\)"):
+        check_prompt_fits(4000, 97, 4096, "max_model_len")

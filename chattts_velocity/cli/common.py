@@ -14,7 +14,7 @@ from ..assets import AssetError
 from ..chat import Chat
 from ..config import BACKENDS
 from ..demo import DEMO_MAX_NEW_TOKEN, default_max_new_token, ensure_model
-from ..params import InferCodeParams
+from ..schema import MAX_NEW_TOKEN
 
 if TYPE_CHECKING:
     Subparsers = argparse._SubParsersAction[argparse.ArgumentParser]  # what add_subparsers returns
@@ -77,7 +77,7 @@ def add_model_flags(p: argparse.ArgumentParser, default_dtype: str = "auto") -> 
 def add_step_cap_flag(p: argparse.ArgumentParser) -> None:
     """--max-new-token, the same default on every command (max_new_token(args) resolves it)."""
     p.add_argument("--max-new-token", type=int, default=None, metavar="N",
-                   help=f"cap on audio steps per sentence (default {InferCodeParams.max_new_token}; "
+                   help=f"cap on audio steps per sentence (default {MAX_NEW_TOKEN}; "
                         f"{DEMO_MAX_NEW_TOKEN} on demo weights, which rarely stop by themselves)")
 
 

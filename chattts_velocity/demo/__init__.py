@@ -10,7 +10,7 @@ from pathlib import Path
 
 from chattts_velocity.assets import DEMO_MARKER, OFFICIAL_SHA256, is_demo_folder
 from chattts_velocity.demo.random_weights import DemoDims, write_demo_assets
-from chattts_velocity.params import InferCodeParams
+from chattts_velocity.schema import MAX_NEW_TOKEN
 
 __all__ = ["DEMO_MAX_NEW_TOKEN", "DemoDims", "cache_dir", "check_demo_target", "default_max_new_token",
            "demo_model_dir", "ensure_model", "is_demo_folder", "uses_demo_weights", "write_demo_assets"]
@@ -36,8 +36,9 @@ def uses_demo_weights(model: str | Path) -> bool:
 
 
 def default_max_new_token(model: str | Path) -> int:
-    """Steps per sentence unless --max-new-token: DEMO_MAX_NEW_TOKEN on demo weights, else InferCodeParams'."""
-    return DEMO_MAX_NEW_TOKEN if uses_demo_weights(model) else InferCodeParams.max_new_token
+    """Steps per sentence unless --max-new-token: DEMO_MAX_NEW_TOKEN on demo weights, else MAX_NEW_TOKEN (the
+    library's default). The one rule: the CLI applies it to --model, the pipeline to the folder it loaded."""
+    return DEMO_MAX_NEW_TOKEN if uses_demo_weights(model) else MAX_NEW_TOKEN
 
 
 def ensure_model(model: str, tiny: bool = False, no_verify: bool = False, seed: int = 0) -> tuple[Path, bool]:

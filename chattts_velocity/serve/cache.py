@@ -13,7 +13,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 
-from ..params import InferCodeParams
+from ..params import InferCodeParams, RefineTextParams
 from .instructions import SpeechInput
 
 
@@ -56,13 +56,13 @@ class AudioCache:
         return len(self._items)
 
 
-def _values(params: object) -> tuple | None:
+def _values(params: RefineTextParams | None) -> tuple[tuple[str, object], ...] | None:
     return None if params is None else tuple((f.name, getattr(params, f.name)) for f in dataclasses.fields(params))
 
 
 async def recorded(chunks: AsyncIterator[bytes], store: Callable[[bytes], None]) -> AsyncIterator[bytes]:
     """chunks passed through; store(all of them) once the last was sent (never for a response cut short)."""
-    parts = []
+    parts: list[bytes] = []
     async for data in chunks:
         parts.append(data)
         yield data

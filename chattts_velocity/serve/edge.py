@@ -18,17 +18,14 @@ import json
 import logging
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import IO
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..engine.async_engine import CLIENT
 from .request import error_detail
 
-Scope = dict
-Message = dict
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 BODY_METHODS = {"POST", "PUT", "PATCH"}
 MAX_JSON_DIGITS = 1000  # digits of one JSON integer (a field check refuses 10**400 by name; parsing 10**5000 fails)
 MAX_HEADER_BYTES = 16 << 10  # a request's header section (names, values, ": " and CRLF each)
@@ -107,7 +104,8 @@ class Edge:
             return await self._refuse(send, 400, f"headers: larger than this server's limit of {MAX_HEADER_BYTES} "
                                       "bytes", "headers_too_large")
         CLIENT.set(client_of(scope, headers))  # this request's task (and the engine requests it makes) carry it
-        if self.api_key is not None and scope["path"].startswith("/v1/") and not self._authorized(headers):
+        key = self.api_key
+        if key is not None and scope["path"].startswith("/v1/") and not self._authorized(headers, key):
             return await self._refuse(send, 401, "Incorrect API key provided; send 'Authorization: Bearer <key>'",
                                       "invalid_api_key")
         if scope["method"] not in BODY_METHODS:
@@ -144,9 +142,9 @@ class Edge:
             return await self._refuse(send, 400, f"body: is not valid JSON ({problem})", "invalid_json")
         await self.app(scope, _replay(body, receive), send)
 
-    def _authorized(self, headers: dict[str, str]) -> bool:
+    def _authorized(self, headers: dict[str, str], api_key: str) -> bool:
         scheme, _, token = headers.get("authorization", "").partition(" ")
-        return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), self.api_key.encode())
+        return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), api_key.encode())
 
     async def _read_body(self, headers: dict[str, str], receive: Receive, limit: int, claim: list[int],
                          spool: IO[bytes] | None) -> bytes | None:

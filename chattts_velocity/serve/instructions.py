@@ -21,7 +21,8 @@ from ..params import SHARED_MAX_BEAMS as MAX_BEAMS
 from ..params import InferCodeParams, RefineTextParams
 from ..text.controls import CONTROL_LEVELS, control_token
 from ..text.ssml import is_ssml, parse_ssml
-from .request import api_error
+from ..text.voices import VoiceFields
+from .request import SamplingFields, api_error
 from .voice_fields import speed_prompt
 
 SPEED_WORDS = {"very slow": 1, "slow": 3, "slower": 3, "normal": 5, "normal speed": 5, "fast": 7, "faster": 7,
@@ -120,11 +121,12 @@ def speech_input(text: str, speed: float, instructions: str | None, seed: int | 
     ssml = parse_ssml(text) if is_ssml(text) else None
     if ssml is not None and not re.sub(r"\[\w+\]", "", ssml.text).strip():
         raise ValueError("input: the SSML holds nothing to speak")
+    rate = ssml.rate if ssml is not None else None
     sources = [name for name, given in (("speed", speed != 1.0), ("instructions", controls.speed is not None),
-                                        ("input", ssml is not None and ssml.rate is not None)) if given]
+                                        ("input", rate is not None)) if given]
     if len(sources) > 1:
         raise ValueError(f"{sources[-1]}: sets the speed and so does {sources[0]!r}; give the speed in one place")
-    prompt = speed_prompt(ssml.rate if sources == ["input"] else speed)
+    prompt = speed_prompt(speed if rate is None else rate)  # rate given: the only source (checked above)
     if controls.speed is not None:
         prompt = control_token("speed", controls.speed)
     refine_prompt = controls.refine_prompt()
@@ -140,5 +142,5 @@ def check_model(model: object, known: tuple[str, ...]) -> None:
                              "(GET /v1/models)", "model", "model_not_found")
 
 
-def code_params(plan: SpeechInput, voice: dict[str, str | None], sampling: dict[str, object]) -> InferCodeParams:
+def code_params(plan: SpeechInput, voice: VoiceFields, sampling: SamplingFields) -> InferCodeParams:
     return InferCodeParams(prompt=plan.prompt, show_tqdm=False, **voice, **sampling)

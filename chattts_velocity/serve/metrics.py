@@ -3,20 +3,22 @@ speech outcomes labelled by status, format and voice kind, latency histograms by
 at scrape time, and the process metrics (CPU, memory, file descriptors)."""
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
 import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-prometheus_client.disable_created_metrics()  # no *_created series: they double the page and nobody graphs them
+# no *_created series: they double the page and nobody graphs them
+prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]  # unannotated in prometheus_client
 CONTENT_TYPE = prometheus_client.CONTENT_TYPE_LATEST
 LATENCY_BUCKETS = (0.1, 0.25, 0.5, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0, 60.0)  # seconds
 STATUSES = ("ok", "client_error", "server_error", "disconnect")
 UNKNOWN = "none"  # the format / voice-kind label of a request refused before its body was read
 METRICS_PATH = "/metrics"
 DECODE_MAX_BATCH = "decode_max_batch"  # the decode worker's key beside the engine's
+EngineNumbers = Mapping[str, float | str]  # AsyncLLMEngine.metrics(): numbers, and the backend's name
 
 
 @dataclass(frozen=True)
@@ -80,7 +82,7 @@ class Labels:
 class EngineCollector:
     """The engine's numbers as Prometheus families, read when /metrics is scraped (never stale, never pushed)."""
 
-    def __init__(self, read: Callable[[], dict[str, float]]) -> None:
+    def __init__(self, read: Callable[[], EngineNumbers]) -> None:
         self.read = read
 
     def collect(self) -> Iterator[Metric]:
@@ -96,7 +98,7 @@ class EngineCollector:
 class ServerMetrics:
     """What the HTTP layer counts, in its own registry; `read_engine` gives the engine's numbers at scrape time."""
 
-    def __init__(self, read_engine: Callable[[], dict[str, float]] | None = None) -> None:
+    def __init__(self, read_engine: Callable[[], EngineNumbers] | None = None) -> None:
         self.registry = registry = CollectorRegistry()
         self.requests = _counter(SPEECH_METRICS["requests"], registry)
         self.responses = _counter(SPEECH_METRICS["responses"], registry)

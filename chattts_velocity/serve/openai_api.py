@@ -100,7 +100,7 @@ class ServerState:
         first, status = True, "disconnect"
         try:
             async for chunk in stream:
-                if first:
+                if first and stream.first_audio is not None:  # the stream sets it before its first chunk
                     self.metrics.time_to_first_audio.labels(labels.format).observe(stream.first_audio)
                     first = False
                 self.metrics.audio_seconds.labels(labels.format).inc(len(chunk) / SAMPLE_RATE)
@@ -201,11 +201,12 @@ def _add_speech_route(app: FastAPI, config: ServerConfig) -> None:
         except RuntimeError as exc:
             raise api_error(503, str(exc), kind="server_error", code="engine_unavailable") from None
         if body.stream or body.stream_format == "sse":
-            data = state.audio_bytes(stream, labels)
+            chunks = state.audio_bytes(stream, labels)
             if body.stream_format == "sse":
                 timeline = stream.timeline if body.timestamps else None
-                return StreamingResponse(sse_events(data, timeline), media_type="text/event-stream")
-            return StreamingResponse(recorded(data, partial(state.cache.put, key)), media_type=FORMATS[fmt].media_type)
+                return StreamingResponse(sse_events(chunks, timeline), media_type="text/event-stream")
+            return StreamingResponse(recorded(chunks, partial(state.cache.put, key)),
+                                     media_type=FORMATS[fmt].media_type)
         wav = await state.collect(stream, request, labels)
         data = b"" if wav is None else await asyncio.to_thread(state.encode, wav, fmt, body.loudness)
         state.cache.put(key if wav is not None else None, data)
@@ -214,7 +215,7 @@ def _add_speech_route(app: FastAPI, config: ServerConfig) -> None:
 
 def _add_info_routes(app: FastAPI, config: ServerConfig) -> None:
     @app.get("/v1/models")
-    async def list_models() -> dict:
+    async def list_models() -> dict[str, object]:
         return {"object": "list", "data": [{"id": name, "object": "model", "created": 0, "owned_by": "chattts_velocity"}
                                            for name in (config.model_name, *MODEL_ALIASES)]}
 

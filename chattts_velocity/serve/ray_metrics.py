@@ -12,7 +12,10 @@ import asyncio
 import logging
 import re
 import time
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .metrics import CONTENT_TYPE, METRICS_PATH
 
@@ -21,6 +24,9 @@ HUB_NAME, HUB_NAMESPACE = "chattts-metrics-hub", "chattts"
 PUSH_PERIOD_S = 5.0
 STALE_S = 30.0
 _SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(\{(.*)\})?(\s.*)$")
+
+if TYPE_CHECKING:
+    from ray.actor import ActorProxy
 
 
 class MetricsHub:
@@ -71,13 +77,13 @@ class ClusterMetrics:
     """ASGI middleware of a replica: GET /metrics answers with every replica's page (merged by merge_pages); a
     background task pushes this replica's page to the hub from the app's start-up on."""
 
-    def __init__(self, app: Any, replica: str, headers: list[tuple[bytes, bytes]] = ()) -> None:
+    def __init__(self, app: ASGIApp, replica: str, headers: Sequence[tuple[bytes, bytes]] = ()) -> None:
         self.app, self.replica, self.headers = app, replica, list(headers)  # headers: added to its answers
-        self.hub = None
-        self.pusher: asyncio.Task | None = None
+        self.hub: ActorProxy[MetricsHub] | None = None
+        self.pusher: asyncio.Task[None] | None = None
         self.outer: dict[str, Any] = {}  # what the enclosing app puts in every scope (Starlette: "app")
 
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         self.outer = {key: scope[key] for key in ("app",) if key in scope}
         if scope["type"] == "http" and scope["path"] == METRICS_PATH and scope["method"] == "GET":
             return await self._answer(send)
@@ -85,7 +91,7 @@ class ClusterMetrics:
             self.pusher = asyncio.get_running_loop().create_task(self._push_forever())
         await self.app(scope, receive, send)
 
-    async def _answer(self, send: Any) -> None:
+    async def _answer(self, send: Send) -> None:
         status, page = await self._own_page()
         if status == 200:
             pages = await self._publish(page) or {self.replica: page}
@@ -103,10 +109,10 @@ class ClusterMetrics:
                  "root_path": "", "headers": [], "client": ("127.0.0.1", 0), "server": ("127.0.0.1", 0), **self.outer}
         response: dict[str, Any] = {"status": 500, "body": b""}
 
-        async def receive() -> dict:
+        async def receive() -> Message:
             return {"type": "http.request", "body": b"", "more_body": False}
 
-        async def send(message: dict) -> None:
+        async def send(message: Message) -> None:
             if message["type"] == "http.response.start":
                 response["status"] = message["status"]
             elif message["type"] == "http.response.body":
@@ -118,15 +124,16 @@ class ClusterMetrics:
     async def _publish(self, page: str) -> dict[str, str] | None:
         """Put this page in the hub and return every live replica's page; None when the hub cannot be reached."""
         try:
-            hub = self._hub()
-            await hub.put.remote(self.replica, page)
-            return await hub.pages_since.remote(STALE_S)
+            hub = self._hub()  # ray types the methods of an actor class not written for ray as plain functions
+            await hub.put.remote(self.replica, page)  # type: ignore[union-attr]
+            pages: dict[str, str] = await hub.pages_since.remote(STALE_S)  # type: ignore[union-attr]
+            return pages
         except Exception as exc:  # noqa: BLE001 -- the hub's owner replica died: make a new one next time
             logger.warning("metrics hub unreachable (%s): answering with this replica's metrics only", exc)
             self.hub = None
             return None
 
-    def _hub(self):
+    def _hub(self) -> ActorProxy[MetricsHub]:
         if self.hub is None:
             import ray
 

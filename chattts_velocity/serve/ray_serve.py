@@ -14,11 +14,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
 from ..cluster import LOOPBACK, init_ray, load_worker_chat
 from ..cluster import LOOPBACK_ENV as LOOPBACK_ENV  # callers set it before importing ray
 from ..speech.streams import StreamOptions
-from .openai_api import ServerConfig, create_app
+from .openai_api import create_app
 from .ray_metrics import ClusterMetrics
+from .server_config import ServerConfig
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -71,14 +74,14 @@ class ReplicaOptions:
 class ReplicaHeader:
     """ASGI middleware: adds `x-chattts-replica: <replica id>/<pid>` to every HTTP response."""
 
-    def __init__(self, app: Any, value: str) -> None:
+    def __init__(self, app: ASGIApp, value: str) -> None:
         self.app, self.header = app, (REPLICA_HEADER.encode(), value.encode())
 
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
 
-        async def tagged(message: dict) -> None:
+        async def tagged(message: Message) -> None:
             headers = list(message.get("headers", ()))
             if message["type"] == "http.response.start" and self.header[0] not in (k.lower() for k, _ in headers):
                 message = {**message, "headers": [*headers, self.header]}
@@ -94,6 +97,8 @@ class SpeechReplica:
     runs the app's lifespan there, so the same create_app() serves under uvicorn and under Serve.
     """
 
+    app: FastAPI  # set by Serve's ingress wrapper: the app __serve_build_asgi_app__ built
+
     def __init__(self, model_dir: str, config: ServerConfig, load_kwargs: dict[str, Any]) -> None:
         self.model_dir, self.config, self.load_kwargs = model_dir, config, load_kwargs
 
@@ -106,7 +111,7 @@ class SpeechReplica:
 
     def check_health(self) -> None:
         """Serve replaces a replica whose engine loop died (a raised error marks it unhealthy)."""
-        state = getattr(self.app.state, "server", None)  # `app` comes from Serve's ingress wrapper
+        state = getattr(self.app.state, "server", None)
         if state is not None and not state.engine.is_running:
             raise RuntimeError(f"engine: the background loop stopped ({state.engine.error!r})")
 
@@ -179,5 +184,5 @@ def serve_on_ray(app: Application, host: str = LOOPBACK, port: int = 8000, name:
     except KeyboardInterrupt:  # also ray_stop.StopRequested (SIGTERM, SIGHUP) in `chattts-velocity serve --ray`
         pass
     finally:
-        serve.shutdown()
+        serve.shutdown()  # type: ignore[no-untyped-call]  # unannotated in ray
     return url

@@ -12,6 +12,7 @@ import os
 import signal
 import time
 from pathlib import Path
+from types import FrameType
 
 logger = logging.getLogger("chattts_velocity")
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -28,7 +29,7 @@ def stop_on_signals() -> None:
         signal.signal(sig, _raise_stop)
 
 
-def _raise_stop(signum: int, frame) -> None:
+def _raise_stop(signum: int, frame: FrameType | None) -> None:
     raise StopRequested(signal.Signals(signum).name)
 
 
@@ -44,7 +45,7 @@ def shutdown_cluster(grace_s: float = 10.0) -> None:
         from ray import serve
 
         try:
-            serve.shutdown()
+            serve.shutdown()  # type: ignore[no-untyped-call]  # unannotated in ray
         except Exception as exc:  # noqa: BLE001 -- the cluster may be half gone; Ray's own shutdown still runs
             logger.warning("serve.shutdown failed: %s", exc)
         ray.shutdown()

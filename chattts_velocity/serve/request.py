@@ -6,9 +6,11 @@ Every failure a client can cause is an HTTPException whose detail is {"message",
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection, Mapping, Sequence
+from typing import Any, TypedDict, cast
 
+from fastapi import HTTPException  # starlette's, with its detail typed as any JSON (ours is a dict)
 from pydantic import BaseModel, ConfigDict, SkipValidation
-from starlette.exceptions import HTTPException
 
 from ..params import UPSTREAM_NAMES
 from ..schema import check_sampling
@@ -23,7 +25,7 @@ class SpeechBody(BaseModel):
     model_config = ConfigDict(extra="allow", protected_namespaces=())
     model: str = "tts-1"
     input: str
-    voice: SkipValidation[str | int | dict | None] = None  # checked by text.voice_params (bools are no seeds)
+    voice: SkipValidation[str | int | dict[str, object] | None] = None  # checked by text.voice_params (no bools)
     response_format: str = "mp3"
     speed: SkipValidation[float] = 1.0  # checked by serve/voice_fields.speed_prompt (true is not 1.0)
     stream: bool = False
@@ -40,7 +42,18 @@ class SpeechBody(BaseModel):
     min_new_tokens: SkipValidation[int | None] = None  # forbids EOS before this many steps (benchmarks, tests)
 
 
-def sampling_kwargs(body: SpeechBody, cap: int) -> dict[str, object]:
+class SamplingFields(TypedDict, total=False):
+    """InferCodeParams' sampling keywords, as a speech body gives them."""
+
+    temperature: float
+    top_P: float
+    top_K: int
+    manual_seed: int
+    max_new_token: int
+    min_new_token: int
+
+
+def sampling_kwargs(body: SpeechBody, cap: int) -> SamplingFields:
     """The body's sampling fields as InferCodeParams keywords; a ValueError names the body's field."""
     names = ("temperature", "top_p", "top_k", "seed", "max_new_token", "min_new_token")
     values = {name: getattr(body, BODY_NAMES.get(name, name)) for name in names}
@@ -49,10 +62,11 @@ def sampling_kwargs(body: SpeechBody, cap: int) -> dict[str, object]:
     check_sampling(values, BODY_NAMES)
     if values["max_new_token"] > cap:
         raise ValueError(f"max_new_tokens: must be <= {cap} on this server, got {values['max_new_token']}")
-    return {UPSTREAM_NAMES.get(name, name): value for name, value in values.items()}
+    # each value passed check_sampling above, so each has its field's type
+    return cast(SamplingFields, {UPSTREAM_NAMES.get(name, name): value for name, value in values.items()})
 
 
-def check_body(body: SpeechBody, max_input_chars: int, formats: dict) -> str:
+def check_body(body: SpeechBody, max_input_chars: int, formats: Collection[str]) -> str:
     """Validate what needs no model; returns the response format."""
     if body.model_extra:
         logger.warning("speech request: ignoring unknown field(s) %s", sorted(body.model_extra))
@@ -79,7 +93,7 @@ def api_error(status: int, message: str, param: str | None = None, code: str | N
 
 
 def error_detail(message: str, param: str | None = None, code: str | None = None,
-                 kind: str = "invalid_request_error") -> dict:
+                 kind: str = "invalid_request_error") -> dict[str, str | None]:
     return {"message": message, "type": kind, "param": param, "code": code}
 
 
@@ -96,12 +110,13 @@ def bad_request(exc: ValueError) -> HTTPException:
     param = "input" if head == "max_new_token" and "prompt" in message else PARAM_NAMES.get(head, head)
     error = api_error(getattr(exc, "status", 400), message, param=param if head != message and " " not in head
                       else None, code=getattr(exc, "code", None))
-    if getattr(exc, "retry_after", None) is not None:  # engine.async_engine.ClientBusy: 429
-        error.headers = {"Retry-After": str(exc.retry_after)}
+    retry_after = getattr(exc, "retry_after", None)
+    if retry_after is not None:  # engine.async_engine.ClientBusy: 429
+        error.headers = {"Retry-After": str(retry_after)}
     return error
 
 
-def validation_detail(errors: list[dict]) -> dict:
+def validation_detail(errors: Sequence[Mapping[str, Any]]) -> dict[str, str | None]:
     """pydantic's first complaint about a body, as OpenAI's error detail."""
     first = errors[0] if errors else {}
     if first.get("type") == "json_invalid":

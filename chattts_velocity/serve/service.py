@@ -13,6 +13,8 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from functools import partial
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -24,12 +26,15 @@ from ..schema import Prompt, SamplingParams, TextPieces
 from ..speech.mel_source import MelSource
 from ..speech.pipeline import SpeechPipeline
 from ..speech.streams import EMPTY, StreamOptions, StreamSet
-from .text_work import TextWorker
+from .text_work import PieceOptions, TextWorker
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 logger = logging.getLogger("chattts_velocity.serve")
-_END = object()  # a stream's last item on a chunk queue
-
-Sink = Callable[[object], None]  # receives np.ndarray chunks, then _END (or an exception)
+_END = None  # a stream's last item on a chunk queue
+Item = np.ndarray | BaseException | None  # what a chunk queue holds: float32 chunks, then _END (or an exception)
+Sink = Callable[[Item], None]
 
 
 @dataclass
@@ -94,7 +99,7 @@ class DecodeWorker:
             except Exception:  # noqa: BLE001 -- a bug here must not silence every other stream
                 logger.exception("decode worker: round failed")
 
-    def _apply(self, messages: list) -> tuple[dict[str, torch.Tensor], list[str]]:
+    def _apply(self, messages: list[_Open | _Push | _Drop | None]) -> tuple[dict[str, torch.Tensor], list[str]]:
         rows: dict[str, list[torch.Tensor]] = {}
         ended: list[str] = []
         for m in messages:
@@ -109,7 +114,7 @@ class DecodeWorker:
                 self._sinks.pop(m.key, None)
                 rows.pop(m.key, None)
                 ended = [k for k in ended if k != m.key]
-            elif m.key in self._sinks:
+            elif isinstance(m, _Push) and m.key in self._sinks:
                 if m.rows is not None and len(m.rows):
                     rows.setdefault(m.key, []).append(m.rows)
                 if m.finished:
@@ -123,7 +128,7 @@ class DecodeWorker:
         steady = {k: r for k, r in rows.items() if k not in fresh}
         for group in (fresh, steady):
             if group:
-                self._run(list(group), lambda g=group: self.streams.push(g))
+                self._run(list(group), partial(self.streams.push, group))
         ended = [k for k in ended if k in self._sinks]  # not failed above
         if ended:
             self._run(ended, lambda: self.streams.finish(ended))
@@ -139,7 +144,9 @@ class DecodeWorker:
         except Exception as exc:  # noqa: BLE001 -- the requests involved get the error, the worker lives on
             for key in keys:
                 self.streams.drop(key)
-                self._sinks.pop(key, lambda _: None)(exc)
+                sink = self._sinks.pop(key, None)
+                if sink is not None:
+                    sink(exc)
             return
         self.max_batch = max(self.max_batch, sum(len(c) > 0 for c in chunks.values()))
         for key, chunk in chunks.items():
@@ -187,7 +194,7 @@ class SpeechService:
 
     async def open(self, text: str, params: InferCodeParams, mel: MelSource | None = None,
                    refine: RefineTextParams | None = None, first_chunk_samples: int = 0,
-                   **text_options: object) -> SpeechStream:
+                   **text_options: Unpack[PieceOptions]) -> SpeechStream:
         """Queue every piece of text on the engine (after the refine pass if `refine`), its audio from `mel`
         (default: the Decoder), each piece's first chunk at least first_chunk_samples long (StreamSet.open);
         text_options are text_pieces()'s. Bad input raises ValueError here, before any audio."""
@@ -205,9 +212,11 @@ class SpeechService:
             raise
         return stream
 
-    async def synthesize(self, text: str, params: InferCodeParams, **options: object) -> np.ndarray:
+    async def synthesize(self, text: str, params: InferCodeParams, mel: MelSource | None = None,
+                         refine: RefineTextParams | None = None, first_chunk_samples: int = 0,
+                         **text_options: Unpack[PieceOptions]) -> np.ndarray:
         """The whole waveform of text (the concatenation of its stream)."""
-        stream = await self.open(text, params, **options)
+        stream = await self.open(text, params, mel, refine, first_chunk_samples, **text_options)
         chunks = [chunk async for chunk in stream]
         return np.concatenate(chunks).astype(np.float32) if chunks else EMPTY
 
@@ -229,20 +238,20 @@ class SpeechStream:
         self.timeline = Timeline()  # a Timestamp per piece whose audio has all been yielded
         self._texts: list[str] = []
         self._keys: list[str] = []
-        self._queues: list[asyncio.Queue] = []
-        self._tasks: list[asyncio.Task] = []
+        self._queues: list[asyncio.Queue[Item]] = []
+        self._tasks: list[asyncio.Task[None]] = []
 
     async def add(self, text: str, prompt: Prompt, sampling: SamplingParams, mel: MelSource) -> None:
         key = self.service.new_key()
         request = await self.service.engine.add_request(prompt, sampling, key)
-        chunks: asyncio.Queue = asyncio.Queue()
+        chunks: asyncio.Queue[Item] = asyncio.Queue()
         self.service.worker.open(key, mel, _sink(asyncio.get_running_loop(), chunks), self.first_chunk_samples)
         self._keys.append(key)
         self._texts.append(text)
         self._queues.append(chunks)
         self._tasks.append(asyncio.create_task(self._feed(key, request, mel, chunks)))
 
-    async def _feed(self, key: str, request: RequestStream, mel: MelSource, chunks: asyncio.Queue) -> None:
+    async def _feed(self, key: str, request: RequestStream, mel: MelSource, chunks: asyncio.Queue[Item]) -> None:
         try:
             async for delta in self.service.engine.outputs(request):
                 rows = mel.rows(delta) if len(delta.token_ids) else None
@@ -280,9 +289,9 @@ def _at_most(pieces: TextPieces, max_pieces: int | None) -> TextPieces:
     return pieces
 
 
-def _sink(loop: asyncio.AbstractEventLoop, chunks: asyncio.Queue) -> Sink:
+def _sink(loop: asyncio.AbstractEventLoop, chunks: asyncio.Queue[Item]) -> Sink:
     """Hand items from the decode thread to a queue on the consumer's loop."""
-    def put(item: object) -> None:
+    def put(item: Item) -> None:
         try:
             loop.call_soon_threadsafe(chunks.put_nowait, item)
         except RuntimeError:  # the consumer's loop is closed: nobody is listening any more

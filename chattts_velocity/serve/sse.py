@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 from ..audio.timestamps import Timeline
 
 
-def _event(payload: dict) -> str:
+def _event(payload: dict[str, object]) -> str:
     return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
 
 

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from functools import partial
-from typing import TypeVar
+from typing import TypedDict, TypeVar
 
 from ..schema import TextPieces
 from ..speech.frontend import TextFrontEnd
@@ -26,6 +26,15 @@ from ..text.pool import split_in_worker, start_worker, uses_default_normalizers
 T = TypeVar("T")
 logger = logging.getLogger("chattts_velocity.serve")
 LONG_TEXT_CHARS = 512  # longer texts go to a worker process (shorter ones cost milliseconds on a thread)
+
+
+class PieceOptions(TypedDict, total=False):
+    """SpeechService.text_pieces()'s keywords: how a request's text becomes its sentence pieces."""
+
+    lang: str | None
+    normalize: bool
+    split: bool
+    max_pieces: int | None
 
 
 class TextWorker:

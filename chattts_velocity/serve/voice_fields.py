@@ -13,7 +13,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 
 from ..text.controls import CONTROL_LEVELS, DEFAULT_LEVELS, control_token
-from ..text.voices import PRESET_SEEDS, VoiceLibrary, check_voice_seed, is_seed_text, voice_params
+from ..text.voices import PRESET_SEEDS, VoiceFields, VoiceLibrary, check_voice_seed, is_seed_text, voice_params
 
 SPEED_RANGE = (0.25, 4.0)
 
@@ -41,10 +41,10 @@ class VoiceBook:
         self._by_seed: OrderedDict[int, str] = OrderedDict()
         self._lock = threading.Lock()
 
-    def names(self) -> list[dict]:
+    def names(self) -> list[dict[str, str | int]]:
         return [{"id": name, "name": name, "seed": seed} for name, seed in self.presets.items()]
 
-    def params(self, voice: object) -> dict[str, str | None]:
+    def params(self, voice: object) -> VoiceFields:
         """InferCodeParams keywords {spk_emb, spk_smp, txt_smp} for voice; ValueError naming `voice` otherwise."""
         return voice_params(voice, self.library, self.for_seed)
 
@@ -53,9 +53,9 @@ class VoiceBook:
         voice = voice.get("id") if isinstance(voice, dict) else voice
         if voice is None or (isinstance(voice, str) and voice.strip().lower() in self.presets):
             return "preset"
-        if isinstance(voice, int) or is_seed_text(voice):
+        if isinstance(voice, int) or (isinstance(voice, str) and is_seed_text(voice)):
             return "seed"
-        if self.library is not None and voice in self.library:
+        if self.library is not None and isinstance(voice, str) and voice in self.library:
             return "clone" if self.library.get(voice).clip_code else "saved"
         return "speaker"
 

@@ -11,17 +11,21 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import IO
+from collections.abc import Callable
+from typing import IO, Any, Protocol, TypeVar
 
 import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from ..audio.wav import SAMPLE_RATE
+from ..engine.async_engine import AsyncLLMEngine
+from ..speech.pipeline import SpeechPipeline
 from ..text import decode_prompt
-from ..text.voices import UnknownVoice, Voice, VoiceExists, check_voice_fields
+from ..text.voices import UnknownVoice, Voice, VoiceExists, VoiceLibrary, check_voice_fields
 from .edge import is_json_type
 from .request import api_error
+from .voice_fields import VoiceBook
 
 VOICES_PATH = "/v1/audio/voices"
 MAX_CLIP_SECONDS = 30.0
@@ -31,27 +35,38 @@ CLIP_RATES = (8000, 96000)  # Hz
 FRAMES_PER_SECOND = SAMPLE_RATE / 512  # clip-code frames a second (the DVAE's hop of 256, halved)
 CLIP_PEAK_RANGE = (1e-3, 8.0)  # a sample's magnitude: below is silence, above is no recording (float files hold any)
 FIELDS = ("name", "speaker", "clip_code", "transcript", "overwrite")
+Fields = dict[str, Any]  # a voice body's fields, as JSON or a form gave them: VoiceLibrary.save checks each
+T = TypeVar("T")
+
+
+class VoiceServer(Protocol):
+    """What these routes use of the app's server state (openai_api.ServerState)."""
+
+    pipeline: SpeechPipeline
+    engine: AsyncLLMEngine
+    library: VoiceLibrary
+    voices: VoiceBook
 
 
 def add_voice_routes(app: FastAPI) -> None:
     @app.get(VOICES_PATH)
-    async def list_voices(request: Request) -> dict:
-        state = request.app.state.server
+    async def list_voices(request: Request) -> dict[str, object]:
+        state: VoiceServer = request.app.state.server
         presets = [_preset(state, name) for name in state.voices.presets]
         saved = [_saved(v, with_clip=False) for v in await asyncio.to_thread(state.library.list)]
         data = presets + saved
         return {"object": "list", "voices": [v["id"] for v in data], "data": data}
 
     @app.get(VOICES_PATH + "/{name}")
-    async def get_voice(name: str, request: Request) -> dict:
-        state = request.app.state.server
+    async def get_voice(name: str, request: Request) -> dict[str, object]:
+        state: VoiceServer = request.app.state.server
         if name.lower() in state.voices.presets:
             return _preset(state, name.lower())
         return _saved(await _known(state.library.get, name), with_clip=True)
 
     @app.delete(VOICES_PATH + "/{name}")
-    async def delete_voice(name: str, request: Request) -> dict:
-        state = request.app.state.server
+    async def delete_voice(name: str, request: Request) -> dict[str, object]:
+        state: VoiceServer = request.app.state.server
         if name.lower() in state.voices.presets:
             raise api_error(400, f"name: {name!r} is a preset voice; presets cannot be deleted", "name")
         await _known(state.library.delete, name)
@@ -59,7 +74,7 @@ def add_voice_routes(app: FastAPI) -> None:
 
     @app.post(VOICES_PATH)
     async def create_voice(request: Request) -> JSONResponse:
-        state = request.app.state.server
+        state: VoiceServer = request.app.state.server
         fields = await _fields(request, state)
         try:
             voice = await asyncio.to_thread(_save, state, fields)
@@ -70,14 +85,14 @@ def add_voice_routes(app: FastAPI) -> None:
         return JSONResponse(_saved(voice, with_clip=True), status_code=201)
 
 
-async def _known(action, name: str):
+async def _known(action: Callable[[str], T], name: str) -> T:
     try:
         return await asyncio.to_thread(action, name)
     except UnknownVoice as exc:
         raise api_error(404, str(exc), "voice", "voice_not_found") from None
 
 
-def _save(state, fields: dict) -> Voice:
+def _save(state: VoiceServer, fields: Fields) -> Voice:
     """Check what the voice holds against this model (lengths before decoding), then save it (a text thread)."""
     if fields.get("speaker") is not None:
         check_voice_fields(fields["speaker"], None, None)
@@ -88,7 +103,7 @@ def _save(state, fields: dict) -> Voice:
     return state.library.save(fields.pop("name", None), **fields)
 
 
-def _check_clip_fits(state, clip_code: str) -> None:
+def _check_clip_fits(state: VoiceServer, clip_code: str) -> None:
     """A clip that fills half the engine's positions leaves too little room for the text and its audio."""
     frames = decode_prompt(clip_code).shape[1]
     limit = state.engine.engine.engine_config.max_model_len // 2
@@ -103,19 +118,20 @@ def _field_error(exc: ValueError) -> Exception:
     return api_error(400, str(exc), head if head in FIELDS or head == "file" else None)
 
 
-def _preset(state, name: str) -> dict:
+def _preset(state: VoiceServer, name: str) -> dict[str, object]:
     seed = state.voices.presets[name]
     return {"id": name, "object": "voice", "name": name, "kind": "preset", "seed": seed,
             "speaker": state.voices.for_seed(seed)}
 
 
-def _saved(voice: Voice, with_clip: bool) -> dict:
-    entry = {"id": voice.name, "object": "voice", "name": voice.name, "kind": "saved", "speaker": voice.speaker,
-             "has_clip": voice.clip_code is not None, "transcript": voice.transcript, "created": int(voice.created)}
+def _saved(voice: Voice, with_clip: bool) -> dict[str, object]:
+    entry: dict[str, object] = {
+        "id": voice.name, "object": "voice", "name": voice.name, "kind": "saved", "speaker": voice.speaker,
+        "has_clip": voice.clip_code is not None, "transcript": voice.transcript, "created": int(voice.created)}
     return {**entry, "clip_code": voice.clip_code} if with_clip else entry
 
 
-async def _fields(request: Request, state) -> dict:
+async def _fields(request: Request, state: VoiceServer) -> Fields:
     """save() keywords from a JSON or multipart body; the clip of an upload is encoded off the event loop."""
     kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if kind == "multipart/form-data":
@@ -132,7 +148,7 @@ async def _fields(request: Request, state) -> dict:
     return _known_fields(body)
 
 
-def _known_fields(body: dict) -> dict:
+def _known_fields(body: Fields) -> Fields:
     unknown = sorted(set(body) - set(FIELDS))
     if unknown:
         raise api_error(400, f"{unknown[0]}: is not a voice field; use {list(FIELDS)}", unknown[0])
@@ -142,7 +158,7 @@ def _known_fields(body: dict) -> dict:
     return {**body, "overwrite": overwrite in (True, "true")}
 
 
-async def _upload_fields(request: Request, state) -> dict:
+async def _upload_fields(request: Request, state: VoiceServer) -> Fields:
     form = await request.form(max_files=1, max_fields=len(FIELDS))
     values = {k: v for k, v in form.items() if k != "file"}
     if any(not isinstance(v, str) for v in values.values()):

@@ -35,7 +35,7 @@ from ..engine.gpt import GPTBackend, load_pretrained
 from ..model import kernels
 from ..params import InferCodeParams, RefineTextParams
 from ..precision import Precision, fastest_dtype
-from ..schema import SpeechRequests, TextPieces
+from ..schema import MAX_NEW_TOKEN, SpeechRequests, TextPieces
 from ..text import Normalizer, Tokenizer, empty_text, encode_prompt, sample_random_speaker
 from .calls import CallGate, Jobs, Stop
 from .frontend import TextFrontEnd
@@ -64,6 +64,7 @@ class SpeechPipeline:
                                           cpu_kernels=kernels.unsupported() is None,
                                           cpu_bf16=kernels.native_bf16())
         self.paths, self.device, self.default_use_vllm = paths, device, use_vllm
+        self.step_cap = default_max_new_token(paths.root)  # these weights' default cap (demo weights: the CLI's)
         self.dtype = self.precision.dtype  # "auto" resolved
         # load_pretrained's keywords, passed through as given: EngineConfig checks them
         self._gpt_options: dict[str, Any] = dict(device=str(device), **gpt_options, dtype=self.dtype)
@@ -227,12 +228,12 @@ class SpeechPipeline:
         self.gate.interrupt()
 
     def step_capped(self, params: list[InferCodeParams]) -> list[InferCodeParams]:
-        """Each params with the loaded weights' default step cap (demo weights: the CLI's) where max_new_token was
-        left at InferCodeParams' default; an explicit max_new_token is kept."""
-        cap, default = default_max_new_token(self.paths.root), InferCodeParams.max_new_token
+        """Each params with the loaded weights' default step cap (step_cap, decided at load) where max_new_token
+        was left at InferCodeParams' default; an explicit max_new_token is kept."""
+        cap = self.step_cap
         capped: dict[int, InferCodeParams] = {}  # id -> its capped copy: texts that shared params still share them
         for p in params:
-            if isinstance(p, InferCodeParams) and p.max_new_token == default and cap < default:
+            if isinstance(p, InferCodeParams) and p.max_new_token == MAX_NEW_TOKEN and cap < MAX_NEW_TOKEN:
                 capped.setdefault(id(p), dataclasses.replace(p, max_new_token=cap))
         return [capped.get(id(p), p) for p in params]
 

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TypedDict
 
 from chattts_velocity.text.speaker import (
     MAX_CLIP_CHARS,
@@ -40,6 +41,14 @@ NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_. -]{0,63}")
 MAX_TRANSCRIPT_CHARS = 2000
 
 
+class VoiceFields(TypedDict):
+    """InferCodeParams' speaker keywords: what a voice speaks with."""
+
+    spk_emb: str | None
+    spk_smp: str | None
+    txt_smp: str | None
+
+
 class VoiceExists(ValueError):
     """save() without overwrite on a name the library holds (HTTP 409)."""
 
@@ -56,7 +65,7 @@ class Voice:
     transcript: str | None  # txt_smp: the words spoken in the clip (needed with clip_code)
     created: float
 
-    def params(self) -> dict[str, str | None]:
+    def params(self) -> VoiceFields:
         """InferCodeParams keywords that speak with this voice."""
         return {"spk_emb": self.speaker, "spk_smp": self.clip_code, "txt_smp": self.transcript}
 
@@ -200,7 +209,7 @@ def _read(path: Path) -> Voice:
 
 
 def voice_params(voice: object, library: VoiceLibrary | None,
-                 speaker_for_seed: Callable[[int], str]) -> dict[str, str | None]:
+                 speaker_for_seed: Callable[[int], str]) -> VoiceFields:
     """A voice as users give it -> InferCodeParams keywords {spk_emb, spk_smp, txt_smp}.
 
     Accepted: None (the "default" preset), {"id": name} (OpenAI's object form), a preset name or an integer seed
@@ -251,5 +260,5 @@ def _is_speaker(voice: str) -> bool:
     return True
 
 
-def _speaker_only(speaker: str) -> dict[str, str | None]:
+def _speaker_only(speaker: str) -> VoiceFields:
     return {"spk_emb": speaker, "spk_smp": None, "txt_smp": None}

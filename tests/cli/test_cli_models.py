@@ -149,6 +149,7 @@ def test_one_demo_step_cap_decided_by_the_marker_not_the_name(command: str, demo
         args = cli.build_parser().parse_args([*head, "--model", model])
         cap[model] = common.max_new_token(args)
     assert cap == {"demo": DEMO_MAX_NEW_TOKEN, str(demo_dir): DEMO_MAX_NEW_TOKEN, str(real): MAX_NEW_TOKEN}
+    assert cap[str(real)] is MAX_NEW_TOKEN  # the library's default itself: the CLI keeps no copy of its own
     args = cli.build_parser().parse_args([*head, "--model", str(demo_dir), "--max-new-token", "7"])
     assert common.max_new_token(args) == 7
 

@@ -243,7 +243,7 @@ def test_the_python_api_applies_the_clis_demo_step_cap_unless_max_new_token_is_s
     from chattts_velocity.speech.pipeline import SpeechPipeline
 
     def capped(root: Path, *params: InferCodeParams) -> list[InferCodeParams]:
-        loaded = SimpleNamespace(paths=SimpleNamespace(root=root))  # all step_capped reads of a loaded pipeline
+        loaded = SimpleNamespace(step_cap=default_max_new_token(root))  # as SpeechPipeline decides it at load
         return SpeechPipeline.step_capped(loaded, list(params))
 
     shared = InferCodeParams(manual_seed=3)

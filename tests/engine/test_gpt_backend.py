@@ -63,6 +63,16 @@ def test_the_two_backends_agree_through_the_interface(chat: Chat) -> None:
         assert (a.hidden - b.hidden).abs().max().item() <= 1e-4
 
 
+@pytest.mark.parametrize("use_vllm", [False, True])
+def test_both_backends_refuse_a_prompt_that_cannot_fit_by_the_one_rule(chat: Chat, use_vllm: bool) -> None:
+    """schema.check_prompt_fits on either path: the same ValueError naming max_new_token, before any step."""
+    req = requests(chat, near_greedy(chat.config.max_position_embeddings))
+    limit = "max_model_len" if use_vllm else "max_position_embeddings"
+    with pytest.raises(ValueError, match=rf"^max_new_token: the prompt \(\d+ positions\) \+ max_new_token \(\d+\) = "
+                                         rf"\d+ exceeds {limit} \(\d+\); lower max_new_token"):
+        chat.gpt(use_vllm).generate(req.prompts, req.sampling, False)
+
+
 def test_speech_requests_one_per_piece_with_its_texts_params(chat: Chat) -> None:
     pieces = chat.split(["One. Two.", "Three."])
     params = [InferCodeParams(manual_seed=1), InferCodeParams(manual_seed=2)]

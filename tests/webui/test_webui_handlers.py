@@ -142,6 +142,18 @@ def test_generate_passes_every_control_to_the_pipeline() -> None:
     assert Path(download).suffix == ".flac" and Path(download).read_bytes()[:4] == b"fLaC"
 
 
+def test_the_pages_default_step_cap_is_the_librarys_own() -> None:
+    """One default per cap: the page keeps no copy of its own (a copy would be another int object)."""
+    import inspect
+
+    from chattts_velocity.schema import MAX_NEW_TOKEN
+    from webui.app import build_ui
+
+    for page_part in (Handlers, build_ui):
+        assert inspect.signature(page_part).parameters["max_new_token"].default is MAX_NEW_TOKEN
+    assert Handlers(RecordingPipeline()).max_new_token is MAX_NEW_TOKEN
+
+
 def test_refine_beams_out_of_range_are_a_toast_naming_them() -> None:
     pipeline = RecordingPipeline()
     for beams in (0, SHARED_MAX_BEAMS + 1, 1.5):

@@ -16,6 +16,7 @@ from chattts_velocity.engine.core.block_manager import BlockManager
 from chattts_velocity.engine.core.decode_batch import DecodeBatch, eligible
 from chattts_velocity.engine.core.sequence import Sequence, SequenceStatus
 from chattts_velocity.engine.core.step import ScheduledBatch, StepOutput
+from chattts_velocity.schema import check_prompt_fits
 
 
 class Scheduler:
@@ -63,13 +64,8 @@ class Scheduler:
         if seq.seat_group is not None and seq.seat_group[1] > self.config.max_num_seqs:
             raise ValueError(f"beam_width: {seq.seat_group[1]} beams run as {seq.seat_group[1]} sequences, more than "
                              f"max_num_seqs ({self.config.max_num_seqs}); lower beam_width")
+        check_prompt_fits(seq.num_prompt_tokens, seq.params.max_new_token, self.config.max_model_len, "max_model_len")
         positions = seq.num_prompt_tokens + seq.params.max_new_token
-        if positions > self.config.max_model_len:
-            raise ValueError(
-                f"max_new_token: prompt ({seq.num_prompt_tokens} positions) + max_new_token "
-                f"({seq.params.max_new_token}) = {positions} exceeds max_model_len "
-                f"({self.config.max_model_len}); lower max_new_token or shorten the text"
-            )
         needed = self.block_manager.blocks_for(positions)
         if needed > self.block_manager.num_blocks:
             raise ValueError(

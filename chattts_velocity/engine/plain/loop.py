@@ -20,7 +20,15 @@ from chattts_velocity.engine.progress import progress_bar
 from chattts_velocity.engine.sampling import logits_processors as lp
 from chattts_velocity.model.embed import Embed
 from chattts_velocity.model.loader import gpt_state_dict, load_embed
-from chattts_velocity.schema import MAX_REGENERATE, FinishReason, GenerationOutput, Prompt, SamplingParams, pad_left
+from chattts_velocity.schema import (
+    MAX_REGENERATE,
+    FinishReason,
+    GenerationOutput,
+    Prompt,
+    SamplingParams,
+    check_prompt_fits,
+    pad_left,
+)
 
 if TYPE_CHECKING:
     from transformers import DynamicCache
@@ -112,12 +120,8 @@ class PlainGPT:
 
     def _check_length(self, prompts: list[Prompt], params: SamplingParams) -> None:
         """The padded batch plus every step must fit the model's positions (as the engine's max_model_len)."""
-        limit = self.config.max_position_embeddings
-        width = max(len(p) for p in prompts)
-        if width + params.max_new_token > limit:
-            raise ValueError(f"max_new_token: the prompt ({width} positions) + max_new_token "
-                             f"({params.max_new_token}) = {width + params.max_new_token} exceeds "
-                             f"max_position_embeddings ({limit}); lower max_new_token or shorten the text")
+        check_prompt_fits(max(len(p) for p in prompts), params.max_new_token, self.config.max_position_embeddings,
+                          "max_position_embeddings")
 
     def _generate_once(self, prompts: list[Prompt], params: SamplingParams, progress: bool,
                        should_stop: Callable[[], bool] | None) -> tuple[list[GenerationOutput], bool]:
