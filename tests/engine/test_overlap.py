@@ -4,7 +4,8 @@ give exactly what the synchronous loop gives.
 The same scenario runs with EngineConfig.overlap on and off on the triton backend (Triton's interpreter). A steady
 batch decoding to the end (forced lengths, an EOS stop seen one step late, min_new_token) gives identical deltas, bit
 for bit and in order; through admissions, aborts mid-run, preemption and a beam search beside sampling requests each
-request's stream has identical codes and finish reasons. The blocks of a sequence that ends or is aborted while a
+request's stream is identical too (codes, hidden states, finish reasons), although its rows run in other batches and
+other kinds of step (a decode row beside a prefill chunk attends with the decode kernel). The blocks of a sequence that ends or is aborted while a
 step ahead is in flight stay out of the pool until that step completes.
 """
 from __future__ import annotations
@@ -127,18 +128,13 @@ def test_overlapped_steps_equal_the_synchronous_loop_bit_for_bit() -> None:
 
 
 def _same_streams(got: Trace, expected: Trace) -> None:
-    """Each request's stream: identical codes and finish reasons. A request admitted while a step is in flight joins
-    a step later, and an ended row stays in its last step ahead: the batch around a row differs for a step, and the
-    triton decode's split count follows the batch size, so hidden states may differ in the last bits."""
+    """Each request's stream: identical codes, hidden states and finish reasons. A request admitted while a step is
+    in flight joins a step later, and an ended row stays in its last step ahead: a row's batch-mates and the kind of
+    step it runs in differ, and neither changes its bits."""
     got_streams, expected_streams = _streams(got), _streams(expected)
     assert got_streams.keys() == expected_streams.keys()
     for rid, stream in expected_streams.items():
-        mine = got_streams[rid]
-        assert [d[:4] for d in mine] == [d[:4] for d in stream], rid
-        for (*_, hidden), (*_, reference) in zip(mine, stream, strict=True):
-            assert (hidden is None) == (reference is None)
-            if hidden is not None and reference is not None:
-                assert max(abs(a - b) for a, b in zip(hidden, reference, strict=True)) <= 1e-5
+        assert got_streams[rid] == stream, rid
 
 
 @pytest.mark.triton

@@ -3,7 +3,9 @@
 In: embeddings of the new positions (and, for decode steps, positions and block tables). Out: hidden [N, H] after
 the final norm, as the torch backend gives them. Every step runs five kernels a layer (engine/backends/
 triton_layers.py) over q|k|v and gate|up weights packed once at load; decode steps attend with the batch-invariant
-decode kernel, general steps (prefill chunks, recompute after preemption, mixed) with the varlen prefill kernel.
+decode kernel, and so do the generated positions of general steps (a decode row beside a prefill chunk, positions
+recomputed after preemption); prompt rows attend with the varlen prefill kernel. A row's bits therefore depend neither
+on its batch-mates nor on the kind of step it ran in.
 The KV pool is the engine's. On CUDA, decode steps replay CUDA graphs (engine/backends/cuda_graphs.py), the kernels
 chained by Programmatic Dependent Launch where the GPU and Triton have it; on CPU (TRITON_INTERPRET=1) they run
 eagerly.
@@ -19,6 +21,7 @@ import logging
 import os
 from typing import Any
 
+import numpy as np
 import torch
 
 from chattts_velocity.engine.backends.cuda_graphs import DecodeGraphs, graph_batch_sizes
@@ -119,13 +122,36 @@ class TritonBackend:
         lens[1, :num] = torch.tensor(step.k_lens, dtype=torch.int32)
         lens = to_device(lens, self.kv.device)
         cu_q_lens, k_lens, max_q_len = lens[0, : num + 1], lens[1, :num], max(step.q_lens)
+        generated = self._generated_rows(step)
 
         def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
             out: torch.Tensor = self.prefill_attention.paged_prefill_attention(
                 q, k_cache, v_cache, cu_q_lens, k_lens, step.block_tables, max_q_len)
+            if generated is not None:  # their prefill-kernel results are replaced by the decode kernel's
+                rows, meta = generated
+                out[rows] = self.decode_attention.paged_decode_attention(
+                    q[rows], k_cache, v_cache, meta.block_tables, meta.context_lens, self.workspace, pdl=self.pdl)
             return out
 
         return self.layers(embeds, step.positions, step.slots, attend)
+
+    def _generated_rows(self, step: StepTensors) -> tuple[torch.Tensor, DecodeMetadata] | None:
+        """The rows of a general step at generated positions (a decode row beside prefill chunks, or positions
+        recomputed after preemption): [G] row indices and their decode metadata, or None when there are none. They
+        attend with the decode kernel, as in a decode step, so a row's bits do not depend on the kind of step it
+        ran in (the seed contract); prompt rows keep the prefill kernel, whose rows do not depend on the chunk."""
+        if step.prompt_lens is None:
+            return None
+        q_lens, k_lens = np.asarray(step.q_lens), np.asarray(step.k_lens)
+        starts = np.cumsum(q_lens) - q_lens
+        first = np.clip(np.asarray(step.prompt_lens) - (k_lens - q_lens), 0, q_lens)  # first generated row per seq
+        counts = q_lens - first
+        if not counts.any():
+            return None
+        offsets = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
+        rows = to_device(torch.from_numpy(np.repeat(starts + first, counts) + offsets), self.kv.device)
+        every = step.row_metadata()
+        return rows, DecodeMetadata(every.slot_mapping[rows], every.block_tables[rows], every.context_lens[rows])
 
     def decode_step(self, embeds: torch.Tensor, positions: torch.Tensor, meta: DecodeMetadata,
                     out: torch.Tensor | None = None) -> torch.Tensor:
