@@ -5,8 +5,8 @@ The same scenario runs with EngineConfig.overlap on and off on the triton backen
 batch decoding to the end (forced lengths, an EOS stop seen one step late, min_new_token) gives identical deltas, bit
 for bit and in order; through admissions, aborts mid-run, preemption and a beam search beside sampling requests each
 request's stream is identical too (codes, hidden states, finish reasons), although its rows run in other batches and
-other kinds of step (a decode row beside a prefill chunk attends with the decode kernel). The blocks of a sequence that ends or is aborted while a
-step ahead is in flight stay out of the pool until that step completes.
+other kinds of step (a decode row beside a prefill chunk attends with the decode kernel). The blocks of a sequence
+that ends or is aborted while a step ahead is in flight stay out of the pool until that step completes.
 """
 from __future__ import annotations
 
