@@ -24,7 +24,7 @@ from ..schema import Prompt, SamplingParams, TextPieces
 from ..speech.mel_source import MelSource
 from ..speech.pipeline import SpeechPipeline
 from ..speech.streams import EMPTY, StreamOptions, StreamSet
-from .text_work import TextWorker
+from .text_work import TextWorker, at_most
 
 logger = logging.getLogger("chattts_velocity.serve")
 _END = object()  # a stream's last item on a chunk queue
@@ -161,13 +161,13 @@ class SpeechService:
                max_pieces: int | None = None) -> TextPieces:
         """The text's normalised sentence pieces, at most max_pieces of them (a ValueError naming `input`)."""
         pieces = self.pipeline.frontend.pieces(text, lang=lang, normalize=normalize, homophones=normalize, split=split)
-        return _at_most(pieces, max_pieces)
+        return at_most(pieces, max_pieces)
 
     async def text_pieces(self, text: str, *, lang: str | None = None, normalize: bool = True, split: bool = True,
                           max_pieces: int | None = None) -> TextPieces:
         """pieces(), off the event loop (serve/text_work.py)."""
         pieces = await self.text.split(self.pipeline.frontend, text, lang=lang, normalize=normalize, split=split)
-        return _at_most(pieces, max_pieces)
+        return at_most(pieces, max_pieces)
 
     async def refine(self, pieces: TextPieces, params: RefineTextParams) -> TextPieces:
         """The refine-text pass on the shared engine: every piece at once, as Chat.infer's refine does."""
@@ -186,20 +186,21 @@ class SpeechService:
         return torch.cat(rows) if rows else torch.zeros(0, 1, dtype=torch.long)  # [T, 1]
 
     async def open(self, text: str, params: InferCodeParams, mel: MelSource | None = None,
-                   refine: RefineTextParams | None = None, first_chunk_samples: int = 0,
+                   refine: RefineTextParams | None = None, first_chunk_samples: int = 0, window: int | None = None,
                    **text_options: object) -> SpeechStream:
-        """Queue every piece of text on the engine (after the refine pass if `refine`), its audio from `mel`
-        (default: the Decoder), each piece's first chunk at least first_chunk_samples long (StreamSet.open);
-        text_options are text_pieces()'s. Bad input raises ValueError here, before any audio."""
+        """Queue the pieces of text on the engine (after the refine pass if `refine`; all, or `window` at a time as
+        SpeechStream reads), audio from `mel` (default: the Decoder), each piece's first chunk at least
+        first_chunk_samples long (StreamSet.open); text_options are text_pieces()'s. Bad input: ValueError, here."""
         mel = mel or self.pipeline.mel()
-        stream = SpeechStream(self, time.perf_counter(), first_chunk_samples)
+        stream = SpeechStream(self, time.perf_counter(), first_chunk_samples, window)
         try:
             pieces = await self.text_pieces(text, **text_options)
             if refine is not None:
                 pieces = await self.refine(pieces, refine)
             requests = await self.text.run(self.pipeline.code_requests, pieces, params, mel)
             for piece, prompt, sampling in zip(pieces.texts, requests.prompts, requests.sampling, strict=True):
-                await stream.add(piece, prompt, sampling, mel)
+                stream.add(piece, prompt, sampling, mel)
+            await stream.start_window(0)
         except BaseException:
             stream.close()
             raise
@@ -221,26 +222,38 @@ class SpeechService:
 
 
 class SpeechStream:
-    """One text's audio: `async for chunk in stream` yields float32 chunks in order; close() aborts the rest."""
+    """One text's audio: `async for chunk in stream` yields float32 chunks in order; close() aborts the rest. NOTE:
+    with a `window`, piece i + window - 1 starts when the reader asks for more after piece i - 1's last chunk (HTTP
+    flow control stops asking while its client does not read): a stalled reader holds at most `window` pieces."""
 
-    def __init__(self, service: SpeechService, started: float, first_chunk_samples: int = 0) -> None:
+    def __init__(self, service: SpeechService, started: float, first_chunk_samples: int = 0,
+                 window: int | None = None) -> None:
         self.service, self.started, self.first_chunk_samples = service, started, first_chunk_samples
+        self.window = window  # pieces in the engine at once, from the one being read; None: every piece
         self.first_audio: float | None = None  # seconds from open() to the first chunk
         self.timeline = Timeline()  # a Timestamp per piece whose audio has all been yielded
-        self._texts: list[str] = []
-        self._keys: list[str] = []
+        self._pieces: list[tuple[str, Prompt, SamplingParams, MelSource]] = []
+        self._keys: list[str] = []  # [started pieces]
         self._queues: list[asyncio.Queue] = []
         self._tasks: list[asyncio.Task] = []
+        self._closed = False
 
-    async def add(self, text: str, prompt: Prompt, sampling: SamplingParams, mel: MelSource) -> None:
-        key = self.service.new_key()
-        request = await self.service.engine.add_request(prompt, sampling, key)
-        chunks: asyncio.Queue = asyncio.Queue()
-        self.service.worker.open(key, mel, _sink(asyncio.get_running_loop(), chunks), self.first_chunk_samples)
-        self._keys.append(key)
-        self._texts.append(text)
-        self._queues.append(chunks)
-        self._tasks.append(asyncio.create_task(self._feed(key, request, mel, chunks)))
+    def add(self, text: str, prompt: Prompt, sampling: SamplingParams, mel: MelSource) -> None:
+        self.service.engine.check(prompt, sampling)  # a piece too long for the engine: a ValueError before any audio
+        self._pieces.append((text, prompt, sampling, mel))
+
+    async def start_window(self, reading: int) -> None:
+        """Start the pieces up to `window` past piece `reading` (all with no window). Only the first window can be
+        refused for the client's unfinished pieces (ClientBusy): later ones belong to an accepted request."""
+        end = len(self._pieces) if self.window is None else min(reading + self.window, len(self._pieces))
+        while len(self._keys) < end and not self._closed:
+            (_, prompt, sampling, mel), key = self._pieces[len(self._keys)], self.service.new_key()
+            request = await self.service.engine.add_request(prompt, sampling, key, capped=reading == 0)
+            chunks: asyncio.Queue = asyncio.Queue()
+            self.service.worker.open(key, mel, _sink(asyncio.get_running_loop(), chunks), self.first_chunk_samples)
+            self._keys.append(key)
+            self._queues.append(chunks)
+            self._tasks.append(asyncio.create_task(self._feed(key, request, mel, chunks)))
 
     async def _feed(self, key: str, request: RequestStream, mel: MelSource, chunks: asyncio.Queue) -> None:
         try:
@@ -252,8 +265,11 @@ class SpeechStream:
 
     async def __aiter__(self) -> AsyncIterator[np.ndarray]:
         try:
-            for text, chunks in zip(self._texts, self._queues, strict=True):
-                samples = 0
+            for reading, (text, *_) in enumerate(self._pieces):
+                await self.start_window(reading)
+                if reading == len(self._queues):
+                    return  # closed meanwhile
+                chunks, samples = self._queues[reading], 0
                 while (item := await chunks.get()) is not _END:
                     if isinstance(item, BaseException):
                         raise item
@@ -266,18 +282,12 @@ class SpeechStream:
             self.close()
 
     def close(self) -> None:
-        """Abort the pieces still generating (cancelling a feeder aborts its engine request)."""
+        """Abort the pieces still generating (cancelling a feeder aborts its engine request); start no more."""
+        self._closed = True
         for task in self._tasks:
             task.cancel()
         for key in self._keys:
             self.service.worker.drop(key)
-
-
-def _at_most(pieces: TextPieces, max_pieces: int | None) -> TextPieces:
-    if max_pieces is not None and len(pieces.texts) > max_pieces:
-        raise ValueError(f"input: splits into {len(pieces.texts)} sentence pieces, over the limit of {max_pieces}; "
-                         "send fewer sentences per request")
-    return pieces
 
 
 def _sink(loop: asyncio.AbstractEventLoop, chunks: asyncio.Queue) -> Sink:
