@@ -32,7 +32,9 @@ class BlockManager:
         # admitted until none of its sequences runs: `_kept[group]` free blocks that only its sequences may take.
         # Invariant: len(_free) >= sum(_kept.values()). Every block the group takes from the free list is charged
         # to it, every block of its that returns to the free list is credited back (up to `_cap[group]`, what it
-        # reserved); everyone else takes only from the free blocks beyond all groups' kept ones.
+        # reserved); everyone else takes only from the free blocks beyond all groups' kept ones. (A block of the
+        # group's that another request also holds, through the prefix cache, is not credited when the group lets
+        # go of it; should the group then run short, its sequence takes unreserved blocks or preempts, as anyone.)
         self._kept: dict[str, int] = {}
         self._cap: dict[str, int] = {}
 
