@@ -41,20 +41,20 @@ def run_to_end(engine, requests: list[tuple[str, object, SamplingParams]], max_r
 
 
 def tight_engine(tiny_assets):
-    """24 KV blocks of 4 positions (4 KiB each in float32 on the tiny model)."""
+    """20 KV blocks of 4 positions (4 KiB each in float32 on the tiny model)."""
     engine = load_pretrained(tiny_assets, is_vllm=True, block_size=4, max_model_len=64,
-                             kv_cache_memory=24 * 4096).engine
-    assert engine.block_manager.num_blocks == 24
+                             kv_cache_memory=20 * 4096).engine
+    assert engine.block_manager.num_blocks == 20
     return engine
 
 
 def tight_requests(chat: Chat) -> list[tuple[str, object, SamplingParams]]:
-    """A beam request first (4 beams of 16 + 8 positions reserve 4 + 4 x 2 = 12 blocks), then six ordinary ones of 3
-    blocks each that never grow (9 + 4 positions, the last never computed): 30 blocks in all, for a pool of 24."""
+    """A beam request first (4 beams of 16 + 8 positions reserve 4 + 4 x 2 = 12 blocks), then five ordinary ones of 3
+    blocks each that never grow (9 + 4 positions, the last never computed): 27 blocks in all, for a pool of 20."""
     beams = text_params(chat, beam_width=4, min_new_token=8, max_new_token=8)
     requests = [("beam", make_prompt(16, seed=100), beams)]
     return requests + [(f"plain-{k}", make_prompt(9, seed=k), text_params(chat, seed=k, max_new_token=4))
-                       for k in range(6)]
+                       for k in range(5)]
 
 
 def test_beam_requests_wait_for_seats_and_give_what_they_give_alone(chat: Chat, tiny_assets) -> None:
@@ -93,7 +93,7 @@ def test_a_beam_request_reserves_its_blocks_and_preempts_no_one_in_a_tight_pool(
 def test_a_beam_request_that_can_never_fit_the_pool_is_refused_alone(chat: Chat, tiny_assets) -> None:
     engine = tight_engine(tiny_assets)
     wide = text_params(chat, beam_width=8, max_new_token=16)  # 4 + 8 x 4 blocks
-    with pytest.raises(ValueError, match="beam_width: 8 beams .* reserve 36 KV blocks but the pool has 24"):
+    with pytest.raises(ValueError, match="beam_width: 8 beams .* reserve 36 KV blocks but the pool has 20"):
         engine.add_request("wide", make_prompt(16, seed=100), wide)
     assert not engine.has_unfinished_requests() and not engine.beams.groups
     rid, prompt, params = tight_requests(chat)[1]
