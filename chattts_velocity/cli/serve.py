@@ -30,6 +30,8 @@ LIMIT_FLAGS = {  # ServerConfig field -> (type, help); each is the flag --FIELD-
     "header_timeout_s": (float, "seconds a client has to send a request's headers (default 10)"),
     "body_timeout_s": (float, "seconds a client then has to send the whole body, else 408 (default 30)"),
     "send_timeout_s": (float, "seconds a stream may go unread before it is cancelled and its KV freed (default 30)"),
+    "stream_window_pieces": (int, "sentence pieces of a stream generated ahead of the one its client reads "
+                                  "(default 8)"),
     "max_body_bytes": (int, "largest request body of the speech route, else 413 (default 1048576)"),
     "max_upload_bytes": (int, "largest voice clip upload, else 413 (default 16777216)"),
     "body_budget_bytes": (int, "request bodies held at once over all connections; past it 503 (default 134217728)"),

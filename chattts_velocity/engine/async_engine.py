@@ -81,6 +81,7 @@ class _Add:
     stream: RequestStream
     prompt: Prompt
     params: SamplingParams
+    capped: bool = True  # False: never refused for its client's unfinished requests (still counted)
 
 
 @dataclass
@@ -159,20 +160,25 @@ class AsyncLLMEngine:
                 self.abort(stream.request_id)
 
     async def add_request(
-        self, prompt: Prompt, params: SamplingParams, request_id: str | None = None
+        self, prompt: Prompt, params: SamplingParams, request_id: str | None = None, capped: bool = True
     ) -> RequestStream:
         """Queue a request and wait until the loop accepted it (a bad request raises ValueError here). Its client is
-        CLIENT's value in the caller's context."""
+        CLIENT's value in the caller's context; `capped=False`: a later part of a request already accepted, never
+        refused for max_queued_per_client."""
         self.start()
         request_id = request_id if request_id is not None else f"async-{next(self._ids)}"
         stream = RequestStream(request_id, asyncio.get_running_loop(), CLIENT.get())
-        self._send(_Add(stream, prompt, params))
+        self._send(_Add(stream, prompt, params, capped))
         try:
             await stream.accepted
         except asyncio.CancelledError:
             self.abort(request_id)
             raise
         return stream
+
+    def check(self, prompt: Prompt, params: SamplingParams) -> None:
+        """add_request's ValueError for a request too large for the engine, raised here and queuing nothing."""
+        self.engine.check_request(prompt, params)
 
     def abort(self, request_id: str) -> None:
         """Abort a request from any thread: it leaves before the next step, its blocks are freed and its consumer's
@@ -232,7 +238,7 @@ class AsyncLLMEngine:
             stream.resolve(ValueError(f"request_id: {stream.request_id!r} is already running; use a unique id"))
             return
         cap, client = self.max_queued_per_client, stream.client
-        if cap is not None and client and self._per_client[client] >= cap:
+        if cap is not None and client and command.capped and self._per_client[client] >= cap:
             stream.resolve(ClientBusy(f"input: this client has {cap} pieces unfinished, the most one client may "
                                       "have; retry when some have finished"))
             return

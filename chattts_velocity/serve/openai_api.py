@@ -16,7 +16,7 @@ from functools import partial
 import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
 from ..audio.encode import wav_bytes
@@ -29,7 +29,7 @@ from ..params import InferCodeParams
 from ..speech.pipeline import SpeechPipeline
 from ..text.voices import VoiceLibrary
 from . import metrics
-from .audio_stream import encoded_chunks
+from .audio_stream import StreamedAudio, encoded_chunks
 from .cache import AudioCache, recorded
 from .edge import Edge
 from .instructions import SpeechInput, check_model, code_params, speech_input
@@ -195,7 +195,8 @@ def _add_speech_route(app: FastAPI, config: ServerConfig) -> None:
             streamed = body.stream or body.stream_format == "sse"
             first = FORMATS[fmt].first_chunk_samples if streamed else 0  # the encoder's first bytes leave with it
             stream = await state.service.open(plan.text, params, refine=plan.refine, split=config.split_text,
-                                              max_pieces=config.max_pieces, first_chunk_samples=first)
+                                              max_pieces=config.max_pieces, first_chunk_samples=first,
+                                              window=config.stream_window_pieces if streamed else None)
         except ValueError as exc:
             raise bad_request(exc) from None
         except RuntimeError as exc:
@@ -204,9 +205,9 @@ def _add_speech_route(app: FastAPI, config: ServerConfig) -> None:
             chunks = state.audio_bytes(stream, labels)
             if body.stream_format == "sse":
                 timeline = stream.timeline if body.timestamps else None
-                return StreamingResponse(sse_events(chunks, timeline), media_type="text/event-stream")
-            return StreamingResponse(recorded(chunks, partial(state.cache.put, key)),
-                                     media_type=FORMATS[fmt].media_type)
+                return StreamedAudio(sse_events(chunks, timeline), stream.close, media_type="text/event-stream")
+            return StreamedAudio(recorded(chunks, partial(state.cache.put, key)), stream.close,
+                                 media_type=FORMATS[fmt].media_type)
         wav = await state.collect(stream, request, labels)
         data = b"" if wav is None else await asyncio.to_thread(state.encode, wav, fmt, body.loudness)
         state.cache.put(key if wav is not None else None, data)

@@ -31,13 +31,14 @@ class ServerConfig:
     header_timeout_s: float = 10.0  # a connection must send a request's headers within this (serve/timeouts.py)
     body_timeout_s: float = 30.0  # and then its whole body within this
     send_timeout_s: float = 30.0  # a stream whose client reads nothing this long is cancelled (its KV blocks freed)
+    stream_window_pieces: int = 8  # a streamed request's pieces in the engine at once, from the one its client reads
     max_queued_per_client: int = 512  # unfinished sentence pieces one client (API key, else address) may have: 429
     body_budget_bytes: int = 128 << 20  # request bodies held at once, all connections; past it a new body gets 503
 
     def __post_init__(self) -> None:
         for name in ("max_input_chars", "max_body_bytes", "max_pieces", "max_new_token", "max_voices",
                      "max_upload_bytes", "text_workers", "body_budget_bytes",
-                     "max_queued_per_client"):
+                     "max_queued_per_client", "stream_window_pieces"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}: must be an integer >= 1, got {value!r}")

@@ -86,3 +86,11 @@ class TextWorker:
         self._threads.shutdown(wait=False, cancel_futures=True)
         if self._processes is not None:
             self._processes.shutdown(wait=True, cancel_futures=True)  # running jobs end within their budget
+
+
+def at_most(pieces: TextPieces, max_pieces: int | None) -> TextPieces:
+    """pieces, or a ValueError naming `input` when they are more than max_pieces."""
+    if max_pieces is not None and len(pieces.texts) > max_pieces:
+        raise ValueError(f"input: splits into {len(pieces.texts)} sentence pieces, over the limit of {max_pieces}; "
+                         "send fewer sentences per request")
+    return pieces

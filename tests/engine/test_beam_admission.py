@@ -1,9 +1,11 @@
-"""Beam requests hold a seat of max_num_seqs for every beam: they wait for seats instead of overflowing the running
-set, and a fault in one request's search (its fork) fails that request only (tiny random weights)."""
+"""Beam requests hold a seat of max_num_seqs for every beam and reserve the KV blocks their beams can hold: they wait
+for seats and blocks instead of overflowing the running set or preempting others, one that can never fit the pool is
+refused when added, and a fault in one request's search (its fork) fails that request only (tiny random weights)."""
 from __future__ import annotations
 
 import pytest
 import torch
+from fakes import make_prompt
 
 from chattts_velocity import Chat, RefineTextParams, load_pretrained
 from chattts_velocity.engine.beams.velocity import BeamSearch
@@ -33,8 +35,26 @@ def run_to_end(engine, requests: list[tuple[str, object, SamplingParams]], max_r
     while engine.has_unfinished_requests():
         outputs.update((d.request_id, d) for d in engine.step() if d.finished)
         assert len(engine.scheduler.running) <= max_running
-    assert engine.block_manager.num_used_blocks == 0
+    pool = engine.block_manager
+    assert pool.num_used_blocks == 0 and pool.num_unreserved_blocks == pool.num_blocks
     return outputs
+
+
+def tight_engine(tiny_assets):
+    """20 KV blocks of 4 positions (4 KiB each in float32 on the tiny model)."""
+    engine = load_pretrained(tiny_assets, is_vllm=True, block_size=4, max_model_len=64,
+                             kv_cache_memory=20 * 4096).engine
+    assert engine.block_manager.num_blocks == 20
+    return engine
+
+
+def tight_requests(chat: Chat) -> list[tuple[str, object, SamplingParams]]:
+    """A beam request first (4 beams of 16 + 8 positions reserve 4 + 4 x 2 = 12 blocks), then five ordinary ones of 3
+    blocks each that never grow (9 + 4 positions, the last never computed): 27 blocks in all, for a pool of 20."""
+    beams = text_params(chat, beam_width=4, min_new_token=8, max_new_token=8)
+    requests = [("beam", make_prompt(16, seed=100), beams)]
+    return requests + [(f"plain-{k}", make_prompt(9, seed=k), text_params(chat, seed=k, max_new_token=4))
+                       for k in range(5)]
 
 
 def test_beam_requests_wait_for_seats_and_give_what_they_give_alone(chat: Chat, tiny_assets) -> None:
@@ -58,12 +78,39 @@ def test_a_beam_width_over_max_num_seqs_is_refused_when_added(chat: Chat, tiny_a
     assert not small.has_unfinished_requests() and not small.beams.groups
 
 
-def test_a_fork_that_fails_fails_its_request_only(chat: Chat, monkeypatch) -> None:
+def test_a_beam_request_reserves_its_blocks_and_preempts_no_one_in_a_tight_pool(chat: Chat, tiny_assets) -> None:
+    engine = tight_engine(tiny_assets)
+    requests = tight_requests(chat)
+    alone = {rid: run_to_end(engine, [(rid, p, params)], 64)[rid] for rid, p, params in requests}
+    assert engine.scheduler.num_preemptions == 0
+    together = run_to_end(engine, requests, 64)
+    assert engine.scheduler.num_preemptions == 0  # its forks took reserved blocks: ordinary requests waited instead
+    for rid, output in alone.items():
+        assert together[rid].error is None, together[rid].error
+        assert torch.equal(together[rid].token_ids, output.token_ids), rid
+
+
+def test_a_beam_request_that_can_never_fit_the_pool_is_refused_alone(chat: Chat, tiny_assets) -> None:
+    engine = tight_engine(tiny_assets)
+    wide = text_params(chat, beam_width=8, max_new_token=16)  # 4 + 8 x 4 blocks
+    with pytest.raises(ValueError, match="beam_width: 8 beams .* reserve 36 KV blocks but the pool has 20"):
+        engine.add_request("wide", make_prompt(16, seed=100), wide)
+    assert not engine.has_unfinished_requests() and not engine.beams.groups
+    rid, prompt, params = tight_requests(chat)[1]
+    assert run_to_end(engine, [(rid, prompt, params)], 64)[rid].error is None
+
+
+@pytest.mark.parametrize("pool", ["roomy", "tight"])
+def test_a_fork_that_fails_fails_its_request_only(chat: Chat, tiny_assets, pool: str, monkeypatch) -> None:
     prompts = [chat.tokenizer.refine_prompt(t) for t in TEXTS]
     beams = text_params(chat, beam_width=3, min_new_token=4, max_new_token=6)
     requests = [("good-0", prompts[0], beams), ("bad", prompts[1], beams), ("good-1", prompts[2], beams),
                 ("sampled", prompts[1], text_params(chat, seed=5))]
     engine = chat.engine()
+    if pool == "tight":
+        engine = tight_engine(tiny_assets)
+        requests = [(f"good-{k}" if rid != "beam" else "bad", p, params)
+                    for k, (rid, p, params) in enumerate(tight_requests(chat))]
     alone = {rid: run_to_end(engine, [(rid, p, params)], 64)[rid] for rid, p, params in requests if rid != "bad"}
     fork = BeamSearch._fork
 

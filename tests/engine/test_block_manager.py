@@ -204,3 +204,20 @@ def test_fork_shares_full_computed_blocks():
 def test_bad_pool_size_is_a_value_error():
     with pytest.raises(ValueError, match="num_blocks"):
         BlockManager(0, BS)
+
+
+def test_blocks_kept_for_a_seat_group_go_to_its_sequences_only():
+    bm = BlockManager(10, BS)
+    beam, other = _seq(make_prompt(BS + 1), "beam#0"), _seq(make_prompt(BS, seed=1), "other")
+    beam.seat_group = ("beam", 2)
+    assert not bm.reserve("beam", 11) and not bm.is_reserved("beam")  # more than the pool: nothing kept
+    assert bm.reserve("beam", 6)
+    assert bm.num_unreserved_blocks == 4 and bm.available_to(beam) == 10 and bm.available_to(other) == 4
+    bm.allocate(beam)  # 2 blocks, charged to what the group keeps
+    assert bm.available_to(beam) == 8 and bm.available_to(other) == 4
+    grown = _seq(make_prompt(5 * BS, seed=2), "grown")
+    assert not bm.can_allocate(grown)  # 5 blocks are free for outsiders only if the group gave them back
+    bm.free(beam)  # its blocks come back to what it keeps (never past what it reserved)
+    assert bm.available_to(beam) == 10 and bm.num_unreserved_blocks == 4
+    bm.unreserve("beam")
+    assert bm.num_unreserved_blocks == 10 and bm.can_allocate(grown)

@@ -45,10 +45,13 @@ class Pool:
     def _slot(self, seq: Sequence, pos: int) -> tuple[int, int]:
         return seq.block_table[pos // self.bm.block_size], pos % self.bm.block_size
 
-    def new_seq(self, length: int, variant: int, speaker: int) -> Sequence:
+    def new_seq(self, length: int, variant: int, speaker: int, group: int = 0) -> Sequence:
+        """group > 0: a beam of seat group `g{group}` (blocks kept for it are its own)."""
         self.count += 1
-        return Sequence(f"s{self.count}", make_prompt(length, seed=variant, spk=SPEAKERS[speaker]),
-                        SamplingParams(seed=0))
+        seq = Sequence(f"s{self.count}", make_prompt(length, seed=variant, spk=SPEAKERS[speaker]),
+                       SamplingParams(seed=0))
+        seq.seat_group = (f"g{group}", 2) if group else None
+        return seq
 
     def allocate(self, seq: Sequence) -> None:
         if self.bm.can_allocate(seq):
@@ -80,9 +83,8 @@ class Pool:
 
     def fork(self, parent: Sequence) -> None:
         child = Sequence(f"{parent.request_id}f", parent.prompt, parent.params)
-        child.generated = list(parent.generated)
-        shared = min(parent.num_computed_tokens, len(child) - 1) // self.bm.block_size
-        if child.num_blocks(self.bm.block_size) - shared <= self.bm.num_free_blocks:
+        child.generated, child.seat_group = list(parent.generated), parent.seat_group
+        if self.bm.can_fork(parent, child):
             self.bm.fork(parent, child)
             self.seqs.append(child)
 
@@ -93,6 +95,7 @@ class Pool:
     def check(self) -> None:
         bm = self.bm
         assert bm.num_free_blocks + bm.num_used_blocks == bm.num_blocks
+        assert bm.num_unreserved_blocks >= 0  # the free blocks cover every group's kept ones
         holders = Counter(b for seq in self.seqs for b in seq.block_table)
         assert all(bm.ref_counts[b] == holders.get(b, 0) for b in range(bm.num_blocks))
         free = list(bm._free)
@@ -109,6 +112,9 @@ class Pool:
         for seq in list(self.seqs):
             self.free(seq)
         assert self.bm.num_used_blocks == 0 and all(r == 0 for r in self.bm.ref_counts)
+        for group in ("g1", "g2"):
+            self.bm.unreserve(group)
+        assert self.bm.num_unreserved_blocks == self.bm.num_blocks
 
 
 class BlockManagerMachine(RuleBasedStateMachine):
@@ -116,9 +122,17 @@ class BlockManagerMachine(RuleBasedStateMachine):
     def setup(self, num_blocks: int, block_size: int, caching: bool) -> None:
         self.pool = Pool(num_blocks, block_size, caching)
 
-    @rule(length=st.integers(1, 12), variant=st.integers(0, 2), speaker=st.integers(0, 2))
-    def allocate(self, length: int, variant: int, speaker: int) -> None:
-        self.pool.allocate(self.pool.new_seq(length, variant, speaker))
+    @rule(length=st.integers(1, 12), variant=st.integers(0, 2), speaker=st.integers(0, 2), group=st.integers(0, 2))
+    def allocate(self, length: int, variant: int, speaker: int, group: int) -> None:
+        self.pool.allocate(self.pool.new_seq(length, variant, speaker, group))
+
+    @rule(group=st.integers(1, 2), blocks=st.integers(0, 16))
+    def reserve(self, group: int, blocks: int) -> None:
+        self.pool.bm.reserve(f"g{group}", blocks)
+
+    @rule(group=st.integers(1, 2))
+    def unreserve(self, group: int) -> None:
+        self.pool.bm.unreserve(f"g{group}")
 
     @precondition(lambda self: self.pool.seqs)
     @rule(pick=st.integers(0, 100), num=st.integers(1, 8))
@@ -162,7 +176,11 @@ def test_random_operations_keep_invariants():
         for _ in range(5_000 // 3):
             op = rng.random()
             if op < 0.25 or not pool.seqs:
-                pool.allocate(pool.new_seq(rng.randint(1, 10), rng.randint(0, 1), rng.randint(0, 2)))
+                pool.allocate(pool.new_seq(rng.randint(1, 10), rng.randint(0, 1), rng.randint(0, 2), rng.randint(0, 2)))
+            elif op < 0.28:
+                pool.bm.reserve(f"g{rng.randint(1, 2)}", rng.randint(0, 8))
+            elif op < 0.30:
+                pool.bm.unreserve(f"g{rng.randint(1, 2)}")
             elif op < 0.55:
                 pool.compute(rng.choice(pool.seqs), rng.randint(1, 6))
             elif op < 0.75:

@@ -141,17 +141,16 @@ class BeamSearch:
             return [self._fail(group, next(iter(failures.values())))]
         parents = group.state.step(logprobs)
         old, group.seqs = group.seqs, []
-        continued: set[int] = set()
-        for parent, beam in zip(parents, group.state.live, strict=True):
-            if parent in continued:
-                group.seqs.append(self._fork(group, old[parent], beam.tokens))
-            else:
-                continued.add(parent)
+        first_child = {parent: k for k, parent in reversed(list(enumerate(parents)))}
+        for k, seq in enumerate(old):
+            if k not in first_child:
+                self._drop(seq)  # before any fork: at most beam_width beams hold blocks (admission.group_blocks)
+        for k, (parent, beam) in enumerate(zip(parents, group.state.live, strict=True)):
+            if first_child[parent] == k:
                 old[parent].append_token((beam.tokens[-1],), None)
                 group.seqs.append(old[parent])
-        for k, seq in enumerate(old):
-            if k not in continued:
-                self._drop(seq)
+            else:
+                group.seqs.append(self._fork(group, old[parent], beam.tokens))
         if not group.state.done:
             return []
         self.groups.pop(group.request_id)

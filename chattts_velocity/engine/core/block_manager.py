@@ -1,4 +1,4 @@
-"""Engine stage: the KV block pool (block ids, ref counts, prefix cache).
+"""Engine stage: the KV block pool (block ids, ref counts, prefix cache, blocks kept for beam requests).
 
 In: Sequences. Out: `seq.block_table` (the only thing the model runner reads), free/used counts.
 """
@@ -26,7 +26,17 @@ class BlockManager:
         # ref-0 blocks in eviction order (front first); they stay findable by hash until popped
         self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self._cached: dict[bytes, int] = {}  # block hash -> block id holding that KV
-        self._held: list[list[int]] | None = None  # while a step is in flight: freed tables it may still write
+        # while a step is in flight: freed tables it may still write, with the seat group each belonged to
+        self._held: list[tuple[list[int], str | None]] | None = None
+        # NOTE on reservations: a seat group (a beam request) holds a reservation from when its first sequence is
+        # admitted until none of its sequences runs: `_kept[group]` free blocks that only its sequences may take.
+        # Invariant: len(_free) >= sum(_kept.values()). Every block the group takes from the free list is charged
+        # to it, every block of its that returns to the free list is credited back (up to `_cap[group]`, what it
+        # reserved); everyone else takes only from the free blocks beyond all groups' kept ones. (A block of the
+        # group's that another request also holds, through the prefix cache, is not credited when the group lets
+        # go of it; should the group then run short, its sequence takes unreserved blocks or preempts, as anyone.)
+        self._kept: dict[str, int] = {}
+        self._cap: dict[str, int] = {}
 
     @property
     def num_free_blocks(self) -> int:
@@ -40,13 +50,41 @@ class BlockManager:
     def usage(self) -> float:
         return self.num_used_blocks / self.num_blocks
 
+    @property
+    def num_unreserved_blocks(self) -> int:
+        """Free blocks that no seat group keeps: what a sequence outside any group may take."""
+        return len(self._free) - sum(self._kept.values())
+
+    def available_to(self, seq: Sequence) -> int:
+        """Free blocks seq may take: the unreserved ones, and those its seat group keeps."""
+        group = _group(seq)
+        return self.num_unreserved_blocks + (self._kept.get(group, 0) if group is not None else 0)
+
+    def reserve(self, group: str, blocks: int) -> bool:
+        """Keep `blocks` free blocks for the seat group's sequences; False (nothing kept) if the unreserved ones are
+        fewer. A group that already holds a reservation keeps it."""
+        if group in self._kept:
+            return True
+        if blocks > self.num_unreserved_blocks:
+            return False
+        self._kept[group] = self._cap[group] = blocks
+        return True
+
+    def unreserve(self, group: str) -> None:
+        """The group runs no sequence any more: the blocks kept for it are everyone's again."""
+        self._kept.pop(group, None)
+        self._cap.pop(group, None)
+
+    def is_reserved(self, group: str) -> bool:
+        return group in self._kept
+
     def blocks_for(self, num_positions: int) -> int:
         return (num_positions + self.block_size - 1) // self.block_size
 
     def can_allocate(self, seq: Sequence) -> bool:
         hits = self._cache_hits(seq)
         revived = sum(1 for b in hits if self.ref_counts[b] == 0)  # cached but free: leaves the free list
-        return seq.num_blocks(self.block_size) - len(hits) + revived <= len(self._free)
+        return seq.num_blocks(self.block_size) - len(hits) + revived <= self.available_to(seq)
 
     def allocate(self, seq: Sequence) -> None:
         """Give a waiting sequence blocks for all len(seq) positions (prompt, plus generated on recompute)."""
@@ -62,16 +100,18 @@ class BlockManager:
             raise RuntimeError(f"allocate: {seq.request_id} already holds blocks")
         hits = self._cache_hits(seq)
         for block in hits:
-            self._free.pop(block, None)
+            if block in self._free:
+                del self._free[block]
+                self._charge(seq)
             self.ref_counts[block] += 1
-        fresh = [self._pop_free() for _ in range(seq.num_blocks(self.block_size) - len(hits))]
+        fresh = [self._pop_free(seq) for _ in range(seq.num_blocks(self.block_size) - len(hits))]
         seq.block_table = hits + fresh
         seq.num_cached_tokens = len(hits) * self.block_size
         seq.num_computed_tokens = seq.num_cached_tokens
 
     def can_append(self, seq: Sequence) -> bool:
         """True when position len(seq)-1 has a slot or one free block can provide it."""
-        return seq.num_blocks(self.block_size) <= len(seq.block_table) or len(self._free) > 0
+        return seq.num_blocks(self.block_size) <= len(seq.block_table) or self.available_to(seq) > 0
 
     def append_slot(self, seq: Sequence, ahead: int = 0) -> None:
         """Make sure position len(seq)-1+ahead has a slot (a new block when it crosses a boundary)."""
@@ -81,16 +121,16 @@ class BlockManager:
         if missing == 1:
             if not self._free:
                 raise RuntimeError("append_slot: no free block; check can_append() first")
-            seq.block_table.append(self._pop_free())
+            seq.block_table.append(self._pop_free(seq))
 
     def free(self, seq: Sequence) -> None:
         """Release the sequence's blocks (its KV is gone: num_computed_tokens becomes 0); while held, they return to
         the pool only at release()."""
         table, seq.block_table, seq.num_computed_tokens = seq.block_table, [], 0
         if self._held is not None:
-            self._held.append(table)
+            self._held.append((table, _group(seq)))
         else:
-            self._return(table)
+            self._return(table, _group(seq))
 
     def hold(self) -> None:
         """A step is in flight on the device and may still write the KV of the sequences it runs: blocks freed from
@@ -100,19 +140,21 @@ class BlockManager:
 
     def release(self) -> None:
         held, self._held = self._held or [], None
-        for table in held:
-            self._return(table)
+        for table, group in held:
+            self._return(table, group)
 
-    def _return(self, table: list[int]) -> None:
+    def _return(self, table: list[int], group: str | None) -> None:
         for block in reversed(table):  # tail first: prefixes are evicted last
             self.ref_counts[block] -= 1
             if self.ref_counts[block] == 0:
                 self._free[block] = None
                 if self.block_hashes[block] is None:
                     self._free.move_to_end(block, last=False)  # nothing reusable: evict first
+                if group in self._kept:
+                    self._kept[group] = min(self._kept[group] + 1, self._cap[group])
 
     def can_fork(self, parent: Sequence, child: Sequence) -> bool:
-        return child.num_blocks(self.block_size) - self._num_shared(parent, child) <= len(self._free)
+        return child.num_blocks(self.block_size) - self._num_shared(parent, child) <= self.available_to(child)
 
     def _num_shared(self, parent: Sequence, child: Sequence) -> int:
         return min(parent.num_computed_tokens, len(child) - 1, len(parent)) // self.block_size
@@ -125,11 +167,11 @@ class BlockManager:
         """
         shared = self._num_shared(parent, child)
         fresh_needed = child.num_blocks(self.block_size) - shared
-        if child.block_table or fresh_needed > len(self._free):
+        if child.block_table or fresh_needed > self.available_to(child):
             raise RuntimeError(f"fork: {child.request_id} holds blocks or the pool is too small")
         for block in parent.block_table[:shared]:
             self.ref_counts[block] += 1
-        child.block_table = parent.block_table[:shared] + [self._pop_free() for _ in range(fresh_needed)]
+        child.block_table = parent.block_table[:shared] + [self._pop_free(child) for _ in range(fresh_needed)]
         child.num_cached_tokens = child.num_computed_tokens = shared * self.block_size
 
     def cache_computed_blocks(self, seq: Sequence) -> None:
@@ -170,7 +212,14 @@ class BlockManager:
         digest.update(seq.row_bytes(index * self.block_size, (index + 1) * self.block_size))
         return digest.digest()
 
-    def _pop_free(self) -> int:
+    def _charge(self, seq: Sequence) -> None:
+        """seq took a block off the free list: one fewer kept for its group (past them, it took an unreserved one)."""
+        group = _group(seq)
+        if group in self._kept:
+            self._kept[group] = max(self._kept[group] - 1, 0)
+
+    def _pop_free(self, seq: Sequence) -> int:
+        self._charge(seq)
         block, _ = self._free.popitem(last=False)
         key = self.block_hashes[block]
         if key is not None and self._cached.get(key) == block:
@@ -178,3 +227,7 @@ class BlockManager:
         self.block_hashes[block] = None
         self.ref_counts[block] = 1
         return block
+
+
+def _group(seq: Sequence) -> str | None:
+    return seq.seat_group[0] if seq.seat_group is not None else None

@@ -17,6 +17,7 @@ import torch
 from chattts_velocity.assets import AssetPaths
 from chattts_velocity.config import EngineConfig, ModelConfig
 from chattts_velocity.engine.beams.velocity import BeamSearch
+from chattts_velocity.engine.core.admission import check_fits
 from chattts_velocity.engine.core.block_manager import BlockManager
 from chattts_velocity.engine.core.decode_batch import DecodeBatch
 from chattts_velocity.engine.core.model_runner import ModelRunner
@@ -91,6 +92,14 @@ class LLMEngine:
         seq.client = client
         self.scheduler.add(seq)
         return request_id
+
+    def check_request(self, prompt: Prompt, params: SamplingParams) -> None:
+        """The ValueError add_request would raise for this request's size (positions, blocks, beams), queuing
+        nothing; reads only what never changes, so any thread may call it."""
+        seq = Sequence("check", prompt, params)
+        if params.beam_width > 1:
+            seq.seat_group = ("check", params.beam_width)
+        check_fits(seq, self.engine_config, self.block_manager)
 
     def abort_request(self, request_id: str) -> bool:
         self.retries.forget(request_id)

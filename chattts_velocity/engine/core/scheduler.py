@@ -11,12 +11,11 @@ import numpy as np
 import torch
 
 from chattts_velocity.config import EngineConfig
-from chattts_velocity.engine.core.admission import admission_order, seats_in_use
+from chattts_velocity.engine.core.admission import admission_order, blocks_for_admission, check_fits, seats_in_use
 from chattts_velocity.engine.core.block_manager import BlockManager
 from chattts_velocity.engine.core.decode_batch import DecodeBatch, eligible
 from chattts_velocity.engine.core.sequence import Sequence, SequenceStatus
 from chattts_velocity.engine.core.step import ScheduledBatch, StepOutput
-from chattts_velocity.schema import check_prompt_fits
 
 
 class Scheduler:
@@ -46,7 +45,7 @@ class Scheduler:
         return (priority, seq.arrival)
 
     def add(self, seq: Sequence) -> None:
-        self._check_fits(seq)
+        check_fits(seq, self.config, self.block_manager)
         if seq.request_id in self._requests:
             raise ValueError(f"request_id: {seq.request_id!r} is already running; use a unique id")
         if seq.seed is None:
@@ -59,20 +58,6 @@ class Scheduler:
             self.waiting.insert(bisect.bisect_right(keys, self._key(seq)), seq)
         else:
             self.waiting.append(seq)
-
-    def _check_fits(self, seq: Sequence) -> None:
-        if seq.seat_group is not None and seq.seat_group[1] > self.config.max_num_seqs:
-            raise ValueError(f"beam_width: {seq.seat_group[1]} beams run as {seq.seat_group[1]} sequences, more than "
-                             f"max_num_seqs ({self.config.max_num_seqs}); lower beam_width")
-        check_prompt_fits(seq.num_prompt_tokens, seq.params.max_new_token, self.config.max_model_len, "max_model_len")
-        positions = seq.num_prompt_tokens + seq.params.max_new_token
-        needed = self.block_manager.blocks_for(positions)
-        if needed > self.block_manager.num_blocks:
-            raise ValueError(
-                f"max_new_token: prompt + max_new_token = {positions} positions need {needed} KV blocks "
-                f"but the pool has {self.block_manager.num_blocks}; lower max_new_token or raise "
-                f"kv_cache_memory"
-            )
 
     def add_running(self, seq: Sequence) -> None:
         """Run a sequence that already holds its blocks (a beam forked by BlockManager.fork)."""
@@ -92,10 +77,19 @@ class Scheduler:
         if seq in self.waiting:
             self.waiting.remove(seq)
         if seq in self.running:
-            self.running.remove(seq)
-        self.block_manager.free(seq)
+            self._leave(seq)
+        else:
+            self.block_manager.free(seq)
         seq.status = SequenceStatus.FINISHED_ABORTED
         return True
+
+    def _leave(self, seq: Sequence) -> None:
+        """seq stops running and frees its blocks; the last running sequence of a seat group ends its reservation."""
+        self.running.remove(seq)
+        self.block_manager.free(seq)
+        group = seq.seat_group
+        if group is not None and not any(s.seat_group == group for s in self.running):
+            self.block_manager.unreserve(group[0])
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
@@ -161,7 +155,7 @@ class Scheduler:
 
     def _steady_batch(self, state: DecodeBatch, ahead: int) -> ScheduledBatch | None:
         grow = state.new_blocks(ahead)
-        if len(grow) > self.block_manager.num_free_blocks:
+        if len(grow) > self.block_manager.num_unreserved_blocks:
             return None  # the loop in schedule() preempts
         for b in grow.tolist():
             self.block_manager.append_slot(state.seqs[b], ahead)
@@ -183,8 +177,7 @@ class Scheduler:
         return True
 
     def _preempt(self, seq: Sequence) -> None:
-        self.running.remove(seq)
-        self.block_manager.free(seq)
+        self._leave(seq)
         self._changed = True
         seq.status = SequenceStatus.WAITING
         seq.num_preemptions += 1
@@ -197,8 +190,11 @@ class Scheduler:
 
     def _admit(self, chosen: list[tuple[Sequence, int]], budget: int) -> None:
         # NOTE: a sequence takes one of max_num_seqs seats; a seat group (a beam request, whose forks join the
-        # running set without admission) takes all its seats when its first sequence is admitted, so the running
-        # set never outgrows max_num_seqs (KV pressure from its forks is met by preemption, as for anyone else).
+        # running set without admission) takes all its seats, and reserves the KV blocks its beams can hold at once
+        # (admission.group_blocks), when its first sequence is admitted: the running set never outgrows
+        # max_num_seqs, and a fork or a beam's next slot never waits for a block nor preempts anyone. Both are
+        # held until none of the group's sequences runs. A group that cannot reserve waits, and so does the queue
+        # behind it (no skipping).
         used, held = seats_in_use(self.running)
         for seq in admission_order(self.waiting, self.running, self.config):
             if budget <= 0:
@@ -206,7 +202,7 @@ class Scheduler:
             group = seq.seat_group
             seats = 1 if group is None else 0 if group[0] in held else group[1]
             if (len(chosen) == self.config.max_num_seqs or used + seats > self.config.max_num_seqs
-                    or not self.block_manager.can_allocate(seq)):
+                    or not blocks_for_admission(seq, self.block_manager)):
                 break
             used += seats
             if group is not None:
@@ -293,7 +289,6 @@ class Scheduler:
 
     def _finish(self, seq: Sequence, status: SequenceStatus) -> None:
         self._changed = True
-        self.running.remove(seq)
-        self.block_manager.free(seq)
+        self._leave(seq)
         self._requests.pop(seq.request_id, None)
         seq.status = status
