@@ -1,6 +1,6 @@
 """Benchmark, reference side: time chattts 0.2.5 inside its own process (runs in the reference venv).
 
-Usage: ``python ref_bench.py REQUEST.json OUT.json`` (bench_runs.run_reference writes the request).
+Usage: ``python reference_side.py REQUEST.json OUT.json`` (runs.run_reference writes the request).
 Request: {"asset_root", "steps", "threads", "speaker", "decode": bool, "batches": [[text, ...], ...]}.
 Out: one record per batch with gpt_seconds, decode_seconds, cpu_seconds, peak_rss_mb, ttft ([]: not
 observable from outside the reference's generate loop). Never imported by chattts_velocity.
@@ -24,7 +24,7 @@ def load_chat(root: Path):
     import ChatTTS
 
     asset = root / "asset" if (root / "asset" / "gpt").is_dir() else root
-    chat = ChatTTS.Chat(logging.getLogger("ref_bench"))
+    chat = ChatTTS.Chat(logging.getLogger("reference_side"))
     if not chat._load(device=torch.device("cpu"), compile=False, **{k: str(asset / v) for k, v in FILES.items()}):
         raise RuntimeError(f"reference Chat._load failed for {asset}")
     return chat
