@@ -10,7 +10,8 @@ to AVX2 by ONEDNN_MAX_CPU_ISA and ATEN_CPU_CAPABILITY, with this host's memory a
 flags, the kernel path in use, the host's own ceilings (streaming read GB/s and bf16 GEMM GFLOP/s on the
 benchmark's threads), the weight bytes a decode step reads per precision, the raw measurements (bf16, int8, int4;
 each with "stages": Chat.infer end to end at 1 and 64 texts split into GPT prefill, GPT decode, planning,
-Decoder, Vocos and the Python around them, stage_profile.py) and every target as {"target", "measured", "met"}.
+Decoder, Vocos and the Python around them: lib/public.py's profile_infer) and every target as
+{"target", "measured", "met"}.
 llama.cpp's ratios need the `bench` extra (bench_llamacpp.py); without it their targets are recorded as skipped
 with the reason.
 """
@@ -54,7 +55,7 @@ def weight_bytes_per_step(config) -> dict:
 
 def probes(threads: int, plan: dict) -> dict:
     """The host's ceilings; a quick plan probes small sizes (a 2048^3 bf16 GEMM takes minutes without AVX-512 BF16)."""
-    from benchmarks import bench_probe as probe
+    from benchmarks.lib import probe
 
     return {"read_gbps": probe.read_gbps(threads, plan["read_mb"]),
             "bf16_gemm_gflops": probe.bf16_gemm_gflops(threads, plan["gemm_size"]),
@@ -67,9 +68,8 @@ AVX2_ONLY = {"CHATTTS_VELOCITY_CPU_KERNELS": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2
 
 def measure_dtype(chat, plan: dict) -> dict:
     """One precision: one stream (prefill excluded) and 32 / 64 concurrent end to end, best of the repeats, and
-    Chat.infer's time per stage (stage_profile.py) at the profile sizes, from the repeat with the shortest wall."""
-    from benchmarks.bench_public import batch_run, decode_rate
-    from benchmarks.stage_profile import profile_infer
+    Chat.infer's time per stage (public.profile_infer) at the profile sizes, from the repeat with the shortest wall."""
+    from benchmarks.lib.public import batch_run, decode_rate, profile_infer
 
     decode_rate(chat, 1, 4)  # warm-up
     one = max(decode_rate(chat, 1, plan["steps"]) for _ in range(plan["repeats"]))
@@ -84,7 +84,7 @@ def measure_dtype(chat, plan: dict) -> dict:
 
 def measure_streams(chat, plan: dict) -> dict:
     """Time to first audio alone and among 16 for each stream setting, and its first chunk's error."""
-    from benchmarks.bench_public import first_chunk_error, one_clip, stream_ttfa
+    from benchmarks.lib.public import first_chunk_error, one_clip, stream_ttfa
     from chattts_velocity.speech import StreamOptions
 
     out, hidden = {}, one_clip(chat, plan["stream_steps"])
@@ -96,6 +96,34 @@ def measure_streams(chat, plan: dict) -> dict:
                       "ttfa_among_16_s": runs[16]["ttfa_max"],
                       "first_chunk_error": first_chunk_error(chat, hidden, options)}
     return out
+
+
+SEED_TARGET = "The request we follow, word for word."
+SEED_OTHERS = [f"Another sentence, number {i}, rather longer than the first one." for i in range(15)]
+
+
+def measure_seeds(chat, steps: int) -> dict:
+    """Target 4: a seeded text's codes and hidden states alone, among 8 and among 16 texts, through
+    `Chat.speech_requests` + `Chat.gpt(True).generate` (the same seed, other texts around it)."""
+    import torch
+
+    from chattts_velocity import InferCodeParams
+    from chattts_velocity.text import split_pieces
+
+    params = InferCodeParams(manual_seed=7, max_new_token=steps, min_new_token=steps, show_tqdm=False)
+
+    def target_output(texts: list[str]):
+        requests = chat.speech_requests(split_pieces(texts, split=False), params)
+        outputs = chat.gpt(True).generate(requests.prompts, requests.sampling, False, max_batch=len(texts))
+        return outputs[texts.index(SEED_TARGET)]
+
+    alone = target_output([SEED_TARGET])
+    report = {}
+    for n in (8, 16):
+        batch = target_output(SEED_OTHERS[: n // 2] + [SEED_TARGET] + SEED_OTHERS[n // 2: n - 1])
+        report[f"among_{n}"] = {"codes_equal": torch.equal(alone.token_ids, batch.token_ids),
+                                "hidden_max_diff": (alone.hidden - batch.hidden).abs().max().item()}
+    return report
 
 
 def measure_llamacpp(args, plan: dict, chats: dict) -> dict:
@@ -173,9 +201,9 @@ def _llamacpp_targets(llama: dict) -> list[dict]:
 def run(args: argparse.Namespace) -> dict:
     import torch
 
-    from benchmarks.bench_contract import measure_kv_int8, measure_seeds
-    from benchmarks.bench_probe import cpu_identity, thread_settings
-    from benchmarks.bench_public import load_chat
+    from benchmarks.bench_decode import kv_ab
+    from benchmarks.lib.probe import cpu_identity, thread_settings
+    from benchmarks.lib.public import load_chat
 
     plan = QUICK if args.quick else FULL
     torch.set_num_threads(args.threads)
@@ -198,7 +226,7 @@ def run(args: argparse.Namespace) -> dict:
     measured["seeds"] = {dtype: measure_seeds(chat, plan["seed_steps"]) for dtype, chat in chats.items()
                          if dtype != "int4"}
     print(f"seeds: {json.dumps(measured['seeds'])}", flush=True)
-    measured["kv_int8"] = measure_kv_int8(args.model, "bfloat16", plan)
+    measured["kv_int8"] = kv_ab(args.model, "bfloat16", plan["kv_seqs"], plan["kv_context"], plan["repeats"] * 3)
     print(f"int8 KV: {json.dumps(measured['kv_int8'].get('int8_speedup', measured['kv_int8']))}", flush=True)
     report["measured"] = measured
     report["llamacpp"] = measure_llamacpp(args, plan, chats)

@@ -5,7 +5,7 @@ across paths. Per concurrency level N the velocity engine runs N requests at onc
 runs at N in --plain-sizes only (it is slow); the reference chattts 0.2.5 runs in its own venv with
 --reference. Paths are interleaved within each repeat and ratios are taken inside one repeat, so a
 busy host slows all of them alike. A matmul probe before and after each repeat reports how much CPU
-the host grants. Each repeat then streams --ttfa-sizes requests through a StreamSet (bench_stream.py)
+the host grants. Each repeat then streams --ttfa-sizes requests through a StreamSet (lib/stream.py)
 for the real time to first audio; the "first token" column is only the time to the first code step.
 Usage (from a checkout):
 
@@ -120,7 +120,7 @@ def run(args: argparse.Namespace) -> dict:
         import torch
 
         torch.set_num_threads(args.threads)
-    from benchmarks.bench_runs import load_suite
+    from benchmarks.lib.runs import load_suite
 
     suite = load_suite(args)
     print(suite.describe(), flush=True)
@@ -134,8 +134,8 @@ def run(args: argparse.Namespace) -> dict:
 
 
 def run_repeat(suite, args: argparse.Namespace, index: int) -> dict:
-    from benchmarks.bench_runs import run_plain, run_reference, run_velocity
-    from benchmarks.bench_stream import run_sizes
+    from benchmarks.lib.runs import run_plain, run_reference, run_velocity
+    from benchmarks.lib.stream import run_sizes
 
     before = _probe(suite)
     runs = []
@@ -161,7 +161,7 @@ def run_repeat(suite, args: argparse.Namespace, index: int) -> dict:
 
 def _probe(suite) -> dict:
     """How much CPU the host grants (a CPU GEMM loop); on CUDA the engine's speed does not depend on it."""
-    from benchmarks import bench_probe as probe
+    from benchmarks.lib import probe
 
     if suite.device != "cpu":
         return {"summary": f"skipped on {suite.device}"}
@@ -208,7 +208,7 @@ def summarise(suite, args: argparse.Namespace, repeats: list[dict]) -> dict:
         met = target is not None and ratios[label] >= target
         verdict = "" if target is None else f" (target {target:.0f}x: {'met' if met else 'MISSED'})"
         print(f"  {label}: {ratios[label]:.2f}x{verdict}")
-    from benchmarks.bench_stream import summarise as summarise_stream
+    from benchmarks.lib.stream import summarise as summarise_stream
 
     return {"config": suite.config(args), "rows": rows, "ratios": ratios, "stream_ttfa": summarise_stream(repeats),
             "repeats": repeats}

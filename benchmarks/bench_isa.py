@@ -6,7 +6,7 @@ host the AVX2 rows emulate an AVX2-only host: CHATTTS_VELOCITY_CPU_KERNELS=avx2 
 ONEDNN_MAX_CPU_ISA=AVX2 + ATEN_CPU_CAPABILITY=avx2 so torch's fallback kernels use AVX2 only too (memory bandwidth
 and core count stay this host's, so the figures are ratios, not an AVX2 laptop's speed). Each (path, precision)
 runs in its own process: load, warm up, then code
-steps per second with prefill excluded (bench_public.decode_rate) for one stream and for 16 concurrent; the
+steps per second with prefill excluded (lib/public.py, decode_rate) for one stream and for 16 concurrent; the
 processes are interleaved over the repeats and each cell keeps its best. On a shared host wall-clock rates swing
 with the neighbours' load, so the run also times the 80 linears of one step on each ISA's kernels in one process
 (one thread, CPU time, interleaved, best of 7): the steadier same-run ratio of the kernels themselves.
@@ -42,7 +42,7 @@ ARGS_KIND: dict = {}  # the file's host kind and folder, from the command line
 
 def child(model: str, dtype: str, steps: int, threads: int) -> dict:
     """One (path, precision) in this process: steps/s at each size and the kernel path the load line names."""
-    from benchmarks.bench_public import decode_rate, load_chat
+    from benchmarks.lib.public import decode_rate, load_chat
     from chattts_velocity.model import kernels
 
     chat = load_chat(model, dtype, threads)
@@ -96,7 +96,7 @@ def k_of(tiles) -> int:
 
 
 def run(args: argparse.Namespace) -> dict:
-    from benchmarks.bench_probe import cpu_identity
+    from benchmarks.lib.probe import cpu_identity
 
     cpu = cpu_identity()
     flags = set(cpu["flags"]) | {"fma"}  # cpu_identity lists the matmul flags only; every AVX2 CPU has FMA

@@ -209,7 +209,7 @@ def compare(model: str, sizes: list[int], steps: int, threads: int = 2, chats: d
             repeats: int = 1) -> dict:
     """Every llama.cpp type and both of our precisions at every size (best of `repeats`), and ours / llama.cpp
     per pair. `chats`: loaded Chat objects by dtype (loaded here if absent)."""
-    from benchmarks.bench_public import decode_rate, load_chat
+    from benchmarks.lib.public import decode_rate, load_chat
 
     paths = gguf_paths(shape_of(model))
     for path in paths.values():
@@ -235,7 +235,7 @@ def _version() -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from benchmarks.bench_probe import cpu_identity
+    from benchmarks.lib.probe import cpu_identity
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="demo", help="asset folder (random full-size weights are fine)")

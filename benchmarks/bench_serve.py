@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from benchmarks import bench_runs  # noqa: E402 (imported once REPO is on sys.path)
+from benchmarks.lib import runs  # noqa: E402 (imported once REPO is on sys.path)
 from chattts_velocity import Chat, InferCodeParams  # noqa: E402 (imported once REPO is on sys.path)
 from chattts_velocity.audio import SAMPLE_RATE  # noqa: E402 (imported once REPO is on sys.path)
 from chattts_velocity.engine.async_engine import AsyncLLMEngine  # noqa: E402 (imported once REPO is on sys.path)
@@ -105,7 +105,7 @@ def _service(args: argparse.Namespace) -> Iterator[SpeechService]:
 async def _engine_round(service: SpeechService, n: int, steps: int) -> dict:
     start = time.perf_counter()
     results = await asyncio.gather(*(_one_in_process(service, text, k, steps, start)
-                                     for k, text in enumerate(bench_runs.texts(n))))
+                                     for k, text in enumerate(runs.texts(n))))
     return _summary(results, time.perf_counter() - start)
 
 
@@ -149,7 +149,7 @@ async def _round(url: str, n: int, steps: int) -> dict:
     async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
         start = time.perf_counter()
         results = await asyncio.gather(*(_one(client, text, k, steps, start)
-                                         for k, text in enumerate(bench_runs.texts(n))))
+                                         for k, text in enumerate(runs.texts(n))))
         return _summary(results, time.perf_counter() - start)
 
 

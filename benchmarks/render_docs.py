@@ -1,7 +1,7 @@
 """Writes every table of benchmark figures in the docs from the committed JSON in benchmarks/results/.
 
 A doc marks a generated table as `<!-- generated: NAME -->` ... `<!-- end -->`; this script replaces what lies
-between with the table NAME renders from the JSON (benchmarks/doc_tables.py), so docs and results cannot drift apart.
+between with the table NAME renders from the JSON (benchmarks/lib/doc_tables.py): docs and results cannot drift apart.
 
     python benchmarks/render_docs.py            # rewrite the marked blocks in README.md and docs/*.md
     python benchmarks/render_docs.py --check    # exit 1, naming the docs, when a block differs (the test does this)
@@ -19,8 +19,8 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from benchmarks import doc_tables as tables  # noqa: E402 (needs REPO on sys.path)
-from benchmarks import doc_tables_gpu as gpu_tables  # noqa: E402
+from benchmarks.lib import doc_tables as tables  # noqa: E402 (needs REPO on sys.path)
+from benchmarks.lib import doc_tables_gpu as gpu_tables  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results"
 BLOCK = re.compile(r"(<!-- generated: (?P<name>[\w.-]+) -->\n)(?P<body>.*?)(<!-- end -->)", re.S)

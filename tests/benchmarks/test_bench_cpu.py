@@ -49,7 +49,7 @@ def test_host_probes_and_raw_measurements(report: dict) -> None:
 
 
 def test_each_precision_profiles_chat_infer_per_stage(report: dict) -> None:
-    from benchmarks.stage_profile import STAGES
+    from benchmarks.lib.public import STAGES
 
     for dtype in bench_cpu.DTYPES:
         stages = report["measured"][dtype]["stages"]
@@ -64,7 +64,7 @@ def test_each_precision_profiles_chat_infer_per_stage(report: dict) -> None:
 
 
 def test_the_stage_clock_times_the_outer_call_once_and_undoes_its_wrappers() -> None:
-    from benchmarks.stage_profile import StageClock
+    from benchmarks.lib.public import StageClock
 
     class Model:
         def forward(self, x: int) -> int:

@@ -1,4 +1,4 @@
-"""benchmarks/bench_stream.py on tiny weights: every request streams audio, TTFA is a real mid-stream time, and
+"""benchmarks/lib/stream.py on tiny weights: every request streams audio, TTFA is a real mid-stream time, and
 the streamed clip matches the whole-clip decode (exact options) or visibly does not (a too-short lookahead)."""
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))  # benchmarks/ is a folder of the checkout, not an installed package
 
-from benchmarks.bench_runs import load_suite  # noqa: E402 (imported once REPO is on sys.path)
-from benchmarks.bench_stream import run_stream_ttfa, summarise  # noqa: E402 (imported once REPO is on sys.path)
+from benchmarks.lib.runs import load_suite  # noqa: E402 (imported once REPO is on sys.path)
+from benchmarks.lib.stream import run_stream_ttfa, summarise  # noqa: E402 (imported once REPO is on sys.path)
 from chattts_velocity.speech import StreamOptions  # noqa: E402 (imported once REPO is on sys.path)
 
 STEPS = 60  # tiny exact first audio needs 24 + 13 steps: 60 leaves room for chunks before the end

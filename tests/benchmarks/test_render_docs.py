@@ -32,7 +32,7 @@ def test_an_unknown_block_is_refused() -> None:
 
 
 def test_steady_decode_leaves_out_the_first_step_and_refuses_waves() -> None:
-    from benchmarks.doc_tables_gpu import steady_ms
+    from benchmarks.lib.doc_tables_gpu import steady_ms
 
     one_wave = {"ttft": [0.087, 0.0871], "gpt_seconds": 0.087 + 59 * 0.002, "steps": 60}
     assert steady_ms(one_wave) == pytest.approx(1e3 * (59 * 0.002 - 0.0001) / 59)  # from the last first token
@@ -40,7 +40,7 @@ def test_steady_decode_leaves_out_the_first_step_and_refuses_waves() -> None:
 
 
 def test_the_current_gpu_check_layout_names_the_card_in_every_row(tmp_path: Path) -> None:
-    from benchmarks.doc_tables_gpu import gpu_check_table, gpu_step_table
+    from benchmarks.lib.doc_tables_gpu import gpu_check_table, gpu_step_table
 
     sizes = {"1": 2500.0, "16": 40000.0, "64": 100000.0, "256": 200000.0}
     run = {"device": "NVIDIA H100 80GB HBM3", "dtype": "bfloat16", "steady_steps_per_s": sizes,

@@ -254,7 +254,7 @@ def test_bench_has_no_verify_and_picks_the_auto_precision(monkeypatch, demo_dir:
     custom = tmp_path / "custom"
     shutil.copytree(demo_dir, custom)
     (custom / "asset" / "demo-weights.json").unlink()
-    from benchmarks.bench_runs import load_suite
+    from benchmarks.lib.runs import load_suite
 
     with pytest.raises(AssetError, match="no-verify"):
         load_suite(parser.parse_args(["--model", str(custom)]))

@@ -43,21 +43,3 @@ def test_bad_counts_are_clear_errors(bench) -> None:
     with pytest.raises(SystemExit, match="comma-separated integers"):
         bench.main(["--concurrency", "one"])
 
-
-@pytest.mark.slow
-def test_decode_ab_smoke_run(full_assets, tmp_path) -> None:
-    from chattts_velocity.model import kernels
-
-    if kernels.unsupported() is not None:
-        pytest.skip(f"CPU kernels unsupported here: {kernels.unsupported()}")
-    spec = importlib.util.spec_from_file_location("bench_decode_ab", BENCH.parent / "bench_decode_ab.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    module.main(["--model", str(full_assets), "--batches", "2", "--rounds", "1", "--warm-steps", "2",
-                 "--name", "ab", "--out", str(tmp_path)])
-    report = json.loads((tmp_path / "ab.json").read_text())
-    (result,) = report["batches"].values()
-    times = result["ms_per_step_median"]
-    assert "compiled, no AMX" in times and all(t > 0 for t in times.values())
-    (ratios,) = [v for k, v in result.items() if k.startswith("speedup_vs_")]
-    assert ratios["compiled, no AMX"] == 1.0 and set(ratios) == set(times)

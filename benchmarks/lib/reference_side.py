@@ -1,6 +1,6 @@
 """Benchmark, reference side: time chattts 0.2.5 inside its own process (runs in the reference venv).
 
-Usage: ``python ref_bench.py REQUEST.json OUT.json`` (bench_runs.run_reference writes the request).
+Usage: ``python reference_side.py REQUEST.json OUT.json`` (runs.run_reference writes the request).
 Request: {"asset_root", "steps", "threads", "speaker", "decode": bool, "batches": [[text, ...], ...]}.
 Out: one record per batch with gpt_seconds, decode_seconds, cpu_seconds, peak_rss_mb, ttft ([]: not
 observable from outside the reference's generate loop). Never imported by chattts_velocity.
@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import json
 import logging
-import resource
 import sys
 import time
 from pathlib import Path
 
 import torch
+from probe import peak_rss_mb, process_cpu_seconds  # the sibling lib/probe.py: this file runs as a script
 
 FILES = {"vocos_ckpt_path": "Vocos.safetensors", "dvae_ckpt_path": "DVAE.safetensors", "gpt_ckpt_path": "gpt",
          "embed_path": "Embed.safetensors", "decoder_ckpt_path": "Decoder.safetensors", "tokenizer_path": "tokenizer"}
@@ -24,21 +24,16 @@ def load_chat(root: Path):
     import ChatTTS
 
     asset = root / "asset" if (root / "asset" / "gpt").is_dir() else root
-    chat = ChatTTS.Chat(logging.getLogger("ref_bench"))
+    chat = ChatTTS.Chat(logging.getLogger("reference_side"))
     if not chat._load(device=torch.device("cpu"), compile=False, **{k: str(asset / v) for k, v in FILES.items()}):
         raise RuntimeError(f"reference Chat._load failed for {asset}")
     return chat
 
 
-def cpu_seconds() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
-
-
 def time_batch(chat, texts: list[str], request: dict) -> dict:
     params = chat.InferCodeParams(spk_emb=request["speaker"], max_new_token=request["steps"],
                                   min_new_token=request["steps"], show_tqdm=False)
-    cpu, start = cpu_seconds(), time.perf_counter()
+    cpu, start = process_cpu_seconds(), time.perf_counter()
     result = next(chat._infer_code(list(texts), False, chat.device, True, params))
     gpt = time.perf_counter() - start
     decode = None
@@ -47,13 +42,7 @@ def time_batch(chat, texts: list[str], request: dict) -> dict:
         chat._decode_to_wavs(list(result.hiddens), True)
         decode = time.perf_counter() - start
     return {"concurrency": len(texts), "gpt_seconds": gpt, "decode_seconds": decode, "ttft": [],
-            "cpu_seconds": cpu_seconds() - cpu, "peak_rss_mb": peak_rss_mb()}
-
-
-def peak_rss_mb() -> float:
-    """VmHWM of this process (getrusage's ru_maxrss would include the parent's peak: it survives exec)."""
-    with open("/proc/self/status", encoding="ascii") as f:
-        return next(int(line.split()[1]) / 1024 for line in f if line.startswith("VmHWM:"))
+            "cpu_seconds": process_cpu_seconds() - cpu, "peak_rss_mb": peak_rss_mb()}
 
 
 def main(request_path: str, out_path: str) -> None:

@@ -20,7 +20,7 @@ from chattts_velocity.schema import GenerationOutput
 from chattts_velocity.speech import EMPTY, DecoderSource, MelSource, StreamOptions, StreamSet
 
 if TYPE_CHECKING:
-    from benchmarks.bench_runs import Suite
+    from benchmarks.lib.runs import Suite
 
 OPTION_SETS = {  # at most 3: each one runs at every --ttfa-sizes count in every repeat
     "exact": StreamOptions(first_chunk_steps=None, first_lookahead_steps=None),

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from benchmarks.doc_tables import table
+from benchmarks.lib.doc_tables import table
 
 ONE_WAVE_S = 0.005  # first tokens this close together came from one prefill step
 

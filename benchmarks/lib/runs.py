@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks import bench_probe as probe
+from benchmarks.lib import probe
 from chattts_velocity import audio, load_pretrained, text
 from chattts_velocity.assets import AssetPaths, verify_assets
 from chattts_velocity.params import InferCodeParams
@@ -212,7 +212,7 @@ def run_reference(suite: Suite, sizes: list[int]) -> list[Run]:
         req.write_text(json.dumps(request), encoding="utf-8")
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
         env.update(OMP_NUM_THREADS=str(suite.threads), TOKENIZERS_PARALLELISM="false", PYTHONNOUSERSITE="1")
-        done = subprocess.run([str(python), str(HERE / "ref_bench.py"), str(req), str(out)], env=env,
+        done = subprocess.run([str(python), str(HERE / "reference_side.py"), str(req), str(out)], env=env,
                               stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=7200)
         if done.returncode != 0:
             print(f"  reference: failed (exit {done.returncode}): {done.stderr[-2000:]}")
