@@ -8,7 +8,7 @@ What is compiled is recorded, not listed by hand: a child process runs TritonBac
 the device sampler (code and text vocabularies) under TRITON_INTERPRET=1 with each launch captured instead of run,
 for ChatTTS's widths and the tests' sizes, fp32/bf16/fp16 weights and pools and block sizes 4 and 16, as a GPU
 launches them (the interpreter's fp32 upcast off), and a steady step's own kernels (its inputs, the final norm into
-fp32). Kernels with a USE_PDL switch compile for sm_90 as Hopper
+fp32, the heads' GEMM). Kernels with a USE_PDL switch compile for sm_90 as Hopper
 launches them: with Programmatic Dependent Launch.
 
     python -m chattts_velocity.devtools.triton_compile_check --out benchmarks/results/triton_compile.json
@@ -98,7 +98,7 @@ def _drive_backend(hidden: int, heads: int, inter: int, dtype: Any, block_size: 
     from chattts_velocity.engine.backends.paged_kv import PagedKV, StepTensors
     from chattts_velocity.engine.backends.triton_backend import TritonBackend
     from chattts_velocity.model import ChatTTSLlama, allocate_kv_pairs
-    from chattts_velocity.model.kernels.triton import embedding
+    from chattts_velocity.model.kernels.triton import embedding, gemm
     config = ModelConfig(hidden_size=hidden, intermediate_size=inter, num_hidden_layers=1, num_attention_heads=heads,
                          num_key_value_heads=heads, max_position_embeddings=256)
     model = ChatTTSLlama(config).to(dtype).eval()
@@ -114,6 +114,8 @@ def _drive_backend(hidden: int, heads: int, inter: int, dtype: Any, block_size: 
                                 decode.positions, decode.block_tables, block_size, dtype)
     backend.decode_step(torch.zeros(2, hidden, dtype=dtype), decode.positions, decode.row_metadata(),
                         out=torch.zeros(2, hidden))
+    for vocab in (config.num_vq * config.num_audio_tokens, config.num_text_tokens):  # the heads on CUDA
+        gemm.linear(torch.zeros(2, hidden), torch.zeros(vocab, hidden))
 
 
 def compile_all(specs: list[Spec], targets: list[int]) -> list[dict[str, Any]]:

@@ -40,6 +40,9 @@ class Embed(nn.Module):
         self.head_text = _weight_normed_linear(hidden_size, num_text_tokens)
         self.head_code = cast(Sequence[nn.Linear], nn.ModuleList(_weight_normed_linear(hidden_size, num_audio_tokens)
                                                                  for _ in range(num_vq)))
+        # x [M, H] @ weight [N, H].T -> [M, N] float32 with a row's bits independent of M, for logits_rowwise where
+        # BLAS is not row-invariant (cuBLAS picks kernels by M): set by the decode backend; None: BLAS
+        self.head_gemm: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
         # (head, dtype, device) -> (storage stamp of g/v, effective weight); see _head_weight
         self._weight_cache: dict[tuple[object, ...], tuple[tuple[int, ...], torch.Tensor]] = {}
         self.register_load_state_dict_post_hook(  # type: ignore[no-untyped-call]  # unannotated in torch
@@ -169,10 +172,14 @@ class Embed(nn.Module):
     @torch.no_grad()
     def logits_rowwise(self, hidden: torch.Tensor, name: str) -> torch.Tensor:
         """The engine's heads: as code_logits ("code", [N, num_vq, V_audio]) or text_logits ("text", [N, V_text]), but
-        a row's logits do not depend on the other rows (the seed contract): one BLAS GEMM against the transposed
-        weight over at least two rows (a single row would take BLAS's matrix-vector path, another summation order).
+        a row's logits do not depend on the other rows (the seed contract): head_gemm where the backend set one, else
+        one BLAS GEMM against the transposed weight over at least two rows (a single row would take BLAS's
+        matrix-vector path, another summation order).
         They may differ from code_logits/text_logits in the last bits.
         """
+        if self.head_gemm is not None:
+            logits = self.head_gemm(hidden, self._head_weight(name, hidden.dtype, hidden.device))
+            return logits.view(-1, self.num_vq, self.num_audio_tokens) if name == "code" else logits
         rows = hidden.shape[0]
         if rows == 1:
             hidden = torch.cat([hidden, hidden])

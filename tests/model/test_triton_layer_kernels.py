@@ -64,6 +64,30 @@ def test_residual_linear_equals_linear_plus_residual_and_is_batch_invariant(dtyp
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+def test_linear_equals_f_linear_in_float32_and_is_batch_invariant(dtype):
+    gen = torch.Generator().manual_seed(2)
+    x, w = randn(gen, 64, HIDDEN, dtype=dtype), randn(gen, 4 * 50, HIDDEN, dtype=dtype, scale=0.1)
+    out = gemm.linear(x, w, tile=SMALL_K)
+    assert out.dtype == torch.float32 and out.shape == (64, 4 * 50)
+    torch.testing.assert_close(out, F.linear(x, w).float(), **TOLERANCE[dtype])
+    rows_are_batch_invariant(lambda idx: gemm.linear(x[idx], w), torch.arange(64))
+
+
+def test_heads_through_the_triton_gemm_are_row_invariant_logits():
+    """Embed.logits_rowwise with the GEMM the triton backend sets on CUDA: the code and text heads' logits of a row
+    are the same bits alone, among 3 and among 64, and equal the reference heads to rounding."""
+    from chattts_velocity.model import Embed
+
+    gen = torch.Generator().manual_seed(3)
+    embed = Embed(HIDDEN, 50, 70, 4).to(DEVICE)
+    embed.head_gemm = gemm.linear
+    hidden = randn(gen, 64, HIDDEN)
+    for name, reference in (("code", embed.code_logits), ("text", embed.text_logits)):
+        torch.testing.assert_close(embed.logits_rowwise(hidden, name), reference(hidden), rtol=1e-5, atol=1e-5)
+        rows_are_batch_invariant(lambda idx, name=name: embed.logits_rowwise(hidden[idx], name), torch.arange(64))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_norm_gate_up_equals_the_mlp_front_and_is_batch_invariant(dtype):
     gen = torch.Generator().manual_seed(1)
     x, norm_weight = randn(gen, 64, HIDDEN, dtype=dtype), randn(gen, HIDDEN, dtype=dtype).abs() + 0.5

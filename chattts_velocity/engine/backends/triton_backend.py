@@ -61,6 +61,9 @@ class TritonBackend:
         self.model, self.kv, self.sampler = model, kv, DeviceSampler()
         self.prefill_attention, self.decode_attention = prefill_attention, decode_attention
         self.pdl = gemm.pdl_available(kv.device)
+        # the heads through a fixed-tile Triton GEMM on CUDA, where cuBLAS picks kernels by M (a graph's padded size
+        # or the rows an eager step samples); BLAS on CPU is row-invariant already (Embed.logits_rowwise)
+        self.head_gemm = gemm.linear if kv.device.type == "cuda" else None
         self.layers = FusedLayers(model, kv, self.pdl)
         heads, head_dim = model.config.num_attention_heads, model.config.head_dim
         # one scratch for every layer's decode attention (kernels run in order), as large as a step can need

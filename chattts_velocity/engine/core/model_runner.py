@@ -51,6 +51,7 @@ class ModelRunner:
         kv = PagedKV(self.kv_cache, self.block_size, pad_block=num_blocks, device=self.device)
         self.backend: DecodeBackend = select_backend(engine_config, model, kv)
         logger.info("decode backend: %s", self.backend.name)
+        self.embed.head_gemm = getattr(self.backend, "head_gemm", None)  # the heads' row-invariant GEMM, if any
         width = -(-engine_config.max_model_len // self.block_size)
         self.block_tables = BlockTables(2 * engine_config.max_num_seqs, width, self.device)
         self._positions: tuple[DecodeBatch, torch.Tensor] | None = None  # a persistent batch's last positions [B]

@@ -1,7 +1,8 @@
 """Model stage, CUDA backend: the decode layer's GEMMs with their neighbours fused, batch-invariant.
 
 Three kernels over rows x [M, K] and a weight W [N, K] (nn.Linear's layout, packed once at load):
-`residual_linear` (out = residual + x @ W.T: the o and down projections with the residual add),
+`residual_linear` (out = residual + x @ W.T: the o and down projections with the residual add; `linear`, without
+the residual: the heads on CUDA),
 `norm_gate_up` (RMSNorm of x, then gate|up = normed @ W.T and SiLU(gate) * up) and, in qkv.py, the RMSNorm -> q|k|v
 projection with RoPE and the KV store.
 
@@ -119,8 +120,10 @@ def weight_chunk(w_ptr, w_rows, w_rows_ok, cols, K: tl.constexpr):
 @triton.jit
 def _residual_linear_kernel(x_ptr, w_ptr, residual_ptr, out_ptr, M, x_stride,
                             N: tl.constexpr, K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                            BLOCK_K: tl.constexpr, UPCAST: tl.constexpr, USE_PDL: tl.constexpr):
-    # one program per (tile of BLOCK_M rows, tile of BLOCK_N output columns): out = residual + x @ W.T
+                            BLOCK_K: tl.constexpr, UPCAST: tl.constexpr, USE_PDL: tl.constexpr,
+                            HAS_RESIDUAL: tl.constexpr = True):
+    # one program per (tile of BLOCK_M rows, tile of BLOCK_N output columns): out = residual + x @ W.T (x @ W.T
+    # without HAS_RESIDUAL; residual_ptr is not read)
     wait_previous(USE_PDL)
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     rows_ok = rows < M
@@ -136,8 +139,9 @@ def _residual_linear_kernel(x_ptr, w_ptr, residual_ptr, out_ptr, M, x_stride,
     release_next(USE_PDL)
     offs = rows[:, None] * N + n[None, :]
     ok = rows_ok[:, None] & n_ok[None, :]
-    residual = tl.load(residual_ptr + offs, mask=ok, other=0.0).to(tl.float32)
-    out = residual + to_dtype(acc, w_dtype).to(tl.float32)
+    out = to_dtype(acc, w_dtype).to(tl.float32)
+    if HAS_RESIDUAL:
+        out += tl.load(residual_ptr + offs, mask=ok, other=0.0).to(tl.float32)
     tl.store(out_ptr + offs, to_dtype(out, out_ptr.dtype.element_ty), mask=ok)
 
 
@@ -181,6 +185,19 @@ def residual_linear(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tenso
     _residual_linear_kernel[grid](x, weight, residual, out, x.shape[0], x.stride(0), N=weight.shape[0],
                                   K=x.shape[1], BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k,
                                   UPCAST=upcast(weight), USE_PDL=pdl, **options(tile, pdl))
+    return out
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, tile: Tile | None = None) -> torch.Tensor:
+    """x @ weight.T: x [M, K], weight [N, K] -> [M, N] float32 (the product rounded to weight's dtype, as cuBLAS
+    returns it). Row-invariant where cuBLAS is not (it picks kernels, split-K among them, by M): the engine's heads
+    on CUDA (Embed.head_gemm)."""
+    _check_linear("linear", x, weight)
+    out, tile = x.new_empty(x.shape[0], weight.shape[0], dtype=torch.float32), tile or tile_for(weight)
+    grid = (triton.cdiv(x.shape[0], tile.block_m), triton.cdiv(weight.shape[0], tile.block_n))
+    _residual_linear_kernel[grid](x, weight, out, out, x.shape[0], x.stride(0), N=weight.shape[0], K=x.shape[1],
+                                  BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k,
+                                  UPCAST=upcast(weight), USE_PDL=False, HAS_RESIDUAL=False, **options(tile, False))
     return out
 
 
