@@ -41,7 +41,7 @@ FORMATS: dict[str, AudioFormat] = {f.name: f for f in (
     # Measured with tests/audio/test_formats.py's first_audio_samples: mp3 three 576-sample MPEG-2 frames (LAME's
     # delay), aac 1024 priming + one 1024 frame, opus two 60 ms Ogg pages (encode.OGG_PAGE_MICROSECONDS), flac one
     # block, ogg (Vorbis) ffmpeg's encoder delay and the first 60 ms page. libsndfile's Vorbis writer is not
-    # used: its Ogg pages fill by bytes (4 KB: 0.7 s of noise, seconds of quiet speech) and cannot be flushed.
+    # used: its Ogg pages fill by bytes (4 KB: 0.7 s of noise, over 2 s of a tone) and cannot be flushed.
     AudioFormat("mp3", "audio/mpeg", ".mp3", "av", "libmp3lame", "mp3", 64_000, first_chunk_samples=1728),
     AudioFormat("opus", "audio/ogg; codecs=opus", ".opus", "av", "libopus", "ogg", 32_000, first_chunk_samples=2880),
     AudioFormat("aac", "audio/aac", ".aac", "av", "aac", "adts", 64_000, first_chunk_samples=2048),
