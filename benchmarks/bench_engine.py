@@ -67,7 +67,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true",
                         help="about one minute: defaults become 20 steps, N in 1,8, plain and TTFA at 1, one repeat, "
                              "no compile")
-    parser.add_argument("--name", default=None, help="results/<name>.json (default: a timestamp)")
+    parser.add_argument("--name", default=None, help="the results file: <--out>/<name>.json (default: a timestamp)")
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "results"), metavar="DIR",
                         help="folder for the JSON results (default: benchmarks/results, the docs' tables' source; "
                              "`chattts-velocity bench`: $CHATTTS_VELOCITY_CACHE/bench, outside the source tree)")

@@ -59,13 +59,18 @@ def full_assets() -> Path:
 
 def _decode_audio(data: bytes) -> tuple[np.ndarray, int]:  # -> ([N] int16 mono, rate); Opus decodes at 48 kHz
     """Any encoded clip of audio/formats.py but raw pcm, decoded by PyAV (ffmpeg reads ADTS AAC and 24 kHz Opus,
-    which soundfile cannot)."""
+    which soundfile cannot); of a stereo ogg (the clip in both channels) the first channel."""
     av = pytest.importorskip("av")
     with av.open(io.BytesIO(data)) as container:
-        frames = [f.to_ndarray().reshape(-1) for f in container.decode(audio=0)]  # s16/fltp planes, mono
+        frames = [_first_channel(f) for f in container.decode(audio=0)]
         rate = container.streams.audio[0].codec_context.sample_rate
     audio = np.concatenate(frames) if frames else np.zeros(0, np.float32)
     return (audio if audio.dtype == np.int16 else np.rint(np.clip(audio, -1, 1) * 32767)).astype(np.int16), rate
+
+
+def _first_channel(frame) -> np.ndarray:  # -> [N]: a planar frame is [channels, N], a packed one [1, N * channels]
+    samples = frame.to_ndarray()
+    return samples[0] if frame.format.is_planar else samples.reshape(-1)[::len(frame.layout.channels)]
 
 
 @pytest.fixture(scope="session")

@@ -114,8 +114,9 @@ def build_ui(pipeline: SpeechPipeline, use_vllm: bool = True, max_new_token: int
     $CHATTTS_VELOCITY_VOICES); demo_weights shows a notice that the audio is random. Launch with launch(), or
     `.queue().launch(theme=THEME, css=CSS)`: streaming needs the queue, and CSS hides the live player outside
     streaming runs."""
-    handlers = Handlers(pipeline, use_vllm=use_vllm, max_new_token=max_new_token)
-    library = LibraryHandlers(voices or VoiceLibrary())
+    voices = voices or VoiceLibrary()
+    handlers = Handlers(pipeline, use_vllm=use_vllm, max_new_token=max_new_token, voices=voices)
+    library = LibraryHandlers(voices)
     with gr.Blocks(title="ChatTTS velocity", analytics_enabled=False) as demo:
         gr.Markdown("## ChatTTS velocity\nType some Chinese or English text, pick a voice and press Generate.")
         if demo_weights:

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from chattts_velocity.audio import SAMPLE_RATE
+from chattts_velocity.audio.wav import NO_LENGTH_HINT, UNKNOWN_FRAMES
 
 _ZERO_CROSSINGS = 16  # half-width of the windowed-sinc kernel, in input samples at the cutoff
 _BLOCK = 8192  # output samples per block, bounds the [block, taps] matrix
@@ -61,7 +62,10 @@ def read_clip(path: str | Path) -> np.ndarray:
     import soundfile as sf
 
     try:
-        data, rate = sf.read(str(path), dtype="float32", always_2d=True)  # [N, channels]
+        with sf.SoundFile(str(path)) as f:
+            if f.frames == UNKNOWN_FRAMES:
+                raise ValueError(f"clip: {Path(path).name}: {NO_LENGTH_HINT}")
+            data, rate = f.read(dtype="float32", always_2d=True), f.samplerate  # [N, channels]
     except (RuntimeError, sf.LibsndfileError):
         raise ValueError(f"clip: {Path(path).name} is not audio this page can read; "  # libsndfile's text names
                          "upload a WAV, FLAC, OGG or MP3 file") from None  # the server's temp path, not the cause

@@ -24,7 +24,7 @@ from chattts_velocity.schema import MAX_NEW_TOKEN
 from chattts_velocity.speech import SpeechPipeline, SynthesisJob, TextOptions
 from chattts_velocity.text import decode_prompt
 from chattts_velocity.text.speaker import VOICE_SEED_MAX
-from chattts_velocity.text.voices import PRESET_SEEDS, check_voice_seed, voice_params
+from chattts_velocity.text.voices import PRESET_SEEDS, VoiceLibrary, check_voice_seed, voice_params
 
 from .clips import RunStats, read_clip
 from .controls import (
@@ -69,8 +69,9 @@ class Handlers:
     press of Interrupt.
     """
 
-    def __init__(self, pipeline: SpeechPipeline, use_vllm: bool = True, max_new_token: int = MAX_NEW_TOKEN) -> None:
-        self.pipeline = pipeline
+    def __init__(self, pipeline: SpeechPipeline, use_vllm: bool = True, max_new_token: int = MAX_NEW_TOKEN,
+                 voices: VoiceLibrary | None = None) -> None:
+        self.pipeline, self.voices = pipeline, voices  # voices: what a saved voice's name typed as speaker finds
         self.use_vllm = use_vllm
         self.max_new_token = max_new_token
         self._interrupted = threading.Event()
@@ -274,8 +275,11 @@ class Handlers:
             return None, clip_code, transcript
         if not speaker:
             return None, None, None
-        try:  # a preset name or a seed typed here is the server's voice of that name (voice_params)
-            speaker = voice_params(speaker, None, self._seed_speaker)["spk_emb"] or ""
+        try:  # a preset, seed or saved voice's name typed here is the server's voice of that name (voice_params)
+            found = voice_params(speaker, self.voices, self._seed_speaker)
+            if found["spk_smp"] is not None:  # a saved voice cloned from a clip
+                return None, found["spk_smp"], found["txt_smp"]
+            speaker = found["spk_emb"] or ""
             self.pipeline.frontend.speaker(speaker, "speaker")  # the front end's width check (its decode is cached)
         except ValueError as exc:
             raise ValueError(f"{exc} (or press Random voice)") from None

@@ -20,8 +20,8 @@ from .wav import SAMPLE_RATE, as_mono, float_to_int16
 if TYPE_CHECKING:
     from typing_extensions import Buffer
 
-# Opus pages: ffmpeg's default 1 s would hold a streamed response's bytes back; the first audio page leaves after
-# two pages' worth of samples (formats.py's first_chunk_samples), 60 ms pages cost ~3.7 kbit/s of page headers
+# Ogg pages (opus, ogg): ffmpeg's default 1 s would hold a streamed response's bytes back; the first audio page
+# leaves after formats.py's first_chunk_samples, 60 ms pages cost ~3.7 kbit/s of page headers
 OGG_PAGE_MICROSECONDS = 60_000
 STREAM_IO_BUFFER = 4096  # bytes: the muxer's I/O buffer of a streamed response (PyAV's default 32 KB is ~4 s of mp3)
 
@@ -41,9 +41,7 @@ def open_encoder(fmt: str, sample_rate: int = SAMPLE_RATE, streamed: bool = True
         return PcmEncoder()
     if spec.encoder == "wav":
         return WavEncoder(sample_rate, streamed)
-    if spec.encoder == "av":
-        return AvEncoder(spec, sample_rate, streamed)
-    return SndfileEncoder(spec, sample_rate, streamed)
+    return AvEncoder(spec, sample_rate, streamed)
 
 
 def wav_bytes(wav: np.ndarray, sample_rate: int = SAMPLE_RATE, fmt: str = "wav") -> bytes:
@@ -129,7 +127,7 @@ class Pipe(io.RawIOBase):
         return self.size
 
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        # libsndfile asks for the length by seeking to the end and back: allowed, as it moves nowhere
+        # asking for the end (where the pipe always is) is allowed, as it moves nowhere
         if (offset if whence == io.SEEK_SET else self.size + offset) != self.size:
             raise io.UnsupportedOperation("seek: a streamed encoder cannot go back")
         return self.size
@@ -149,7 +147,7 @@ def _taken(sink: Pipe | io.BytesIO) -> bytes:
 
 
 class AvEncoder:
-    """mp3, aac, opus, flac through PyAV: one codec context and one muxer writing to the sink."""
+    """mp3, aac, opus, flac, ogg through PyAV: one codec context and one muxer writing to the sink."""
 
     def __init__(self, spec: AudioFormat, sample_rate: int, streamed: bool) -> None:
         import av
@@ -161,9 +159,13 @@ class AvEncoder:
         self.container = av.open(self.sink, "w", format=spec.muxer, container_options=options,
                                  buffer_size=STREAM_IO_BUFFER if streamed else 32768)
         codec_options = {"frame_size": str(spec.frame_size)} if spec.frame_size else {}
+        if spec.experimental:
+            codec_options["strict"] = "experimental"
         if spec.codec is None:
             raise ValueError(f"{spec.name}: names no PyAV codec")
-        stream = self.container.add_stream(spec.codec, rate=sample_rate, layout="mono", options=codec_options)
+        self.channels, self.samples_in = spec.channels, 0
+        layout = "mono" if spec.channels == 1 else "stereo"
+        stream = self.container.add_stream(spec.codec, rate=sample_rate, layout=layout, options=codec_options)
         if not isinstance(stream, av.AudioStream):
             raise ValueError(f"{spec.name}: PyAV's {spec.codec!r} is not an audio encoder")
         self.stream = stream
@@ -173,30 +175,15 @@ class AvEncoder:
     def encode(self, chunk: np.ndarray) -> bytes:
         samples = _int16(chunk)
         if len(samples):
-            frame = self.av.AudioFrame.from_ndarray(samples[None, :], format="s16", layout="mono")
-            frame.sample_rate = self.sample_rate
+            interleaved = np.repeat(samples, self.channels)[None, :]  # [1, N * channels]: the clip in each channel
+            frame = self.av.AudioFrame.from_ndarray(interleaved, format="s16", layout=self.stream.layout.name)
+            frame.sample_rate, frame.pts = self.sample_rate, self.samples_in
+            self.samples_in += len(samples)
             self.container.mux(self.stream.encode(frame))  # PyAV re-frames and converts to the codec's format
         return _taken(self.sink)
 
     def flush(self) -> bytes:
-        self.container.mux(self.stream.encode(None))
+        if self.samples_in:  # ffmpeg's Vorbis encoder never returns from a drain that got no samples
+            self.container.mux(self.stream.encode(None))
         self.container.close()
-        return _taken(self.sink) if isinstance(self.sink, Pipe) else self.sink.getvalue()
-
-
-class SndfileEncoder:
-    """ogg (Vorbis) through libsndfile; bytes come out as libsndfile completes Ogg pages (about 4 KB each)."""
-
-    def __init__(self, spec: AudioFormat, sample_rate: int, streamed: bool) -> None:
-        import soundfile as sf
-
-        self.sink = _sink(streamed)
-        self.file = sf.SoundFile(self.sink, "w", sample_rate, 1, format=spec.codec, subtype=spec.muxer)
-
-    def encode(self, chunk: np.ndarray) -> bytes:
-        self.file.write(_int16(chunk))
-        return _taken(self.sink)
-
-    def flush(self) -> bytes:
-        self.file.close()
         return _taken(self.sink) if isinstance(self.sink, Pipe) else self.sink.getvalue()

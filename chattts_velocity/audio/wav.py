@@ -9,6 +9,11 @@ import torch
 
 SAMPLE_RATE = 24000  # Hz, of every waveform the package makes or takes (Vocos' rate)
 HOP_LENGTH = 256  # samples per mel frame; one GPT step gives 2 mel frames
+# libsndfile's frame count for a header that holds no length (a streamed FLAC's STREAMINFO says 0, "unknown"):
+# soundfile then fails to read the file to its end ("array is too big", or a failed seek past the last sample)
+UNKNOWN_FRAMES = 2**63 - 1
+NO_LENGTH_HINT = ("its header holds no length (a streamed FLAC), which libsndfile (soundfile) cannot read; convert "
+                  "it first (`ffmpeg -i in.flac out.flac`) or ask the server without `stream`")
 
 
 def samples_for_steps(num_steps: int, hop_length: int = HOP_LENGTH) -> int:
@@ -42,7 +47,10 @@ def load_clip(clip: np.ndarray | torch.Tensor | str | Path, sample_rate: int = S
 
         if not Path(clip).is_file():
             raise ValueError(f"wav: audio file {str(clip)!r} does not exist")
-        data, sample_rate = sf.read(str(clip), dtype="float32", always_2d=True)  # [N, channels]
+        with sf.SoundFile(str(clip)) as f:
+            if f.frames == UNKNOWN_FRAMES:
+                raise ValueError(f"wav: {str(clip)!r}: {NO_LENGTH_HINT}")
+            data, sample_rate = f.read(dtype="float32", always_2d=True), f.samplerate  # [N, channels]
         clip = data.mean(axis=1)
     if sample_rate != expected_rate:
         raise ValueError(f"sample_rate: the clip is {sample_rate} Hz; resample it to {expected_rate} Hz first")

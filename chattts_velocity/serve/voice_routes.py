@@ -18,7 +18,7 @@ import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from ..audio.wav import SAMPLE_RATE
+from ..audio.wav import NO_LENGTH_HINT, SAMPLE_RATE, UNKNOWN_FRAMES
 from ..engine.async_engine import AsyncLLMEngine
 from ..speech.pipeline import SpeechPipeline
 from ..text import decode_prompt
@@ -186,6 +186,8 @@ def _clip(data: IO[bytes]) -> np.ndarray:
 
     try:
         with sf.SoundFile(data) as f:  # reads the header only
+            if f.frames == UNKNOWN_FRAMES:
+                raise api_error(400, f"file: {NO_LENGTH_HINT}", "file")
             _check_header(f.frames, f.channels, f.samplerate)
             blocks = []
             for block in f.blocks(blocksize=f.samplerate, dtype="float32", always_2d=True):  # [<=rate, channels]

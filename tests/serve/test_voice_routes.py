@@ -13,6 +13,7 @@ pytest.importorskip("httpx")
 from fastapi.testclient import TestClient  # noqa: E402 (after the importorskip above)
 
 from chattts_velocity import Chat, RefineTextParams  # noqa: E402 (after the importorskip above)
+from chattts_velocity.audio import open_encoder  # noqa: E402 (after the importorskip above)
 from chattts_velocity.serve import ServerConfig, create_app  # noqa: E402 (after the importorskip above)
 from chattts_velocity.text import decode_spk_emb  # noqa: E402 (after the importorskip above)
 
@@ -117,6 +118,10 @@ def test_a_voice_cloned_from_an_upload_speaks_with_its_clip(chat, tmp_path, monk
                            files={"file": ("x.wav", b"not audio", "audio/wav")}), 400, "file")
         _error(client.post(VOICES, data={"name": "x", "transcript": "t"},
                            files={"file": ("x.wav", _wav_file(31.0, 1000), "audio/wav")}), 413, "file")
+        streamed = open_encoder("flac")
+        streamed_flac = streamed.encode(np.zeros(24000, np.float32)) + streamed.flush()  # its header: no length
+        assert "holds no length" in _error(client.post(VOICES, data={"name": "x", "transcript": "t"}, files={
+            "file": ("x.flac", streamed_flac, "audio/flac")}), 400, "file")["message"]
         _error(client.post(VOICES, data={"name": "x"}, files={"file": ("x.wav", _wav_file(1, 8000), "a/b")}), 400,
                "transcript")
         too_big = client.post(VOICES, data={"name": "x", "transcript": "t"},

@@ -351,3 +351,13 @@ def test_the_speaker_field_takes_presets_and_seeds_as_the_server_does_with_its_w
     with pytest.warns(UserWarning):
         *_, stats = _final(Handlers(pipeline), speaker="nobody", audio_seed=None, refine=False)
     assert stats.startswith(f"error: {server.value}")  # the server's and the export's words
+
+
+def test_the_speaker_field_takes_a_saved_voices_name_as_the_server_does(tmp_path: Path) -> None:
+    from chattts_velocity.text.voices import VoiceLibrary
+
+    pipeline, library = RecordingPipeline(), VoiceLibrary(tmp_path / "voices")
+    speaker = pipeline.sample_random_speaker(7)
+    library.save("Anna", speaker=speaker)
+    _final(Handlers(pipeline, voices=library), speaker="Anna", audio_seed=None, refine=False)
+    assert [c["params"].spk_emb for c in pipeline.calls] == [speaker]
