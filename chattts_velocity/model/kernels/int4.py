@@ -7,6 +7,18 @@ import torch
 INT4_GROUP = 32  # columns per int4 scale
 
 
+def quantize_int4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """weight [out, in] fp32 (in % 32 == 0) -> q [out, in] int8 in [-7, 7] and fp32 scales [out, in/32]:
+    weight ~= q * scale of its 32-column group, scale = absmax / 7 (symmetric)."""
+    out, cols = weight.shape
+    if cols % INT4_GROUP:
+        raise ValueError(f"PackedLinear: int4 needs in_features % {INT4_GROUP} == 0, got {cols}")
+    groups = weight.reshape(out, cols // INT4_GROUP, INT4_GROUP)
+    scales = (groups.abs().amax(dim=2) / 7).clamp(min=1e-12)  # [out, in/32]
+    q = torch.round(groups / scales[..., None]).clamp(-7, 7).to(torch.int8).reshape(out, cols)
+    return q, scales
+
+
 def to_int4_tiles(q: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """int4 values q [N, K] (int8 in [-8, 7]) and fp32 scales [N, K/32] -> the layout cpu_linear.cpp's linear_int4
     streams: uint8 [N/4, K/32, 4, 16] (byte j of a group: q + 8 of column j in the low nibble, of column j + 16 in the
