@@ -46,8 +46,9 @@ class PackedLinear(nn.Module):
     in any batch and after preemption. x and y are bf16 in these modes; "int8" is weight-only int8 (symmetric, per
     output channel), half the bytes of bf16, or on the tiles with CHATTTS_VELOCITY_INT8_ACTIVATIONS=q8 times x
     quantised per row and 32 columns (kernels.int8_q8: integer dot products); "int4" is int4 weights (symmetric,
-    one fp32 scale per 32 input columns of a row), 0.625 bytes per weight, times activations the kernel quantises
-    per row and 32 columns to int8 (kernels.quantize_q8_rows): integer dot products per group, as llama.cpp's Q4_0.
+    one fp32 scale per 32 input columns of a row, fitted by kernels.quantize_int4), 0.625 bytes per weight, times
+    activations the kernel quantises per row and 32 columns to int8 (kernels.quantize_q8_rows): integer dot products
+    per group, as llama.cpp's Q4_0.
     Elsewhere: bf16 through oneDNN (or a plain bf16 GEMM), int8 through torch's int8-weight kernel with bf16
     activations, int4 dequantised to bf16; "float32" and "float16" through F.linear. These torch paths may depend
     on the batch.
