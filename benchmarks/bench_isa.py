@@ -58,7 +58,7 @@ def linears(layers: int = 10, repeats: int = 7) -> dict:
     import torch
 
     from chattts_velocity.model import kernels
-    from chattts_velocity.model.packed import _quantize_int4, _quantize_int8
+    from chattts_velocity.model.packed import _quantize_int8
 
     shapes = [(2304, 768), (768, 768), (6144, 768), (768, 3072)]  # fused q/k/v, o, fused gate/up, down
     torch.set_num_threads(1)
@@ -66,7 +66,7 @@ def linears(layers: int = 10, repeats: int = 7) -> dict:
     weights = [torch.randn(n, k, generator=gen) * 0.02 for _ in range(layers) for n, k in shapes]
     packed = {"bfloat16": [(kernels.to_tiles(w.bfloat16(), 32),) for w in weights],
               "int8": [(kernels.to_tiles(q, 16), s) for q, s in map(_quantize_int8, weights)],
-              "int4": [kernels.to_int4_tiles(*_quantize_int4(w)) for w in weights]}
+              "int4": [kernels.to_int4_tiles(*kernels.quantize_int4(w)) for w in weights]}
     packed["int8_q8"] = packed["int8"]  # the same int8 tiles times x's Q8 rows (CHATTTS_VELOCITY_INT8_ACTIVATIONS=q8)
     names = {"bfloat16": "linear_bf16", "int8": "linear_int8", "int8_q8": "linear_int8_q8", "int4": "linear_int4"}
     isas = [name for name in ("avx512", "avx2") if set(kernels.ISAS[name].cpu_flags) <= kernels.cpu_flags()]

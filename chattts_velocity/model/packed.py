@@ -46,8 +46,9 @@ class PackedLinear(nn.Module):
     in any batch and after preemption. x and y are bf16 in these modes; "int8" is weight-only int8 (symmetric, per
     output channel), half the bytes of bf16, or on the tiles with CHATTTS_VELOCITY_INT8_ACTIVATIONS=q8 times x
     quantised per row and 32 columns (kernels.int8_q8: integer dot products); "int4" is int4 weights (symmetric,
-    one fp32 scale per 32 input columns of a row), 0.625 bytes per weight, times activations the kernel quantises
-    per row and 32 columns to int8 (kernels.quantize_q8_rows): integer dot products per group, as llama.cpp's Q4_0.
+    one fp32 scale per 32 input columns of a row, fitted by kernels.quantize_int4), 0.625 bytes per weight, times
+    activations the kernel quantises per row and 32 columns to int8 (kernels.quantize_q8_rows): integer dot products
+    per group, as llama.cpp's Q4_0.
     Elsewhere: bf16 through oneDNN (or a plain bf16 GEMM), int8 through torch's int8-weight kernel with bf16
     activations, int4 dequantised to bf16; "float32" and "float16" through F.linear. These torch paths may depend
     on the batch.
@@ -69,7 +70,7 @@ class PackedLinear(nn.Module):
         self.isa: str | None = None  # the ISA whose library packed W (kernels.isa() then)
         self.int8_q8 = False  # int8 tiles times x's Q8 rows (kernels.int8_q8()), else weight-only
         if mode == "int4":
-            q, scales = _quantize_int4(weight.float())
+            q, scales = kernels.quantize_int4(weight.float())
             if _kernels_fit(q, mode):
                 self.packed, self.scales = kernels.to_int4_tiles(q, scales)
             else:
@@ -188,18 +189,6 @@ def _quantize_int8(weight: Tensor) -> tuple[Tensor, Tensor]:
     scales = (weight.abs().amax(dim=1) / 127).clamp(min=1e-12)  # [out]
     qweight = torch.round(weight / scales[:, None]).clamp(-127, 127).to(torch.int8).contiguous()
     return qweight, scales
-
-
-def _quantize_int4(weight: Tensor) -> tuple[Tensor, Tensor]:
-    """weight [out, in] fp32 (in % 32 == 0) -> q [out, in] int8 in [-7, 7] and fp32 scales [out, in/32]:
-    weight ~= q * scale of its 32-column group, scale = absmax / 7 (symmetric)."""
-    out, cols = weight.shape
-    if cols % kernels.INT4_GROUP:
-        raise ValueError(f"PackedLinear: int4 needs in_features % {kernels.INT4_GROUP} == 0, got {cols}")
-    groups = weight.reshape(out, cols // kernels.INT4_GROUP, kernels.INT4_GROUP)
-    scales = (groups.abs().amax(dim=2) / 7).clamp(min=1e-12)  # [out, in/32]
-    q = torch.round(groups / scales[..., None]).clamp(-7, 7).to(torch.int8).reshape(out, cols)
-    return q, scales
 
 
 def fuse_rows(*linears: nn.Linear) -> Tensor:

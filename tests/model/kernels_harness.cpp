@@ -4,6 +4,7 @@
 // quantisation, and attend_heads over bf16 and int8 pools. Built for the ISA
 // the compiler targets (isa_<isa>.h via cpu_kernels.h's choice), e.g. aarch64 under qemu (test_kernels_harness.py).
 // Prints one line per check and exits 1 on the first failure.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -117,13 +118,14 @@ Tiles make_tiles(int64_t N, int64_t K) {
       t.w_int8[n * K + k] = double(q) * t.row_scales[n];
     }
     for (int64_t g = 0; g < K / 32; ++g) {
-      float gtop = 0;
-      for (int j = 0; j < 32; ++j) gtop = std::max(gtop, std::fabs(w[n * K + 32 * g + j]));
-      const float scale = gtop / 7;
+      float extreme = 0;  // the group's signed value of largest magnitude, at q = -8: every level in [-8, 7] in use
+      for (int j = 0; j < 32; ++j)
+        if (std::fabs(w[n * K + 32 * g + j]) > std::fabs(extreme)) extreme = w[n * K + 32 * g + j];
+      const float scale = extreme / -8;  // signed, as kernels.quantize_int4's may be
       const int64_t base = (n / 4 * (K / 32) + g) * 4 + n % 4;
       t.group_scales[base] = scale;
       for (int j = 0; j < 32; ++j) {
-        const int q = static_cast<int>(std::nearbyint(w[n * K + 32 * g + j] / scale));
+        const int q = std::clamp(static_cast<int>(std::nearbyint(w[n * K + 32 * g + j] / scale)), -8, 7);
         t.w_int4[n * K + 32 * g + j] = double(q) * scale;
         uint8_t& byte = t.int4[base * 16 + j % 16];
         byte = static_cast<uint8_t>(j < 16 ? (byte & 0xF0) | (q + 8) : (byte & 0x0F) | ((q + 8) << 4));

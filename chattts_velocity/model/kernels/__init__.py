@@ -32,6 +32,7 @@ from .build import HEADERS as HEADERS
 from .build import Isa, build_library
 from .int4 import INT4_GROUP as INT4_GROUP  # re-exported: the int4 layout's helpers are kernels.*
 from .int4 import from_int4_tiles as from_int4_tiles
+from .int4 import quantize_int4 as quantize_int4
 from .int4 import quantize_q8_rows as quantize_q8_rows
 from .int4 import to_int4_tiles as to_int4_tiles
 
