@@ -9,7 +9,8 @@ ahead of the host (EngineConfig.overlap), as on a GPU. What is left is the host 
 milliseconds of the host thread's CPU time per step (median; torch runs one thread, so a busy host's other processes
 inflate it far less than wall time):
 
-- decode_host_ms[N]: a decode step of N running sequences at context ~300;
+- decode_host_ms[N]: a decode step of N running sequences at context ~300 (decode_host_ms_mean[N]: the mean of the
+  same steps, the occasional slow step included; --parts adds decode_parts_ms[N], the mean per part of the step);
 - admit_host_ms[P]: what admitting one P-row prompt among 63 running costs beyond decode steps of 63 (the steps
   until it runs: with the triton backend's overlapped loop, the one that drains the step in flight, then its own);
 - launches_per_step[N] (the last tree only): the kernels one steady decode step of N sequences launches on a GPU, the
@@ -110,12 +111,36 @@ def clear():
     for seq in list(engine.scheduler.running):
         engine.abort_request(seq.request_id)
 
-out = {"decode_host_ms": {}, "admit_host_ms": {}}
+parts = {}  # with --parts: the step's parts, CPU time summed over the timed steps
+
+def time_part(owner, name):
+    run = getattr(owner, name, None)
+    if run is None:  # an older tree without this part
+        return
+    def timed(*args, **kwargs):
+        t = clock()
+        try:
+            return run(*args, **kwargs)
+        finally:
+            parts[name] = parts.get(name, 0.0) + clock() - t
+    setattr(owner, name, timed)
+
+if sys.argv[9] == "1":
+    for owner, names in ((engine.scheduler, ("schedule_ahead", "postprocess")), (runner, ("launch", "collect")),
+                         (engine, ("_deltas",)), (getattr(runner, "step_graphs", None), ("_fill_step",))):
+        for name in names:
+            time_part(owner, name)
+
+out = {"decode_host_ms": {}, "admit_host_ms": {}, "decode_host_ms_mean": {}, "decode_parts_ms": {}}
 for n in sizes:
     fill(n)
     for _ in range(3):
         engine.step()
-    out["decode_host_ms"][str(n)] = 1e3 * statistics.median(timed_step() for _ in range(steps))
+    parts.clear()
+    times = [timed_step() for _ in range(steps)]
+    out["decode_host_ms"][str(n)] = 1e3 * statistics.median(times)
+    out["decode_host_ms_mean"][str(n)] = 1e3 * statistics.mean(times)  # the GPU waits for the mean, spikes included
+    out["decode_parts_ms"][str(n)] = {k: round(1e3 * v / steps, 4) for k, v in parts.items()}
     clear()
 fill(RUNNING)
 for _ in range(3):
@@ -186,12 +211,12 @@ def count_launches(tree: Path, sizes: tuple[int, ...] = (1, 64)) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def measure(tree: Path, backend: str, steps: int, model_work: bool) -> dict:
+def measure(tree: Path, backend: str, steps: int, model_work: bool, parts: bool = False) -> dict:
     env = {**os.environ, "PYTHONPATH": str(tree), "TRITON_INTERPRET": "1"}
     sizes, prompts, running = ((1, 16), (200,), 15) if model_work else (DECODE_SIZES, PROMPTS, RUNNING)
     done = subprocess.run(
         [sys.executable, "-c", CHILD, str(tree), backend, str(steps), str(CONTEXT), str(running),
-         json.dumps(sizes), json.dumps(prompts), "1" if model_work else "0"],
+         json.dumps(sizes), json.dumps(prompts), "1" if model_work else "0", "1" if parts else "0"],
         capture_output=True, text=True, timeout=1800, env=env, cwd=str(tree))
     if done.returncode != 0:
         raise RuntimeError(f"bench_host child failed for {tree} ({backend}):\n{done.stderr[-3000:]}")
@@ -201,7 +226,7 @@ def measure(tree: Path, backend: str, steps: int, model_work: bool) -> dict:
 def medians(rounds: list[dict]) -> dict:
     """The one-line JSON shape (--json): per key, the median over rounds."""
     return {key: {k: round(statistics.median(r[key][k] for r in rounds), 4) for k in rounds[0][key]}
-            for key in ("decode_host_ms", "admit_host_ms")}
+            for key in ("decode_host_ms", "admit_host_ms", "decode_host_ms_mean") if key in rounds[0]}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -215,12 +240,15 @@ def main(argv: list[str] | None = None) -> None:
                         help="keep the model work (all 20 layers, heads, sampling; cpu backend): the CPU speed A/B, "
                              "in process CPU ms per step at 1 and 16 sequences")
     parser.add_argument("--out", default=None, help="results file (default results/host_<backend>.json)")
+    parser.add_argument("--parts", action="store_true",
+                        help="also time the step's parts (schedule_ahead, launch, _fill_step, collect, postprocess, "
+                             "_deltas; mean ms per step, in decode_parts_ms): the timers add a few us each")
     args = parser.parse_args(argv)
     trees = [Path(t).resolve() for t in args.trees]
     rounds: dict[str, list[dict]] = {str(t): [] for t in trees}
     for _ in range(args.rounds):
         for tree in trees:
-            rounds[str(tree)].append(measure(tree, args.backend, args.steps, args.model_work))
+            rounds[str(tree)].append(measure(tree, args.backend, args.steps, args.model_work, args.parts))
     summary = {tree: medians(r) for tree, r in rounds.items()}
     launches = {} if args.model_work else count_launches(trees[-1])
     if launches:  # the last tree's: what one steady decode step launches on a GPU (graph + eager)
