@@ -77,3 +77,15 @@ def _first_channel(frame) -> np.ndarray:  # -> [N]: a planar frame is [channels,
 def decode_audio():
     """_decode_audio as a fixture (test modules share no import path)."""
     return _decode_audio
+
+
+@pytest.fixture
+def streamed_flac(tmp_path: Path) -> Path:
+    """A FLAC file written as the server streams one (0.2 s of silence): its STREAMINFO holds no length."""
+    pytest.importorskip("av")
+    from chattts_velocity.audio import open_encoder
+
+    encoder = open_encoder("flac")
+    path = tmp_path / "streamed.flac"
+    path.write_bytes(encoder.encode(np.zeros(4800, np.float32)) + encoder.flush())
+    return path
