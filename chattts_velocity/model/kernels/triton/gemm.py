@@ -121,7 +121,7 @@ def weight_chunk(w_ptr, w_rows, w_rows_ok, cols, K: tl.constexpr):
 def _residual_linear_kernel(x_ptr, w_ptr, residual_ptr, out_ptr, M, x_stride,
                             N: tl.constexpr, K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                             BLOCK_K: tl.constexpr, UPCAST: tl.constexpr, USE_PDL: tl.constexpr,
-                            HAS_RESIDUAL: tl.constexpr = True):
+                            HAS_RESIDUAL: tl.constexpr):
     # one program per (tile of BLOCK_M rows, tile of BLOCK_N output columns): out = residual + x @ W.T (x @ W.T
     # without HAS_RESIDUAL; residual_ptr is not read)
     wait_previous(USE_PDL)
@@ -184,7 +184,7 @@ def residual_linear(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tenso
     grid = (triton.cdiv(x.shape[0], tile.block_m), triton.cdiv(weight.shape[0], tile.block_n))
     _residual_linear_kernel[grid](x, weight, residual, out, x.shape[0], x.stride(0), N=weight.shape[0],
                                   K=x.shape[1], BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k,
-                                  UPCAST=upcast(weight), USE_PDL=pdl, **options(tile, pdl))
+                                  UPCAST=upcast(weight), USE_PDL=pdl, HAS_RESIDUAL=True, **options(tile, pdl))
     return out
 
 
