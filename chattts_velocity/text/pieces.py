@@ -10,11 +10,12 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
+from chattts_velocity.config import ModelConfig
 from chattts_velocity.schema import TextPieces
 from chattts_velocity.text.normalizer import split_text
 
 MAX_CALL_CHARS = 100_000  # characters of text one call may hold (a long chapter; more is split by the caller)
-MAX_PIECE_CHARS = 16_384  # characters of one sentence piece (4 per position of the GPT's 4096)
+MAX_PIECE_CHARS = 4 * ModelConfig.max_position_embeddings  # characters of one sentence piece (4 per GPT position)
 MAX_CALL_PIECES = 2048  # sentence pieces one call may hold: each holds its prompt, codes and audio until the call ends
 _SPOKEN = re.compile(r"[A-Za-z0-9\u4e00-\u9fff]")  # what the model can say; tags like [uv_break] are not speech
 _TAG = re.compile(r"\[[\w_]+\]")

@@ -17,6 +17,8 @@ import pybase16384 as b14
 import torch
 import torch.nn.functional as F
 
+from chattts_velocity.config import ModelConfig
+
 SPK_STAT_PATH = Path(__file__).parent / "res" / "spk_stat.npy"
 VOICE_SEED_MAX = 2**32 - 1  # seeds that name a random voice (server voices, the web UI's dice)
 SPEAKER_PREFIX = "蘁淰"  # b14 of the LZMA2 chunk header every speaker string starts with
@@ -25,7 +27,7 @@ MAX_SPEAKER_CHARS = 4096  # a 768-wide fp16 speaker is ~900 characters
 MAX_SPEAKER_VALUES = 4096  # the widest speaker decoded (the official model's is 768)
 MAX_CLIP_CHARS = 65536  # a clip code of MAX_CLIP_FRAMES compresses to well under this
 CLIP_ROWS = 4  # num_vq: one row of codes per DVAE codebook
-MAX_CLIP_FRAMES = 4096  # the GPT's max_position_embeddings: a longer clip could never fit in a prompt
+MAX_CLIP_FRAMES = ModelConfig.max_position_embeddings  # a longer clip could never fit in a prompt
 MAX_CLIP_CODE = 625  # the GPT has 626 audio tokens (the DVAE's 625 codes and EOS); larger ids index past it
 _SPK_HINT = f"(expected a string from sample_random_speaker(), starting with {SPEAKER_PREFIX})"
 _SMP_HINT = "(expected a string from Chat.sample_audio_speaker() or encode_prompt())"
