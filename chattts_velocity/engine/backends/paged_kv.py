@@ -60,10 +60,15 @@ class StepTensors:
         """[B] the row of each sequence's last new position (the one that samples), on the host."""
         return torch.tensor(self.q_lens).cumsum(0) - 1
 
-    def row_metadata(self) -> DecodeMetadata:
-        """Every new row as a decode row of its own (slot, its sequence's table, context = position + 1)."""
-        tables = self.block_tables if self.seq_of_row is None else self.block_tables[self.seq_of_row]
-        return DecodeMetadata(self.slots, tables, self.positions + 1)
+    def row_metadata(self, rows: torch.Tensor | None = None) -> DecodeMetadata:
+        """Every new row (or only `rows` [G], indices on the device) as a decode row of its own (slot, its
+        sequence's table, context = position + 1)."""
+        slots, positions = (self.slots, self.positions) if rows is None else (self.slots[rows], self.positions[rows])
+        if self.seq_of_row is None:
+            tables = self.block_tables if rows is None else self.block_tables[rows]
+        else:
+            tables = self.block_tables[self.seq_of_row if rows is None else self.seq_of_row[rows]]
+        return DecodeMetadata(slots, tables, positions + 1)
 
     @classmethod
     def build(cls, q_lens: list[int], k_lens: list[int], block_tables: torch.Tensor, block_size: int,

@@ -153,8 +153,7 @@ class TritonBackend:
             return None
         offsets = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
         rows = to_device(torch.from_numpy(np.repeat(starts + first, counts) + offsets), self.kv.device)
-        every = step.row_metadata()
-        return rows, DecodeMetadata(every.slot_mapping[rows], every.block_tables[rows], every.context_lens[rows])
+        return rows, step.row_metadata(rows)
 
     def decode_step(self, embeds: torch.Tensor, positions: torch.Tensor, meta: DecodeMetadata,
                     out: torch.Tensor | None = None) -> torch.Tensor:
