@@ -1,7 +1,9 @@
 """Serving stage: SpeechService — many concurrent texts on one AsyncLLMEngine, audio streamed per text.
 
-In: text + InferCodeParams per HTTP request. Out: float32 24 kHz chunks in order (speech.StreamSet semantics).
-One decode thread batches the due windows of every live stream into one Decoder + Vocos call.
+In: text + InferCodeParams per HTTP request, as a SynthesisJob. Out: float32 24 kHz chunks in order
+(speech.StreamSet semantics). The job is prepared by the pipeline (SpeechPipeline.prepare: pieces, refine, code
+requests); the service only runs the waiting on its engine (refine prompts, then each piece's code request, a
+window at a time). One decode thread batches the due windows of every live stream into one Decoder + Vocos call.
 """
 from __future__ import annotations
 
@@ -19,11 +21,13 @@ from ..audio.timestamps import Timeline
 from ..engine.async_engine import AsyncLLMEngine, RequestStream
 from ..params import InferCodeParams, RefineTextParams
 from ..schema import Prompt, SamplingParams, TextPieces
+from ..speech.job import SynthesisJob, TextOptions
 from ..speech.mel_source import MelSource
 from ..speech.pipeline import SpeechPipeline
+from ..speech.prepare import PreparedJob, TextGeneration
 from ..speech.streams import EMPTY, StreamOptions, StreamSet
 from .decode_worker import END, DecodeWorker, Item, sink_to
-from .text_work import PieceOptions, TextWorker, at_most
+from .text_work import PieceOptions, TextWorker
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -41,56 +45,64 @@ class SpeechService:
         self.worker = DecodeWorker(StreamSet(self.options))
         self._keys = itertools.count()
 
-    def pieces(self, text: str, *, lang: str | None = None, normalize: bool = True, split: bool = True,
-               max_pieces: int | None = None) -> TextPieces:
-        """The text's normalised sentence pieces, at most max_pieces of them (a ValueError naming `input`)."""
-        pieces = self.pipeline.frontend.pieces(text, lang=lang, normalize=normalize, homophones=normalize, split=split)
-        return at_most(pieces, max_pieces)
+    def job(self, text: str, params: InferCodeParams, mel: str = "decoder", refine: RefineTextParams | None = None,
+            **text_options: Unpack[PieceOptions]) -> SynthesisJob:
+        """One request's text as a pipeline job: on the velocity engine, its steps capped by the request's params
+        (ServerConfig.max_new_token), homophones replaced when the text is normalised."""
+        normalize = text_options.get("normalize", True)
+        return SynthesisJob([text], params, mel=mel, refine=refine, use_vllm=True, weights_step_cap=False,
+                            text=TextOptions(text_options.get("lang"), normalize, normalize,
+                                             text_options.get("split", True)),
+                            max_pieces=text_options.get("max_pieces"))
 
-    async def text_pieces(self, text: str, *, lang: str | None = None, normalize: bool = True, split: bool = True,
-                          max_pieces: int | None = None) -> TextPieces:
-        """pieces(), off the event loop (serve/text_work.py)."""
-        pieces = await self.text.split(self.pipeline.frontend, text, lang=lang, normalize=normalize, split=split)
-        return at_most(pieces, max_pieces)
+    def pieces(self, text: str, **text_options: Unpack[PieceOptions]) -> TextPieces:
+        """The text's normalised sentence pieces, as open() speaks them (before a refine pass)."""
+        return self.pipeline.pieces(self.job(text, InferCodeParams(), **text_options))
 
-    async def refine(self, pieces: TextPieces, params: RefineTextParams) -> TextPieces:
-        """The refine-text pass on the shared engine: every piece at once, as Chat.infer's refine does."""
-        prompts, sampling = await self.text.run(self.pipeline.frontend.refine_requests, pieces, params)
-        tasks = [asyncio.ensure_future(self._text_ids(prompt, sampling)) for prompt in prompts]
+    async def prepare(self, job: SynthesisJob) -> PreparedJob:
+        """SpeechPipeline.prepare(job) off the event loop (a long text split in a worker process: text_work.py),
+        its pending refine pass run on the shared engine, every piece at once."""
+        pieces = await self.text.split(self.pipeline, job)
+        prepared = await self.text.run(self.pipeline.prepare, job, pieces)
+        while (work := prepared.pending) is not None:
+            prepared = await self.text.run(self.pipeline.refined, prepared, await self._generate(work))
+        return prepared
+
+    async def _generate(self, work: TextGeneration) -> list[torch.Tensor]:
+        """Each prompt's generated token ids [T, 1], in order."""
+        tasks = [asyncio.ensure_future(self._text_ids(prompt, work.sampling)) for prompt in work.prompts]
         try:
-            refined = await asyncio.gather(*tasks)
+            return list(await asyncio.gather(*tasks))
         finally:  # one failed (or the caller left): abort the others' engine requests
             for task in tasks:
                 task.cancel()
-        frontend = self.pipeline.frontend
-        return pieces.replace(await self.text.run(lambda: [frontend.refined_text(ids) for ids in refined]))
 
     async def _text_ids(self, prompt: Prompt, sampling: SamplingParams) -> torch.Tensor:
         rows = [delta.token_ids async for delta in self.engine.generate(prompt, sampling)]
         return torch.cat(rows) if rows else torch.zeros(0, 1, dtype=torch.long)  # [T, 1]
 
-    async def open(self, text: str, params: InferCodeParams, mel: MelSource | None = None,
+    async def open(self, text: str, params: InferCodeParams, mel: str = "decoder",
                    refine: RefineTextParams | None = None, first_chunk_samples: int = 0, window: int | None = None,
                    **text_options: Unpack[PieceOptions]) -> SpeechStream:
         """Queue the pieces of text on the engine (after the refine pass if `refine`; all, or `window` at a time as
-        SpeechStream reads), audio from `mel` (default: the Decoder), each piece's first chunk at least
-        first_chunk_samples long (StreamSet.open); text_options are text_pieces()'s. Bad input: ValueError, here."""
-        mel = mel or self.pipeline.mel()
+        SpeechStream reads), audio from the mel source named `mel`, each piece's first chunk at least
+        first_chunk_samples long (StreamSet.open); text_options are job()'s. Bad input: ValueError, here."""
         stream = SpeechStream(self, time.perf_counter(), first_chunk_samples, window)
         try:
-            pieces = await self.text_pieces(text, **text_options)
-            if refine is not None:
-                pieces = await self.refine(pieces, refine)
-            requests = await self.text.run(self.pipeline.code_requests, pieces, params, mel)
-            for piece, prompt, sampling in zip(pieces.texts, requests.prompts, requests.sampling, strict=True):
-                stream.add(piece, prompt, sampling, mel)
+            prepared = await self.prepare(self.job(text, params, mel, refine, **text_options))
+            if prepared.requests is None:
+                raise RuntimeError("open: a prepared job without code requests")
+            requests = prepared.requests
+            for piece, prompt, sampling in zip(requests.pieces.texts, requests.prompts, requests.sampling,
+                                               strict=True):
+                stream.add(piece, prompt, sampling, prepared.mel)
             await stream.start_window(0)
         except BaseException:
             stream.close()
             raise
         return stream
 
-    async def synthesize(self, text: str, params: InferCodeParams, mel: MelSource | None = None,
+    async def synthesize(self, text: str, params: InferCodeParams, mel: str = "decoder",
                          refine: RefineTextParams | None = None, first_chunk_samples: int = 0,
                          **text_options: Unpack[PieceOptions]) -> np.ndarray:
         """The whole waveform of text (the concatenation of its stream)."""

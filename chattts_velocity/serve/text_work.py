@@ -20,6 +20,8 @@ from typing import TypedDict, TypeVar
 
 from ..schema import TextPieces
 from ..speech.frontend import TextFrontEnd
+from ..speech.job import SynthesisJob
+from ..speech.pipeline import SpeechPipeline
 from ..text.budget import time_budget
 from ..text.pool import split_in_worker, start_worker, uses_default_normalizers
 
@@ -29,7 +31,8 @@ LONG_TEXT_CHARS = 512  # longer texts go to a worker process (shorter ones cost 
 
 
 class PieceOptions(TypedDict, total=False):
-    """SpeechService.text_pieces()'s keywords: how a request's text becomes its sentence pieces."""
+    """SpeechService.job()'s keywords: how a request's text becomes its sentence pieces (homophones follow
+    normalize), and how many it may split into."""
 
     lang: str | None
     normalize: bool
@@ -55,16 +58,17 @@ class TextWorker:
 
         return await asyncio.get_running_loop().run_in_executor(self._threads, job)
 
-    async def split(self, frontend: TextFrontEnd, text: str, *, lang: str | None = None, normalize: bool = True,
-                    split: bool = True) -> TextPieces:
-        """frontend.pieces(text, ...) with homophones as normalize: a long text in a worker process when it reads
-        the same there."""
-        pieces = partial(frontend.pieces, text, lang=lang, normalize=normalize, homophones=normalize, split=split)
-        if self._processes is None or len(text) <= LONG_TEXT_CHARS or not self._reads_alike(frontend):
+    async def split(self, pipeline: SpeechPipeline, job: SynthesisJob) -> TextPieces:
+        """pipeline.pieces(job): a long job's texts in a worker process when its front end reads the same there."""
+        pieces = partial(pipeline.pieces, job)
+        if self._processes is None or sum(map(len, job.texts)) <= LONG_TEXT_CHARS \
+                or not self._reads_alike(pipeline.frontend):
             return await self.run(pieces)
-        job = partial(split_in_worker, text, lang, normalize, split, time.monotonic(), self.budget_s)
+        o = job.text
+        work = partial(split_in_worker, job.texts, o.lang, o.normalize, o.homophones, o.split, time.monotonic(),
+                       self.budget_s)
         try:
-            return await asyncio.get_running_loop().run_in_executor(self._processes, job)
+            return await asyncio.get_running_loop().run_in_executor(self._processes, work)
         except BrokenProcessPool:  # a worker died (killed, out of memory): new workers, and this text on a thread
             logger.warning("text worker process died; starting new ones")
             self._processes = self._new_processes()
@@ -87,10 +91,3 @@ class TextWorker:
         if self._processes is not None:
             self._processes.shutdown(wait=True, cancel_futures=True)  # running jobs end within their budget
 
-
-def at_most(pieces: TextPieces, max_pieces: int | None) -> TextPieces:
-    """pieces, or a ValueError naming `input` when they are more than max_pieces."""
-    if max_pieces is not None and len(pieces.texts) > max_pieces:
-        raise ValueError(f"input: splits into {len(pieces.texts)} sentence pieces, over the limit of {max_pieces}; "
-                         "send fewer sentences per request")
-    return pieces

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from ..params import InferCodeParams, RefineTextParams
-from ..schema import GenerationOutput, Prompt, SamplingParams, SpeechRequests, TextPieces
+from ..schema import Prompt, SamplingParams, SpeechRequests, TextPieces
 from ..text import Normalizer, Tokenizer, decode_prompt, normalized_pieces, speaker_tensor
 from ..text.controls import check_controls
 from ..text.normalizer import warn_dropped
@@ -84,7 +84,3 @@ class TextFrontEnd:
     def refined_text(self, token_ids: torch.Tensor) -> str:
         """A refine request's generated ids [T, 1] -> the text the code pass reads."""
         return self.tokenizer.refined_text(token_ids[:, 0].tolist())
-
-    def refined(self, pieces: TextPieces, outputs: list[GenerationOutput]) -> TextPieces:
-        """pieces rewritten by their refine outputs (one per piece, in order)."""
-        return pieces.replace([self.refined_text(o.token_ids) for o in outputs])

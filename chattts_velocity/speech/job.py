@@ -2,8 +2,9 @@
 
 In: texts, their code-pass params (one for all or one per text), the mel source, the refine settings, the front
 end's options and the GPT backend to use. Out (through SpeechPipeline.run / run_each / stream): waveforms,
-refined texts, or chunks. The pipeline owns refine, splitting, step caps, the one-call-at-a-time gate and
-interruption; callers only describe the job.
+refined texts, or chunks; the server drives the same preparation (SpeechPipeline.prepare, speech/prepare.py) on
+its async engine. The pipeline owns refine, splitting, step caps, the one-call-at-a-time gate and interruption;
+callers only describe the job.
 """
 from __future__ import annotations
 
@@ -40,6 +41,8 @@ class SynthesisJob:
     progress: bool | None = None  # None: the code params' show_tqdm
     timestamps: bool = False  # run_each: each text's sentence spans (audio.Spoken)
     stop: Stop | None = None
+    max_pieces: int | None = None  # sentence pieces this caller accepts in one job (the server's limit); None: any
+    weights_step_cap: bool = True  # max_new_token left at the default takes the weights' cap (False: the caller's own)
 
     def __post_init__(self) -> None:
         if isinstance(self.texts, str):

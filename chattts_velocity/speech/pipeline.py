@@ -7,7 +7,6 @@ decided here once (`self.precision`, precision.py): the engine derives the same 
 """
 from __future__ import annotations
 
-import dataclasses
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,14 +32,15 @@ from ..demo import default_max_new_token
 from ..engine.core.llm_engine import LLMEngine
 from ..engine.gpt import GPTBackend, load_pretrained
 from ..model import kernels
-from ..params import InferCodeParams, RefineTextParams
+from ..params import InferCodeParams
 from ..precision import Precision, fastest_dtype
-from ..schema import MAX_NEW_TOKEN, SpeechRequests, TextPieces
+from ..schema import SpeechRequests, TextPieces
 from ..text import Normalizer, Tokenizer, empty_text, encode_prompt, sample_random_speaker
 from .calls import CallGate, Jobs, Stop
 from .frontend import TextFrontEnd
 from .job import SynthesisJob
 from .mel_source import MEL_SOURCES, DecoderSource, DVAESource, MelSource
+from .prepare import PreparedJob, Preparer, check_piece_count, step_capped
 from .streams import StreamOptions, StreamSet, stream_texts
 
 
@@ -83,6 +83,7 @@ class SpeechPipeline:
         }
         config = self.gpt().config
         self.frontend = TextFrontEnd(tokenizer, config.hidden_size, config.audio_eos_id, normalizer)
+        self.preparer = Preparer(self.frontend, self.step_cap)
 
     @classmethod
     def load(cls, paths: AssetPaths | str | Path, *, device: str | torch.device | None = None,
@@ -136,12 +137,23 @@ class SpeechPipeline:
         """One code-pass request per piece, returning what `mel` decodes (default: the Decoder's hidden states)."""
         return self.frontend.code_requests(pieces, params, return_hidden=(mel or self.mel()).return_hidden)
 
-    def refine(self, pieces: TextPieces, params: RefineTextParams, *, use_vllm: bool | None = None,
-               stop: Stop = _never, max_batch: int | None = None) -> TextPieces:
-        """The refine-text pass: every piece rewritten by the GPT in text mode."""
-        prompts, sampling = self.frontend.refine_requests(pieces, params)
-        outputs = self.gpt(use_vllm).generate(prompts, sampling, params.show_tqdm, stop, max_batch=max_batch)
-        return self.frontend.refined(pieces, outputs)
+    def pieces(self, job: SynthesisJob, allow_empty: bool = False) -> TextPieces:
+        """The job's texts, checked and split by its TextOptions (TextFrontEnd.pieces)."""
+        o = job.text
+        return self.frontend.pieces(job.texts, lang=o.lang, normalize=o.normalize, homophones=o.homophones,
+                                    split=o.split, allow_empty=allow_empty)
+
+    def prepare(self, job: SynthesisJob, pieces: TextPieces | None = None) -> PreparedJob:
+        """The job made ready before its turn (speech/prepare.py): its GPT loaded, its texts checked and split (or
+        `pieces`: its texts split elsewhere by pieces(job), as the server does for long texts in a worker process),
+        its params step-capped, and its code requests built, or its refine pass `pending`."""
+        mel = self.mel(job.mel)
+        self.gpt(job.use_vllm)  # loaded (or its load failed) before the call waits for its turn
+        return self.preparer.start(job, mel, self.pieces(job) if pieces is None else pieces)
+
+    def refined(self, prepared: PreparedJob, token_ids: list[torch.Tensor]) -> PreparedJob:
+        """prepared after its pending refine pass (token_ids [T, 1] per prompt): its code requests built."""
+        return self.preparer.refined(prepared, token_ids)
 
     # ---- requests -> audio ---------------------------------------------------------------------------
     def generate(self, requests: SpeechRequests, mel: MelSource | None = None, *, use_vllm: bool | None = None,
@@ -188,16 +200,13 @@ class SpeechPipeline:
     def run(self, job: SynthesisJob) -> list[np.ndarray] | list[str]:
         """The whole job: one float32 24 kHz waveform per text (its pieces joined in order), or with `refine_only`
         one refined string per text. Texts are checked before the call waits for its turn."""
-        mel, pieces, requests = self._prepare(job)
+        prepared = self.prepare(job)
         with self.gate.call(job.stop) as stop:
-            if requests is None:
-                pieces = self.refine(pieces, job.refine or RefineTextParams(), use_vllm=job.use_vllm, stop=stop,
-                                     max_batch=job.max_batch)
-                if job.refine_only:
-                    return ["\n".join(g) for g in pieces.group(pieces.texts)]
-                requests = self.code_requests(pieces, self.step_capped(job.params_list()), mel)
-            return self.generate(requests, mel, use_vllm=job.use_vllm, stop=stop, max_batch=job.max_batch,
-                                 progress=job.shows_progress())
+            prepared = self._ready(prepared, stop)
+            if prepared.requests is None:
+                return prepared.refined_texts()
+            return self.generate(prepared.requests, prepared.mel, use_vllm=job.use_vllm, stop=stop,
+                                 max_batch=job.max_batch, progress=job.shows_progress())
 
     def run_each(self, job: SynthesisJob) -> Iterator[tuple[int, np.ndarray | Spoken | Exception]]:
         """Each text on its own params, all in one batch: (index, waveform) as texts finish (with `timestamps`,
@@ -205,8 +214,9 @@ class SpeechPipeline:
         its error) and the others go on; the texts refused before generation come first. No refine pass."""
         if job.refine is not None:
             raise ValueError("refine: run_each has no refine pass (refine the texts with run(refine_only=True))")
-        pieces = self._pieces(job, allow_empty=True)
-        jobs = self.jobs(pieces, self.step_capped(job.params_list()), self.mel(job.mel))
+        pieces = self.pieces(job, allow_empty=True)
+        check_piece_count(job, pieces)
+        jobs = self.jobs(pieces, self.preparer.params(job), self.mel(job.mel))
         yield from jobs.failed
         with self.gate.call(job.stop) as stop:
             yield from self._run_jobs(jobs, use_vllm=job.use_vllm, progress=bool(job.progress),
@@ -218,9 +228,9 @@ class SpeechPipeline:
         call holds the model from its first chunk until the iterator is exhausted or closed."""
         if job.refine_only:
             raise ValueError("refine_only: a stream is audio; refine the texts with run(refine_only=True)")
-        mel, pieces, requests = self._prepare(job)
+        prepared = self.prepare(job)
         chunking = options or StreamOptions(chunk_steps=job.params_list()[0].stream_batch)
-        return self._stream(job, mel, pieces, requests, chunking)
+        return self._stream(prepared, chunking)
 
     def interrupt(self) -> None:
         """Stop every call in flight (running or waiting for its turn) after its current step; each returns what it
@@ -230,35 +240,24 @@ class SpeechPipeline:
     def step_capped(self, params: list[InferCodeParams]) -> list[InferCodeParams]:
         """Each params with the loaded weights' default step cap (step_cap, decided at load) where max_new_token
         was left at InferCodeParams' default; an explicit max_new_token is kept."""
-        cap = self.step_cap
-        capped: dict[int, InferCodeParams] = {}  # id -> its capped copy: texts that shared params still share them
-        for p in params:
-            if isinstance(p, InferCodeParams) and p.max_new_token == MAX_NEW_TOKEN and cap < MAX_NEW_TOKEN:
-                capped.setdefault(id(p), dataclasses.replace(p, max_new_token=cap))
-        return [capped.get(id(p), p) for p in params]
+        return step_capped(params, self.step_cap)
 
-    def _pieces(self, job: SynthesisJob, allow_empty: bool = False) -> TextPieces:
-        o = job.text
-        return self.frontend.pieces(job.texts, lang=o.lang, normalize=o.normalize, homophones=o.homophones,
-                                    split=o.split, allow_empty=allow_empty)
+    def _ready(self, prepared: PreparedJob, stop: Stop) -> PreparedJob:
+        """prepared with its pending text generation run on its GPT backend, in the call's turn."""
+        job = prepared.job
+        while (work := prepared.pending) is not None:
+            outputs = self.gpt(job.use_vllm).generate(work.prompts, work.sampling, work.progress, stop,
+                                                      max_batch=job.max_batch)
+            prepared = self.refined(prepared, [o.token_ids for o in outputs])
+        return prepared
 
-    def _prepare(self, job: SynthesisJob) -> tuple[MelSource, TextPieces, SpeechRequests | None]:
-        """Before the call's turn: its GPT loaded, its texts checked and split, its requests built (None while a
-        refine pass is still to run)."""
-        mel = self.mel(job.mel)
-        self.gpt(job.use_vllm)  # loaded (or its load failed) before the call waits for its turn
-        pieces = self._pieces(job)
-        params = self.step_capped(job.params_list())
-        return mel, pieces, None if job.refine is not None else self.code_requests(pieces, params, mel)
-
-    def _stream(self, job: SynthesisJob, mel: MelSource, pieces: TextPieces, requests: SpeechRequests | None,
-                options: StreamOptions) -> Iterator[list[np.ndarray]]:
+    def _stream(self, prepared: PreparedJob, options: StreamOptions) -> Iterator[list[np.ndarray]]:
+        job = prepared.job
         with self.gate.call(job.stop) as stop:
-            if requests is None:
-                pieces = self.refine(pieces, job.refine or RefineTextParams(), use_vllm=job.use_vllm, stop=stop,
-                                     max_batch=job.max_batch)
-                requests = self.code_requests(pieces, self.step_capped(job.params_list()), mel)
-            yield from stream_texts(StreamSet(options), self.gpt(job.use_vllm), requests, mel, stop)
+            prepared = self._ready(prepared, stop)
+            if prepared.requests is None:
+                raise RuntimeError("stream: a prepared job without code requests (refine_only)")
+            yield from stream_texts(StreamSet(options), self.gpt(job.use_vllm), prepared.requests, prepared.mel, stop)
 
     # ---- speakers ------------------------------------------------------------------------------------
     def sample_random_speaker(self, seed: int | None = None) -> str:

@@ -35,13 +35,13 @@ def _exit_with_parent(parent: int) -> None:
     os._exit(0)
 
 
-def split_in_worker(text: str, lang: str | None, normalize: bool, split: bool, started: float,
-                    budget_s: float | None) -> TextPieces:
-    """TextFrontEnd.pieces(text, lang=lang, normalize=normalize, homophones=normalize, split=split) with the
+def split_in_worker(texts: str | list[str], lang: str | None, normalize: bool, homophones: bool, split: bool,
+                    started: float, budget_s: float | None) -> TextPieces:
+    """TextFrontEnd.pieces(texts, lang=lang, normalize=normalize, homophones=homophones, split=split) with the
     worker's normaliser, under the budget."""
     normalizer = worker_normalizer()
     with time_budget(budget_s, started):
-        return normalized_pieces(text, lambda p: normalizer(p, normalize, normalize, lang), split)
+        return normalized_pieces(texts, lambda p: normalizer(p, normalize, homophones, lang), split)
 
 
 def worker_normalizer() -> Normalizer:

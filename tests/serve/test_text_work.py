@@ -9,6 +9,7 @@ import signal
 import pytest
 
 from chattts_velocity.serve.text_work import LONG_TEXT_CHARS, TextWorker
+from chattts_velocity.speech import SynthesisJob
 from chattts_velocity.text import Normalizer
 from chattts_velocity.text.budget import TextBudgetExceeded
 
@@ -17,23 +18,32 @@ class FakeFrontEnd:
     def __init__(self) -> None:
         self.normalizer = Normalizer()
 
-    def pieces(self, text, *, lang, normalize, homophones, split):
+
+class FakePipeline:
+    """SpeechPipeline.pieces on the default normaliser, without weights."""
+
+    def __init__(self) -> None:
+        self.frontend = FakeFrontEnd()
+
+    def pieces(self, job: SynthesisJob):
         from chattts_velocity.text import normalized_pieces
 
-        return normalized_pieces(text, lambda p: self.normalizer(p, normalize, homophones, lang), split)
+        o = job.text
+        return normalized_pieces(job.texts, lambda p: self.frontend.normalizer(p, o.normalize, o.homophones, o.lang),
+                                 o.split)
 
 
 def test_a_long_text_reads_the_same_in_the_worker_process_and_a_dead_worker_is_replaced() -> None:
     pytest.importorskip("wetext")
-    frontend, worker = FakeFrontEnd(), TextWorker(workers=1, budget_s=60, processes=1)
-    text = "On 3/5/2024 we paid $3.50 for 12 apples. " * (LONG_TEXT_CHARS // 40 + 1)
+    pipeline, worker = FakePipeline(), TextWorker(workers=1, budget_s=60, processes=1)
+    job = SynthesisJob(["On 3/5/2024 we paid $3.50 for 12 apples. " * (LONG_TEXT_CHARS // 40 + 1)])
     try:
-        in_process = asyncio.run(worker.split(frontend, text))
-        assert in_process == frontend.pieces(text, lang=None, normalize=True, homophones=True, split=True)
+        in_process = asyncio.run(worker.split(pipeline, job))
+        assert in_process == pipeline.pieces(job)
         for pid in list(worker._processes._processes):
             os.kill(pid, signal.SIGKILL)
-        assert asyncio.run(worker.split(frontend, text)) == in_process  # on a thread this once
-        assert asyncio.run(worker.split(frontend, text)) == in_process  # new workers
+        assert asyncio.run(worker.split(pipeline, job)) == in_process  # on a thread this once
+        assert asyncio.run(worker.split(pipeline, job)) == in_process  # new workers
     finally:
         worker.shutdown()
 

@@ -50,9 +50,9 @@ def _error(response, status: int, param: str | None) -> dict:
 
 def _spy(client: TestClient, monkeypatch) -> list[list[str]]:
     """The sentence pieces (as the model reads them) of every speech request."""
-    seen, pipeline = [], client.app.state.server.pipeline
-    original = pipeline.code_requests
-    monkeypatch.setattr(pipeline, "code_requests", lambda pieces, *a, **kw: seen.append(list(pieces.texts))
+    seen, frontend = [], client.app.state.server.pipeline.frontend
+    original = frontend.code_requests
+    monkeypatch.setattr(frontend, "code_requests", lambda pieces, *a, **kw: seen.append(list(pieces.texts))
                         or original(pieces, *a, **kw))
     return seen
 
@@ -109,9 +109,9 @@ def test_a_voice_cloned_from_an_upload_speaks_with_its_clip(chat, tmp_path, monk
         voice = created.json()
         assert voice["has_clip"] and voice["speaker"] is None and voice["transcript"] == "a test clip"
         prompts = []
-        original = chat.pipeline.code_requests
-        monkeypatch.setattr(chat.pipeline, "code_requests", lambda *a, **kw: prompts.append(original(*a, **kw))
-                            or prompts[-1])
+        original = chat.pipeline.frontend.code_requests
+        monkeypatch.setattr(chat.pipeline.frontend, "code_requests",
+                            lambda *a, **kw: prompts.append(original(*a, **kw)) or prompts[-1])
         assert len(_speak(client, voice="clip")) > 0
         assert all(p.input_ids.shape[0] > 40 for p in prompts[0].prompts)  # the clip's codes are in the prompt
         _error(client.post(VOICES, data={"name": "x", "transcript": "t"},
