@@ -37,7 +37,8 @@ def runs(device: torch.device, dtype: torch.dtype | None) -> bool:
 @functools.cache
 def available() -> bool:
     """Whether this process can run the bf16 channels-last path (the C++ kernels loaded, oneDNN with bf16)."""
-    return (torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    return (torch.backends.mkldnn.is_available()  # type: ignore[no-untyped-call]  # unannotated in torch
+            and torch.ops.mkldnn._is_mkldnn_bf16_supported()
             and kernels.isa() is not None and kernels.load())
 
 
@@ -197,23 +198,22 @@ def packed_vocos(vocos: Vocos) -> PackedVocos:
     return found
 
 
-@torch.inference_mode()
-@torch.autocast("cpu", enabled=False)
 def mel_frames(model: Decoder | DVAE, row: torch.Tensor) -> torch.Tensor:  # [T, C] -> mel [2T, n_mels] float32
     """A row of GPT hidden states [T, H] (Decoder) or codes [T, 4] (DVAE) -> its mel, channels-last."""
-    if isinstance(model, Decoder):
-        feats = row.float()  # [T, 2 idim]
-    else:
-        with torch.autocast("cpu", dtype=torch.bfloat16):  # as the module path (its projections may be bf16)
-            feats = model.vq_layer.decode(row.T[None])[0].T.float()  # [T, 2 idim]
-    frames = feats.reshape(2 * feats.shape[0], feats.shape[1] // 2)  # the interleave: step t -> frames 2t, 2t + 1
-    return packed_mel(model)(frames)
+    with torch.inference_mode():
+        if isinstance(model, Decoder):
+            feats = row.float()  # [T, 2 idim]
+        else:
+            with torch.autocast("cpu", dtype=torch.bfloat16):  # as the module path (its projections may be bf16)
+                feats = model.vq_layer.decode(row.T[None])[0].T.float()  # [T, 2 idim]
+        with torch.autocast("cpu", enabled=False):
+            frames = feats.reshape(2 * feats.shape[0], feats.shape[1] // 2)  # step t -> frames 2t, 2t + 1
+            return packed_mel(model)(frames)
 
 
-@torch.inference_mode()
-@torch.autocast("cpu", enabled=False)
 def vocos_wav(vocos: Vocos, mel: torch.Tensor) -> torch.Tensor:  # [F, n_mels] -> [(F - 1) * hop] float32
-    out = packed_vocos(vocos)(mel)  # [F, n_fft + 2]
-    spec = vocos.head.polar(out.T[None])  # [1, n_fft // 2 + 1, F] complex
-    wav: torch.Tensor = vocos.head.istft(spec)
-    return wav[0]
+    with torch.inference_mode(), torch.autocast("cpu", enabled=False):
+        out = packed_vocos(vocos)(mel)  # [F, n_fft + 2]
+        spec = vocos.head.polar(out.T[None])  # [1, n_fft // 2 + 1, F] complex
+        wav: torch.Tensor = vocos.head.istft(spec)
+        return wav[0]
