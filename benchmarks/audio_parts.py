@@ -71,3 +71,31 @@ def infer_shares(chat: Any, texts: int, steps: int) -> dict:
         with autocast_path(old):
             out[name] = profile_infer(chat, texts, steps)
     return out
+
+
+def parts_table(report: dict) -> str:
+    """Markdown: Decoder + Vocos process CPU seconds per variant and row count (render_docs.py)."""
+    decode = report["decode"]
+    lines = [f"| rows of {decode['mel_frames']} mel frames | bf16 channels-last | bf16 autocast (before) | float32 "
+             "| speed-up | bf16 channels-last GFLOP per CPU-s |", "|---|---|---|---|---|---|"]
+    for count, row in ((k, v) for k, v in decode.items() if isinstance(v, dict)):
+        cpu = row["cpu_s"]
+        lines.append(f"| {count} | {cpu['bf16_channels_last']:.3f} s | {cpu['bf16_autocast']:.3f} s | "
+                     f"{cpu['float32']:.3f} s | {row['speedup_vs_autocast']:.2f}x | "
+                     f"{row['gflop_per_cpu_s']['bf16_channels_last']:.0f} |")
+    return "\n".join(lines) + "\n"
+
+
+def shares_table(report: dict) -> str:
+    """Markdown: Chat.infer's stage shares before and after (render_docs.py)."""
+    infer = report.get("infer")
+    if not infer:
+        return "Not measured in this file (no --profile-texts).\n"
+    stages = list(infer["after"]["share"])
+    lines = [f"| {infer['after']['concurrency']} texts x {infer['after']['steps']} steps | wall s | "
+             + " | ".join(stages) + " | not GPT |", "|---|---|" + "---|" * (len(stages) + 1)]
+    for name in ("before", "after"):
+        run = infer[name]
+        lines.append(f"| {name} | {run['wall_s']:.2f} | " + " | ".join(f"{100 * run['share'][s]:.1f} %" for s in stages)
+                     + f" | {100 * run['non_gpt_share']:.1f} % |")
+    return "\n".join(lines) + "\n"

@@ -14,7 +14,6 @@ bench_audio_dtype.py --parts). `available()` says whether it runs here (the C++ 
 """
 from __future__ import annotations
 
-import functools
 import weakref
 from dataclasses import dataclass
 from typing import Any
@@ -34,7 +33,6 @@ def runs(device: torch.device, dtype: torch.dtype | None) -> bool:
     return device.type == "cpu" and dtype == torch.bfloat16 and available()
 
 
-@functools.cache
 def available() -> bool:
     """Whether this process can run the bf16 channels-last path (the C++ kernels loaded, oneDNN with bf16)."""
     return (torch.backends.mkldnn.is_available()  # type: ignore[no-untyped-call]  # unannotated in torch

@@ -4,8 +4,9 @@ Every row runs its own Decoder + Vocos pass, of its own shape: exactly (2*T_i - 
 whatever other rows are decoded with it (oneDNN and BLAS choose their convolution and GEMM kernels, and so their
 summation order, from the batch's shape; upstream's one padded batch also changes a shorter row's last ~100
 frames). The cost of giving up the shared batch is in docs/fidelity.md.
-`dtype=torch.bfloat16` runs the convolutions and GEMMs under autocast on the modules' device (on CPU about 2x
-faster; the iSTFT and the output stay float32); the default None is the exact float32 path. Everything stays on
+`dtype=torch.bfloat16` runs bf16 products with float32 sums: on a CPU with oneDNN bf16 and the C++ kernels the
+channels-last path of audio/cpu_decode.py, elsewhere the modules under autocast (the iSTFT and the output stay
+float32); the default None is the exact float32 path. Everything stays on
 the modules' device until the final waveforms, copied to the host once per batch.
 """
 from __future__ import annotations
