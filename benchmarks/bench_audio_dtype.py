@@ -5,6 +5,11 @@ only where the CPU computes it natively: docs/performance.md).
     python benchmarks/bench_audio_dtype.py --model .pytest-assets/full --texts 3,8 --name spr-amx
     CHATTTS_VELOCITY_CPU_KERNELS=avx2 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 \\
         python benchmarks/bench_audio_dtype.py --model .pytest-assets/full --texts 3 --name x86-avx2-emulated
+    python benchmarks/bench_audio_dtype.py --parts 1,64 --profile-texts 64 --name zen4-avx512bf16
+
+--parts: Decoder + Vocos alone (bf16 channels-last against autocast's module path and float32) at those row
+counts, and with --profile-texts Chat.infer's stage shares before and after (benchmarks/audio_parts.py);
+written to audio_parts_<name>.json.
 """
 from __future__ import annotations
 
@@ -36,8 +41,13 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--name", default="host")
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "results"))
+    parser.add_argument("--parts", default="", help="row counts for the audio-stage A/B (skips the dtype A/B)")
+    parser.add_argument("--part-steps", type=int, default=64, help="GPT steps per row (2x mel frames)")
+    parser.add_argument("--profile-texts", type=int, default=0, help="with --parts: Chat.infer's stage shares")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
+    if args.parts:
+        return parts(args)
     chats = {}
     for dtype in DTYPES:
         chats[dtype] = Chat()
@@ -56,6 +66,23 @@ def main(argv: list[str] | None = None) -> dict:
               "seconds": seconds,
               "bf16_over_float32": {n: min(s["bfloat16"]) / min(s["float32"]) for n, s in seconds.items()}}
     out = Path(args.out) / f"audio_dtype_{args.name}.json"
+    out.write_text(json.dumps(report, indent=1), encoding="utf-8")
+    print(json.dumps(report, indent=1))
+    return report
+
+
+def parts(args: argparse.Namespace) -> dict:
+    from benchmarks.audio_parts import decode_parts, infer_shares
+    from benchmarks.lib.probe import cpu_identity
+    from benchmarks.lib.public import load_chat
+
+    report: dict = {"host": cpu_identity(), "threads": args.threads,
+                    "decode": decode_parts(args.model, [int(n) for n in args.parts.split(",")], args.part_steps,
+                                           args.rounds)}
+    if args.profile_texts:
+        chat = load_chat(args.model, "int8", args.threads)
+        report["infer"] = infer_shares(chat, args.profile_texts, args.part_steps)
+    out = Path(args.out) / f"audio_parts_{args.name}.json"
     out.write_text(json.dumps(report, indent=1), encoding="utf-8")
     print(json.dumps(report, indent=1))
     return report

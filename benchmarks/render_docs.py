@@ -19,7 +19,8 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from benchmarks.lib import doc_tables as tables  # noqa: E402 (needs REPO on sys.path)
+from benchmarks import audio_parts  # noqa: E402 (needs REPO on sys.path)
+from benchmarks.lib import doc_tables as tables  # noqa: E402
 from benchmarks.lib import doc_tables_gpu as gpu_tables  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results"
@@ -54,6 +55,9 @@ def renderers(results: Path) -> dict[str, Callable[[], str]]:
     for kind in tables.host_kinds(results, "isa_"):
         found[f"isa-{kind}.steps"] = partial(tables.from_json, tables.isa_steps_table, results, f"isa_{kind}")
         found[f"isa-{kind}.linears"] = partial(tables.from_json, tables.isa_linears, results, f"isa_{kind}")
+    for kind in tables.host_kinds(results, "audio_parts_"):
+        for part, render_audio in (("parts", audio_parts.parts_table), ("shares", audio_parts.shares_table)):
+            found[f"audio-{kind}.{part}"] = partial(tables.from_json, render_audio, results, f"audio_parts_{kind}")
     for kind in tables.host_kinds(results, "serve_"):
         found[f"serve-{kind}"] = partial(tables.from_json, tables.serve_table, results, f"serve_{kind}")
     return found

@@ -4,8 +4,9 @@ Every row runs its own Decoder + Vocos pass, of its own shape: exactly (2*T_i - 
 whatever other rows are decoded with it (oneDNN and BLAS choose their convolution and GEMM kernels, and so their
 summation order, from the batch's shape; upstream's one padded batch also changes a shorter row's last ~100
 frames). The cost of giving up the shared batch is in docs/fidelity.md.
-`dtype=torch.bfloat16` runs the convolutions and GEMMs under autocast on the modules' device (on CPU about 2x
-faster; the iSTFT and the output stay float32); the default None is the exact float32 path. Everything stays on
+`dtype=torch.bfloat16` runs bf16 products with float32 sums: on a CPU with oneDNN bf16 and the C++ kernels the
+channels-last path of audio/cpu_decode.py, elsewhere the modules under autocast (the iSTFT and the output stay
+float32); the default None is the exact float32 path. Everything stays on
 the modules' device until the final waveforms, copied to the host once per batch.
 """
 from __future__ import annotations
@@ -17,6 +18,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from chattts_velocity.audio import cpu_decode
 from chattts_velocity.audio.dvae import DVAE, Decoder
 from chattts_velocity.audio.vocos import Vocos
 
@@ -61,9 +63,13 @@ def _decode_rows(
     widths = {r.shape[1] for r in rows}
     if len(widths) > 1:
         raise ValueError(f"rows: every item must have the same channel count, got {sorted(widths)}")
-    device_type = mel_model.coef.device.type
-    with torch.autocast(device_type, dtype=dtype or torch.float32, enabled=dtype not in (None, torch.float32)):
-        wavs = [_decode_alone(mel_model, vocos, r) if r.shape[0] else None for r in rows]
+    device = mel_model.coef.device
+    if cpu_decode.runs(device, dtype) and vocos.head.istft.window.device == device:
+        wavs = [cpu_decode.vocos_wav(vocos, cpu_decode.mel_frames(mel_model, r)) if r.shape[0] else None
+                for r in rows]
+    else:
+        with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype not in (None, torch.float32)):
+            wavs = [_decode_alone(mel_model, vocos, r) if r.shape[0] else None for r in rows]
     done = [w for w in wavs if w is not None]
     flat = torch.cat(done).cpu().numpy() if done else np.zeros(0, dtype=np.float32)  # one copy to the host
     out, start = [], 0

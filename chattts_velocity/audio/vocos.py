@@ -94,7 +94,12 @@ class ISTFTHead(nn.Module):
         return wav
 
     def spectrum(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, dim] -> [B, n_fft//2+1, T] complex
-        mag, phase = self.out(x).transpose(1, 2).chunk(2, dim=1)  # 2 x [B, n_fft//2+1, T]
+        return self.polar(self.out(x).transpose(1, 2))
+
+    @staticmethod
+    def polar(out: torch.Tensor) -> torch.Tensor:  # [B, n_fft+2, T] -> [B, n_fft//2+1, T] complex
+        """The head's output as log-magnitudes (clipped at exp = 100) and phases."""
+        mag, phase = out.chunk(2, dim=1)  # 2 x [B, n_fft//2+1, T]
         mag = torch.clip(torch.exp(mag), max=1e2).float()
         # = mag * (cos + 1j * sin) bit for bit (the imaginary zero adds exact zeros), without complex temporaries
         return torch.complex(mag * torch.cos(phase).float(), mag * torch.sin(phase).float())

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, TypeVar
 import numpy as np
 import torch
 
+from chattts_velocity.audio import cpu_decode
 from chattts_velocity.audio.chunk_plan import STEP_FRAMES, Span, mel_span
 from chattts_velocity.audio.decode import decode_codes_batch, decode_hidden_batch
 from chattts_velocity.audio.dvae import DVAE, Decoder
@@ -51,10 +52,18 @@ def window_shape(span: Span, mel_reach: int, hop: int) -> WindowShape:
                        (hop * (STEP_FRAMES * span.next - m0), hop * (span.end_block - m0)))
 
 
+def autocast_dtype(device: torch.device) -> torch.dtype | None:
+    """The dtype autocast runs on device now, or None when it is off."""
+    return torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else None
+
+
 def decode_batch(mel_model: Decoder | DVAE, vocos: Vocos, shape: WindowShape,
                  batch: torch.Tensor) -> torch.Tensor:  # [B, C, W] -> [B, s1 - s0] float32
-    mel = mel_model(batch)  # [B, n_mels, 2 W]
     (a, b), (s0, s1) = shape.crop, shape.keep
+    if cpu_decode.runs(mel_model.coef.device, autocast_dtype(mel_model.coef.device)):  # each window alone
+        mels = [cpu_decode.mel_frames(mel_model, rows.T) for rows in batch]  # [2 W, n_mels] each
+        return torch.stack([cpu_decode.vocos_wav(vocos, mel[a:b])[s0:s1] for mel in mels])
+    mel = mel_model(batch)  # [B, n_mels, 2 W]
     wav: torch.Tensor = vocos(mel[:, :, a:b])
     return wav.float()[:, s0:s1]
 
@@ -120,9 +129,8 @@ class WindowRunner:
     def run_clip_ends(self, spans: list[Span], rows: list[torch.Tensor]) -> list[np.ndarray]:
         """Windows that end their clip (real right edges, one-off shapes) in one batch decode of whole clips: the
         masked batch of audio/decode.py gives each what it gives alone; the kept samples are each window's tail."""
-        device = self.mel_model.coef.device.type
-        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
         model = self.mel_model
+        dtype = autocast_dtype(model.coef.device)
         with self._own_stream():
             wavs = (decode_hidden_batch(model, self.vocos, rows, dtype) if isinstance(model, Decoder)
                     else decode_codes_batch(model, self.vocos, rows, dtype))

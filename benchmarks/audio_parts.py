@@ -1,0 +1,108 @@
+"""The audio stage alone and its share of Chat.infer: bf16 channels-last (audio/cpu_decode.py) against autocast's
+module path and float32, interleaved in one process, process CPU time (bench_audio_dtype.py --parts)."""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+
+VARIANTS = ("bf16_channels_last", "bf16_autocast", "float32")
+
+
+@contextmanager
+def autocast_path(on: bool) -> Iterator[None]:
+    """With on: bf16 decodes take autocast's module path (the path before channels-last)."""
+    from chattts_velocity.audio import cpu_decode
+
+    original = cpu_decode.available
+    if on:
+        cpu_decode.available = lambda: False  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        cpu_decode.available = original  # type: ignore[assignment]
+
+
+def _timed(run: Callable[[], Any]) -> tuple[float, float]:
+    """(process CPU seconds, wall seconds) of run()."""
+    cpu, wall = time.process_time(), time.perf_counter()
+    run()
+    return time.process_time() - cpu, time.perf_counter() - wall
+
+
+def decode_parts(model: str, counts: list[int], steps: int, rounds: int) -> dict:
+    """Decoder + Vocos of `count` rows of `steps` GPT steps (2 * steps mel frames) per variant, min over rounds."""
+    from chattts_velocity.assets import AssetPaths
+    from chattts_velocity.audio import Decoder, Vocos, cast_for_autocast, decode_hidden_batch, load_safetensors
+
+    paths = AssetPaths.from_root(model)
+    decoder = Decoder.from_state_dict(load_safetensors(paths.decoder))
+    vocos = Vocos.from_state_dict(load_safetensors(paths.vocos))
+    cast = cast_for_autocast(decoder, torch.bfloat16), cast_for_autocast(vocos, torch.bfloat16)
+    g = torch.Generator().manual_seed(0)
+    out: dict[str, Any] = {"steps": steps, "mel_frames": 2 * steps, "clock": "process CPU time (min of rounds)"}
+    for count in counts:
+        rows = [torch.randn(steps, 768, generator=g) for _ in range(count)]
+        seen: dict[str, list[tuple[float, float]]] = {v: [] for v in VARIANTS}
+        for r in range(rounds + 1):  # round 0 warms up (packing, oneDNN's kernels)
+            for variant in VARIANTS:
+                modules, dtype = (cast, torch.bfloat16) if variant != "float32" else ((decoder, vocos), None)
+                with autocast_path(variant == "bf16_autocast"):
+                    took = _timed(lambda: decode_hidden_batch(*modules, rows, dtype))  # noqa: B023  # called here
+                if r:
+                    seen[variant].append(took)
+        best = {v: min(c for c, _ in t) for v, t in seen.items()}
+        out[str(count)] = {"cpu_s": best, "wall_s": {v: min(w for _, w in t) for v, t in seen.items()},
+                           "speedup_vs_autocast": best["bf16_autocast"] / best["bf16_channels_last"],
+                           "gflop_per_cpu_s": {v: 150e-3 * steps * count / s for v, s in best.items()}}
+    return out
+
+
+def infer_shares(chat: Any, texts: int, steps: int) -> dict:
+    """profile_infer's stage shares of Chat.infer at `texts` texts, the audio path before and after, its stage
+    clock on process CPU time (a shared host's wall clock mostly measures the other tenants)."""
+    from benchmarks.lib import public
+
+    public.profile_infer(chat, 1, 4)  # warm-up
+    out = {}
+    real_time = public.time
+    public.time = SimpleNamespace(perf_counter=time.process_time)  # type: ignore[assignment]
+    try:
+        for name, old in (("before", True), ("after", False)):
+            with autocast_path(old):
+                out[name] = public.profile_infer(chat, texts, steps)
+    finally:
+        public.time = real_time
+    return out
+
+
+def parts_table(report: dict) -> str:
+    """Markdown: Decoder + Vocos process CPU seconds per variant and row count (render_docs.py)."""
+    decode = report["decode"]
+    lines = [f"| rows of {decode['mel_frames']} mel frames | bf16 channels-last | bf16 autocast (before) | float32 "
+             "| speed-up | bf16 channels-last GFLOP per CPU-s |", "|---|---|---|---|---|---|"]
+    for count, row in ((k, v) for k, v in decode.items() if isinstance(v, dict)):
+        cpu = row["cpu_s"]
+        lines.append(f"| {count} | {cpu['bf16_channels_last']:.3f} s | {cpu['bf16_autocast']:.3f} s | "
+                     f"{cpu['float32']:.3f} s | {row['speedup_vs_autocast']:.2f}x | "
+                     f"{row['gflop_per_cpu_s']['bf16_channels_last']:.0f} |")
+    return "\n".join(lines) + "\n"
+
+
+def shares_table(report: dict) -> str:
+    """Markdown: Chat.infer's stage shares before and after (render_docs.py)."""
+    infer = report.get("infer")
+    if not infer:
+        return "Not measured in this file (no --profile-texts).\n"
+    stages = list(infer["after"]["share"])
+    lines = [f"| {infer['after']['concurrency']} texts x {infer['after']['steps']} steps | CPU s | "
+             + " | ".join(stages) + " | not GPT |", "|---|---|" + "---|" * (len(stages) + 1)]
+    for name in ("before", "after"):
+        run = infer[name]
+        lines.append(f"| {name} | {run['wall_s']:.2f} | " + " | ".join(f"{100 * run['share'][s]:.1f} %" for s in stages)
+                     + f" | {100 * run['non_gpt_share']:.1f} % |")
+    return "\n".join(lines) + "\n"
