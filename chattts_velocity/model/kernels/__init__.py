@@ -184,7 +184,8 @@ def cpu_flags() -> set[str]:
 def _register_fakes(namespace: str) -> None:
     """Output shapes for torch.compile's tracing (the batch dimension stays symbolic)."""
     fakes = {"linear_bf16": _fake_linear_bf16, "linear_int8": _fake_linear_int8, "linear_int8_q8": _fake_linear_int8,
-             "linear_int4": _fake_linear_int4, "paged_decode_attention": _fake_attention}
+             "linear_int4": _fake_linear_int4, "paged_decode_attention": _fake_attention,
+             "head_linear": _fake_head_linear}
     for op, fake in fakes.items():
         torch.library.register_fake(f"{namespace}::{op}")(fake)
 
@@ -199,6 +200,10 @@ def _fake_linear_int8(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tenso
 
 def _fake_linear_int4(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     return x.new_empty(x.shape[0], weight.shape[0] * 4)
+
+
+def _fake_head_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return x.new_empty(x.shape[0], weight.shape[0])
 
 
 def _fake_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
