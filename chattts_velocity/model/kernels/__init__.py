@@ -185,7 +185,7 @@ def _register_fakes(namespace: str) -> None:
     """Output shapes for torch.compile's tracing (the batch dimension stays symbolic)."""
     fakes = {"linear_bf16": _fake_linear_bf16, "linear_int8": _fake_linear_int8, "linear_int8_q8": _fake_linear_int8,
              "linear_int4": _fake_linear_int4, "paged_decode_attention": _fake_attention,
-             "head_linear": _fake_head_linear}
+             "head_linear": _fake_head_linear, "sample_rows": _fake_sample_rows}
     for op, fake in fakes.items():
         torch.library.register_fake(f"{namespace}::{op}")(fake)
 
@@ -204,6 +204,10 @@ def _fake_linear_int4(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tenso
 
 def _fake_head_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return x.new_empty(x.shape[0], weight.shape[0])
+
+
+def _fake_sample_rows(logits: torch.Tensor, *rest: object) -> torch.Tensor:
+    return logits.new_empty(logits.shape[0], dtype=torch.int64)
 
 
 def _fake_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
