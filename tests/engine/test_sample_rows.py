@@ -45,6 +45,21 @@ def test_the_kernel_draws_the_torch_formulations_tokens(sample_ops: object, seed
     assert tokens.shape == (24, 4)
 
 
+@pytest.mark.parametrize("streams", [1, 3, 15])
+def test_a_few_streams_on_one_thread_draw_the_same_tokens(sample_ops: object, streams: int) -> None:
+    """Under 64 rows the op keeps torch's kernels (the noise's among them) on the calling thread: the same bits."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)  # the torch formulation splits its noise over the threads
+    try:
+        sampler = Sampler()
+        for seed in range(10):
+            batch = sampler.prepare(_random_seqs(streams, seed), 4)
+            logits = _logits(streams * 4, CODE_V, seed)
+            assert torch.equal(sampler.sample(logits, batch), sampler.sample_torch(logits, batch)), seed
+    finally:
+        torch.set_num_threads(threads)
+
+
 @pytest.mark.parametrize("mix", ["plain", "no_penalty", "top_p_only", "top_k_only"])
 def test_every_step_left_out_still_matches(sample_ops: object, mix: str) -> None:
     sampler = Sampler()

@@ -7,8 +7,8 @@
 //
 // Everything elementwise is done here in the torch formulation's float32 operations and order; what torch computes
 // with its own vectorised kernels (pow, softmax, cumsum, the exponential noise of a seeded generator, argmax) is
-// called through ATen on tensors of the same shapes, so those bits are torch's. Row loops run in parallel over rows
-// from 64 rows on: each row's arithmetic is its own.
+// called through ATen on tensors of the same shapes, so those bits are torch's. From 64 rows on, row loops (and
+// torch's kernels) run in parallel over rows: each row's arithmetic is its own; fewer rows stay on the calling thread.
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
@@ -18,7 +18,10 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <vector>
+
+#include <c10/util/ParallelGuard.h>
 
 #include "cpu_kernels.h"
 
@@ -30,7 +33,7 @@ constexpr int64_t kParallelRows = 64;  // fewer rows run on the calling thread (
 
 template <typename F>
 void for_rows(int64_t R, F&& f) {
-  at::parallel_for(0, R, R >= kParallelRows ? 1 : R, [&](int64_t r0, int64_t r1) {
+  at::parallel_for(0, R, 1, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) f(r);
   });
 }
@@ -105,6 +108,9 @@ at::Tensor sample_rows(const at::Tensor& logits, const at::Tensor& temperatures,
               "seeds must be int64 [R / rows_per_seq]");
   TORCH_CHECK(temperatures.numel() == R && eos_ids.numel() == R && mask_eos.numel() == R, "per-row tensors are [R]");
   const bool penalise = penalties.numel() == R && W > 0, nucleus = top_p.numel() == R, k_best = top_k.numel() == R;
+  // fewer rows: everything, torch's kernels included, on this thread (their results do not depend on the split)
+  std::optional<c10::ParallelGuard> inline_only;
+  if (R < kParallelRows) inline_only.emplace(true);
   auto x = logits.clone(at::MemoryFormat::Contiguous);
   float* xp = x.data_ptr<float>();
   auto temps = temperatures.to(at::kFloat).contiguous();
