@@ -15,12 +15,15 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <optional>
+#include <utility>
 #include <vector>
 
+#include <c10/core/InferenceMode.h>
 #include <c10/util/ParallelGuard.h>
 
 #include "cpu_kernels.h"
@@ -62,21 +65,37 @@ void apply_penalty(float* x, const int64_t* ids, const float* alpha, int64_t W) 
   }
 }
 
-// sort_ascending's keys: (the float's order as a signed int, index), unique, so the order is the stable sort's.
+// sort_ascending's order: ascending by the float's order (-0.0 == +0.0), ties by index, i.e. the stable sort's. A
+// stable LSD radix sort of the order-preserving 32-bit keys, four 8-bit passes (one skipped where every key shares
+// its byte), from the index order.
 void sort_row(const float* x, int64_t V, int64_t* order, float* sorted) {
-  const int shift = std::max(1, 64 - __builtin_clzll(static_cast<uint64_t>(std::max<int64_t>(V - 1, 1))));
-  std::vector<int64_t> keys(V);
+  std::vector<uint32_t> keys(V), keys_next(V);
+  std::vector<int32_t> index(V), index_next(V);
+  std::array<std::array<int32_t, 256>, 4> counts{};
   for (int64_t v = 0; v < V; ++v) {
     const float f = x[v] + 0.0f;  // -0.0 -> +0.0
-    int32_t bits;
+    uint32_t bits;
     std::memcpy(&bits, &f, 4);
-    const int64_t b = bits, ordered = b ^ ((b >> 31) & 0x7FFFFFFF);
-    keys[v] = static_cast<int64_t>(static_cast<uint64_t>(ordered) << shift) | v;
+    keys[v] = bits & 0x80000000u ? ~bits : bits | 0x80000000u;  // unsigned order = the floats' order
+    index[v] = static_cast<int32_t>(v);
+    for (int pass = 0; pass < 4; ++pass) ++counts[pass][(keys[v] >> (8 * pass)) & 0xFF];
   }
-  std::sort(keys.begin(), keys.end());
+  for (int pass = 0; pass < 4; ++pass) {
+    auto& count = counts[pass];
+    if (count[(keys[0] >> (8 * pass)) & 0xFF] == V) continue;  // one bucket: this byte orders nothing
+    int32_t start = 0;
+    for (auto& c : count) start += std::exchange(c, start);
+    for (int64_t i = 0; i < V; ++i) {
+      const int32_t at = count[(keys[i] >> (8 * pass)) & 0xFF]++;
+      keys_next[at] = keys[i];
+      index_next[at] = index[i];
+    }
+    keys.swap(keys_next);
+    index.swap(index_next);
+  }
   for (int64_t i = 0; i < V; ++i) {
-    order[i] = keys[i] & ((int64_t{1} << shift) - 1);
-    sorted[i] = x[order[i]];
+    order[i] = index[i];
+    sorted[i] = x[index[i]];
   }
 }
 
@@ -102,7 +121,8 @@ at::Tensor sample_rows(const at::Tensor& logits, const at::Tensor& temperatures,
                        const at::Tensor& history, const at::Tensor& top_p, const at::Tensor& top_k,
                        const at::Tensor& mask_eos, const at::Tensor& eos_ids, const at::Tensor& seeds,
                        int64_t rows_per_seq) {
-  TORCH_CHECK(logits.dim() == 2 && logits.scalar_type() == at::kFloat, "logits must be float32 [R, V]");
+  TORCH_CHECK(logits.dim() == 2 && logits.scalar_type() == at::kFloat && logits.size(1) >= 1,
+              "logits must be float32 [R, V]");
   const int64_t R = logits.size(0), V = logits.size(1), W = history.dim() == 2 ? history.size(1) : 0;
   TORCH_CHECK(rows_per_seq >= 1 && seeds.numel() * rows_per_seq == R && seeds.scalar_type() == at::kLong,
               "seeds must be int64 [R / rows_per_seq]");
@@ -153,13 +173,17 @@ at::Tensor sample_rows(const at::Tensor& logits, const at::Tensor& temperatures,
   });
   auto probs = at::softmax(x, -1);
   auto noise = at::empty({R, V}, x.options());
-  auto gen = at::make_generator<at::CPUGeneratorImpl>();
   auto seed_bits = seeds.contiguous();
   const int64_t* sp = seed_bits.data_ptr<int64_t>();
-  for (int64_t s = 0; s < seeds.numel(); ++s) {  // Sampler._noise: each sequence's rows from its own seed
-    gen.set_current_seed(static_cast<uint64_t>(sp[s]));
-    noise.slice(0, s * rows_per_seq, (s + 1) * rows_per_seq).exponential_(1.0, gen);
-  }
+  // Sampler._noise: each sequence's rows from its own seed, a generator per task (exponential_ runs inline here)
+  at::parallel_for(0, seeds.numel(), R >= kParallelRows ? 1 : seeds.numel(), [&](int64_t s0, int64_t s1) {
+    c10::InferenceMode inference;  // the caller's mode (a worker thread does not inherit it)
+    auto gen = at::make_generator<at::CPUGeneratorImpl>();
+    for (int64_t s = s0; s < s1; ++s) {
+      gen.set_current_seed(static_cast<uint64_t>(sp[s]));
+      noise.slice(0, s * rows_per_seq, (s + 1) * rows_per_seq).exponential_(1.0, gen);
+    }
+  });
   return probs.div_(noise).argmax(-1);  // argmax(p / E), E ~ Exp(1): torch.multinomial's draw
 }
 
