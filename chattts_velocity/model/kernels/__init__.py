@@ -2,8 +2,9 @@
 
 Drivers shared by every ISA: cpu_linear.cpp (batch-invariant bf16 / int8 / int4 linears over one tile layout; int4,
 and int8 where int8_q8() opts in, times activations quantised per 32 columns, q8_rows.h), cpu_attention.cpp +
-attention_rows.h (paged decode attention), cpu_decode_layer.cpp (a whole decode layer as one op). Their inner
-loops come from one micro-kernel header per ISA: isa_avx512.h (AVX-512 BF16 and VNNI, plus cpu_amx.cpp on AMX
+attention_rows.h (paged decode attention), cpu_decode_layer.cpp (a whole decode layer as one op), cpu_heads.cpp
+(the fp32 output heads, row-invariant), cpu_sampling.cpp (the sampler's processor chain and draw as one op). Their
+inner loops come from one micro-kernel header per ISA: isa_avx512.h (AVX-512 BF16 and VNNI, plus cpu_amx.cpp on AMX
 CPUs), isa_avx2.h (AVX2 + FMA), isa_neon.h (aarch64 NEON; dotprod / bf16 / i8mm where the compiler targets them),
 each on isa_common.h and checked by isa_contract.h.
 
