@@ -7,8 +7,8 @@
 //
 // Everything elementwise is done here in the torch formulation's float32 operations and order; what torch computes
 // with its own vectorised kernels (pow, softmax, cumsum, the exponential noise of a seeded generator, argmax) is
-// called through ATen on tensors of the same shapes, so those bits are torch's. From 64 rows on, row loops (and
-// torch's kernels) run in parallel over rows: each row's arithmetic is its own; fewer rows stay on the calling thread.
+// called through ATen, so those bits are torch's. From 64 rows on, row loops (and torch's kernels) run in parallel
+// over rows, each row's arithmetic its own; fewer rows open one parallel region (the noise beside the softmax).
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
@@ -19,12 +19,10 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
-#include <optional>
 #include <utility>
 #include <vector>
 
 #include <c10/core/InferenceMode.h>
-#include <c10/util/ParallelGuard.h>
 
 #include "cpu_kernels.h"
 
@@ -36,9 +34,22 @@ constexpr int64_t kParallelRows = 64;  // fewer rows run on the calling thread (
 
 template <typename F>
 void for_rows(int64_t R, F&& f) {
+  if (R < kParallelRows) {  // no parallel region
+    for (int64_t r = 0; r < R; ++r) f(r);
+    return;
+  }
   at::parallel_for(0, R, 1, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) f(r);
   });
+}
+
+// at::softmax(x, -1) of x [R, V]: under kParallelRows rows one row at a time, which torch runs on this thread
+// (its kernel treats each row alone: the same bits as one call)
+at::Tensor softmax_rows(const at::Tensor& x) {
+  if (x.size(0) >= kParallelRows) return at::softmax(x, -1);
+  auto out = at::empty_like(x);
+  for (int64_t r = 0; r < x.size(0); ++r) out.narrow(0, r, 1).copy_(at::softmax(x.narrow(0, r, 1), -1));
+  return out;
 }
 
 // apply_repetition_penalty's ids (padding replaced by the row's largest id, 0 when none) and counts (how often each
@@ -128,9 +139,6 @@ at::Tensor sample_rows(const at::Tensor& logits, const at::Tensor& temperatures,
               "seeds must be int64 [R / rows_per_seq]");
   TORCH_CHECK(temperatures.numel() == R && eos_ids.numel() == R && mask_eos.numel() == R, "per-row tensors are [R]");
   const bool penalise = penalties.numel() == R && W > 0, nucleus = top_p.numel() == R, k_best = top_k.numel() == R;
-  // fewer rows: everything, torch's kernels included, on this thread (their results do not depend on the split)
-  std::optional<c10::ParallelGuard> inline_only;
-  if (R < kParallelRows) inline_only.emplace(true);
   auto x = logits.clone(at::MemoryFormat::Contiguous);
   float* xp = x.data_ptr<float>();
   auto temps = temperatures.to(at::kFloat).contiguous();
@@ -157,7 +165,7 @@ at::Tensor sample_rows(const at::Tensor& logits, const at::Tensor& temperatures,
     for_rows(R, [&](int64_t r) {
       sort_row(xp + r * V, V, order.data_ptr<int64_t>() + r * V, sorted.data_ptr<float>() + r * V);
     });
-    auto cumulative = at::softmax(sorted, -1).cumsum(-1);  // apply_top_p's, in torch's kernels
+    auto cumulative = softmax_rows(sorted).cumsum(-1);  // apply_top_p's, in torch's kernels
     for_rows(R, [&](int64_t r) {
       if (p.data_ptr<float>()[r] < 1)
         drop_top_p(xp + r * V, order.data_ptr<int64_t>() + r * V, cumulative.data_ptr<float>() + r * V, V,
@@ -171,19 +179,30 @@ at::Tensor sample_rows(const at::Tensor& logits, const at::Tensor& temperatures,
     if (k_best && k.data_ptr<int64_t>()[r] > 0) drop_top_k(xp + r * V, V, k.data_ptr<int64_t>()[r]);
     if (mask.data_ptr<bool>()[r]) xp[r * V + eos.data_ptr<int64_t>()[r]] = -std::numeric_limits<float>::infinity();
   });
-  auto probs = at::softmax(x, -1);
   auto noise = at::empty({R, V}, x.options());
   auto seed_bits = seeds.contiguous();
   const int64_t* sp = seed_bits.data_ptr<int64_t>();
-  // Sampler._noise: each sequence's rows from its own seed, a generator per task (exponential_ runs inline here)
-  at::parallel_for(0, seeds.numel(), R >= kParallelRows ? 1 : seeds.numel(), [&](int64_t s0, int64_t s1) {
+  auto fill_noise = [&](int64_t s0, int64_t s1) {  // Sampler._noise: each sequence's rows from its own seed
     c10::InferenceMode inference;  // the caller's mode (a worker thread does not inherit it)
     auto gen = at::make_generator<at::CPUGeneratorImpl>();
     for (int64_t s = s0; s < s1; ++s) {
       gen.set_current_seed(static_cast<uint64_t>(sp[s]));
       noise.slice(0, s * rows_per_seq, (s + 1) * rows_per_seq).exponential_(1.0, gen);
     }
-  });
+  };
+  at::Tensor probs;
+  if (R >= kParallelRows) {  // sequences split over threads, each exponential_ inside the region: inline
+    at::parallel_for(0, seeds.numel(), 1, fill_noise);
+    probs = at::softmax(x, -1);
+  } else {  // one region: the noise (inline there, exponential_ splits it otherwise) beside the softmax
+    at::parallel_for(0, 2, 1, [&](int64_t t0, int64_t t1) {
+      c10::InferenceMode inference;
+      for (int64_t task = t0; task < t1; ++task) {
+        if (task == 0) fill_noise(0, seeds.numel());
+        else probs = softmax_rows(x);
+      }
+    });
+  }
   return probs.div_(noise).argmax(-1);  // argmax(p / E), E ~ Exp(1): torch.multinomial's draw
 }
 
