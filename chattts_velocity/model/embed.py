@@ -6,12 +6,14 @@ bias-free weight-normed Linears whose effective weights are computed once and ca
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import cast
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils.parametrizations import weight_norm
+
+from chattts_velocity.model import kernels
 
 
 def _weight_normed_linear(hidden_size: int, num_out: int) -> nn.Linear:
@@ -24,6 +26,17 @@ def _effective_weight(linear: nn.Module) -> torch.Tensor:
     g = linear.get_parameter("parametrizations.weight.original0")  # [num_out, 1]
     v = linear.get_parameter("parametrizations.weight.original1")  # [num_out, hidden]
     return torch._weight_norm(v, g, 0)  # [num_out, hidden]
+
+
+_BLAS_MIN_ROWS = 16  # logits_rowwise's BLAS GEMM: fewer rows are padded to this many
+
+
+def _cpu_heads(hidden: torch.Tensor) -> Any:
+    """The loaded C++ CPU kernels (their head_linear) where they take these hidden states, else None."""
+    ops = kernels.active_ops
+    if ops is None or not hidden.is_cpu or hidden.dtype != torch.float32 or hidden.shape[1] % 16:
+        return None
+    return ops
 
 
 class Embed(nn.Module):
@@ -45,6 +58,8 @@ class Embed(nn.Module):
         self.head_gemm: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
         # (head, dtype, device) -> (storage stamp of g/v, effective weight); see _head_weight
         self._weight_cache: dict[tuple[object, ...], tuple[tuple[int, ...], torch.Tensor]] = {}
+        # "text"/"code" -> the heads' ParametrizationLists (registered at run time: torch types them as Tensor | Module)
+        self._param_lists: dict[str, list[Any]] = {}
         self.register_load_state_dict_post_hook(  # type: ignore[no-untyped-call]  # unannotated in torch
             lambda module, keys: module.refresh_weights())
 
@@ -74,6 +89,7 @@ class Embed(nn.Module):
     def refresh_weights(self) -> None:
         """Drop the cached head weights (call after editing g/v in place)."""
         self._weight_cache.clear()
+        self._param_lists.clear()
 
     # ---- inputs -----------------------------------------------------------------------------
 
@@ -150,9 +166,7 @@ class Embed(nn.Module):
 
     def _cached(self, name: str, dtype: torch.dtype, device: torch.device,
                 make: Callable[[], torch.Tensor]) -> torch.Tensor:
-        heads = [self.head_text] if name.startswith("text") else list(self.head_code)
-        # parametrizations are registered at run time: torch types them as Tensor | Module
-        stamp = tuple(t.data_ptr() for h in heads for t in h.parametrizations.weight.parameters())  # type: ignore[union-attr]
+        stamp = self._head_stamp("text" if name.startswith("text") else "code")
         hit = self._weight_cache.get((name, dtype, device))
         if hit is not None and hit[0] == stamp:
             return hit[1]
@@ -160,6 +174,14 @@ class Embed(nn.Module):
             weight = make().to(dtype=dtype, device=device)
         self._weight_cache[(name, dtype, device)] = (stamp, weight)
         return weight
+
+    def _head_stamp(self, family: str) -> tuple[int, ...]:
+        """The storage addresses of the heads' g and v (a step's hot path: a few attribute reads per head)."""
+        lists = self._param_lists.get(family)
+        if lists is None:
+            heads = [self.head_text] if family == "text" else list(self.head_code)
+            lists = self._param_lists[family] = [cast(Any, h).parametrizations.weight for h in heads]
+        return tuple(p.data_ptr() for pl in lists for p in (pl.original0, pl.original1))
 
     @torch.no_grad()
     def code_logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -172,18 +194,22 @@ class Embed(nn.Module):
     @torch.no_grad()
     def logits_rowwise(self, hidden: torch.Tensor, name: str) -> torch.Tensor:
         """The engine's heads: as code_logits ("code", [N, num_vq, V_audio]) or text_logits ("text", [N, V_text]), but
-        a row's logits do not depend on the other rows (the seed contract): head_gemm where the backend set one, else
-        one BLAS GEMM against the transposed weight over at least two rows (a single row would take BLAS's
-        matrix-vector path, another summation order).
+        a row's logits do not depend on the other rows (the seed contract): head_gemm where the backend set one; on
+        CPU the C++ kernels' head_linear where they are loaded (float32, one fixed summation order per output);
+        else one BLAS GEMM against the transposed weight over at least _BLAS_MIN_ROWS rows (MKL's kernels for 1-3,
+        5-7 and 9-11 rows sum in other orders than for 4, 8 or 12 and more: padding costs nothing at these sizes,
+        where the weight's bytes take the time).
         They may differ from code_logits/text_logits in the last bits.
         """
+        rows = hidden.shape[0]
         if self.head_gemm is not None:
             logits = self.head_gemm(hidden, self._head_weight(name, hidden.dtype, hidden.device))
-            return logits.view(-1, self.num_vq, self.num_audio_tokens) if name == "code" else logits
-        rows = hidden.shape[0]
-        if rows == 1:
-            hidden = torch.cat([hidden, hidden])
-        logits = (hidden @ self._head_weight(f"{name}_t", hidden.dtype, hidden.device))[:rows].float()
+        elif (ops := _cpu_heads(hidden)) is not None:
+            logits = ops.head_linear(hidden, self._head_weight(name, hidden.dtype, hidden.device))
+        else:
+            padded = hidden if rows >= _BLAS_MIN_ROWS or rows == 0 else torch.cat(
+                [hidden, hidden[:1].expand(_BLAS_MIN_ROWS - rows, -1)])
+            logits = (padded @ self._head_weight(f"{name}_t", hidden.dtype, hidden.device))[:rows].float()
         return logits.view(rows, self.num_vq, self.num_audio_tokens) if name == "code" else logits
 
     @torch.no_grad()

@@ -13,6 +13,7 @@ from chattts_velocity.engine.core.sequence import Sequence
 from chattts_velocity.engine.plain.loop import BatchLoop
 from chattts_velocity.engine.sampling import logits_processors as lp
 from chattts_velocity.engine.sampling.sampler import Sampler
+from chattts_velocity.model import kernels
 from chattts_velocity.schema import MIN_TEMPERATURE, TOP_K_MAX, SamplingParams
 
 CODE_V, TEXT_V, EOS, TEXT_EOS = 626, 2000, 625, 1999
@@ -20,8 +21,10 @@ CODE_V, TEXT_V, EOS, TEXT_EOS = 626, 2000, 625, 1999
 
 @pytest.fixture
 def chain_calls(monkeypatch) -> list[tuple[lp.RowParams, torch.Tensor]]:
-    """Every lp.process call as (its params, a copy of its result)."""
+    """Every lp.process call as (its params, a copy of its result); the engine's Sampler on torch's ops (the C++
+    sampler where the kernels are loaded draws the same tokens: test_sample_rows.py)."""
     calls, original = [], lp.process
+    monkeypatch.setattr(kernels, "active_ops", None)
 
     def spy(logits: torch.Tensor, params: lp.RowParams) -> torch.Tensor:
         out = original(logits, params)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import array
 import functools
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -15,6 +16,7 @@ import torch
 from chattts_velocity.engine.core.decode_batch import DecodeBatch
 from chattts_velocity.engine.core.sequence import Sequence
 from chattts_velocity.engine.sampling import logits_processors as lp
+from chattts_velocity.model import kernels
 
 _MASK64 = (1 << 64) - 1
 
@@ -92,7 +94,18 @@ class Sampler:
 
     @torch.inference_mode()
     def sample(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
-        """logits [S*rows, V] (any float dtype, any device; not modified) -> tokens [S, rows] int64."""
+        """logits [S*rows, V] (any float dtype, any device; not modified) -> tokens [S, rows] int64.
+
+        On CPU with the C++ kernels loaded and no custom processors, one op (sample_rows) does all of it: the same
+        bits as the torch steps below, without their many small calls."""
+        ops = kernels.active_ops
+        if ops is not None and logits.is_cpu and not batch.params.custom:
+            return _sample_rows(ops, logits, batch)
+        return self.sample_torch(logits, batch)
+
+    @torch.inference_mode()
+    def sample_torch(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+        """sample in torch's ops: the processor chain, softmax, the seeded noise, argmax."""
         logits = lp.process(logits.to(torch.float32, copy=True), batch.params)
         probs = logits.softmax(dim=-1)
         # argmax(p / E), E ~ Exp(1), is exactly how torch.multinomial draws one sample
@@ -107,6 +120,20 @@ class Sampler:
             self._generator.manual_seed(seed)
             noise[s * rows:(s + 1) * rows].exponential_(generator=self._generator)
         return noise
+
+
+_NONE = torch.empty(0)
+
+
+def _sample_rows(ops: Any, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+    params = batch.params
+    seeds = batch.seed_bits if batch.seed_bits is not None else np.array(batch.noise_seeds, dtype=np.uint64)
+    history = params.history if params.history is not None and params.penalties is not None else _NONE
+    tokens: torch.Tensor = ops.sample_rows(
+        logits.to(torch.float32), params.temperatures, _NONE if params.penalties is None else params.penalties,
+        history, _NONE if params.top_p is None else params.top_p, _NONE if params.top_k is None else params.top_k,
+        params.mask_eos, params.eos_ids, torch.from_numpy(seeds.view(np.int64)), params.rows_per_seq)
+    return tokens.view(-1, params.rows_per_seq)
 
 
 @dataclass

@@ -2,8 +2,9 @@
 
 Drivers shared by every ISA: cpu_linear.cpp (batch-invariant bf16 / int8 / int4 linears over one tile layout; int4,
 and int8 where int8_q8() opts in, times activations quantised per 32 columns, q8_rows.h), cpu_attention.cpp +
-attention_rows.h (paged decode attention), cpu_decode_layer.cpp (a whole decode layer as one op). Their inner
-loops come from one micro-kernel header per ISA: isa_avx512.h (AVX-512 BF16 and VNNI, plus cpu_amx.cpp on AMX
+attention_rows.h (paged decode attention), cpu_decode_layer.cpp (a whole decode layer as one op), cpu_heads.cpp
+(the fp32 output heads, row-invariant), cpu_sampling.cpp (the sampler's processor chain and draw as one op). Their
+inner loops come from one micro-kernel header per ISA: isa_avx512.h (AVX-512 BF16 and VNNI, plus cpu_amx.cpp on AMX
 CPUs), isa_avx2.h (AVX2 + FMA), isa_neon.h (aarch64 NEON; dotprod / bf16 / i8mm where the compiler targets them),
 each on isa_common.h and checked by isa_contract.h. cpu_audio.cpp: the audio ConvNeXt blocks' depthwise conv +
 LayerNorm and layer scale, channels-last (audio/cpu_decode.py).
@@ -185,7 +186,8 @@ def cpu_flags() -> set[str]:
 def _register_fakes(namespace: str) -> None:
     """Output shapes for torch.compile's tracing (the batch dimension stays symbolic)."""
     fakes = {"linear_bf16": _fake_linear_bf16, "linear_int8": _fake_linear_int8, "linear_int8_q8": _fake_linear_int8,
-             "linear_int4": _fake_linear_int4, "paged_decode_attention": _fake_attention}
+             "linear_int4": _fake_linear_int4, "paged_decode_attention": _fake_attention,
+             "head_linear": _fake_head_linear, "sample_rows": _fake_sample_rows}
     for op, fake in fakes.items():
         torch.library.register_fake(f"{namespace}::{op}")(fake)
 
@@ -200,6 +202,14 @@ def _fake_linear_int8(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tenso
 
 def _fake_linear_int4(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     return x.new_empty(x.shape[0], weight.shape[0] * 4)
+
+
+def _fake_head_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return x.new_empty(x.shape[0], weight.shape[0])
+
+
+def _fake_sample_rows(logits: torch.Tensor, *rest: object) -> torch.Tensor:
+    return logits.new_empty(logits.shape[0], dtype=torch.int64)
 
 
 def _fake_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
