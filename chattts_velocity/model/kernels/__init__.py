@@ -35,6 +35,7 @@ from .int4 import from_int4_tiles as from_int4_tiles
 from .int4 import quantize_int4 as quantize_int4
 from .int4 import quantize_q8_rows as quantize_q8_rows
 from .int4 import to_int4_tiles as to_int4_tiles
+from .pages import on_huge_pages
 
 ENV_SWITCH = "CHATTTS_VELOCITY_CPU_KERNELS"
 INT8_SWITCH = "CHATTTS_VELOCITY_INT8_ACTIVATIONS"  # "q8": int8 tiles on integer dot products; unset / "bf16": not
@@ -207,9 +208,10 @@ def _fake_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
 
 
 def to_tiles(weight: torch.Tensor, chunk: int) -> torch.Tensor:
-    """weight [N, K] -> [N/4, K/chunk, 4, chunk], the layout cpu_linear.cpp streams (N % 4 == K % chunk == 0)."""
+    """weight [N, K] -> [N/4, K/chunk, 4, chunk], the layout cpu_linear.cpp streams (N % 4 == K % chunk == 0), on
+    huge pages (pages.py)."""
     n, k = weight.shape
-    return weight.reshape(n // 4, 4, k // chunk, chunk).transpose(1, 2).contiguous()
+    return on_huge_pages(weight.reshape(n // 4, 4, k // chunk, chunk).transpose(1, 2))
 
 
 def fits_tiles(weight: torch.Tensor, chunk: int) -> bool:
@@ -243,9 +245,10 @@ def from_tiles(tiles: torch.Tensor) -> torch.Tensor:
 
 
 def to_panels(weight: torch.Tensor) -> torch.Tensor:
-    """weight [N, K] (bf16 or int8) -> [N/16, K/2, 16, 2], the layout cpu_amx.cpp streams (N % 16 == K % 32 == 0)."""
+    """weight [N, K] (bf16 or int8) -> [N/16, K/2, 16, 2], the layout cpu_amx.cpp streams (N % 16 == K % 32 == 0),
+    on huge pages (pages.py)."""
     n, k = weight.shape
-    return weight.reshape(n // 16, 16, k // 2, 2).permute(0, 2, 1, 3).contiguous()
+    return on_huge_pages(weight.reshape(n // 16, 16, k // 2, 2).permute(0, 2, 1, 3))
 
 
 def fits_panels(weight: torch.Tensor) -> bool:
