@@ -19,8 +19,9 @@
 #define CV_INT8_Q16 1  // linear_int8's tiles times x's Q16 rows (isa_avx512_q16.h)
 #elif defined(__AVX2__) && defined(__FMA__)
 #include "isa_avx2.h"
+#include "isa_avx2_q16.h"
 #define CV_HAS_AMX 0
-#define CV_INT8_Q16 0
+#define CV_INT8_Q16 1
 #elif defined(__aarch64__)
 #include "isa_neon.h"
 #define CV_HAS_AMX 0

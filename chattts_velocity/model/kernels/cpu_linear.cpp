@@ -13,7 +13,7 @@
 // Ops (schema in CV_LIBRARY below), x [M, K] bf16 -> y [M, N] bf16:
 //   linear_bf16(x, weight): weight in the tile layout, or in the AMX panel layout (kernels.to_panels) on AMX CPUs.
 //   linear_int8(x, weight, scales): weight-only int8 with per-output-row scales, either layout. Where the ISA has
-//     exact int16 dot products (CV_INT8_Q16: AVX-512 VNNI) the tiles multiply x's Q16 rows (q8_rows.h: int16 per
+//     exact int16 dot products (CV_INT8_Q16: AVX-512 VNNI, AVX2) the tiles multiply x's Q16 rows (q8_rows.h: int16 per
 //     row, closer to x than its bf16 rounding) in int32 sums, scaled once; elsewhere the int8 values are exact in
 //     bf16 / fp32, so the arithmetic is linear_bf16's, then the fp32 sum is scaled and rounded once.
 //   linear_int8_q8(x, weight, scales): int8 tiles with per-output-row scales times x quantised per row and
@@ -122,11 +122,26 @@ at::Tensor q8_tiles_linear(const at::Tensor& x, const at::Tensor& tiles, const f
 }
 
 #if CV_INT8_Q16
+// x [M, K] bf16 -> Q16 rows (q8_rows.h): q [M, 2K] int16 (each 16 columns twice), scales [M].
+void quantize_q16_rows(const uint16_t* x, int64_t M, int64_t K, int16_t* q, float* scales) {
+  for (int64_t m = 0; m < M; ++m, x += K, q += 2 * K) {
+    V16 top = v_zero();
+    for (int64_t k = 0; k < K; k += 16) top = v_max(top, v_abs(load16(x + k)));
+    const float largest = reduce_max(top);
+    scales[m] = largest / 32767.0f;
+    const V16 inverse = v_set1(largest > 0.0f ? 32767.0f / largest : 0.0f);
+    for (int64_t k = 0; k < K; k += 16) {
+      store16_int16(q + 2 * k, v_mul(load16(x + k), inverse));  // round half even; |value| <= 32767
+      std::memcpy(q + 2 * k + 16, q + 2 * k, 16 * sizeof(int16_t));
+    }
+  }
+}
+
 // y [M, N] bf16 = x [M, K] bf16 @ W.T for int8 tiles [N/4, K/16, 4, 16] with row_scales [N]: x quantised once (Q16
 // rows), then blocks of tiles stream as in tiles_linear, each times every row group of x.
 at::Tensor q16_tiles_linear(const at::Tensor& x, const at::Tensor& tiles, const float* row_scales) {
   const int64_t M = x.size(0), K = x.size(1), num_tiles = tiles.size(0), N = num_tiles * kTileRows;
-  TORCH_CHECK(K <= 8192, "int8 linears take at most 8192 input features here (int32 sums), got ", K);
+  TORCH_CHECK(K <= kQ16MaxK, "int8 linears take at most ", kQ16MaxK, " input features here (int32 sums), got ", K);
   auto xb = x.contiguous();
   auto y = at::empty({M, N}, x.options());
   std::vector<int16_t> q(static_cast<size_t>(2 * M * K));

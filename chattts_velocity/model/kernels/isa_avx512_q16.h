@@ -8,21 +8,7 @@
 
 namespace chattts_velocity_cpu {
 
-// x [M, K] bf16 -> Q16 rows (q8_rows.h): q [M, 2K] int16, scales [M].
-inline void quantize_q16_rows(const uint16_t* x, int64_t M, int64_t K, int16_t* q, float* scales) {
-  for (int64_t m = 0; m < M; ++m, x += K, q += 2 * K) {
-    __m512 top = _mm512_setzero_ps();
-    for (int64_t k = 0; k < K; k += 16) top = _mm512_max_ps(top, _mm512_abs_ps(load16(x + k)));
-    const float largest = _mm512_reduce_max_ps(top);
-    scales[m] = largest / 32767.0f;
-    const __m512 inverse = _mm512_set1_ps(largest > 0.0f ? 32767.0f / largest : 0.0f);
-    for (int64_t k = 0; k < K; k += 16) {
-      const __m256i values = _mm512_cvtsepi32_epi16(_mm512_cvtps_epi32(_mm512_mul_ps(load16(x + k), inverse)));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + 2 * k), values);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + 2 * k + 16), values);
-    }
-  }
-}
+constexpr int64_t kQ16MaxK = 8192;  // |sum| <= K / 16 x 32767 x 127 < 2^31 per int32 lane
 
 // 32 int8 weights (two rows of a [4, 16] chunk) widened to int16, exact.
 inline __m512i weights_int16(const int8_t* w) {
@@ -40,8 +26,8 @@ inline __m128i row_sums(__m512i a, __m512i b) {
 // Rows x[0, M) of Q16 rows times int8 tiles [tiles, K / 16, 4, 16]: per 32-wide step the 4 rows' weights widened
 // to int16 once (for all M rows: a block widened to memory instead runs slower, from L2), then four vpdpwssd per
 // row put in lane j of acc[m][p] the exact sum over columns 2j', 2j' + 1 (j' = j mod 8) and their 16 + of row 2p
-// (lanes 0-7) or 2p + 1 (8-15). The int32 sums are exact (|sum| <= K / 16 x 32767 x 127 < 2^31 for K <= 8192), so
-// any M and any order give the same integers; then y = row scale x (x's scale x float(sum)).
+// (lanes 0-7) or 2p + 1 (8-15). The int32 sums are exact (K <= kQ16MaxK), so any M and any order give the same
+// integers; then y = row scale x (x's scale x float(sum)).
 template <int M>
 void tile_rows_q16(Q16Rows x, const int8_t* w, const float* row_scales, at::BFloat16* y, int64_t K, int64_t N,
                    int64_t tiles) {
