@@ -122,19 +122,25 @@ at::Tensor q8_tiles_linear(const at::Tensor& x, const at::Tensor& tiles, const f
 }
 
 #if CV_INT8_Q16
-// x [M, K] bf16 -> Q16 rows (q8_rows.h): q [M, 2K] int16 (each 16 columns twice), scales [M].
+// x [M, K] bf16 -> Q16 rows (q8_rows.h): q [M, K] int16, scales [M].
 void quantize_q16_rows(const uint16_t* x, int64_t M, int64_t K, int16_t* q, float* scales) {
-  for (int64_t m = 0; m < M; ++m, x += K, q += 2 * K) {
+  for (int64_t m = 0; m < M; ++m, x += K, q += K) {
     V16 top = v_zero();
     for (int64_t k = 0; k < K; k += 16) top = v_max(top, v_abs(load16(x + k)));
     const float largest = reduce_max(top);
     scales[m] = largest / 32767.0f;
     const V16 inverse = v_set1(largest > 0.0f ? 32767.0f / largest : 0.0f);
-    for (int64_t k = 0; k < K; k += 16) {
-      store16_int16(q + 2 * k, v_mul(load16(x + k), inverse));  // round half even; |value| <= 32767
-      std::memcpy(q + 2 * k + 16, q + 2 * k, 16 * sizeof(int16_t));
-    }
+    for (int64_t k = 0; k < K; k += 16) store16_int16(q + k, v_mul(load16(x + k), inverse));  // half even, <= 32767
   }
+}
+
+// kernel(rows, m0) for groups of kQ16RowGroup rows, then the rest by row_groups (the sums are exact integers, so
+// how the rows are grouped never changes a row's result).
+template <typename Kernel>
+void q16_row_groups(int64_t M, Kernel&& kernel) {
+  int64_t m0 = 0;
+  for (; m0 + kQ16RowGroup <= M; m0 += kQ16RowGroup) kernel(std::integral_constant<int, kQ16RowGroup>{}, m0);
+  row_groups<std::min<int64_t>(kQ16RowGroup, 4)>(M - m0, [&](auto rows, int64_t m) { kernel(rows, m0 + m); });
 }
 
 // y [M, N] bf16 = x [M, K] bf16 @ W.T for int8 tiles [N/4, K/16, 4, 16] with row_scales [N]: x quantised once (Q16
@@ -144,7 +150,7 @@ at::Tensor q16_tiles_linear(const at::Tensor& x, const at::Tensor& tiles, const 
   TORCH_CHECK(K <= kQ16MaxK, "int8 linears take at most ", kQ16MaxK, " input features here (int32 sums), got ", K);
   auto xb = x.contiguous();
   auto y = at::empty({M, N}, x.options());
-  std::vector<int16_t> q(static_cast<size_t>(2 * M * K));
+  std::vector<int16_t> q(static_cast<size_t>(M * K));
   std::vector<float> q_scales(static_cast<size_t>(M));
   quantize_q16_rows(reinterpret_cast<const uint16_t*>(xb.data_ptr()), M, K, q.data(), q_scales.data());
   const int8_t* wp = tiles.data_ptr<int8_t>();
@@ -152,8 +158,8 @@ at::Tensor q16_tiles_linear(const at::Tensor& x, const at::Tensor& tiles, const 
   at::parallel_for(0, num_tiles, kBlockTiles, [&](int64_t t0, int64_t t1) {
     for (int64_t b0 = t0; b0 < t1; b0 += kBlockTiles) {
       const int64_t n = std::min(kBlockTiles, t1 - b0);
-      row_groups<kRowGroup>(M, [&](auto rows, int64_t m0) {
-        tile_rows_q16<decltype(rows)::value>(Q16Rows{q.data() + 2 * m0 * K, q_scales.data() + m0},
+      q16_row_groups(M, [&](auto rows, int64_t m0) {
+        tile_rows_q16<decltype(rows)::value>(Q16Rows{q.data() + m0 * K, q_scales.data() + m0},
                                              wp + b0 * kTileRows * K, row_scales + b0 * kTileRows,
                                              yp + m0 * N + b0 * kTileRows, K, N, n);
       });

@@ -8,13 +8,14 @@
 namespace chattts_velocity_cpu {
 
 constexpr int64_t kQ16MaxK = 4096;  // |sum| <= K / 8 x 32767 x 127 < 2^31 per int32 lane
+constexpr int kQ16RowGroup = 2;     // rows per pass: 8 accumulators of 16 registers
 
 // 16 int8 weights (one row's 16 columns of a [4, 16] chunk) widened to int16, exact.
 inline __m256i weights_int16(const int8_t* w) {
   return _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)));
 }
 
-// Rows x[0, M) of Q16 rows (the first copy of each 16 columns) times int8 tiles [tiles, K / 16, 4, 16]: per 32-wide
+// Rows x[0, M) of Q16 rows times int8 tiles [tiles, K / 16, 4, 16]: per 32-wide
 // step and weight row two vpmaddwd per row of x put in each of 8 int32 lanes of acc[m][r] the exact sum of four
 // products; the lanes of a tile's 4 rows are folded by vphaddd. Exact integers (K <= kQ16MaxK) at any M; then
 // y = row scale x (x's scale x float(sum)).
@@ -33,10 +34,10 @@ void tile_rows_q16(Q16Rows x, const int8_t* w, const float* row_scales, at::BFlo
       for (int r = 0; r < kTileRows; ++r) {
         const __m256i lo = weights_int16(wt + 16 * r), hi = weights_int16(wt + 16 * kTileRows + 16 * r);
         for (int m = 0; m < M; ++m) {
-          const int16_t* xm = x.q + 2 * (m * K + k);
+          const int16_t* xm = x.q + m * K + k;
           const __m256i products = _mm256_add_epi32(
               _mm256_madd_epi16(lo, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xm))),
-              _mm256_madd_epi16(hi, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xm + 32))));
+              _mm256_madd_epi16(hi, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xm + 16))));
           acc[m][r] = _mm256_add_epi32(acc[m][r], products);
         }
       }

@@ -9,6 +9,7 @@
 namespace chattts_velocity_cpu {
 
 constexpr int64_t kQ16MaxK = 8192;  // |sum| <= K / 16 x 32767 x 127 < 2^31 per int32 lane
+constexpr int kQ16RowGroup = 8;     // rows per pass: 16 accumulators, the 4 widened weight vectors shared by 8 rows
 
 // 32 int8 weights (two rows of a [4, 16] chunk) widened to int16, exact.
 inline __m512i weights_int16(const int8_t* w) {
@@ -42,8 +43,9 @@ void tile_rows_q16(Q16Rows x, const int8_t* w, const float* row_scales, at::BFlo
       const __m512i lo01 = weights_int16(wt), lo23 = weights_int16(wt + 32);
       const __m512i hi01 = weights_int16(wt + 64), hi23 = weights_int16(wt + 96);
       for (int m = 0; m < M; ++m) {
-        const int16_t* xm = x.q + 2 * (m * K + k);
-        const __m512i x_lo = _mm512_loadu_si512(xm), x_hi = _mm512_loadu_si512(xm + 32);
+        const int16_t* xm = x.q + m * K + k;  // columns 0-15 and 16-31, each for both rows of a weight vector
+        const __m512i x_lo = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(xm)));
+        const __m512i x_hi = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(xm + 16)));
         acc[m][0] = _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(acc[m][0], lo01, x_lo), hi01, x_hi);
         acc[m][1] = _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(acc[m][1], lo23, x_lo), hi23, x_hi);
       }

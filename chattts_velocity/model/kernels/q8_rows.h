@@ -37,11 +37,10 @@ inline void quantize_q8_rows(const uint16_t* x, int64_t M, int64_t K, int8_t* q,
 }
 
 // The activations of weight-only int8 tiles on ISAs with exact int16 dot products (CV_INT8_Q16 in cpu_kernels.h):
-// each row of x as int16 q with one fp32 scale per row, scale = max |x| / 32767 and q = x * (32767 / max |x|)
+// each row of x as int16 q [M, K] with one fp32 scale per row, scale = max |x| / 32767 and q = x * (32767 / max |x|)
 // rounded half to even, so |q x scale - x| <= max |x| / 65534 per value, below the bf16 rounding x already carries
-// for every value above 1/128 of the row's largest. Stored twice per 16 columns ([M, 2K]: columns 16c..16c+15, then
-// the same 16 again), the operand order of a 512-bit int16 dot product against two rows of a [4, 16] weight chunk.
-struct Q16Rows {  // a view of row m0 on: q + 2 m0 K, scales + m0
+// for every value above 1/128 of the row's largest.
+struct Q16Rows {  // a view of row m0 on: q + m0 K, scales + m0
   const int16_t* q;
   const float* scales;
 };
