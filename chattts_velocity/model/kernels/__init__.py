@@ -5,7 +5,8 @@ and int8 where int8_q8() opts in, times activations quantised per 32 columns, q8
 attention_rows.h (paged decode attention), cpu_decode_layer.cpp (a whole decode layer as one op). Their inner
 loops come from one micro-kernel header per ISA: isa_avx512.h (AVX-512 BF16 and VNNI, plus cpu_amx.cpp on AMX
 CPUs), isa_avx2.h (AVX2 + FMA), isa_neon.h (aarch64 NEON; dotprod / bf16 / i8mm where the compiler targets them),
-each on isa_common.h and checked by isa_contract.h.
+each on isa_common.h and checked by isa_contract.h; on AVX-512 and AVX2 the weight-only int8 tiles multiply x as
+int16 per row (isa_avx512_q16.h, isa_avx2_q16.h). The packed layouts live on 2 MiB-page arenas (pages.py).
 
 The ISA is chosen once from the CPU flags (isa(); CHATTTS_VELOCITY_CPU_KERNELS overrides it: "avx2" runs the AVX2
 kernels on any x86 CPU with AVX2 + FMA, "noamx" the AVX-512 tiles on an AMX CPU, "0" none). `load()` -> True when
