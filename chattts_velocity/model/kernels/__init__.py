@@ -6,8 +6,10 @@ attention_rows.h (paged decode attention), cpu_decode_layer.cpp (a whole decode 
 (the fp32 output heads, row-invariant), cpu_sampling.cpp (the sampler's processor chain and draw as one op). Their
 inner loops come from one micro-kernel header per ISA: isa_avx512.h (AVX-512 BF16 and VNNI, plus cpu_amx.cpp on AMX
 CPUs), isa_avx2.h (AVX2 + FMA), isa_neon.h (aarch64 NEON; dotprod / bf16 / i8mm where the compiler targets them),
-each on isa_common.h and checked by isa_contract.h. cpu_audio.cpp: the audio ConvNeXt blocks' depthwise conv +
-LayerNorm and layer scale, channels-last (audio/cpu_decode.py).
+each on isa_common.h and checked by isa_contract.h; on AVX-512 and AVX2 the weight-only int8 tiles multiply x as
+int16 per row (isa_avx512_q16.h, isa_avx2_q16.h). The packed layouts live on 2 MiB-page arenas (pages.py).
+cpu_audio.cpp: the audio ConvNeXt blocks' depthwise conv + LayerNorm and layer scale, channels-last
+(audio/cpu_decode.py).
 
 The ISA is chosen once from the CPU flags (isa(); CHATTTS_VELOCITY_CPU_KERNELS overrides it: "avx2" runs the AVX2
 kernels on any x86 CPU with AVX2 + FMA, "noamx" the AVX-512 tiles on an AMX CPU, "0" none). `load()` -> True when
@@ -37,6 +39,7 @@ from .int4 import from_int4_tiles as from_int4_tiles
 from .int4 import quantize_int4 as quantize_int4
 from .int4 import quantize_q8_rows as quantize_q8_rows
 from .int4 import to_int4_tiles as to_int4_tiles
+from .pages import on_huge_pages
 
 ENV_SWITCH = "CHATTTS_VELOCITY_CPU_KERNELS"
 INT8_SWITCH = "CHATTTS_VELOCITY_INT8_ACTIVATIONS"  # "q8": int8 tiles on integer dot products; unset / "bf16": not
@@ -218,9 +221,10 @@ def _fake_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
 
 
 def to_tiles(weight: torch.Tensor, chunk: int) -> torch.Tensor:
-    """weight [N, K] -> [N/4, K/chunk, 4, chunk], the layout cpu_linear.cpp streams (N % 4 == K % chunk == 0)."""
+    """weight [N, K] -> [N/4, K/chunk, 4, chunk], the layout cpu_linear.cpp streams (N % 4 == K % chunk == 0), on
+    huge pages (pages.py)."""
     n, k = weight.shape
-    return weight.reshape(n // 4, 4, k // chunk, chunk).transpose(1, 2).contiguous()
+    return on_huge_pages(weight.reshape(n // 4, 4, k // chunk, chunk).transpose(1, 2))
 
 
 def fits_tiles(weight: torch.Tensor, chunk: int) -> bool:
@@ -254,9 +258,10 @@ def from_tiles(tiles: torch.Tensor) -> torch.Tensor:
 
 
 def to_panels(weight: torch.Tensor) -> torch.Tensor:
-    """weight [N, K] (bf16 or int8) -> [N/16, K/2, 16, 2], the layout cpu_amx.cpp streams (N % 16 == K % 32 == 0)."""
+    """weight [N, K] (bf16 or int8) -> [N/16, K/2, 16, 2], the layout cpu_amx.cpp streams (N % 16 == K % 32 == 0),
+    on huge pages (pages.py)."""
     n, k = weight.shape
-    return weight.reshape(n // 16, 16, k // 2, 2).permute(0, 2, 1, 3).contiguous()
+    return on_huge_pages(weight.reshape(n // 16, 16, k // 2, 2).permute(0, 2, 1, 3))
 
 
 def fits_panels(weight: torch.Tensor) -> bool:

@@ -14,13 +14,18 @@
 
 #if defined(__AVX512BF16__)
 #include "isa_avx512.h"
+#include "isa_avx512_q16.h"
 #define CV_HAS_AMX 1
+#define CV_INT8_Q16 1  // linear_int8's tiles times x's Q16 rows (isa_avx512_q16.h)
 #elif defined(__AVX2__) && defined(__FMA__)
 #include "isa_avx2.h"
+#include "isa_avx2_q16.h"
 #define CV_HAS_AMX 0
+#define CV_INT8_Q16 1
 #elif defined(__aarch64__)
 #include "isa_neon.h"
 #define CV_HAS_AMX 0
+#define CV_INT8_Q16 0
 #else
 #error "no micro-kernels for this ISA: build with AVX-512 BF16, AVX2 + FMA or for aarch64"
 #endif

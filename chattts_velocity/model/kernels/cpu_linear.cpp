@@ -12,8 +12,10 @@
 //
 // Ops (schema in CV_LIBRARY below), x [M, K] bf16 -> y [M, N] bf16:
 //   linear_bf16(x, weight): weight in the tile layout, or in the AMX panel layout (kernels.to_panels) on AMX CPUs.
-//   linear_int8(x, weight, scales): weight-only int8 with per-output-row scales, either layout. The int8 values
-//     are exact in bf16 / fp32, so the arithmetic is linear_bf16's, then the fp32 sum is scaled and rounded once.
+//   linear_int8(x, weight, scales): weight-only int8 with per-output-row scales, either layout. Where the ISA has
+//     exact int16 dot products (CV_INT8_Q16: AVX-512 VNNI, AVX2) the tiles multiply x's Q16 rows (q8_rows.h: int16 per
+//     row, closer to x than its bf16 rounding) in int32 sums, scaled once; elsewhere the int8 values are exact in
+//     bf16 / fp32, so the arithmetic is linear_bf16's, then the fp32 sum is scaled and rounded once.
 //   linear_int8_q8(x, weight, scales): int8 tiles with per-output-row scales times x quantised per row and
 //     32-column group to int8 (q8_rows.h): integer dot products per group (vpdpbusd, vpmaddubsw, SDOT / SMULL)
 //     times the group's scale, summed in fp32, times the row's scale once (kernels.int8_q8 chooses it).
@@ -119,6 +121,54 @@ at::Tensor q8_tiles_linear(const at::Tensor& x, const at::Tensor& tiles, const f
   return y;
 }
 
+#if CV_INT8_Q16
+// x [M, K] bf16 -> Q16 rows (q8_rows.h): q [M, K] int16, scales [M].
+void quantize_q16_rows(const uint16_t* x, int64_t M, int64_t K, int16_t* q, float* scales) {
+  for (int64_t m = 0; m < M; ++m, x += K, q += K) {
+    V16 top = v_zero();
+    for (int64_t k = 0; k < K; k += 16) top = v_max(top, v_abs(load16(x + k)));
+    const float largest = reduce_max(top);
+    scales[m] = largest / 32767.0f;
+    const V16 inverse = v_set1(largest > 0.0f ? 32767.0f / largest : 0.0f);
+    for (int64_t k = 0; k < K; k += 16) store16_int16(q + k, v_mul(load16(x + k), inverse));  // half even, <= 32767
+  }
+}
+
+// kernel(rows, m0) for groups of kQ16RowGroup rows, then the rest by row_groups (the sums are exact integers, so
+// how the rows are grouped never changes a row's result).
+template <typename Kernel>
+void q16_row_groups(int64_t M, Kernel&& kernel) {
+  int64_t m0 = 0;
+  for (; m0 + kQ16RowGroup <= M; m0 += kQ16RowGroup) kernel(std::integral_constant<int, kQ16RowGroup>{}, m0);
+  row_groups<std::min<int64_t>(kQ16RowGroup, 4)>(M - m0, [&](auto rows, int64_t m) { kernel(rows, m0 + m); });
+}
+
+// y [M, N] bf16 = x [M, K] bf16 @ W.T for int8 tiles [N/4, K/16, 4, 16] with row_scales [N]: x quantised once (Q16
+// rows), then blocks of tiles stream as in tiles_linear, each times every row group of x.
+at::Tensor q16_tiles_linear(const at::Tensor& x, const at::Tensor& tiles, const float* row_scales) {
+  const int64_t M = x.size(0), K = x.size(1), num_tiles = tiles.size(0), N = num_tiles * kTileRows;
+  TORCH_CHECK(K <= kQ16MaxK, "int8 linears take at most ", kQ16MaxK, " input features here (int32 sums), got ", K);
+  auto xb = x.contiguous();
+  auto y = at::empty({M, N}, x.options());
+  std::vector<int16_t> q(static_cast<size_t>(M * K));
+  std::vector<float> q_scales(static_cast<size_t>(M));
+  quantize_q16_rows(reinterpret_cast<const uint16_t*>(xb.data_ptr()), M, K, q.data(), q_scales.data());
+  const int8_t* wp = tiles.data_ptr<int8_t>();
+  auto* yp = y.data_ptr<at::BFloat16>();
+  at::parallel_for(0, num_tiles, kBlockTiles, [&](int64_t t0, int64_t t1) {
+    for (int64_t b0 = t0; b0 < t1; b0 += kBlockTiles) {
+      const int64_t n = std::min(kBlockTiles, t1 - b0);
+      q16_row_groups(M, [&](auto rows, int64_t m0) {
+        tile_rows_q16<decltype(rows)::value>(Q16Rows{q.data() + m0 * K, q_scales.data() + m0},
+                                             wp + b0 * kTileRows * K, row_scales + b0 * kTileRows,
+                                             yp + m0 * N + b0 * kTileRows, K, N, n);
+      });
+    }
+  });
+  return y;
+}
+#endif
+
 bool is_panels(const at::Tensor& weight) {  // the AMX layout [N/16, K/2, 16, 2], else the tiles [N/4, K/C, 4, C]
   return weight.dim() == 4 && weight.size(2) == 16 && weight.size(3) == 2;
 }
@@ -151,7 +201,11 @@ at::Tensor linear_int8(const at::Tensor& x, const at::Tensor& weight, const at::
   if (is_panels(weight)) return linear_int8_amx(x.contiguous(), weight, scales);
 #endif
   check_inputs(x, weight, 16, 16);
+#if CV_INT8_Q16
+  return q16_tiles_linear(x, weight, scales.data_ptr<float>());
+#else
   return tiles_linear<int8_t>(x, weight, scales.data_ptr<float>());
+#endif
 }
 
 at::Tensor linear_int8_q8(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& scales) {

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from .pages import on_huge_pages
+
 INT4_GROUP = 32  # columns per int4 scale
 
 
@@ -59,7 +61,7 @@ def to_int4_tiles(q: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, 
     n, k = q.shape
     groups = (q.to(torch.int16) + 8).to(torch.uint8).reshape(n, k // 32, 2, 16)
     packed = groups[:, :, 0] | (groups[:, :, 1] << 4)  # [N, K/32, 16]
-    tiles = packed.reshape(n // 4, 4, k // 32, 16).transpose(1, 2).contiguous()
+    tiles = on_huge_pages(packed.reshape(n // 4, 4, k // 32, 16).transpose(1, 2))
     return tiles, scales.float().reshape(n // 4, 4, k // 32).transpose(1, 2).contiguous()
 
 

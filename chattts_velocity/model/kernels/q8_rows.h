@@ -36,6 +36,15 @@ inline void quantize_q8_rows(const uint16_t* x, int64_t M, int64_t K, int8_t* q,
   }
 }
 
+// The activations of weight-only int8 tiles on ISAs with exact int16 dot products (CV_INT8_Q16 in cpu_kernels.h):
+// each row of x as int16 q [M, K] with one fp32 scale per row, scale = max |x| / 32767 and q = x * (32767 / max |x|)
+// rounded half to even, so |q x scale - x| <= max |x| / 65534 per value, below the bf16 rounding x already carries
+// for every value above 1/128 of the row's largest.
+struct Q16Rows {  // a view of row m0 on: q + m0 K, scales + m0
+  const int16_t* q;
+  const float* scales;
+};
+
 // q + 128 as unsigned bytes (flipping the sign bit), in place: the unsigned operand of vpdpbusd (kQ8Int8Unsigned).
 inline void offset_q8(int8_t* q, int64_t count) {
   for (int64_t i = 0; i < count; ++i) q[i] = static_cast<int8_t>(static_cast<uint8_t>(q[i]) ^ 0x80u);
