@@ -4,8 +4,10 @@ In: the sequences of a decode-only step (built once, when the running set change
 needs without a per-sequence Python loop: lengths, generated counts, finish limits, seed keys, the repetition-penalty
 history, the last sampled tokens. The scheduler (engine/core/scheduler.py) builds one whenever a decode-only batch
 is eligible and reuses it while no sequence is admitted, finishes, is preempted or aborted; the model runner and
-the sampler read it; the scheduler advances it after each step. The Sequence objects stay the truth: a steady step
-appends its tokens to them in one tight loop, so every slow path sees them as the synchronous loop leaves them.
+the sampler read it; the scheduler advances it after each step. A steady step's tokens and hidden states go to the
+batch's log, not to the sequences: sync() hands them on (the scheduler calls it before anything reads or changes a
+sequence: a finish, an abort, a general step), so every slow path sees the sequences as the synchronous loop leaves
+them.
 """
 from __future__ import annotations
 
@@ -60,11 +62,19 @@ class DecodeBatch:
         self.one_window = int(self.windows[0]) if same else 0  # every slot's window, when they are all one
         self.max_length = int(self.lengths.max())
         self.no_eos_mask = torch.zeros(len(seqs) * self.rows, dtype=torch.bool)  # [B * rows] no slot masks EOS
-        self.hidden_index = [b for b, p in enumerate(params) if p.return_hidden]
-        self.step_hidden: list[torch.Tensor | None] = []  # [B] of [1, H] views: this step's kept hidden states
+        keeps = np.array([p.return_hidden for p in params], dtype=bool)
+        self.keeps_hidden = None if keeps.all() else keeps  # [B] bool; None: every slot keeps its hidden states
+        self.any_hidden = bool(keeps.any())
+        self.log = np.empty((16, len(seqs), self.rows), dtype=np.int64)  # [T, B, rows] tokens of the steps run
+        self.log_hidden: list[torch.Tensor] = []  # [T] of [B, H]: their hidden states (where any slot keeps them)
+        self.synced = 0  # steps of the log the sequences hold
+        self.cached = 0  # steps whose filled blocks went to the prefix cache (the scheduler's)
         self.last_tokens = torch.tensor([seq.last_row for seq in seqs], dtype=torch.int64)  # [B, num_vq]
         self.grown = EMPTY  # slots whose block table gained a block for this step
+        self.ended = EMPTY  # slots that ended with the last step
         self.steps = 0  # steady steps run on this batch
+        for seq in seqs:
+            seq.log = self  # a sequence read meanwhile takes the logged steps first (Sequence._pull)
 
     def __len__(self) -> int:
         return len(self.seqs)
@@ -80,20 +90,6 @@ class DecodeBatch:
             steps = np.arange(seq.num_generated - count, seq.num_generated)
             ring[b, :, steps % window] = recent
         return ring
-
-    def hidden_rows(self, hidden: torch.Tensor | None) -> list[torch.Tensor | None]:
-        """This step's hidden states [B, H] as the [1, H] view each slot keeps (None where it keeps none); the
-        sequences and their deltas share them."""
-        if hidden is None or not self.hidden_index:
-            self.step_hidden = [None] * len(self.seqs)
-        elif len(self.hidden_index) == len(self.seqs):
-            self.step_hidden = list(hidden.unsqueeze(1).unbind(0))
-        else:
-            views = hidden.unsqueeze(1)
-            self.step_hidden = [None] * len(self.seqs)
-            for b in self.hidden_index:
-                self.step_hidden[b] = views[b]
-        return self.step_hidden
 
     def noise_seeds(self, ahead: int = 0) -> np.ndarray:
         """[B] uint64 step_seed(seed, num_generated + ahead) of every slot (engine/sampling/sampler.step_seed): the
@@ -124,8 +120,14 @@ class DecodeBatch:
         ends: np.ndarray = (tokens == self.eos[:, None]).any(1) | (self.generated >= self.last_step)
         return ends
 
-    def advance(self, tokens: np.ndarray) -> None:
-        """Every slot appended tokens [B, rows]: lengths, counts and the penalty ring move one step."""
+    def advance(self, tokens: np.ndarray, hidden: torch.Tensor | None) -> None:
+        """Every slot sampled tokens [B, rows] (and hidden [B, H]): they go to the log; lengths, counts and the
+        penalty ring move one step."""
+        if self.steps == len(self.log):
+            self.log = np.concatenate([self.log, np.empty_like(self.log)])
+        self.log[self.steps] = tokens
+        if self.any_hidden and hidden is not None:
+            self.log_hidden.append(hidden)
         if self.one_window:
             self.history[self.ring_slots, :, self.generated % self.one_window] = tokens
         elif len(self.ring_slots):
@@ -135,3 +137,24 @@ class DecodeBatch:
         self.max_length += 1
         self.generated += 1
         self.steps += 1
+
+    @property
+    def pending(self) -> bool:
+        """Steps in the log that the sequences do not hold yet."""
+        return self.synced < self.steps
+
+    def sync(self, drop_last: np.ndarray | None = None) -> None:
+        """Hand the logged rows and hidden states to the sequences (and their computed positions); where
+        drop_last[b], slot b's last row stays out (it ends with it: its own finish rules append it)."""
+        start, end = self.synced, self.steps
+        if start == end:
+            return
+        self.synced = end
+        per_slot = np.ascontiguousarray(self.log[start:end].transpose(1, 0, 2))  # [B, t, rows]
+        hidden = None
+        if len(self.log_hidden) == end:  # every step kept them
+            hidden = torch.stack(self.log_hidden[start:end], 1)  # [B, t, H]
+        drop = [False] * len(self.seqs) if drop_last is None else drop_last.tolist()
+        for b, (seq, short) in enumerate(zip(self.seqs, drop, strict=True)):
+            count = end - start - short
+            seq.extend_rows(per_slot[b, :count], None if hidden is None else hidden[b, :count])
