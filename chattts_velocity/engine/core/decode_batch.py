@@ -73,6 +73,9 @@ class DecodeBatch:
         self.grown = EMPTY  # slots whose block table gained a block for this step
         self.ended = EMPTY  # slots that ended with the last step
         self.steps = 0  # steady steps run on this batch
+        self.length_end = int((self.last_step - self.generated).min())  # the step where a slot reaches its length
+        self.table: StepTable | None = None
+        self._row = 0
         for seq in seqs:
             seq.log = self  # a sequence read meanwhile takes the logged steps first (Sequence._pull)
 
@@ -95,30 +98,47 @@ class DecodeBatch:
         """[B] uint64 step_seed(seed, num_generated + ahead) of every slot (engine/sampling/sampler.step_seed): the
         step after the last appended one, or `ahead` steps past it (a step launched before its predecessor's
         tokens are read, engine/core/overlap.py)."""
-        return splitmix64(self.seed_keys ^ (self.generated + ahead).astype(np.uint64))
+        return self._table(ahead).seeds[self._row]
 
     def new_blocks(self, ahead: int = 0) -> np.ndarray:
         """Slots whose newest position (len - 1 + ahead) opens a block: they need one more block this step."""
-        opens = (self.lengths - 1 + ahead) % self.block_size == 0
-        return np.flatnonzero(opens) if opens.any() else EMPTY
+        table = self._table(ahead)
+        return np.flatnonzero(table.opens[self._row]) if table.any_opens[self._row] else EMPTY
+
+    def positions(self, ahead: int = 0) -> np.ndarray:
+        """[B] the position each slot feeds (len - 1 + ahead)."""
+        return self._table(ahead).positions[self._row]
 
     def ring_columns(self, ahead: int, scratch: int) -> np.ndarray:
         """[B] the penalty-ring column of the token a step feeds as its input (generated count - 1 + ahead, modulo
         the slot's window), `scratch` where it goes to no ring (no window, or a prompt row)."""
-        previous = self.generated + (ahead - 1)
-        columns = np.full(len(self.seqs), scratch, dtype=np.int64)
-        keep = (previous >= 0) & (self.windows > 0)
-        columns[keep] = previous[keep] % self.windows[keep]
-        return columns
+        table = self._table(ahead)
+        columns = table.columns[self._row]
+        return np.where(columns < 0, scratch, columns)
+
+    def below_min(self, ahead: int = 0) -> np.ndarray | None:
+        """[B] bool: the slots that must not sample EOS yet (generated + ahead < min_new_token); None: none."""
+        table = self._table(ahead)
+        return table.below[self._row] if table.any_below[self._row] else None
 
     def ends_by_length(self) -> bool:
         """True when a slot reaches max_new_token with the step after the last appended one."""
-        return bool((self.generated >= self.last_step).any())
+        return self.steps >= self.length_end
+
+    def _table(self, ahead: int) -> StepTable:
+        """The tabulated values of step `steps + ahead` (self._row its row), built STEPS_TABULATED steps at a time:
+        the counters move by one a step, so a step reads rows instead of computing them."""
+        step = self.steps + ahead
+        table = self.table
+        if table is None or not table.first <= step < table.first + STEPS_TABULATED:
+            table = self.table = StepTable(self, step)
+        self._row = step - table.first
+        return table
 
     def finished(self, tokens: np.ndarray) -> np.ndarray:
         """[B] bool: the slots that end with this step's tokens [B, rows] (EOS in any row, or max_new_token)."""
-        ends: np.ndarray = (tokens == self.eos[:, None]).any(1) | (self.generated >= self.last_step)
-        return ends
+        ends: np.ndarray = (tokens == self.eos[:, None]).any(1)
+        return ends | (self.generated >= self.last_step) if self.ends_by_length() else ends
 
     def advance(self, tokens: np.ndarray, hidden: torch.Tensor | None) -> None:
         """Every slot sampled tokens [B, rows] (and hidden [B, H]): they go to the log; lengths, counts and the
@@ -158,3 +178,25 @@ class DecodeBatch:
         for b, (seq, short) in enumerate(zip(self.seqs, drop, strict=True)):
             count = end - start - short
             seq.extend_rows(per_slot[b, :count], None if hidden is None else hidden[b, :count])
+
+
+STEPS_TABULATED = 32
+
+
+class StepTable:
+    """Per-step values of STEPS_TABULATED consecutive steps of a batch, from step `first` (steps run + ahead) on;
+    arrays [K, B]."""
+
+    def __init__(self, state: DecodeBatch, first: int) -> None:
+        self.first = first
+        offsets = np.arange(STEPS_TABULATED)[:, None] + (first - state.steps)  # [K, 1] steps past the counters
+        generated = state.generated + offsets  # [K, B] the count before each step
+        self.positions = state.lengths - 1 + offsets
+        self.seeds = splitmix64(state.seed_keys ^ generated.astype(np.uint64))
+        previous = generated - 1  # the count of the token each step feeds, -1: a prompt row
+        windows = np.maximum(state.windows, 1)
+        self.columns = np.where((previous >= 0) & (state.windows > 0), previous % windows, -1)  # -1: no ring
+        self.opens = self.positions % state.block_size == 0
+        self.any_opens = self.opens.any(1)
+        self.below = generated < state.min_new
+        self.any_below = self.below.any(1)
