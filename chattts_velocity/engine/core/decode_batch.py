@@ -98,7 +98,8 @@ class DecodeBatch:
         """[B] uint64 step_seed(seed, num_generated + ahead) of every slot (engine/sampling/sampler.step_seed): the
         step after the last appended one, or `ahead` steps past it (a step launched before its predecessor's
         tokens are read, engine/core/overlap.py)."""
-        return self._table(ahead).seeds[self._row]
+        seeds: np.ndarray = self._table(ahead).seeds[self._row]
+        return seeds
 
     def new_blocks(self, ahead: int = 0) -> np.ndarray:
         """Slots whose newest position (len - 1 + ahead) opens a block: they need one more block this step."""
@@ -107,7 +108,8 @@ class DecodeBatch:
 
     def positions(self, ahead: int = 0) -> np.ndarray:
         """[B] the position each slot feeds (len - 1 + ahead)."""
-        return self._table(ahead).positions[self._row]
+        positions: np.ndarray = self._table(ahead).positions[self._row]
+        return positions
 
     def ring_columns(self, ahead: int, scratch: int) -> np.ndarray:
         """[B] the penalty-ring column of the token a step feeds as its input (generated count - 1 + ahead, modulo
@@ -198,5 +200,5 @@ class StepTable:
         self.columns = np.where((previous >= 0) & (state.windows > 0), previous % windows, -1)  # -1: no ring
         self.opens = self.positions % state.block_size == 0
         self.any_opens = self.opens.any(1)
-        self.below = generated < state.min_new
+        self.below: np.ndarray = generated < state.min_new
         self.any_below = self.below.any(1)
