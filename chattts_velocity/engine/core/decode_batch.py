@@ -199,6 +199,6 @@ class StepTable:
         windows = np.maximum(state.windows, 1)
         self.columns = np.where((previous >= 0) & (state.windows > 0), previous % windows, -1)  # -1: no ring
         self.opens = self.positions % state.block_size == 0
-        self.any_opens = self.opens.any(1)
+        self.any_opens: np.ndarray = self.opens.any(1)
         self.below: np.ndarray = generated < state.min_new
-        self.any_below = self.below.any(1)
+        self.any_below: np.ndarray = self.below.any(1)
