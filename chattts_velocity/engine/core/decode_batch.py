@@ -200,5 +200,5 @@ class StepTable:
         self.columns = np.where((previous >= 0) & (state.windows > 0), previous % windows, -1)  # -1: no ring
         self.opens = self.positions % state.block_size == 0
         self.any_opens: np.ndarray = self.opens.any(1)
-        self.below: np.ndarray = generated < state.min_new
+        self.below: np.ndarray = np.less(generated, state.min_new)
         self.any_below: np.ndarray = self.below.any(1)
