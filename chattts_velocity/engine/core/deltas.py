@@ -24,6 +24,13 @@ class SteadyRows:
     counts: np.ndarray  # [N] int64: each slot's generated tokens after this step
     live: np.ndarray | None = None  # [N] bool: the slots whose row is here (None: all); the others ended this step
 
+    def delta(self, slot: int) -> GenerationOutput:
+        """Slot `slot`'s GenerationOutput ([1, rows] tokens, [1, H] hidden)."""
+        keeps = self.hidden is not None and (self.keeps_hidden is None or bool(self.keeps_hidden[slot]))
+        return GenerationOutput(self.request_ids[slot], self.tokens[slot: slot + 1],
+                                self.hidden[slot: slot + 1] if keeps else None,  # type: ignore[index]  # keeps
+                                False, None, {"num_generated": int(self.counts[slot])})
+
     def deltas(self) -> list[GenerationOutput | None]:
         """[N] one GenerationOutput per slot ([1, rows] tokens, [1, H] hidden), None where the slot ended."""
         tokens = self.tokens.unsqueeze(1).unbind(0)  # [1, rows] views (per-row slicing costs a few us a row)

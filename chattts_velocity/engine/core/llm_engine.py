@@ -48,7 +48,7 @@ class EngineStats:
     busy_seconds: float = 0.0
     last_batch_size: int = 0
     last_step_seconds: float = 0.0
-    batch_sizes: list[int] = field(default_factory=list)  # recent steps' batch sizes (bounded)
+    batch_sizes: list[int] = field(default_factory=list)  # recent steps' batch sizes (the last 256 to 512)
 
 
 class LLMEngine:
@@ -214,18 +214,20 @@ class LLMEngine:
         was aborted with the step before it (or while it ran), and that row is dropped."""
         if batch.ahead and self.scheduler.changed:
             return sum(seq.status is SequenceStatus.RUNNING for seq in batch.seqs)
-        return sum(batch.sample)
+        return batch.num_seqs if batch.steady is not None else sum(batch.sample)
 
     def _record(self, batch: ScheduledBatch, sampled: int, seconds: float) -> None:
         s = self.stats
         s.num_steps += 1
-        s.num_tokens_computed += batch.num_tokens
+        s.num_tokens_computed += batch.num_seqs if batch.steady is not None else batch.num_tokens
         s.num_tokens_sampled += sampled
         s.num_steady_steps += batch.steady is not None
         s.num_ahead_steps += batch.ahead
         s.busy_seconds += seconds
         s.last_batch_size, s.last_step_seconds = batch.num_seqs, seconds
-        s.batch_sizes = (s.batch_sizes + [batch.num_seqs])[-256:]
+        s.batch_sizes.append(batch.num_seqs)
+        if len(s.batch_sizes) > 512:  # keep the last 256 (trimmed now and then, not copied every step)
+            del s.batch_sizes[:-256]
 
     def metrics(self) -> dict[str, float | str]:
         return {
