@@ -47,5 +47,7 @@ class RequestStream:
 
 def put_rows(block: SteadyRows, pairs: list[tuple[int, RequestStream]]) -> None:
     """In a request's event loop: each of its requests in a steady block gets its row."""
+    live = block.live
     for slot, stream in pairs:
-        stream.queue.put_nowait(block.delta(slot))
+        if live is None or live[slot]:  # a slot that ended with the step has its own delta
+            stream.queue.put_nowait(block.delta(slot))
