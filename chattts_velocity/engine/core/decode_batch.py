@@ -66,7 +66,7 @@ class DecodeBatch:
         self.keeps_hidden = None if keeps.all() else keeps  # [B] bool; None: every slot keeps its hidden states
         self.any_hidden = bool(keeps.any())
         self.log = np.empty((16, len(seqs), self.rows), dtype=np.int64)  # [T, B, rows] tokens of the steps run
-        self.log_hidden: list[torch.Tensor] = []  # [T] of [B, H]: their hidden states (where any slot keeps them)
+        self.log_hidden: list[torch.Tensor] = []  # [t] of [B, H]: the hidden states of the steps not synced yet
         self.synced = 0  # steps of the log the sequences hold
         self.cached = 0  # steps whose filled blocks went to the prefix cache (the scheduler's)
         self.last_tokens = torch.tensor([seq.last_row for seq in seqs], dtype=torch.int64)  # [B, num_vq]
@@ -174,8 +174,9 @@ class DecodeBatch:
         self.synced = end
         per_slot = np.ascontiguousarray(self.log[start:end].transpose(1, 0, 2))  # [B, t, rows]
         hidden = None
-        if len(self.log_hidden) == end:  # every step kept them
-            hidden = torch.stack(self.log_hidden[start:end], 1)  # [B, t, H]
+        if len(self.log_hidden) == end - start:  # every step kept them
+            hidden = torch.stack(self.log_hidden, 1)  # [B, t, H]
+        self.log_hidden = []  # (the sequences hold views of the stack, not the step tensors)
         drop = [False] * len(self.seqs) if drop_last is None else drop_last.tolist()
         for b, (seq, short) in enumerate(zip(self.seqs, drop, strict=True)):
             count = end - start - short
