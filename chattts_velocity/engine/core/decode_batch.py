@@ -67,8 +67,8 @@ class DecodeBatch:
         self.any_hidden = bool(keeps.any())
         self.log = np.empty((16, len(seqs), self.rows), dtype=np.int64)  # [T, B, rows] tokens of the steps run
         self.log_hidden: list[torch.Tensor] = []  # [t] of [B, H]: the hidden states of the steps not synced yet
-        self.synced = 0  # steps of the log the sequences hold
-        self.cached = 0  # steps whose filled blocks went to the prefix cache (the scheduler's)
+        self.synced = 0  # steps of the log the sequences hold (rows and hidden states)
+        self.rows_synced = np.zeros(len(seqs), dtype=np.int64)  # [B] steps whose rows slot b's sequence holds
         self.last_tokens = torch.tensor([seq.last_row for seq in seqs], dtype=torch.int64)  # [B, num_vq]
         self.grown = EMPTY  # slots whose block table gained a block for this step
         self.ended = EMPTY  # slots that ended with the last step
@@ -76,8 +76,8 @@ class DecodeBatch:
         self.length_end = int((self.last_step - self.generated).min())  # the step where a slot reaches its length
         self.table: StepTable | None = None
         self._row = 0
-        for seq in seqs:
-            seq.log = self  # a sequence read meanwhile takes the logged steps first (Sequence._pull)
+        for b, seq in enumerate(seqs):
+            seq.log, seq.log_slot = self, b  # a sequence read meanwhile takes the logged steps first (Sequence._pull)
 
     def __len__(self) -> int:
         return len(self.seqs)
@@ -165,10 +165,14 @@ class DecodeBatch:
         """Steps in the log that the sequences do not hold yet."""
         return self.synced < self.steps
 
+    def rows_behind(self, slot: int) -> bool:
+        """Slot `slot`'s sequence lacks rows of the log."""
+        return bool(self.rows_synced[slot] < self.steps)
+
     def sync(self, drop_last: np.ndarray | None = None) -> None:
         """Hand the logged rows and hidden states to the sequences (and their computed positions); where
         drop_last[b], slot b's last row stays out (it ends with it: its own finish rules append it)."""
-        start, end = self.synced, self.steps
+        start, end = self.synced, self.steps  # the hidden states of steps [start, end) (rows: from rows_synced)
         if start == end:
             return
         self.synced = end
@@ -178,9 +182,18 @@ class DecodeBatch:
             hidden = torch.stack(self.log_hidden, 1)  # [B, t, H]
         self.log_hidden = []  # (the sequences hold views of the stack, not the step tensors)
         drop = [False] * len(self.seqs) if drop_last is None else drop_last.tolist()
-        for b, (seq, short) in enumerate(zip(self.seqs, drop, strict=True)):
+        for b, (seq, short, first) in enumerate(zip(self.seqs, drop, self.rows_synced.tolist(), strict=True)):
             count = end - start - short
-            seq.extend_rows(per_slot[b, :count], None if hidden is None else hidden[b, :count])
+            seq.extend_rows(per_slot[b, first - start: count], None if hidden is None else hidden[b, :count])
+        self.rows_synced[:] = end
+
+    def sync_rows(self, slots: np.ndarray) -> None:
+        """Only the rows of these slots reach their sequences (their filled blocks go to the prefix cache now);
+        the hidden states wait for sync()."""
+        for b in slots.tolist():
+            rows = np.ascontiguousarray(self.log[self.rows_synced[b]: self.steps, b])  # [t, rows]
+            self.seqs[b].extend_rows(rows, None)
+            self.rows_synced[b] = self.steps
 
 
 STEPS_TABULATED = 32

@@ -252,15 +252,19 @@ class Scheduler:
         return finished
 
     def _postprocess_steady(self, state: DecodeBatch, out: StepOutput) -> list[Sequence]:
-        """postprocess for the persistent batch: the step goes to the batch's log (no per-sequence work); when a slot
-        ends, the log reaches the sequences and the ending ones go through the per-sequence rules."""
+        """postprocess of a persistent batch: the step goes to its log; an ending slot takes the per-sequence rules."""
         tokens = out.tokens.numpy()  # [B, rows] int64
         done = state.finished(tokens)
+        full = state.lengths % self.block_manager.block_size == 0  # a block filled with this step
         state.advance(tokens, out.hidden)
         state.ended = np.flatnonzero(done) if done.any() else EMPTY
-        if not len(state.ended):
-            return []
-        self._sync(state, done)
+        filled = np.flatnonzero(full & ~done) if self.block_manager.enable_prefix_caching and full.any() else EMPTY
+        if len(state.ended):
+            state.sync(done)
+        elif len(filled):
+            state.sync_rows(filled)  # only their rows, for the block hashes
+        for b in filled.tolist():
+            self.block_manager.cache_computed_blocks(state.seqs[b])
         finished = []
         for b in state.ended.tolist():
             seq = state.seqs[b]
@@ -272,15 +276,10 @@ class Scheduler:
                 finished.append(seq)
         return finished
 
-    def _sync(self, state: DecodeBatch | None, drop_last: np.ndarray | None = None) -> None:
-        """A persistent batch's logged steps reach its sequences (DecodeBatch.sync), their blocks filled since the
-        prefix cache: before anything reads or changes a sequence of it."""
-        if state is not None and state.cached < state.steps:  # (a read may have synced it: the cache still waits)
-            state.sync(drop_last)
-            state.cached = state.steps
-            for seq in state.seqs if self.block_manager.enable_prefix_caching else ():
-                if seq.status is SequenceStatus.RUNNING:
-                    self.block_manager.cache_computed_blocks(seq)
+    @staticmethod
+    def _sync(state: DecodeBatch | None) -> None:
+        if state is not None:  # its logged steps reach its sequences before anything reads or changes one of them
+            state.sync()
 
     @staticmethod
     def _append(seq: Sequence, token: tuple[int, ...], hidden: torch.Tensor | None) -> SequenceStatus | None:

@@ -22,6 +22,8 @@ class StepLog(Protocol):
     @property
     def pending(self) -> bool: ...
 
+    def rows_behind(self, slot: int) -> bool: ...
+
     def sync(self) -> None: ...
 
 
@@ -67,6 +69,7 @@ class Sequence:
         self._generated: list[tuple[int, ...]] = []  # [G][num_rows]
         self._generated_flat = array.array("q")  # [G * num_rows] the same ids, flat (the sampler's penalty history)
         self.log: StepLog | None = None  # the persistent batch that may hold steps of this sequence not yet here
+        self.log_slot = 0  # this sequence's slot in it
         # [H] per kept generated token, or [t, H] per run of steps on a persistent batch: views of the step outputs
         # (no copy per step), joined on demand
         self._hidden: list[torch.Tensor] = []
@@ -92,9 +95,14 @@ class Sequence:
         if self.log is not None and self.log.pending:
             self.log.sync()
 
+    def _pull_rows(self) -> None:
+        """As _pull, where this sequence's rows are behind (its hidden states may wait)."""
+        if self.log is not None and self.log.rows_behind(self.log_slot):
+            self.log.sync()
+
     @property
     def generated(self) -> list[tuple[int, ...]]:
-        self._pull()
+        self._pull_rows()
         return self._generated
 
     @generated.setter
@@ -104,12 +112,12 @@ class Sequence:
 
     @property
     def generated_flat(self) -> array.array[int]:
-        self._pull()
+        self._pull_rows()
         return self._generated_flat
 
     @property
     def num_computed_tokens(self) -> int:
-        self._pull()
+        self._pull_rows()
         return self._num_computed_tokens
 
     @num_computed_tokens.setter
@@ -194,14 +202,15 @@ class Sequence:
 
     def extend_rows(self, rows: np.ndarray, hidden: torch.Tensor | None) -> None:
         """Steps run on a persistent batch (engine/core/decode_batch.py): rows [t, num_rows] int64 (C-contiguous)
-        and the hidden states [t, H] that predicted them (None: none kept); every position but the newest is
-        computed. No checks: the persistent batch checked the shapes once."""
+        and the hidden states [t', H] of the steps whose hidden states come now (None: none kept; rows may come
+        ahead of their hidden states); every position but the newest is computed. No checks: the persistent batch
+        checked the shapes once."""
+        if hidden is not None and len(hidden) and self.params.return_hidden:
+            self._hidden.append(hidden)
         if not len(rows):
             return
         self._generated.extend(map(tuple, rows.tolist()))
         self._generated_flat.frombytes(rows.tobytes())
-        if hidden is not None and self.params.return_hidden:
-            self._hidden.append(hidden)
         if self.status is SequenceStatus.RUNNING:
             self._num_computed_tokens = self.num_prompt_tokens + len(self._generated) - 1
 
