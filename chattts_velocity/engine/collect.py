@@ -1,6 +1,6 @@
 """Engine stage: Collectors — one consumer's requests, their engine deltas gathered into whole GenerationOutputs.
 
-In: each engine step's StepDeltas (engine/core/deltas.py). Out: a request's GenerationOutput once it finished. A steady
+In: each engine step's StepDeltas (engine/core/step.py). Out: a request's GenerationOutput once it finished. A steady
 step's block is taken as a whole: it joins a log, one append a step; the log reaches the requests when the persistent
 batch changes or one of them ends (one slice per request then), so no steady step costs anything per request.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from chattts_velocity.engine.core.deltas import SteadyRows, StepDeltas
+from chattts_velocity.engine.core.step import SteadyRows, StepDeltas
 from chattts_velocity.schema import FinishReason, GenerationOutput
 
 

@@ -1,6 +1,6 @@
 """Engine stage: LLMEngine — add requests, step (schedule -> run -> postprocess), abort, stats.
 
-In: (request_id, Prompt, SamplingParams). Out: per step, StepDeltas (engine/core/deltas.py): a steady step's new rows
+In: (request_id, Prompt, SamplingParams). Out: per step, StepDeltas (engine/core/step.py): a steady step's new rows
 as one block, every other delta one by one; step() gives them as one GenerationOutput *delta* per request that sampled
 or finished: the new token rows [n, rows] (n = 0 or 1) and their hidden states [n, H].
 """
@@ -21,13 +21,12 @@ from chattts_velocity.config import EngineConfig, ModelConfig
 from chattts_velocity.engine.beams.velocity import BeamSearch
 from chattts_velocity.engine.core.admission import check_fits
 from chattts_velocity.engine.core.block_manager import BlockManager
-from chattts_velocity.engine.core.deltas import SteadyRows, StepDeltas
 from chattts_velocity.engine.core.model_runner import ModelRunner
 from chattts_velocity.engine.core.overlap import InFlight
 from chattts_velocity.engine.core.retry import RetryOnEmpty
 from chattts_velocity.engine.core.scheduler import Scheduler
 from chattts_velocity.engine.core.sequence import Sequence, SequenceStatus
-from chattts_velocity.engine.core.step import ScheduledBatch, StepOutput
+from chattts_velocity.engine.core.step import ScheduledBatch, SteadyRows, StepDeltas, StepOutput
 from chattts_velocity.engine.loading.kv_sizing import kv_cache_blocks
 from chattts_velocity.engine.loading.weights import load_weights, pack_for
 from chattts_velocity.model import ChatTTSLlama, Embed
