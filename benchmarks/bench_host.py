@@ -5,7 +5,8 @@ ready-made results: the layers return their input (hidden states of the right sh
 logits, the sampler's draw returns fixed tokens (its host-side preparation still runs); on the triton backend a steady
 decode step's graph (engine/backends/step_graph.py: slots, embedding, layers, heads, sampler; one replay on a GPU)
 returns fixed tokens, while filling its buffers and staging its per-step inputs still run; steady steps run a step
-ahead of the host (EngineConfig.overlap), as on a GPU. What is left is the host work of a step. Reported, in
+ahead of the host (EngineConfig.overlap), as on a GPU. A step is timed with its consumer's part: the collectors
+LLM.generate keeps (engine/collect.py) take the step's outputs. What is left is the host work of a step. Reported, in
 milliseconds of the host thread's CPU time per step (median; torch runs one thread, so a busy host's other processes
 inflate it far less than wall time):
 
@@ -23,7 +24,8 @@ inflate it far less than wall time):
     python benchmarks/bench_host.py --json                   # one line: this tree's numbers
 
 --model-work keeps the model (20 layers, cpu backend): the same loop as a CPU speed A/B of the two trees.
-Each (tree, backend) is a fresh process with the tree first on sys.path; trees alternate per round. Writes
+Each (tree, backend) is a fresh process with the tree first on sys.path; trees alternate per round (tree_ab.py's
+interleaved, the harness every tree comparison shares). Writes
 results/host_<backend>.json with every tree's rounds and medians.
 """
 from __future__ import annotations
@@ -35,6 +37,8 @@ import statistics
 import subprocess
 import sys
 from pathlib import Path
+
+from tree_ab import interleaved
 
 REPO = Path(__file__).resolve().parents[1]
 CONTEXT, RUNNING, DECODE_SIZES, PROMPTS = 300, 63, (1, 64, 256), (200, 2048)
@@ -86,6 +90,27 @@ if not model_work:
         graphs.fn = lambda inputs: (ready_tokens[: inputs.ids.shape[0]], ready_hidden[: inputs.ids.shape[0]])
 clock = time.process_time if model_work else time.thread_time
 gen = torch.Generator().manual_seed(0)
+# the consumer LLM.generate puts on every step: its collectors take the step's outputs (where the tree has them, as
+# one block; else one delta per request)
+try:
+    from chattts_velocity.engine.collect import Collectors
+    consumer = Collectors()
+    def consume():
+        consumer.take(engine.step_deltas())
+except ImportError:
+    from chattts_velocity.engine.llm import _Collector
+    collected = {}
+    class Consumer:
+        def add(self, rid, hidden_size):
+            collected[rid] = _Collector(rid, hidden_size)
+        def take(self, deltas):
+            for delta in deltas:
+                collector = collected.get(delta.request_id)
+                if collector is not None:
+                    collector.add(delta)
+    consumer = Consumer()
+    def consume():
+        consumer.take(engine.step())
 
 def prompt(rows):
     ids = torch.randint(0, cfg.num_audio_tokens - 1, (rows, cfg.num_vq), generator=gen)
@@ -97,14 +122,19 @@ def params():
 def timed_step():
     # CPU time of this thread (torch runs single-threaded here): what a busy host's other processes do not inflate
     t = clock()
-    engine.step()
+    consume()
     return clock() - t
+
+def add(rows):
+    rid = engine.add_request(None, prompt(rows), params())
+    consumer.add(rid, cfg.hidden_size)
+    return rid
 
 def fill(n):
     for _ in range(n):
-        engine.add_request(None, prompt(CONTEXT), params())
+        add(CONTEXT)
     while engine.scheduler.waiting or any(s.num_computed_tokens < len(s) - 1 for s in engine.scheduler.running):
-        engine.step()
+        consume()
     assert len(engine.scheduler.running) == n, "a step failed: the bench would time nothing"
 
 def clear():
@@ -127,7 +157,8 @@ def time_part(owner, name):
 
 if sys.argv[9] == "1":
     for owner, names in ((engine.scheduler, ("schedule_ahead", "postprocess")), (runner, ("launch", "collect")),
-                         (engine, ("_deltas",)), (getattr(runner, "step_graphs", None), ("_fill_step",))):
+                         (engine, ("_deltas", "_finish")), (getattr(runner, "step_graphs", None), ("_fill_step",)),
+                         (consumer, ("take",))):
         for name in names:
             time_part(owner, name)
 
@@ -135,7 +166,7 @@ out = {"decode_host_ms": {}, "admit_host_ms": {}, "decode_host_ms_mean": {}, "de
 for n in sizes:
     fill(n)
     for _ in range(3):
-        engine.step()
+        consume()
     parts.clear()
     times = [timed_step() for _ in range(steps)]
     out["decode_host_ms"][str(n)] = 1e3 * statistics.median(times)
@@ -144,18 +175,18 @@ for n in sizes:
     clear()
 fill(RUNNING)
 for _ in range(3):
-    engine.step()
+    consume()
 base = statistics.median(timed_step() for _ in range(steps))
 for rows in prompts:
     extra = []
     for _ in range(5):
-        rid = engine.add_request(None, prompt(rows), params())
+        rid = add(rows)
         spent = timed_step() - base
         while engine.scheduler.waiting:  # a step in flight is read first (overlapped loop): then the admission
             spent += timed_step() - base
         extra.append(spent)
         engine.abort_request(rid)
-        engine.step()
+        consume()
     out["admit_host_ms"][str(rows)] = 1e3 * statistics.median(extra)
 out["decode_host_ms_63"] = 1e3 * base
 print(json.dumps(out))
@@ -234,7 +265,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--trees", nargs="+", default=[str(REPO)], help="checkouts of this repository (last = new)")
     parser.add_argument("--backend", default="triton", choices=["triton", "cpu"])
     parser.add_argument("--steps", type=int, default=30, help="timed decode steps per size")
-    parser.add_argument("--rounds", type=int, default=1, help="interleaved rounds per tree")
+    parser.add_argument("--rounds", type=int, default=1, help="interleaved rounds per tree (tree_ab.interleaved)")
     parser.add_argument("--json", action="store_true", help="print only the last tree's one-line JSON")
     parser.add_argument("--model-work", action="store_true",
                         help="keep the model work (all 20 layers, heads, sampling; cpu backend): the CPU speed A/B, "
@@ -242,13 +273,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", default=None, help="results file (default results/host_<backend>.json)")
     parser.add_argument("--parts", action="store_true",
                         help="also time the step's parts (schedule_ahead, launch, _fill_step, collect, postprocess, "
-                             "_deltas; mean ms per step, in decode_parts_ms): the timers add a few us each")
+                             "_deltas, _finish (postprocess and the step's outputs), take (the consumer's); mean ms "
+                             "per step, in decode_parts_ms): the timers add a few us each")
     args = parser.parse_args(argv)
     trees = [Path(t).resolve() for t in args.trees]
-    rounds: dict[str, list[dict]] = {str(t): [] for t in trees}
-    for _ in range(args.rounds):
-        for tree in trees:
-            rounds[str(tree)].append(measure(tree, args.backend, args.steps, args.model_work, args.parts))
+    runs = interleaved([str(t) for t in trees], args.rounds,
+                       lambda tree: measure(Path(tree), args.backend, args.steps, args.model_work, args.parts),
+                       echo=not args.json)
+    rounds = {str(tree): results for tree, results in zip(trees, runs, strict=True)}
     summary = {tree: medians(r) for tree, r in rounds.items()}
     launches = {} if args.model_work else count_launches(trees[-1])
     if launches:  # the last tree's: what one steady decode step launches on a GPU (graph + eager)

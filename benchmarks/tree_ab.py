@@ -134,13 +134,16 @@ def measure(case: str, tree: str, args: argparse.Namespace, dtype: str) -> dict[
     return result
 
 
-def interleaved(trees: list[str], pairs: int, measure_one: Callable[[str], Measured]) -> list[list[Measured]]:
-    """`pairs` rounds, each measuring every tree once in turn: per tree (in order), one result per round."""
+def interleaved(trees: list[str], pairs: int, measure_one: Callable[[str], Measured],
+                echo: bool = True) -> list[list[Measured]]:
+    """`pairs` rounds, each measuring every tree once in turn: per tree (in order), one result per round (each
+    printed as it comes unless echo is False). Every benchmark that compares trees runs them through this."""
     runs: list[list[Measured]] = [[] for _ in trees]
     for _ in range(pairs):
         for tree, results in zip(trees, runs, strict=True):
             results.append(measure_one(tree))
-            print(tree, results[-1], flush=True)
+            if echo:
+                print(tree, results[-1], flush=True)
     return runs
 
 

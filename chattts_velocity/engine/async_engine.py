@@ -12,11 +12,13 @@ import logging
 import queue
 import threading
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
 
 from chattts_velocity.engine.core.llm_engine import LLMEngine
+from chattts_velocity.engine.core.step import SteadyRows
+from chattts_velocity.engine.request_stream import RequestStream as RequestStream  # serve/ imports it from here
+from chattts_velocity.engine.request_stream import put_rows
 from chattts_velocity.schema import GenerationOutput, Prompt, SamplingParams
 
 logger = logging.getLogger("chattts_velocity")
@@ -42,38 +44,6 @@ class AsyncStats:
     num_aborted: int = 0  # requests dropped because their consumer went away or asked to
     max_batch_size: int = 0  # largest number of sequences one step has run so far
     num_shared_steps: int = 0  # steps that ran more than one sequence
-
-
-class RequestStream:
-    """One request's delivery channel: the engine thread puts, the owner's event loop gets."""
-
-    def __init__(self, request_id: str, loop: asyncio.AbstractEventLoop, client: str = "") -> None:
-        self.request_id, self.loop, self.client = request_id, loop, client
-        self.queue: asyncio.Queue[GenerationOutput | BaseException] = asyncio.Queue()
-        self.accepted: asyncio.Future[None] = loop.create_future()
-        self.finished = False
-
-    def put(self, item: GenerationOutput | BaseException) -> None:
-        """Called from the engine thread."""
-        self._call(self.queue.put_nowait, item)
-
-    def resolve(self, error: BaseException | None) -> None:
-        """Called from the engine thread once the request was added (or refused)."""
-        self._call(self._settle, error)
-
-    def _settle(self, error: BaseException | None) -> None:
-        if self.accepted.done():
-            return
-        if error is None:
-            self.accepted.set_result(None)
-        else:
-            self.accepted.set_exception(error)
-
-    def _call(self, func: Callable[[Any], None], arg: Any) -> None:
-        try:
-            self.loop.call_soon_threadsafe(func, arg)
-        except RuntimeError:  # the owner's loop is closed: nobody is listening any more
-            pass
 
 
 @dataclass
@@ -109,6 +79,9 @@ class AsyncLLMEngine:
         self._thread: threading.Thread | None = None
         self._stop = False
         self._steps_seen = engine.stats.num_steps
+        # the last persistent batch's slots (its request_ids list) and its requests grouped by event loop
+        self._fanned: tuple[list[str] | None, dict[asyncio.AbstractEventLoop, list[tuple[int, RequestStream]]]] = (
+            None, {})
         self.error: BaseException | None = None  # set when the loop itself died
         self.failing = False  # the latest step failed some of its requests (health: degraded)
 
@@ -263,14 +236,33 @@ class AsyncLLMEngine:
     def _step(self) -> None:
         """One engine step. A step that raises fails the requests it held, and the loop serves everyone else."""
         try:
-            deltas = self.engine.step()
+            deltas = self.engine.step_deltas()
         except Exception as exc:  # noqa: BLE001 -- the engine could not say whose fault it was
             logger.exception("engine step failed; failing the requests it held")
             self.failing = True
             self._fail_all(RuntimeError(f"engine: a step failed ({exc!r}); this request was in it"), refuse=False)
             return
-        self.failing = any(d.error is not None for d in deltas)
-        self._deliver(deltas)
+        singles = deltas.singles()
+        self.failing = any(d.error is not None for d in singles)
+        if deltas.steady is not None:
+            self._fan_out(deltas.steady)
+        self._deliver(singles)
+
+    def _fan_out(self, block: SteadyRows) -> None:
+        """A steady step's rows: one call into each event loop that has requests in the batch (not one per
+        request); that loop hands each of its requests its row."""
+        if block.request_ids is not self._fanned[0]:  # a new persistent batch: its requests by loop, once
+            by_loop: dict[asyncio.AbstractEventLoop, list[tuple[int, RequestStream]]] = {}
+            for slot, rid in enumerate(block.request_ids):
+                stream = self._streams.get(rid)
+                if stream is not None:
+                    by_loop.setdefault(stream.loop, []).append((slot, stream))
+            self._fanned = (block.request_ids, by_loop)
+        for loop, pairs in self._fanned[1].items():
+            try:
+                loop.call_soon_threadsafe(put_rows, block, pairs)
+            except RuntimeError:  # the owner's loop is closed: nobody is listening any more
+                pass
 
     def _deliver(self, deltas: list[GenerationOutput]) -> None:
         if self.engine.stats.num_steps > self._steps_seen:  # step() ran the model (not an empty schedule)
@@ -296,3 +288,4 @@ class AsyncLLMEngine:
             stream.put(error)
         self._streams.clear()
         self._per_client.clear()
+

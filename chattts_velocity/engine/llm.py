@@ -4,14 +4,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import torch
-
 from chattts_velocity.assets import AssetPaths
 from chattts_velocity.config import ModelConfig
+from chattts_velocity.engine.collect import Collectors
 from chattts_velocity.engine.core.llm_engine import LLMEngine
 from chattts_velocity.engine.progress import progress_bar
 from chattts_velocity.model import Embed
-from chattts_velocity.schema import FinishReason, GenerationOutput, Prompt, SamplingParams, raise_first_error
+from chattts_velocity.schema import GenerationOutput, Prompt, SamplingParams, raise_first_error
 
 
 class LLM:
@@ -101,58 +100,27 @@ class LLM:
     def _drive(self, ids: list[str], params_list: list[SamplingParams], progress: bool,
                should_stop: Callable[[], bool] | None) -> Iterator[tuple[str, GenerationOutput]]:
         hidden_size = self.engine.config.hidden_size
-        collected = {rid: _Collector(rid, hidden_size if sp.return_hidden else None)
-                     for rid, sp in zip(ids, params_list, strict=True)}
+        collected = Collectors()
+        for rid, sp in zip(ids, params_list, strict=True):
+            collected.add(rid, hidden_size if sp.return_hidden else None)
         total = sum(sp.max_new_token for sp in params_list)
         mode = params_list[0].mode if params_list else "code"
         with progress_bar(total, mode, "step", enabled=progress) as bar:
-            while any(not c.finished for c in collected.values()):
+            while any(not c.finished for c in collected.by_id.values()):
                 if should_stop is not None and should_stop():
                     for rid in self._abort(collected):
-                        yield rid, collected[rid].output()
+                        yield rid, collected.by_id[rid].output()
                     return
-                for delta in self.engine.step():
-                    collector = collected.get(delta.request_id)
-                    if collector is None:
-                        continue  # another consumer's request sharing this engine
-                    collector.add(delta)
-                    bar.update(len(delta.token_ids))
-                    if collector.finished:
-                        yield delta.request_id, collector.output()
+                rows, finished = collected.take(self.engine.step_deltas())
+                bar.update(rows)
+                for rid in finished:
+                    yield rid, collected.by_id[rid].output()
 
-    def _abort(self, collected: dict[str, _Collector]) -> list[str]:
+    def _abort(self, collected: Collectors) -> list[str]:
         """Abort every unfinished request (interrupt); returns their ids."""
-        aborted = [c.request_id for c in collected.values() if not c.finished]
+        collected.flush()
+        aborted = [c.request_id for c in collected.by_id.values() if not c.finished]
         for rid in aborted:
             self.engine.abort_request(rid)
-            collected[rid].finished, collected[rid].finish_reason = True, "interrupted"
+            collected.by_id[rid].finished, collected.by_id[rid].finish_reason = True, "interrupted"
         return aborted
-
-
-class _Collector:
-    """Accumulates one request's deltas into a GenerationOutput."""
-
-    def __init__(self, request_id: str, hidden_size: int | None) -> None:
-        self.request_id, self.hidden_size = request_id, hidden_size
-        self.tokens: list[torch.Tensor] = []
-        self.hidden: list[torch.Tensor] = []
-        self.finished = False
-        self.finish_reason: FinishReason | None = None
-        self.error: Exception | None = None
-        self.rows: int | None = None
-
-    def add(self, delta: GenerationOutput) -> None:
-        self.rows = delta.token_ids.shape[1]
-        if len(delta.token_ids):
-            self.tokens.append(delta.token_ids)
-            if delta.hidden is not None:
-                self.hidden.append(delta.hidden)
-        self.finished, self.finish_reason, self.error = delta.finished, delta.finish_reason, delta.error
-
-    def output(self) -> GenerationOutput:
-        rows = self.rows or 1
-        tokens = torch.cat(self.tokens) if self.tokens else torch.zeros(0, rows, dtype=torch.int64)
-        hidden = torch.cat(self.hidden) if self.hidden else None
-        if hidden is None and self.hidden_size is not None:
-            hidden = torch.zeros(0, self.hidden_size)  # [0, H]: nothing generated
-        return GenerationOutput(self.request_id, tokens, hidden, self.finished, self.finish_reason, error=self.error)

@@ -446,14 +446,14 @@ def test_export_shard_worker_reports_lines_and_survives_a_failing_step(tiny_asse
     assert [first[k].error is None for k in range(3)] == [True, True, False] and "spk_emb" in first[2].error
     assert_clip(len(parse_wav(first[0].wav)), 8) and first[0].seconds == len(parse_wav(first[0].wav)) / 24000
     engine = worker.chat.engine()
-    real_step = engine.step
+    real_step = engine.step_deltas
 
     def failing_step() -> list:
         raise RuntimeError("simulated kernel failure")
 
-    engine.step = failing_step  # every batch fails, then every line alone: each line reports it
+    engine.step_deltas = failing_step  # every batch fails, then every line alone: each line reports it
     second = run()
     assert all("simulated kernel failure" in second[k].error for k in (0, 1))
-    engine.step = real_step
+    engine.step_deltas = real_step
     third = run()
     assert [third[k].wav for k in (0, 1)] == [first[k].wav for k in (0, 1)]  # same weights, seeds, batch: same bytes

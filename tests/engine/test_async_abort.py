@@ -8,6 +8,7 @@ import pytest
 from chattts_velocity import load_pretrained
 from chattts_velocity.assets import AssetPaths
 from chattts_velocity.engine.async_engine import AsyncLLMEngine
+from chattts_velocity.engine.core.step import StepDeltas
 from chattts_velocity.schema import GenerationOutput, Prompt, SamplingParams
 from chattts_velocity.text import Tokenizer
 
@@ -71,15 +72,15 @@ def test_abort_on_the_final_step_or_twice_or_unknown_changes_nothing(engine, pro
 
 
 def test_a_step_that_raises_fails_its_requests_and_the_loop_serves_on(engine, prompt, monkeypatch) -> None:
-    real_step, calls = engine.engine.step, []
+    real_step, calls = engine.engine.step_deltas, []
 
-    def step_failing_once() -> list[GenerationOutput]:
+    def step_failing_once() -> StepDeltas:
         calls.append(1)
         if len(calls) == 3:
             raise RuntimeError("injected fault")
         return real_step()
 
-    monkeypatch.setattr(engine.engine, "step", step_failing_once)
+    monkeypatch.setattr(engine.engine, "step_deltas", step_failing_once)
 
     async def main() -> list:
         first = await asyncio.gather(consume(engine, prompt, forced(20), None),

@@ -122,6 +122,7 @@ class StepGraphs:
         self.graphs: dict[int, tuple[Any, tuple[torch.Tensor, torch.Tensor]]] = {}
         self.filled: dict[int, DecodeBatch] = {}  # size -> the batch whose fixed parameters are in its buffers
         self.blocks: dict[int, tuple[DecodeBatch, np.ndarray]] = {}  # size -> a batch's host per-step block
+        self.masked: dict[int, bool] = {}  # size -> its block's EOS mask has a row set
         self.pool: Any = None
 
     def covers(self, batch: int) -> bool:
@@ -190,17 +191,21 @@ class StepGraphs:
         block = self.blocks.get(size)
         if block is None or block[0] is not state:
             block = (state, np.zeros(inputs.per_step.shape[0], dtype=np.int64))
+            self.masked.pop(size, None)
             block[1][2 * size + size * rows:].fill(-1)
             block[1][-size * rows:] = window - 1
             self.blocks[size] = block
         values = block[1]
-        values[:num] = state.lengths - 1 + ahead
+        values[:num] = state.positions(ahead)
         values[size: size + num] = state.noise_seeds(ahead).view(np.int64)
         columns = values.shape[0] - size * rows  # where the ring columns start
-        values[columns: columns + num * rows] = np.repeat(state.ring_columns(ahead, window - 1), rows)
-        below = state.generated + ahead < state.min_new
-        if below.any() or values[2 * size: 2 * size + num * rows].any():
-            values[2 * size: 2 * size + num * rows] = np.repeat(below, rows)
+        values[columns: columns + num * rows].reshape(num, rows)[:] = state.ring_columns(ahead, window - 1)[:, None]
+        below, mask = state.below_min(ahead), values[2 * size: 2 * size + num * rows]
+        if below is not None:
+            mask.reshape(num, rows)[:] = below[:, None]
+            self.masked[size] = True
+        elif self.masked.pop(size, False):
+            mask.fill(0)
         history = values[2 * size + size * rows: -size * rows].reshape(size * rows, window)
         history[: num * rows, : state.history.shape[2]] = state.history.reshape(num * rows, -1)
         self.staging.send(values, inputs.per_step)

@@ -113,9 +113,10 @@ class BlockManager:
         """True when position len(seq)-1 has a slot or one free block can provide it."""
         return seq.num_blocks(self.block_size) <= len(seq.block_table) or self.available_to(seq) > 0
 
-    def append_slot(self, seq: Sequence, ahead: int = 0) -> None:
-        """Make sure position len(seq)-1+ahead has a slot (a new block when it crosses a boundary)."""
-        missing = -(-(len(seq) + ahead) // self.block_size) - len(seq.block_table)
+    def append_slot(self, seq: Sequence, ahead: int = 0, length: int | None = None) -> None:
+        """Make sure position length-1+ahead has a slot (a new block when it crosses a boundary); length: len(seq)
+        unless given (a persistent batch's, whose sequences hold their rows only after its sync)."""
+        missing = -(-((len(seq) if length is None else length) + ahead) // self.block_size) - len(seq.block_table)
         if missing > 1:
             raise RuntimeError(f"append_slot: {seq.request_id} is {missing} blocks short; allocate() first")
         if missing == 1:

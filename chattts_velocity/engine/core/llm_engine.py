@@ -1,7 +1,8 @@
 """Engine stage: LLMEngine — add requests, step (schedule -> run -> postprocess), abort, stats.
 
-In: (request_id, Prompt, SamplingParams). Out: per step, one GenerationOutput *delta* per request
-that sampled or finished: the new token rows [n, rows] (n = 0 or 1) and their hidden states [n, H].
+In: (request_id, Prompt, SamplingParams). Out: per step, StepDeltas (engine/core/step.py): a steady step's new rows
+as one block, every other delta one by one; step() gives them as one GenerationOutput *delta* per request that sampled
+or finished: the new token rows [n, rows] (n = 0 or 1) and their hidden states [n, H].
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from chattts_velocity.assets import AssetPaths
@@ -19,13 +21,12 @@ from chattts_velocity.config import EngineConfig, ModelConfig
 from chattts_velocity.engine.beams.velocity import BeamSearch
 from chattts_velocity.engine.core.admission import check_fits
 from chattts_velocity.engine.core.block_manager import BlockManager
-from chattts_velocity.engine.core.decode_batch import DecodeBatch
 from chattts_velocity.engine.core.model_runner import ModelRunner
 from chattts_velocity.engine.core.overlap import InFlight
 from chattts_velocity.engine.core.retry import RetryOnEmpty
 from chattts_velocity.engine.core.scheduler import Scheduler
 from chattts_velocity.engine.core.sequence import Sequence, SequenceStatus
-from chattts_velocity.engine.core.step import ScheduledBatch, StepOutput
+from chattts_velocity.engine.core.step import ScheduledBatch, SteadyRows, StepDeltas, StepOutput
 from chattts_velocity.engine.loading.kv_sizing import kv_cache_blocks
 from chattts_velocity.engine.loading.weights import load_weights, pack_for
 from chattts_velocity.model import ChatTTSLlama, Embed
@@ -46,7 +47,7 @@ class EngineStats:
     busy_seconds: float = 0.0
     last_batch_size: int = 0
     last_step_seconds: float = 0.0
-    batch_sizes: list[int] = field(default_factory=list)  # recent steps' batch sizes (bounded)
+    batch_sizes: list[int] = field(default_factory=list)  # recent steps' batch sizes (the last 256 to 512)
 
 
 class LLMEngine:
@@ -109,13 +110,17 @@ class LLMEngine:
         return self.scheduler.has_unfinished() or self.in_flight is not None
 
     def step(self) -> list[GenerationOutput]:
+        """One step's deltas, one per request (StepDeltas.outputs)."""
+        return self.step_deltas().outputs()
+
+    def step_deltas(self) -> StepDeltas:
         """One step's deltas. With the runner's overlap on, a steady step is launched, then the next one (when the
         batch stays), then the first one's tokens are read: each call returns the deltas of one step."""
         step, self.in_flight = self.in_flight, None
         if step is None:
             batch = self.scheduler.schedule()
             if not batch.seqs:
-                return []
+                return StepDeltas()
             if not (self.runner.overlap and batch.steady is not None):
                 return self._run(batch)
             try:
@@ -136,7 +141,7 @@ class LLMEngine:
             self.block_manager.release()  # nothing in flight: held blocks go back to the pool
         return self._finish(step.batch, out, step.start)
 
-    def _run(self, batch: ScheduledBatch) -> list[GenerationOutput]:
+    def _run(self, batch: ScheduledBatch) -> StepDeltas:
         """A step run synchronously: launched, its tokens read, the sequences updated."""
         start = time.perf_counter()
         try:
@@ -145,17 +150,31 @@ class LLMEngine:
             return self._failed_step(batch, exc)
         return self._finish(batch, out, start)
 
-    def _finish(self, batch: ScheduledBatch, out: StepOutput, start: float) -> list[GenerationOutput]:
+    def _finish(self, batch: ScheduledBatch, out: StepOutput, start: float) -> StepDeltas:
         failed = self._fail([(batch.seqs[b], error) for b, error in out.failed.items()])
         self._record(batch, self._sampled_rows(batch), time.perf_counter() - start)
         finished = self.scheduler.postprocess(batch, out)
-        return self.beams.after_step(batch, out, failed + self._deltas(batch, out, finished))
+        if batch.steady is None:  # a general step (or the batch changed while it ran): per sequence
+            return StepDeltas(others=self.beams.after_step(batch, out, failed + self._deltas(batch, out, finished)))
+        state = batch.steady
+        deltas = StepDeltas(SteadyRows(state.request_ids, out.tokens, out.hidden if state.any_hidden else None,
+                                       state.keeps_hidden, state.generated.copy()))
+        if len(state.ended):  # the slots that ended, one by one; the block keeps the others' rows
+            ended = state.ended.tolist()
+            done = {seq.request_id for seq in finished if not self._retry(seq)}
+            deltas.ended = [(b, self._delta(state.seqs[b], b, out)) for b in ended
+                            if state.seqs[b].request_id in done]
+            deltas.steady.live = np.ones(len(state), dtype=bool)  # type: ignore[union-attr]  # set above
+            deltas.steady.live[ended] = False  # type: ignore[union-attr]
+        deltas.others = self.beams.after_step(batch, out, failed)
+        return deltas
 
-    def _failed_step(self, batch: ScheduledBatch, exc: Exception) -> list[GenerationOutput]:
+    def _failed_step(self, batch: ScheduledBatch, exc: Exception) -> StepDeltas:
         logger.exception("engine step failed; failing its %d request(s), serving the others", batch.num_seqs)
         error = f"engine: a step failed ({exc!r}); this request was in it"
         live = [seq for seq in batch.seqs if not seq.status.is_finished]
-        return self.beams.after_step(batch, None, self._fail([(seq, RuntimeError(error)) for seq in live]))
+        return StepDeltas(others=self.beams.after_step(batch, None,
+                                                       self._fail([(seq, RuntimeError(error)) for seq in live])))
 
     def _fail(self, failures: list[tuple[Sequence, Exception]]) -> list[GenerationOutput]:
         """Abort each sequence (its blocks are freed) and hand its error on as its last delta."""
@@ -164,34 +183,23 @@ class LLMEngine:
         return [GenerationOutput.failed(seq.request_id, error) for seq, error in failures]
 
     def _deltas(self, batch: ScheduledBatch, out: StepOutput, finished: list[Sequence]) -> list[GenerationOutput]:
-        if batch.steady is not None and not finished:
-            return _steady_deltas(batch.steady, out)
         done = {seq.request_id for seq in finished if not self._retry(seq)}
-        outputs = []
-        # one [1, rows] / [1, H] view per sequence from one unbind each (per-row slicing costs a few us a row)
-        token_rows = out.tokens.unsqueeze(1).unbind(0)
-        hidden_rows = out.hidden.unsqueeze(1).unbind(0) if out.hidden is not None else None
-        width = out.tokens.shape[1]
-        for b, seq in enumerate(batch.seqs):
-            if not batch.sample[b]:
-                continue
-            status = seq.status
-            ended = status.is_finished
-            if ended and seq.request_id not in done:
-                continue
-            generated = len(seq.generated)
-            appended = generated > 0 and status is not SequenceStatus.FINISHED_EOS
-            hidden = hidden_rows[b] if (appended and seq.params.return_hidden and hidden_rows) else None
-            tokens = token_rows[b] if appended else out.tokens[:0]
-            outputs.append(GenerationOutput(
-                request_id=seq.request_id,
-                token_ids=tokens if seq.num_rows == width else tokens[:, : seq.num_rows],  # [n, rows]
-                hidden=hidden,  # [n, H]
-                finished=ended,
-                finish_reason=seq.finish_reason if ended else None,
-                extra={"num_generated": generated},
-            ))
-        return outputs
+        return [self._delta(seq, b, out) for b, seq in enumerate(batch.seqs)
+                if batch.sample[b] and (not seq.status.is_finished or seq.request_id in done)]
+
+    @staticmethod
+    def _delta(seq: Sequence, b: int, out: StepOutput) -> GenerationOutput:
+        """Sequence b's delta of a step it sampled in: its new row [1, rows] (none when it ended at EOS) and the
+        hidden state [1, H] that predicted it."""
+        status = seq.status
+        ended = status.is_finished
+        generated = seq.num_generated
+        appended = generated > 0 and status is not SequenceStatus.FINISHED_EOS
+        tokens = out.tokens[b: b + 1, : seq.num_rows] if appended else out.tokens[:0, : seq.num_rows]
+        hidden = out.hidden[b: b + 1] if appended and seq.params.return_hidden and out.hidden is not None else None
+        return GenerationOutput(request_id=seq.request_id, token_ids=tokens, hidden=hidden, finished=ended,
+                                finish_reason=seq.finish_reason if ended else None,
+                                extra={"num_generated": generated})
 
     def _retry(self, seq: Sequence) -> bool:
         """Queue the request again when upstream's ensure_non_empty asks for it (engine/core/retry.py)."""
@@ -205,18 +213,20 @@ class LLMEngine:
         was aborted with the step before it (or while it ran), and that row is dropped."""
         if batch.ahead and self.scheduler.changed:
             return sum(seq.status is SequenceStatus.RUNNING for seq in batch.seqs)
-        return sum(batch.sample)
+        return batch.num_seqs if batch.steady is not None else sum(batch.sample)
 
     def _record(self, batch: ScheduledBatch, sampled: int, seconds: float) -> None:
         s = self.stats
         s.num_steps += 1
-        s.num_tokens_computed += batch.num_tokens
+        s.num_tokens_computed += batch.num_seqs if batch.steady is not None else batch.num_tokens
         s.num_tokens_sampled += sampled
         s.num_steady_steps += batch.steady is not None
         s.num_ahead_steps += batch.ahead
         s.busy_seconds += seconds
         s.last_batch_size, s.last_step_seconds = batch.num_seqs, seconds
-        s.batch_sizes = (s.batch_sizes + [batch.num_seqs])[-256:]
+        s.batch_sizes.append(batch.num_seqs)
+        if len(s.batch_sizes) > 512:  # keep the last 256 (trimmed now and then, not copied every step)
+            del s.batch_sizes[:-256]
 
     def metrics(self) -> dict[str, float | str]:
         return {
@@ -231,11 +241,3 @@ class LLMEngine:
         }
 
 
-
-def _steady_deltas(state: DecodeBatch, out: StepOutput) -> list[GenerationOutput]:
-    """_deltas of a persistent-batch step where no sequence ended: one new row per slot (and the [1, H] hidden
-    views the sequences kept)."""
-    tokens = out.tokens.unsqueeze(1).unbind(0)  # [1, rows] views
-    return [GenerationOutput(rid, row, hidden, False, None, {"num_generated": count})
-            for rid, row, hidden, count in zip(state.request_ids, tokens, state.step_hidden, state.generated.tolist(),
-                                               strict=True)]

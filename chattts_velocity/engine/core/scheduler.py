@@ -13,7 +13,7 @@ import torch
 from chattts_velocity.config import EngineConfig
 from chattts_velocity.engine.core.admission import admission_order, blocks_for_admission, check_fits, seats_in_use
 from chattts_velocity.engine.core.block_manager import BlockManager
-from chattts_velocity.engine.core.decode_batch import DecodeBatch, eligible
+from chattts_velocity.engine.core.decode_batch import EMPTY, DecodeBatch, eligible
 from chattts_velocity.engine.core.sequence import Sequence, SequenceStatus
 from chattts_velocity.engine.core.step import ScheduledBatch, StepOutput
 
@@ -74,6 +74,7 @@ class Scheduler:
         if seq is None:
             return False
         self._changed = True
+        self._sync(self.steady)
         if seq in self.waiting:
             self.waiting.remove(seq)
         if seq in self.running:
@@ -109,6 +110,7 @@ class Scheduler:
         steady = self._schedule_steady()
         if steady is not None:
             return steady
+        self._sync(self.steady)
         budget = self.config.max_num_batched_tokens
         chosen: list[tuple[Sequence, int]] = []
         preempted = False
@@ -139,10 +141,8 @@ class Scheduler:
     def _schedule_steady(self) -> ScheduledBatch | None:
         """The step the loop above would schedule for an unchanged set of decoding sequences, from the persistent
         batch's arrays; None when it does not apply (anything changed, or the pool is short of blocks)."""
-        state = self.steady
-        if state is None or self._changed or self.waiting:
-            return None
-        return self._steady_batch(state, 0)
+        unchanged = self.steady is not None and not self._changed and not self.waiting
+        return self._steady_batch(self.steady, 0) if unchanged else None  # type: ignore[arg-type]  # not None
 
     def schedule_ahead(self, state: DecodeBatch) -> ScheduledBatch | None:
         """The steady step after the one in flight on `state`, before that one's tokens are read (its sequences are
@@ -158,13 +158,12 @@ class Scheduler:
         if len(grow) > self.block_manager.num_unreserved_blocks:
             return None  # the loop in schedule() preempts
         for b in grow.tolist():
-            self.block_manager.append_slot(state.seqs[b], ahead)
+            self.block_manager.append_slot(state.seqs[b], ahead, int(state.lengths[b]))
         state.grown = grow
         n = len(state)
         return ScheduledBatch(seqs=state.seqs, num_new_tokens=[1] * n,
                               num_computed_tokens=(state.lengths - 1 + ahead).tolist(), is_prefill=[False] * n,
                               sample=[True] * n, steady=state, ahead=ahead)
-
 
     def _reserve_slot(self, seq: Sequence, scheduled: set[Sequence]) -> bool:
         """Get seq's next KV slot, preempting other unscheduled runners; False if seq itself went."""
@@ -229,10 +228,12 @@ class Scheduler:
 
     def postprocess(self, batch: ScheduledBatch, out: StepOutput) -> list[Sequence]:
         """Advance the KV counters, append sampled tokens, apply finish rules; returns finished seqs."""
-        if list(out.sampled) != batch.sample:
-            raise RuntimeError(f"StepOutput.sampled {out.sampled} != ScheduledBatch.sample {batch.sample}")
         if batch.steady is not None and batch.steady is self.steady and not self._changed:
             return self._postprocess_steady(batch.steady, out)
+        if list(out.sampled) != batch.sample:
+            raise RuntimeError(f"StepOutput.sampled {out.sampled} != ScheduledBatch.sample {batch.sample}")
+        self._sync(batch.steady)
+        self._sync(self.steady)
         batch.steady = None  # the batch changed while the step ran: its deltas too come per sequence
         tokens = out.tokens.tolist() if any(batch.sample) else []
         hiddens = out.hidden.unbind(0) if out.hidden is not None else [None] * batch.num_seqs  # [H] views
@@ -251,29 +252,34 @@ class Scheduler:
         return finished
 
     def _postprocess_steady(self, state: DecodeBatch, out: StepOutput) -> list[Sequence]:
-        """postprocess for the persistent batch: the sequences that go on append in one loop, the few that end go
-        through the per-sequence rules."""
+        """postprocess of a persistent batch: the step goes to its log; an ending slot takes the per-sequence rules."""
         tokens = out.tokens.numpy()  # [B, rows] int64
         done = state.finished(tokens)
-        rows = list(map(tuple, tokens.tolist()))
-        computed = state.lengths.tolist()  # every new position is computed
+        full = state.lengths % self.block_manager.block_size == 0  # a block filled with this step
+        state.advance(tokens, out.hidden)
+        state.ended = np.flatnonzero(done) if done.any() else EMPTY
+        filled = np.flatnonzero(full & ~done) if self.block_manager.enable_prefix_caching and full.any() else EMPTY
+        if len(state.ended):
+            state.sync(done)
+        elif len(filled):
+            state.sync_rows(filled)  # only their rows, for the block hashes
+        for b in filled.tolist():
+            self.block_manager.cache_computed_blocks(state.seqs[b])
         finished = []
-        for b in np.flatnonzero(done).tolist() if done.any() else ():
+        for b in state.ended.tolist():
             seq = state.seqs[b]
-            seq.num_computed_tokens = computed[b]
+            seq.num_computed_tokens = len(seq)  # the position fed this step is computed too
             self.block_manager.cache_computed_blocks(seq)
-            status = self._append(seq, rows[b], out.hidden[b] if out.hidden is not None else None)
+            status = self._append(seq, tuple(tokens[b].tolist()), out.hidden[b] if out.hidden is not None else None)
             if status is not None:
                 self._finish(seq, status)
                 finished.append(seq)
-        live = ~done if finished else None
-        Sequence.append_rows(state.seqs, rows, computed, state.hidden_rows(out.hidden), live)
-        full = state.lengths % self.block_manager.block_size == 0  # a block filled with this step
-        if self.block_manager.enable_prefix_caching and full.any():
-            for b in np.flatnonzero(full if live is None else full & live).tolist():
-                self.block_manager.cache_computed_blocks(state.seqs[b])
-        state.advance(tokens)
         return finished
+
+    @staticmethod
+    def _sync(state: DecodeBatch | None) -> None:
+        if state is not None:  # its logged steps reach its sequences before anything reads or changes one of them
+            state.sync()
 
     @staticmethod
     def _append(seq: Sequence, token: tuple[int, ...], hidden: torch.Tensor | None) -> SequenceStatus | None:

@@ -7,13 +7,24 @@ from __future__ import annotations
 
 import array
 import hashlib
-import itertools
 from enum import Enum
+from typing import Protocol
 
 import numpy as np
 import torch
 
 from chattts_velocity.schema import FinishReason, Prompt, SamplingParams
+
+
+class StepLog(Protocol):
+    """Where a persistent batch keeps its steps until its sequences take them (engine/core/decode_batch.py)."""
+
+    @property
+    def pending(self) -> bool: ...
+
+    def rows_behind(self, slot: int) -> bool: ...
+
+    def sync(self) -> None: ...
 
 
 class SequenceStatus(Enum):
@@ -55,12 +66,15 @@ class Sequence:
         self.is_text = params.mode == "text"
         self.num_rows = 1 if self.is_text else self.num_vq  # sampled rows per step
         params.temperatures(self.num_rows)  # a ValueError at add time, not in a step, if the count does not fit
-        self.generated: list[tuple[int, ...]] = []  # [G][num_rows]
-        self.generated_flat = array.array("q")  # [G * num_rows] the same ids, flat (the sampler's penalty history)
-        # [H] or [1, H] per kept generated token: views of the step outputs (no copy per step), joined on demand
+        self._generated: list[tuple[int, ...]] = []  # [G][num_rows]
+        self._generated_flat = array.array("q")  # [G * num_rows] the same ids, flat (the sampler's penalty history)
+        self.log: StepLog | None = None  # the persistent batch that may hold steps of this sequence not yet here
+        self.log_slot = 0  # this sequence's slot in it
+        # [H] per kept generated token, or [t, H] per run of steps on a persistent batch: views of the step outputs
+        # (no copy per step), joined on demand
         self._hidden: list[torch.Tensor] = []
         self.status = SequenceStatus.WAITING
-        self.num_computed_tokens = 0  # positions whose KV is in the cache
+        self._num_computed_tokens = 0  # positions whose KV is in the cache
         self.num_cached_tokens = 0  # positions served by the prefix cache at the last allocate()
         self.block_table: list[int] = []
         self.seed: int | None = params.seed  # the scheduler draws one at add() when None
@@ -75,6 +89,41 @@ class Sequence:
             f"Sequence({self.request_id!r}, {self.status.name}, len={len(self)}, "
             f"computed={self.num_computed_tokens}, blocks={self.block_table})"
         )
+
+    def _pull(self) -> None:
+        """The steps a persistent batch logged reach this sequence (and its batch-mates) before anything reads it."""
+        if self.log is not None and self.log.pending:
+            self.log.sync()
+
+    def _pull_rows(self) -> None:
+        """As _pull, where this sequence's rows are behind (its hidden states may wait)."""
+        if self.log is not None and self.log.rows_behind(self.log_slot):
+            self.log.sync()
+
+    @property
+    def generated(self) -> list[tuple[int, ...]]:
+        self._pull_rows()
+        return self._generated
+
+    @generated.setter
+    def generated(self, rows: list[tuple[int, ...]]) -> None:
+        self._pull()
+        self._generated = rows
+
+    @property
+    def generated_flat(self) -> array.array[int]:
+        self._pull_rows()
+        return self._generated_flat
+
+    @property
+    def num_computed_tokens(self) -> int:
+        self._pull_rows()
+        return self._num_computed_tokens
+
+    @num_computed_tokens.setter
+    def num_computed_tokens(self, value: int) -> None:
+        self._pull()
+        self._num_computed_tokens = value
 
     @property
     def num_generated(self) -> int:
@@ -137,9 +186,10 @@ class Sequence:
 
     def hidden_states(self) -> torch.Tensor | None:
         """[G, H]; row k is the state that predicted generated token k. None if none kept."""
+        self._pull()
         if not self._hidden:
             return None
-        return torch.cat([h.view(1, -1) for h in self._hidden])
+        return torch.cat([h.reshape(-1, h.shape[-1]) for h in self._hidden])
 
     def append_token(self, token: tuple[int, ...], hidden: torch.Tensor | None) -> None:
         """Record one sampled token ([num_rows] ids) and the hidden state [H] that predicted it."""
@@ -150,19 +200,19 @@ class Sequence:
         self.generated.append(token)
         self.generated_flat.extend(token)
 
-    @staticmethod
-    def append_rows(seqs: list[Sequence], rows: list[tuple[int, ...]], computed: list[int],
-                    hidden: list[torch.Tensor | None], live: np.ndarray | None = None) -> None:
-        """A steady decode step: seqs[b] appends rows[b] ([num_rows] ids) and hidden[b] ([1, H], None: not kept), and
-        has computed[b] positions in the cache; only where live[b] when given. One tight loop, no checks: the persistent
-        batch checked the shapes and who keeps hidden states once."""
-        items = zip(seqs, rows, computed, hidden, strict=True)
-        for seq, row, done, state in (items if live is None else itertools.compress(items, live.tolist())):
-            seq.generated.append(row)
-            seq.generated_flat.extend(row)
-            seq.num_computed_tokens = done
-            if state is not None:
-                seq._hidden.append(state)
+    def extend_rows(self, rows: np.ndarray, hidden: torch.Tensor | None) -> None:
+        """Steps run on a persistent batch (engine/core/decode_batch.py): rows [t, num_rows] int64 (C-contiguous)
+        and the hidden states [t', H] of the steps whose hidden states come now (None: none kept; rows may come
+        ahead of their hidden states); every position but the newest is computed. No checks: the persistent batch
+        checked the shapes once."""
+        if hidden is not None and len(hidden) and self.params.return_hidden:
+            self._hidden.append(hidden)
+        if not len(rows):
+            return
+        self._generated.extend(map(tuple, rows.tolist()))
+        self._generated_flat.frombytes(rows.tobytes())
+        if self.status is SequenceStatus.RUNNING:
+            self._num_computed_tokens = self.num_prompt_tokens + len(self._generated) - 1
 
 
 def _cache_salt(prompt: Prompt) -> bytes:
