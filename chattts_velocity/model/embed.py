@@ -28,7 +28,7 @@ def _effective_weight(linear: nn.Module) -> torch.Tensor:
     return torch._weight_norm(v, g, 0)  # [num_out, hidden]
 
 
-_BLAS_MIN_ROWS = 16  # logits_rowwise's BLAS GEMM: fewer rows are padded to this many
+BLAS_MIN_ROWS = 16  # logits_rowwise's BLAS GEMM: fewer rows are padded to this many
 
 
 def _cpu_heads(hidden: torch.Tensor) -> Any:
@@ -196,7 +196,7 @@ class Embed(nn.Module):
         """The engine's heads: as code_logits ("code", [N, num_vq, V_audio]) or text_logits ("text", [N, V_text]), but
         a row's logits do not depend on the other rows (the seed contract): head_gemm where the backend set one; on
         CPU the C++ kernels' head_linear where they are loaded (float32, one fixed summation order per output);
-        else one BLAS GEMM against the transposed weight over at least _BLAS_MIN_ROWS rows (MKL's kernels for 1-3,
+        else one BLAS GEMM against the transposed weight over at least BLAS_MIN_ROWS rows (MKL's kernels for 1-3,
         5-7 and 9-11 rows sum in other orders than for 4, 8 or 12 and more: padding costs nothing at these sizes,
         where the weight's bytes take the time).
         They may differ from code_logits/text_logits in the last bits.
@@ -207,8 +207,8 @@ class Embed(nn.Module):
         elif (ops := _cpu_heads(hidden)) is not None:
             logits = ops.head_linear(hidden, self._head_weight(name, hidden.dtype, hidden.device))
         else:
-            padded = hidden if rows >= _BLAS_MIN_ROWS or rows == 0 else torch.cat(
-                [hidden, hidden[:1].expand(_BLAS_MIN_ROWS - rows, -1)])
+            padded = hidden if rows >= BLAS_MIN_ROWS or rows == 0 else torch.cat(
+                [hidden, hidden[:1].expand(BLAS_MIN_ROWS - rows, -1)])
             logits = (padded @ self._head_weight(f"{name}_t", hidden.dtype, hidden.device))[:rows].float()
         return logits.view(rows, self.num_vq, self.num_audio_tokens) if name == "code" else logits
 

@@ -24,6 +24,7 @@ from chattts_velocity.engine.sampling import logits_processors as lp
 from chattts_velocity.engine.sampling.device_sampler import DeviceSampler
 from chattts_velocity.engine.sampling.sampler import Sampler
 from chattts_velocity.model import DecodeMetadata, Embed
+from chattts_velocity.model.embed import BLAS_MIN_ROWS
 
 
 @dataclass
@@ -48,8 +49,8 @@ class StepInputs:
     mask_eos: torch.Tensor  # [R] int64, 1 = EOS forbidden (view)
     history: torch.Tensor  # [R, window] int64, -1 = empty (view)
     ring_cols: torch.Tensor  # [R] int64: the history column the row's input id (ids) goes to (view)
-    hidden: torch.Tensor  # [max(2, size), H] float32: the last hidden states; rows past size stay 0 (the heads' GEMM
-    # has at least two rows, the row-invariant BLAS path, without a copy)
+    hidden: torch.Tensor  # [max(BLAS_MIN_ROWS, size), H] float32: the last hidden states; rows past size stay 0 (the
+    # heads' BLAS GEMM gets the rows of its row-invariant path without a copy)
 
     @classmethod
     def allocate(cls, size: int, width: int, rows: int, window: int, num_vq: int, hidden_size: int, pad_block: int,
@@ -65,7 +66,7 @@ class StepInputs:
                      zeros(torch.float32, num) + 1, zeros(torch.int64, num), per_step, per_step[:size],
                      per_step[size: 2 * size], per_step[2 * size: 2 * size + num],
                      per_step[2 * size + num: -num].view(num, window), per_step[-num:],
-                     zeros(torch.float32, max(2, size), hidden_size))
+                     zeros(torch.float32, max(BLAS_MIN_ROWS, size), hidden_size))
         inputs.history.fill_(-1)
         inputs.ring_cols.fill_(window - 1)
         return inputs
