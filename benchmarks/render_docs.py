@@ -50,6 +50,8 @@ def renderers(results: Path) -> dict[str, Callable[[], str]]:
         for part, render_one in (("targets", tables.targets_table), ("throughput", tables.throughput_table),
                                  ("streams", tables.streams_table), ("probes", tables.probes_line)):
             found[f"{kind}.{part}"] = partial(tables.from_json, render_one, results, f"cpu_{kind}")
+    for kind in tables.host_kinds(results, "cpu_"):
+        found[f"{kind}.stages"] = partial(stages_for, results, kind)
     for kind in tables.host_kinds(results, "llamacpp_"):
         found[f"{kind}.llamacpp"] = partial(tables.llamacpp_table, results, kind)
     for kind in tables.host_kinds(results, "isa_"):
@@ -61,6 +63,12 @@ def renderers(results: Path) -> dict[str, Callable[[], str]]:
     for kind in tables.host_kinds(results, "serve_"):
         found[f"serve-{kind}"] = partial(tables.from_json, tables.serve_table, results, f"serve_{kind}")
     return found
+
+
+def stages_for(results: Path, kind: str) -> str:
+    llamacpp = results / f"llamacpp_{kind}.json"
+    return tables.stages_table(tables.load(results, f"cpu_{kind}"),
+                               tables.load(results, f"llamacpp_{kind}") if llamacpp.exists() else None)
 
 
 def render(text: str, results: Path = RESULTS) -> str:

@@ -75,6 +75,24 @@ def throughput_table(run: dict) -> str:
                   "64 concurrent e2e / GPT steps/s", "Decoder+Vocos share at 32 / 64"], rows)
 
 
+def stages_table(run: dict, llamacpp: dict | None) -> str:
+    """Chat.infer end to end per stage (the run's "stages"), and its code steps/s against llama.cpp's decode alone
+    at the same bytes per weight (prefill excluded there, included here)."""
+    rows = []
+    for dtype, m in run["measured"].items():
+        if not isinstance(m, dict) or "stages" not in m:
+            continue
+        for n, st in sorted(m["stages"].items(), key=lambda item: int(item[0])):
+            e2e = st["concurrency"] * st["steps"] / st["wall_s"]
+            theirs = (llamacpp or {}).get("llama_cpp_tokens_per_s", {}).get(LLAMA_PAIRS.get(dtype, ""), {}).get(n)
+            share = st["share"]
+            rows.append([dtype, n, f"{e2e:.1f}", f"{e2e / theirs:.2f}x" if theirs else "-",
+                         *[f"{share[k]:.1%}" for k in ("gpt_prefill", "gpt_decode", "decoder", "vocos", "python")],
+                         f"**{st['non_gpt_share']:.1%}**"])
+    return table(["precision", "texts", "e2e steps/s", "vs llama.cpp decode", "GPT prefill", "GPT decode", "Decoder",
+                  "Vocos", "Python and the rest", "not GPT"], rows)
+
+
 def streams_table(run: dict) -> str:
     rows = [[name, f"{s['ttfa_alone_s']:.2f}", f"{s['ttfa_among_16_s']:.2f}", f"{s['first_chunk_error']:.1e}"]
             for name, s in run["measured"]["streams"].items()]
