@@ -15,7 +15,7 @@ import torch
 from chattts_velocity.config import EngineConfig, ModelConfig
 from chattts_velocity.devtools.launch_counter import LaunchCounter
 from chattts_velocity.engine.core.llm_engine import LLMEngine
-from chattts_velocity.model import ChatTTSLlama, Embed
+from chattts_velocity.model import ChatTTSLlama, Embed, kernels
 from chattts_velocity.model.kernels.triton import available
 from chattts_velocity.schema import Prompt, SamplingParams
 
@@ -27,6 +27,12 @@ CHATTTS_LAYERS, TARGET = 20, 110
 # softmax, top-p + top-k, the draw), the per-step host-to-device copy and the copy of the hidden states: a ceiling
 OUTSIDE_LAYERS_MAX = 10
 PER_LAYER_MAX = 5  # norm->q|k|v+RoPE+KV store, attention, o+residual, norm->gate|up+SiLU*up, down+residual
+
+
+@pytest.fixture(autouse=True)
+def gpu_heads_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The heads as a GPU runs them (one GEMM launch): not the C++ CPU heads, which an earlier test may have loaded."""
+    monkeypatch.setattr(kernels, "active_ops", None)
 
 
 def _steady_step_launches(layers: int, batch: int, dtype: str = "float32") -> LaunchCounter:
