@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from chattts_velocity.engine.core.sequence import Sequence
+from chattts_velocity.engine.core.sequence import LoggedHidden, Sequence
 
 MASK64 = (1 << 64) - 1
 EMPTY = np.empty(0, dtype=np.int64)
@@ -177,14 +177,13 @@ class DecodeBatch:
             return
         self.synced = end
         per_slot = np.ascontiguousarray(self.log[start:end].transpose(1, 0, 2))  # [B, t, rows]
-        hidden = None
-        if len(self.log_hidden) == end - start:  # every step kept them
-            hidden = torch.stack(self.log_hidden, 1)  # [B, t, H]
-        self.log_hidden = []  # (the sequences hold views of the stack, not the step tensors)
+        hidden = self.log_hidden if len(self.log_hidden) == end - start else None  # None: not every step kept them
+        self.log_hidden = []  # (the sequences keep the step tensors; nothing is copied)
         drop = [False] * len(self.seqs) if drop_last is None else drop_last.tolist()
         for b, (seq, short, first) in enumerate(zip(self.seqs, drop, self.rows_synced.tolist(), strict=True)):
             count = end - start - short
-            seq.extend_rows(per_slot[b, first - start: count], None if hidden is None else hidden[b, :count])
+            kept = None if hidden is None else LoggedHidden(hidden, b, count)
+            seq.extend_rows(per_slot[b, first - start: count], kept)
         self.rows_synced[:] = end
 
     def sync_rows(self, slots: np.ndarray) -> None:

@@ -27,6 +27,21 @@ class StepLog(Protocol):
     def sync(self) -> None: ...
 
 
+class LoggedHidden:
+    """Slot `slot`'s hidden states in `count` logged steps of a persistent batch (steps: [t] of [B, H]), kept as the
+    step outputs and stacked only when read: handing a batch's log to its sequences copies no hidden state."""
+
+    def __init__(self, steps: list[torch.Tensor], slot: int, count: int) -> None:
+        self.steps, self.slot, self.count = steps, slot, count
+
+    def __len__(self) -> int:
+        return self.count
+
+    def stacked(self) -> torch.Tensor:
+        """[count, H]"""
+        return torch.stack([step[self.slot] for step in self.steps[: self.count]])
+
+
 class SequenceStatus(Enum):
     WAITING = "waiting"  # also a preempted sequence waiting to be recomputed
     RUNNING = "running"
@@ -70,9 +85,9 @@ class Sequence:
         self._generated_flat = array.array("q")  # [G * num_rows] the same ids, flat (the sampler's penalty history)
         self.log: StepLog | None = None  # the persistent batch that may hold steps of this sequence not yet here
         self.log_slot = 0  # this sequence's slot in it
-        # [H] per kept generated token, or [t, H] per run of steps on a persistent batch: views of the step outputs
+        # [H] per kept generated token, or a LoggedHidden per run of steps on a persistent batch: the step outputs
         # (no copy per step), joined on demand
-        self._hidden: list[torch.Tensor] = []
+        self._hidden: list[torch.Tensor | LoggedHidden] = []
         self.status = SequenceStatus.WAITING
         self._num_computed_tokens = 0  # positions whose KV is in the cache
         self.num_cached_tokens = 0  # positions served by the prefix cache at the last allocate()
@@ -189,7 +204,8 @@ class Sequence:
         self._pull()
         if not self._hidden:
             return None
-        return torch.cat([h.reshape(-1, h.shape[-1]) for h in self._hidden])
+        parts = [h.stacked() if isinstance(h, LoggedHidden) else h.reshape(-1, h.shape[-1]) for h in self._hidden]
+        return torch.cat(parts)
 
     def append_token(self, token: tuple[int, ...], hidden: torch.Tensor | None) -> None:
         """Record one sampled token ([num_rows] ids) and the hidden state [H] that predicted it."""
@@ -200,9 +216,9 @@ class Sequence:
         self.generated.append(token)
         self.generated_flat.extend(token)
 
-    def extend_rows(self, rows: np.ndarray, hidden: torch.Tensor | None) -> None:
+    def extend_rows(self, rows: np.ndarray, hidden: LoggedHidden | None) -> None:
         """Steps run on a persistent batch (engine/core/decode_batch.py): rows [t, num_rows] int64 (C-contiguous)
-        and the hidden states [t', H] of the steps whose hidden states come now (None: none kept; rows may come
+        and the hidden states of the t' steps whose hidden states come now (None: none kept; rows may come
         ahead of their hidden states); every position but the newest is computed. No checks: the persistent batch
         checked the shapes once."""
         if hidden is not None and len(hidden) and self.params.return_hidden:
