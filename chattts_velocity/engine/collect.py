@@ -40,8 +40,8 @@ class Collector:
 
     def output(self) -> GenerationOutput:
         rows = self.rows or 1
-        tokens = torch.cat(self.tokens) if self.tokens else torch.zeros(0, rows, dtype=torch.int64)
-        hidden = torch.cat(self.hidden) if self.hidden else None
+        tokens = _joined(self.tokens) if self.tokens else torch.zeros(0, rows, dtype=torch.int64)
+        hidden = _joined(self.hidden) if self.hidden else None
         if hidden is None and self.hidden_size is not None:
             hidden = torch.zeros(0, self.hidden_size)  # [0, H]: nothing generated
         return GenerationOutput(self.request_id, tokens, hidden, self.finished, self.finish_reason, error=self.error)
@@ -56,6 +56,11 @@ class Collector:
     def pending(self) -> bool:
         """Rows not drained yet."""
         return bool(self.tokens)
+
+
+def _joined(parts: list[torch.Tensor]) -> torch.Tensor:
+    """The parts concatenated along dim 0; a single part as it is (a slice of the flushed log: no copy)."""
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
 class Collectors:
