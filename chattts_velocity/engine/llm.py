@@ -77,7 +77,8 @@ class LLM:
                should_stop: Callable[[], bool] | None = None,
                due_rows: Collection[int] = ()) -> Iterator[list[tuple[int, GenerationOutput]]]:
         """New rows per prompt, stepped in the caller's thread; each yield holds at most one delta per prompt
-        ([t, rows] tokens, [t, H] hidden, t <= chunk_steps, rows in order), the last one of a prompt finished=True.
+        ([t, rows] tokens, [t, H] hidden, t <= chunk_steps but a beam search's whole result, rows in order), the last
+        one of a prompt finished=True.
 
         A steady step's block joins the Collectors' log (engine/collect.py) and costs nothing per request; the rows are
         handed on every chunk_steps steps, and at once after a step that is not steady (prefill, admission, a batch
