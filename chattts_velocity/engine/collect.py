@@ -1,8 +1,9 @@
 """Engine stage: Collectors — one consumer's requests, their engine deltas gathered into whole GenerationOutputs.
 
-In: each engine step's StepDeltas (engine/core/step.py). Out: a request's GenerationOutput once it finished. A steady
-step's block is taken as a whole: it joins a log, one append a step; the log reaches the requests when the persistent
-batch changes or one of them ends (one slice per request then), so no steady step costs anything per request.
+In: each engine step's StepDeltas (engine/core/step.py). Out: a request's GenerationOutput once it finished
+(LLM.generate), or its rows since the last hand-off (`Collector.drain`, LLM.stream). A steady step's block is taken as a
+whole: it joins a log, one append a step; the log reaches the requests when the persistent batch changes, one of them
+ends or the consumer flushes it (one slice per request then), so no steady step costs anything per request.
 """
 from __future__ import annotations
 
@@ -39,11 +40,27 @@ class Collector:
 
     def output(self) -> GenerationOutput:
         rows = self.rows or 1
-        tokens = torch.cat(self.tokens) if self.tokens else torch.zeros(0, rows, dtype=torch.int64)
-        hidden = torch.cat(self.hidden) if self.hidden else None
+        tokens = _joined(self.tokens) if self.tokens else torch.zeros(0, rows, dtype=torch.int64)
+        hidden = _joined(self.hidden) if self.hidden else None
         if hidden is None and self.hidden_size is not None:
             hidden = torch.zeros(0, self.hidden_size)  # [0, H]: nothing generated
         return GenerationOutput(self.request_id, tokens, hidden, self.finished, self.finish_reason, error=self.error)
+
+    def drain(self) -> GenerationOutput:
+        """The rows added since the last drain ([t, rows] tokens, [t, H] hidden), with the end so far; they leave."""
+        out = self.output()
+        self.tokens, self.hidden = [], []
+        return out
+
+    @property
+    def pending(self) -> bool:
+        """Rows not drained yet."""
+        return bool(self.tokens)
+
+
+def _joined(parts: list[torch.Tensor]) -> torch.Tensor:
+    """The parts concatenated along dim 0; a single part as it is (a slice of the flushed log: no copy)."""
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
 class Collectors:

@@ -4,7 +4,7 @@
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -38,9 +38,11 @@ class GPTBackend(Protocol):
         """(index, whole output) as each prompt finishes."""
 
     def stream(self, prompts: list[Prompt], params: list[SamplingParams], chunk_steps: int,
-               should_stop: StopFlag = None) -> Iterator[Deltas]:
-        """New rows as they are generated (at most chunk_steps per prompt per yield); the last delta of each prompt
-        has finished=True. Closing the iterator early aborts what is still running."""
+               should_stop: StopFlag = None, due_rows: Collection[int] = ()) -> Iterator[Deltas]:
+        """New rows as they are generated: at most one delta per prompt per yield, each of at most chunk_steps rows;
+        the last delta of each prompt has finished=True. due_rows: row counts at which the consumer wants a prompt's
+        rows without waiting for the chunk (its windows' ends). Closing the iterator early aborts what is still
+        running."""
 
     def shutdown(self) -> None:
         """Release threads and memory; the backend is unusable afterwards."""

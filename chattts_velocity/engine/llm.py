@@ -1,8 +1,10 @@
 """Engine stage: LLM.generate — offline batch generation on the velocity engine, with a progress bar."""
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from typing import Any
+
+import numpy as np
 
 from chattts_velocity.assets import AssetPaths
 from chattts_velocity.config import ModelConfig
@@ -72,24 +74,57 @@ class LLM:
                 self.engine.abort_request(rid)
 
     def stream(self, prompts: list[Prompt], params: list[SamplingParams], chunk_steps: int = 1,
-               should_stop: Callable[[], bool] | None = None) -> Iterator[list[tuple[int, GenerationOutput]]]:
-        """Each engine step's deltas, stepped in the caller's thread. Interrupt ends every prompt."""
+               should_stop: Callable[[], bool] | None = None,
+               due_rows: Collection[int] = ()) -> Iterator[list[tuple[int, GenerationOutput]]]:
+        """New rows per prompt, stepped in the caller's thread; each yield holds at most one delta per prompt
+        ([t, rows] tokens, [t, H] hidden, t <= chunk_steps but a beam search's whole result, rows in order), the last
+        one of a prompt finished=True.
+
+        A steady step's block joins the Collectors' log (engine/collect.py) and costs nothing per request; the rows are
+        handed on every chunk_steps steps, and at once after a step that is not steady (prefill, admission, a batch
+        change: it was per request anyway), when a request ends or fails, and when a prompt's row count reaches one of
+        due_rows (the consumer's window ends: a window never waits for the cadence, so the first audio comes at the
+        same step as with a hand-off every step). Interrupt hands on what is logged in the "interrupted" ends.
+        """
         if len(params) != len(prompts):
             raise ValueError(f"params: got {len(params)} for {len(prompts)} prompts")
+        if chunk_steps < 1:
+            raise ValueError(f"chunk_steps: must be >= 1, got {chunk_steps}")
         index = {self.engine.add_request(None, p, s): k for k, (p, s) in enumerate(zip(prompts, params, strict=True))}
-        live = set(index)
+        collected = Collectors()
+        for rid, k in index.items():
+            collected.add(rid, self.engine.config.hidden_size if params[k].return_hidden else None)
+        due = _due_table(due_rows)
+        unended = dict(index)  # request id -> prompt index, until its end is handed on
         try:
-            while live:
+            since = 0  # steps since the last hand-off
+            while unended:
                 if should_stop is not None and should_stop():
-                    ended = sorted(live, key=index.__getitem__)
-                    yield [(index[rid], GenerationOutput.ended(rid, "interrupted")) for rid in ended]
+                    self._abort(collected)
+                    yield self._hand_off(collected, unended)
                     return
-                deltas = self.engine.step()
-                live -= {d.request_id for d in deltas if d.finished}
-                yield [(index[d.request_id], d) for d in deltas if d.request_id in index]
+                step = self.engine.step_deltas()
+                finished = collected.take(step)[1]
+                since += 1
+                if since >= chunk_steps or finished or step.steady is None or _reaches(step.steady.counts, due):
+                    since = 0
+                    collected.flush()
+                    if deltas := self._hand_off(collected, unended):
+                        yield deltas
         finally:
-            for rid in live:
+            for rid in unended:
                 self.engine.abort_request(rid)
+
+    @staticmethod
+    def _hand_off(collected: Collectors, unended: dict[str, int]) -> list[tuple[int, GenerationOutput]]:
+        """(prompt index, its rows since the last hand-off) for every prompt with new rows or an end, in input order;
+        the ended ones leave `unended`."""
+        deltas = [(k, collected.by_id[rid].drain()) for rid, k in unended.items()
+                  if collected.by_id[rid].pending or collected.by_id[rid].finished]
+        for _, delta in deltas:
+            if delta.finished:
+                del unended[delta.request_id]
+        return deltas
 
     def shutdown(self) -> None:
         """Abort whatever is still queued or running; the engine steps in its callers' threads, so nothing else."""
@@ -124,3 +159,17 @@ class LLM:
             self.engine.abort_request(rid)
             collected.by_id[rid].finished, collected.by_id[rid].finish_reason = True, "interrupted"
         return aborted
+
+
+def _due_table(due_rows: Collection[int]) -> np.ndarray | None:
+    """[max + 2] bool: True at each row count in due_rows (the last entry stands for every larger count); None: none."""
+    if not due_rows:
+        return None
+    table = np.zeros(max(due_rows) + 2, dtype=bool)
+    table[[n for n in due_rows if n >= 0]] = True
+    return table
+
+
+def _reaches(counts: np.ndarray, due: np.ndarray | None) -> bool:
+    """Whether a slot's row count (counts [N]) is one of the due ones."""
+    return due is not None and bool(due[np.minimum(counts, len(due) - 1)].any())

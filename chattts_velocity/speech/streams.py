@@ -15,7 +15,7 @@ from typing import Generic, TypeVar
 import numpy as np
 import torch
 
-from ..audio.chunk_plan import STEP_FRAMES
+from ..audio.chunk_plan import STEP_FRAMES, stream_spans
 from ..audio.streaming import StreamDecoder
 from ..engine.gpt import GPTBackend
 from ..schema import SpeechRequests
@@ -93,6 +93,12 @@ class StreamSet(Generic[K]):
             self.drop(key)
         return out
 
+    def due_rows(self, max_rows: int) -> set[int]:
+        """The row counts (of streams up to max_rows long) at which one of the open streams has a window due."""
+        schedules = {(stream.schedule, stream.left_context_steps) for stream in self.streams.values()}
+        return {span.end for schedule, left in schedules for span in stream_spans(schedule, left, max_rows)
+                if not span.at_end}
+
     def drop(self, key: K) -> None:
         self.streams.pop(key, None)
         self.sources.pop(key, None)
@@ -138,11 +144,14 @@ class InOrder:
 
 def stream_texts(streams: StreamSet[int], gpt: GPTBackend, requests: SpeechRequests, mel: MelSource,
                  should_stop: Callable[[], bool] = lambda: False) -> Iterator[list[np.ndarray]]:
-    """SpeechPipeline.stream: yields one new chunk per text whenever any text has new audio."""
+    """SpeechPipeline.stream: yields one new chunk per text whenever any text has new audio. The GPT hands rows on
+    every chunk_steps steps and whenever a window of a stream becomes due (StreamSet.due_rows), so batching the
+    hand-offs delays no audio."""
     for k in range(len(requests.prompts)):
         streams.open(k, mel)
     order = InOrder(requests.pieces.owner, requests.pieces.num_texts)
-    steps = gpt.stream(requests.prompts, requests.sampling, streams.options.chunk_steps, should_stop)
+    due = streams.due_rows(max((sp.max_new_token for sp in requests.sampling), default=0))
+    steps = gpt.stream(requests.prompts, requests.sampling, streams.options.chunk_steps, should_stop, due)
     for deltas in steps:
         for _, delta in deltas:
             if delta.error is not None:

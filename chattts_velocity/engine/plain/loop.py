@@ -8,7 +8,7 @@ every step. It does not keep upstream's bugs (design.md section 9): the text-pha
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -92,8 +92,10 @@ class PlainGPT:
                 yield k, GenerationOutput.failed(str(k), exc)
 
     def stream(self, prompts: list[Prompt], params: list[SamplingParams], chunk_steps: int,
-               should_stop: Callable[[], bool] | None = None) -> Iterator[list[tuple[int, GenerationOutput]]]:
-        """The plain loop has no step API: generate whole, then hand out chunk_steps rows at a time."""
+               should_stop: Callable[[], bool] | None = None,
+               due_rows: Collection[int] = ()) -> Iterator[list[tuple[int, GenerationOutput]]]:
+        """The plain loop has no step API: generate whole, then hand out chunk_steps rows at a time (every row is
+        there before the first yield, so due_rows changes nothing)."""
         for k, out in enumerate(self.generate(prompts, params, progress=False, should_stop=should_stop)):
             n = len(out.token_ids)
             for start in range(0, max(n, 1), chunk_steps):
