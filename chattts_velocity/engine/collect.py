@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from chattts_velocity.engine.core.hidden_log import stacked
 from chattts_velocity.engine.core.step import SteadyRows, StepDeltas
 from chattts_velocity.schema import FinishReason, GenerationOutput
 
@@ -59,8 +60,8 @@ class Collector:
 
 
 def _joined(parts: list[torch.Tensor]) -> torch.Tensor:
-    """The parts concatenated along dim 0; a single part as it is (a slice of the flushed log: no copy)."""
-    return parts[0] if len(parts) == 1 else torch.cat(parts)
+    """The parts concatenated along dim 0; a single part as it is where contiguous (a slice of the flushed log)."""
+    return parts[0].contiguous() if len(parts) == 1 else torch.cat(parts)
 
 
 class Collectors:
@@ -111,7 +112,7 @@ class Collectors:
         if not self.tokens or self.ids is None:
             return
         tokens = torch.stack(self.tokens, 1)  # [N, T, rows]
-        hidden = torch.stack(self.hidden, 1) if self.hidden[0] is not None else None  # type: ignore[arg-type]
+        hidden = stacked(self.hidden) if self.hidden[0] is not None else None  # type: ignore[arg-type]
         live = None if self.live is None else self.live.tolist()
         for b in np.flatnonzero(self.mine).tolist():
             count = tokens.shape[1] - (live is not None and not live[b])

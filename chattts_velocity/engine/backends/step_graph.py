@@ -20,6 +20,7 @@ import torch
 
 from chattts_velocity.engine.backends.cuda_graphs import bucket
 from chattts_velocity.engine.core.decode_batch import DecodeBatch
+from chattts_velocity.engine.core.hidden_log import HiddenLog
 from chattts_velocity.engine.sampling import logits_processors as lp
 from chattts_velocity.engine.sampling.device_sampler import DeviceSampler
 from chattts_velocity.engine.sampling.sampler import Sampler
@@ -119,6 +120,7 @@ class StepGraphs:
         self.fn, self.sizes, self.width, self.num_vq, self.hidden_size = fn, sorted(sizes), width, num_vq, hidden_size
         self.pad_block, self.device, self.capture = pad_block, device, device.type == "cuda"
         self.staging = Staging(device)
+        self.hidden_log = HiddenLog(hidden_size, device)  # where each step's hidden states are copied out
         self.inputs: dict[int, StepInputs] = {}
         self.graphs: dict[int, tuple[Any, tuple[torch.Tensor, torch.Tensor]]] = {}
         self.filled: dict[int, DecodeBatch] = {}  # size -> the batch whose fixed parameters are in its buffers
@@ -139,8 +141,9 @@ class StepGraphs:
 
     def run(self, state: DecodeBatch, sampler: Sampler, ids: torch.Tensor, tables: torch.Tensor, ahead: int = 0,
             ) -> tuple[torch.Tensor, torch.Tensor]:
-        """-> tokens [B, rows] (a view, valid until the next replay) and hidden [B, H] (a copy). ahead 1: the step
-        after one whose tokens the host has not read (its ids are that step's tokens, already in the buffer)."""
+        """-> tokens [B, rows] (a view, valid until the next replay) and hidden [B, H] (a copy: a HiddenLog row).
+        ahead 1: the step after one whose tokens the host has not read (its ids are that step's tokens, already in
+        the buffer)."""
         num, size = len(state), bucket(len(state), self.sizes)
         if size is None:
             raise ValueError(f"StepGraphs.run: {num} sequences, more than the largest graph; see covers()")
@@ -154,7 +157,9 @@ class StepGraphs:
             inputs.tables[:num, : tables.shape[1]].copy_(tables)
         self._fill_step(inputs, state, size, ahead)
         tokens, hidden = self._replay(size, inputs)
-        return tokens[:num], hidden[:num].clone()
+        kept = self.hidden_log.next_rows(num)
+        kept.copy_(hidden[:num])
+        return tokens[:num], kept
 
     def _buffers(self, size: int, state: DecodeBatch) -> StepInputs:
         window = max(16, state.history.shape[2] + 1)  # and a scratch column

@@ -13,6 +13,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from chattts_velocity.engine.core.hidden_log import stacked
 from chattts_velocity.schema import FinishReason, Prompt, SamplingParams
 
 
@@ -39,7 +40,7 @@ class LoggedHidden:
 
     def stacked(self) -> torch.Tensor:
         """[count, H]"""
-        return torch.stack([step[self.slot] for step in self.steps[: self.count]])
+        return stacked(self.steps[: self.count])[self.slot]
 
 
 class SequenceStatus(Enum):

@@ -1,0 +1,40 @@
+"""engine/core/hidden_log: each step's hidden states get fresh memory; consecutive steps stack without a copy."""
+from __future__ import annotations
+
+import torch
+
+from chattts_velocity.engine.core.hidden_log import SEGMENT_STEPS, HiddenLog, stacked
+
+
+def fill(log: HiddenLog, steps: int, num: int) -> list[torch.Tensor]:
+    rows = []
+    for k in range(steps):
+        row = log.next_rows(num)
+        row.copy_(torch.randn(num, log.hidden_size) + k)
+        rows.append(row)
+    return rows
+
+
+def test_rows_are_never_handed_out_twice_across_segments() -> None:
+    log = HiddenLog(8, torch.device("cpu"))
+    rows = fill(log, 2 * SEGMENT_STEPS + 3, 5) + fill(log, 4, 3)  # a new batch size starts a new segment
+    starts = [row.data_ptr() for row in rows]
+    assert len(set(starts)) == len(rows)
+    saved = [row.clone() for row in rows]
+    fill(log, SEGMENT_STEPS, 3)  # later steps leave the earlier rows as they were
+    assert all(torch.equal(row, copy) for row, copy in zip(rows, saved, strict=True))
+
+
+def test_consecutive_rows_stack_as_a_view_and_others_as_a_copy() -> None:
+    log = HiddenLog(8, torch.device("cpu"))
+    rows = fill(log, 10, 4)
+    view = stacked(rows[2:9])
+    assert torch.equal(view, torch.stack(rows[2:9], 1)) and view.shape == (4, 7, 8)
+    assert view.data_ptr() == rows[2].data_ptr()  # no copy
+    gap = stacked([rows[1], rows[3]])  # not consecutive: a copy with the same values
+    assert torch.equal(gap, torch.stack([rows[1], rows[3]], 1)) and gap.data_ptr() != rows[1].data_ptr()
+    across = fill(log, SEGMENT_STEPS, 4)  # rows of two segments: a copy
+    both = stacked(rows + across)
+    assert torch.equal(both, torch.stack(rows + across, 1))
+    plain = [torch.randn(4, 8) for _ in range(3)]  # tensors of their own
+    assert torch.equal(stacked(plain), torch.stack(plain, 1))
