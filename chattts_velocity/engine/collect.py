@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from chattts_velocity.engine.core.hidden_log import stacked
+from chattts_velocity.engine.core.hidden_log import runs, slot_rows
 from chattts_velocity.engine.core.step import SteadyRows, StepDeltas
 from chattts_velocity.schema import FinishReason, GenerationOutput
 
@@ -31,13 +31,14 @@ class Collector:
         self.add_rows(delta.token_ids, delta.hidden)
         self.finished, self.finish_reason, self.error = delta.finished, delta.finish_reason, delta.error
 
-    def add_rows(self, tokens: torch.Tensor, hidden: torch.Tensor | None) -> None:
-        """tokens [n, rows] and the hidden states [n, H] that predicted them (None: not kept)."""
+    def add_rows(self, tokens: torch.Tensor, hidden: torch.Tensor | list[torch.Tensor] | None) -> None:
+        """tokens [n, rows] and the hidden states [n, H] that predicted them, or pieces of them in order (None: not
+        kept)."""
         self.rows = tokens.shape[1]
         if len(tokens):
             self.tokens.append(tokens)
             if hidden is not None and self.hidden_size is not None:
-                self.hidden.append(hidden)
+                self.hidden += hidden if isinstance(hidden, list) else [hidden]
 
     def output(self) -> GenerationOutput:
         rows = self.rows or 1
@@ -112,9 +113,9 @@ class Collectors:
         if not self.tokens or self.ids is None:
             return
         tokens = torch.stack(self.tokens, 1)  # [N, T, rows]
-        hidden = stacked(self.hidden) if self.hidden[0] is not None else None  # type: ignore[arg-type]
+        pieces = runs(self.hidden) if self.hidden[0] is not None else None  # type: ignore[arg-type]  # [N, t_i, H]
         live = None if self.live is None else self.live.tolist()
         for b in np.flatnonzero(self.mine).tolist():
             count = tokens.shape[1] - (live is not None and not live[b])
-            self.by_id[self.ids[b]].add_rows(tokens[b, :count], None if hidden is None else hidden[b, :count])
+            self.by_id[self.ids[b]].add_rows(tokens[b, :count], None if pieces is None else slot_rows(pieces, b, count))
         self.tokens, self.hidden, self.live = [], [], None

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from chattts_velocity.engine.core.hidden_log import SEGMENT_STEPS, HiddenLog, stacked
+from chattts_velocity.engine.core.hidden_log import SEGMENT_STEPS, HiddenLog, runs, slot_rows, stacked
 
 
 def fill(log: HiddenLog, steps: int, num: int) -> list[torch.Tensor]:
@@ -38,3 +38,19 @@ def test_consecutive_rows_stack_as_a_view_and_others_as_a_copy() -> None:
     assert torch.equal(both, torch.stack(rows + across, 1))
     plain = [torch.randn(4, 8) for _ in range(3)]  # tensors of their own
     assert torch.equal(stacked(plain), torch.stack(plain, 1))
+
+
+def test_runs_split_at_segment_ends_and_slot_rows_follow_them() -> None:
+    log = HiddenLog(8, torch.device("cpu"))
+    rows = fill(log, SEGMENT_STEPS + 10, 4)  # one full segment, then 10 rows of the next
+    plain = [torch.randn(4, 8), torch.randn(4, 8)]
+    steps = rows[:5] + plain + rows[5:]
+    pieces = runs(steps)
+    assert [p.shape[1] for p in pieces] == [5, 2, SEGMENT_STEPS - 5, 10]
+    assert [p.data_ptr() for p in pieces[2:]] == [rows[5].data_ptr(), rows[SEGMENT_STEPS].data_ptr()]  # views
+    whole = torch.stack(steps, 1)
+    assert torch.equal(torch.cat(pieces, 1), whole)
+    for count in (0, 6, len(steps) - 1, len(steps)):
+        parts = slot_rows(pieces, 3, count)
+        joined = torch.cat(parts) if parts else torch.zeros(0, 8)
+        assert torch.equal(joined, whole[3, :count])

@@ -30,12 +30,53 @@ class HiddenLog:
         return segment[self.used - 1]
 
 
+def runs(steps: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Steps [T] of [N, H] (T >= 1) as pieces [N, t_i, H] in order (sum of t_i = T): a view for each run of
+    consecutive rows of one segment, a copy of each run of other tensors."""
+    pieces, run = [], [steps[0]]
+    for step in steps[1:]:
+        if _follows(run[-1], step) or not (_is_row(run[-1]) or _is_row(step)):
+            run.append(step)
+        else:
+            pieces.append(_piece(run))
+            run = [step]
+    pieces.append(_piece(run))
+    return pieces
+
+
 def stacked(steps: list[torch.Tensor]) -> torch.Tensor:
-    """[N, T, H] from steps [T] of [N, H]: a view where they are consecutive rows of one segment, else a copy."""
-    base = steps[0]._base
-    if base is not None and base.dim() == 3 and base.shape[1:] == steps[0].shape:
-        start, stride = steps[0].storage_offset(), base.stride(0)
-        if all(step._base is base and step.storage_offset() == start + k * stride for k, step in enumerate(steps)):
-            first = (start - base.storage_offset()) // stride
-            return base[first: first + len(steps)].transpose(0, 1)
-    return torch.stack(steps, 1)
+    """[N, T, H] from steps [T] of [N, H] (a view where they are consecutive rows of one segment)."""
+    pieces = runs(steps)
+    return pieces[0] if len(pieces) == 1 else torch.cat(pieces, 1)
+
+
+def slot_rows(pieces: list[torch.Tensor], slot: int, count: int) -> list[torch.Tensor]:
+    """Slot `slot`'s first `count` rows of pieces [N, t_i, H], as views [t, H] in order."""
+    out = []
+    for piece in pieces:
+        take = min(count, piece.shape[1])
+        if take:
+            out.append(piece[slot, :take])
+        count -= take
+    return out
+
+
+def _is_row(step: torch.Tensor) -> bool:
+    base = step._base
+    return base is not None and base.dim() == 3 and base.shape[1:] == step.shape and step.is_contiguous()
+
+
+def _follows(row: torch.Tensor, after: torch.Tensor) -> bool:
+    """Whether `after` is the segment row right after `row`."""
+    base = row._base
+    return (_is_row(row) and after._base is base and _is_row(after)
+            and after.storage_offset() == row.storage_offset() + base.stride(0))  # type: ignore[union-attr]
+
+
+def _piece(run: list[torch.Tensor]) -> torch.Tensor:
+    """[N, t, H] of a run of consecutive segment rows (a view) or of other tensors (a copy)."""
+    if not _is_row(run[0]):
+        return torch.stack(run, 1)
+    base = run[0]._base
+    first = (run[0].storage_offset() - base.storage_offset()) // base.stride(0)  # type: ignore[union-attr]
+    return base[first: first + len(run)].transpose(0, 1)  # type: ignore[index]
