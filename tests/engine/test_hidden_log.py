@@ -38,6 +38,16 @@ def test_consecutive_rows_stack_as_a_view_and_others_as_a_copy() -> None:
     assert torch.equal(both, torch.stack(rows + across, 1))
     plain = [torch.randn(4, 8) for _ in range(3)]  # tensors of their own
     assert torch.equal(stacked(plain), torch.stack(plain, 1))
+    skewed = [torch.randn(8, 4).t() for _ in range(2)]  # non-contiguous steps: copied
+    assert torch.equal(stacked(skewed), torch.stack(skewed, 1))
+
+
+def test_rows_handed_out_in_inference_mode_still_stack_as_a_view() -> None:
+    log = HiddenLog(8, torch.device("cpu"))
+    with torch.inference_mode():  # as the engine's launch runs: views there keep no view bookkeeping
+        rows = fill(log, 6, 3)
+    view = stacked(rows)
+    assert view.data_ptr() == rows[0].data_ptr() and torch.equal(view, torch.stack(rows, 1))
 
 
 def test_runs_split_at_segment_ends_and_slot_rows_follow_them() -> None:
@@ -46,8 +56,8 @@ def test_runs_split_at_segment_ends_and_slot_rows_follow_them() -> None:
     plain = [torch.randn(4, 8), torch.randn(4, 8)]
     steps = rows[:5] + plain + rows[5:]
     pieces = runs(steps)
-    assert [p.shape[1] for p in pieces] == [5, 2, SEGMENT_STEPS - 5, 10]
-    assert [p.data_ptr() for p in pieces[2:]] == [rows[5].data_ptr(), rows[SEGMENT_STEPS].data_ptr()]  # views
+    assert [p.shape[1] for p in pieces] == [5, 1, 1, SEGMENT_STEPS - 5, 10]
+    assert [p.data_ptr() for p in pieces[3:]] == [rows[5].data_ptr(), rows[SEGMENT_STEPS].data_ptr()]  # views
     whole = torch.stack(steps, 1)
     assert torch.equal(torch.cat(pieces, 1), whole)
     for count in (0, 6, len(steps) - 1, len(steps)):

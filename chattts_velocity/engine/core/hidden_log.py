@@ -4,6 +4,8 @@ A steady step's last hidden states [N, H] leave the step graph's output buffer (
 copy into the next row of a segment [SEGMENT_STEPS, N, H]. A segment row is written once, so the views that the
 persistent batch's log and the consumers keep stay valid, and `stacked` turns the rows of consecutive steps into one
 [N, T, H] view instead of a copy (a consumer's log reaching its requests when the batch changes copies nothing).
+Rows are recognised by where they lie (one storage, one row after the other), not by view bookkeeping, which
+inference mode does not keep.
 """
 from __future__ import annotations
 
@@ -31,16 +33,14 @@ class HiddenLog:
 
 
 def runs(steps: list[torch.Tensor]) -> list[torch.Tensor]:
-    """Steps [T] of [N, H] (T >= 1) as pieces [N, t_i, H] in order (sum of t_i = T): a view for each run of
-    consecutive rows of one segment, a copy of each run of other tensors."""
-    pieces, run = [], [steps[0]]
-    for step in steps[1:]:
-        if _follows(run[-1], step) or not (_is_row(run[-1]) or _is_row(step)):
-            run.append(step)
-        else:
-            pieces.append(_piece(run))
-            run = [step]
-    pieces.append(_piece(run))
+    """Steps [T] of [N, H] (T >= 1) as pieces [N, t_i, H] in order (sum of t_i = T): a view for each run of steps
+    that lie one after the other in one storage (a segment's rows), a copy of a non-contiguous step."""
+    pieces, start = [], 0
+    for end in range(1, len(steps) + 1):
+        if end < len(steps) and _next_to(steps[end - 1], steps[end]):
+            continue
+        pieces.append(_piece(steps[start:end]))
+        start = end
     return pieces
 
 
@@ -61,22 +61,17 @@ def slot_rows(pieces: list[torch.Tensor], slot: int, count: int) -> list[torch.T
     return out
 
 
-def _is_row(step: torch.Tensor) -> bool:
-    base = step._base
-    return base is not None and base.dim() == 3 and base.shape[1:] == step.shape and step.is_contiguous()
-
-
-def _follows(row: torch.Tensor, after: torch.Tensor) -> bool:
-    """Whether `after` is the segment row right after `row`."""
-    base = row._base
-    return (_is_row(row) and after._base is base and _is_row(after)
-            and after.storage_offset() == row.storage_offset() + base.stride(0))  # type: ignore[union-attr]
+def _next_to(row: torch.Tensor, after: torch.Tensor) -> bool:
+    """Whether `after` starts where `row` ends in the same storage (both contiguous, of one shape)."""
+    return (after.shape == row.shape and row.is_contiguous() and after.is_contiguous()
+            and after.storage_offset() == row.storage_offset() + row.numel()
+            and after.untyped_storage().data_ptr() == row.untyped_storage().data_ptr())
 
 
 def _piece(run: list[torch.Tensor]) -> torch.Tensor:
-    """[N, t, H] of a run of consecutive segment rows (a view) or of other tensors (a copy)."""
-    if not _is_row(run[0]):
+    """[N, t, H] of steps lying one after the other (a view of their storage), or of one non-contiguous step."""
+    first = run[0]
+    if not first.is_contiguous():
         return torch.stack(run, 1)
-    base = run[0]._base
-    first = (run[0].storage_offset() - base.storage_offset()) // base.stride(0)  # type: ignore[union-attr]
-    return base[first: first + len(run)].transpose(0, 1)  # type: ignore[index]
+    num, width = first.shape
+    return first.as_strided((num, len(run), width), (width, num * width, 1))
