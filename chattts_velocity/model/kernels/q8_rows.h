@@ -45,7 +45,8 @@ struct Q16Rows {  // a view of row m0 on: q + m0 K, scales + m0
   const float* scales;
 };
 
-// q + 128 as unsigned bytes (flipping the sign bit), in place: the unsigned operand of vpdpbusd (kQ8Int8Unsigned).
+// q + 128 as unsigned bytes (flipping the sign bit), in place: the unsigned operand of vpdpbusd (kQ8Int8Unsigned,
+// kQ8Int4Unsigned).
 inline void offset_q8(int8_t* q, int64_t count) {
   for (int64_t i = 0; i < count; ++i) q[i] = static_cast<int8_t>(static_cast<uint8_t>(q[i]) ^ 0x80u);
 }
