@@ -208,7 +208,7 @@ void q8_rows() {  // the activations' quantisation: scale = max |x| / 127 per gr
 }
 
 void linears() {
-  const int64_t M = 16, K = 96, N = 12;  // M: several row groups of 2, 4 or 8
+  const int64_t M = 16, K = 96, N = 12;  // M: several row groups of 2 or 4, one of 16
   const Tiles t = make_tiles(N, K);
   std::vector<uint16_t> x(M * K);
   for (auto& v : x) v = bf16(uniform(-1.0f, 1.0f));

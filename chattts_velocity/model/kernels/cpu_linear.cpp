@@ -46,14 +46,18 @@ void row_groups(int64_t M, Kernel&& kernel) {
   }
 }
 
-// kernel(rows, m0) for groups of Group rows, then the rest by row_groups. For kernels whose rows never share
-// arithmetic (exact integer sums, per-row fp32 lanes), so how the rows are grouped never changes a row's result.
+// kernel(rows, m0) for groups of Group rows, then the rest in groups of Group / 2 (while above 4), then by
+// row_groups. For kernels whose rows never share arithmetic (exact integer sums, per-row fp32 lanes), so how the
+// rows are grouped never changes a row's result.
 template <int64_t Group, typename Kernel>
 void wide_row_groups(int64_t M, Kernel&& kernel) {
-  int64_t m0 = 0;
-  if constexpr (Group > 4)
+  if constexpr (Group > 4) {
+    int64_t m0 = 0;
     for (; m0 + Group <= M; m0 += Group) kernel(std::integral_constant<int, static_cast<int>(Group)>{}, m0);
-  row_groups<std::min<int64_t>(Group, 4)>(M - m0, [&](auto rows, int64_t m) { kernel(rows, m0 + m); });
+    wide_row_groups<Group / 2>(M - m0, [&](auto rows, int64_t m) { kernel(rows, m0 + m); });
+  } else {
+    row_groups<Group>(M, kernel);
+  }
 }
 
 // All M rows of x times tiles [0, n) of a weight block, kRowGroup rows at a time (the block stays in cache meanwhile).

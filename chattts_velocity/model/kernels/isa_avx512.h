@@ -65,7 +65,7 @@ inline void store16_int8(uint8_t* p, V16 v) {  // round half even (MXCSR), satur
 // ---- tile linear (cpu_linear.cpp): rows of x times weight tiles [tiles, K / C, 4, C] ----
 
 constexpr int64_t kRowGroup = 4;    // rows of x per pass of the micro-kernel
-constexpr int64_t kQ8RowGroup = 8;  // tile_rows_int4's / tile_rows_int8's rows per pass (one unpacked tile, 8 rows)
+constexpr int64_t kQ8RowGroup = 16;  // tile_rows_int4's / tile_rows_int8's rows per pass: 16 accumulators
 constexpr int64_t kPrefetch = 4096;  // bytes ahead of the stream
 
 using Activations = const uint16_t*;  // x [M, K] bf16 as it comes

@@ -12,8 +12,8 @@ namespace chattts_velocity_cpu {
 // Layout and tuning constants.
 static_assert(std::is_same_v<decltype(kRowGroup), const int64_t> && kRowGroup >= 1 && kRowGroup <= 4,
               "kRowGroup: rows of x per tile_rows pass, 1 to 4");
-static_assert(std::is_same_v<decltype(kQ8RowGroup), const int64_t> && kQ8RowGroup >= 1 && kQ8RowGroup <= 8,
-              "kQ8RowGroup: rows of x per tile_rows_int4 / tile_rows_int8 pass, 1 to 8");
+static_assert(std::is_same_v<decltype(kQ8RowGroup), const int64_t> && kQ8RowGroup >= 1 && kQ8RowGroup <= 16,
+              "kQ8RowGroup: rows of x per tile_rows_int4 / tile_rows_int8 pass, 1 to 16");
 static_assert(std::is_same_v<decltype(kPrefetch), const int64_t>, "kPrefetch: bytes ahead of the weight stream");
 static_assert(std::is_same_v<decltype(kQ8Int8Unsigned), const bool>,
               "kQ8Int8Unsigned: tile_rows_int8 takes Q8 rows as q + 128 (offset_q8)");
