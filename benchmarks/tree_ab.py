@@ -3,7 +3,7 @@
     python benchmarks/tree_ab.py --trees OLD_CHECKOUT . --model .pytest-assets/full --case chat --sizes 1,8,32
     python benchmarks/tree_ab.py --trees OLD_CHECKOUT . --model .pytest-assets/full --case gpt --sizes 1,16,64
     python benchmarks/tree_ab.py ... --case gpt --noamx --out /tmp/invariance_ab_noamx.json
-    python benchmarks/tree_ab.py --trees OLD_CHECKOUT . --case kernels --dtypes bfloat16,int8 --sizes 1,16,64
+    python benchmarks/tree_ab.py --trees OLD_CHECKOUT . --case kernels --dtypes bfloat16,int8,int4 --sizes 1,16,64
 
 Cases (each measurement is a fresh process with its tree first on sys.path):
 - `chat`: `Chat.infer` through the public API (refine off, one seeded text per size, forced to --steps code steps,
@@ -11,8 +11,8 @@ Cases (each measurement is a fresh process with its tree first on sys.path):
 - `gpt`: the velocity GPT alone (`load_pretrained(is_vllm=True)`, N seeded requests forced to --steps, prefill
   included), best of 2 `generate` calls, 2 threads: code steps per second.
 - `kernels`: the C++ linears of this CPU's library on 10 layers' projections (full-size shapes, random weights) at
-  --sizes rows, the AVX-512 tiles and (where AMX runs) the AMX panels, best of 7, 1 thread: bf16 weight GB per
-  CPU-second. --model is not used.
+  --sizes rows, the AVX-512 tiles and (where AMX runs) the AMX panels (--dtypes bfloat16, int8, int4: int4 has tiles
+  only), best of 7, 1 thread: bf16 weight GB per CPU-second. --model is not used.
 Trees alternate pair by pair so a noisy host hits both alike; the ratio new / old is the median of the per-pair
 ratios, and `same_output` says whether every run of both trees gave bit-identical output (codes, audio, linears).
 Writes --out (default: a temporary file, printed) as {"trees", "case", "steps", "noamx", "results": {dtype: {key:
@@ -94,17 +94,21 @@ weights = [torch.randn(n, k, generator=gen) * 0.02 for _ in range(10) for n, k i
 if dtype == "bfloat16":
     op, rows_of = kernels.ops().linear_bf16, [w.bfloat16() for w in weights]
     packs = {"tiles": [(kernels.to_tiles(w, 32),) for w in rows_of], "amx": [(kernels.to_panels(w),) for w in rows_of]}
+elif dtype == "int4":  # tiles [N/4, K/32, 4, 16]: no AMX layout
+    op = kernels.ops().linear_int4
+    packs = {"tiles": [kernels.to_int4_tiles(*kernels.quantize_int4(w)) for w in weights]}
 else:
     op, quantized = kernels.ops().linear_int8, [_quantize_int8(w) for w in weights]
     packs = {"tiles": [(kernels.to_tiles(q, 16), s) for q, s in quantized],
              "amx": [(kernels.to_panels(q), s) for q, s in quantized]}
 if not kernels.amx_ready():
-    del packs["amx"]
+    packs.pop("amx", None)
 gigabytes = sum(n * k for n, k in SHAPES) * 10 * 2 / 1e9
 with torch.inference_mode():
     for rows in sizes:
         x = {k: torch.randn(rows, k, generator=gen).bfloat16() for k in (768, 3072)}
-        calls = {name: (lambda p=p: [op(x[w.shape[1] * (2 if w.shape[2] == 16 else w.shape[3])], w, *rest)
+        columns = 32 if dtype == "int4" else None  # per step of the layout: else 16 (int8 tiles) or shape[3]
+        calls = {name: (lambda p=p: [op(x[w.shape[1] * (columns or (2 if w.shape[2] == 16 else w.shape[3]))], w, *rest)
                                      for w, *rest in p]) for name, p in packs.items()}
         best = {name: float("inf") for name in calls}
         for turn in range(8):  # the first is a warm-up

@@ -137,7 +137,7 @@ Tiles make_tiles(int64_t N, int64_t K) {
 
 // tile_rows (bf16 / int8 tiles, bf16 activations), tile_rows_int8 (int8 tiles, Q8 rows) or tile_rows_int4 (int4
 // tiles, Q8 rows) for rows [m0, m0 + rows) of x into y. q8 holds the rows as the driver passes them (offset for
-// tile_rows_int8 where kQ8Int8Unsigned).
+// tile_rows_int8 where kQ8Int8Unsigned, tile_rows_int4 where kQ8Int4Unsigned).
 template <int Rows, typename W>
 void run_rows(const W* w, const float* rs, const float* gs, Activations staged, const Q8Rows& q8, bool integer,
               at::BFloat16* y, int64_t m0, int64_t K, int64_t N) {
@@ -163,7 +163,8 @@ void linear_case(const char* name, const W* w, const float* rs, const float* gs,
   std::vector<float> q_scales(M * K / kQ8Group);
   quantize_q8_rows(x.data(), M, K, q.data(), q_scales.data());
   std::vector<int8_t> passed = q;
-  if (std::is_same_v<W, int8_t> && kQ8Int8Unsigned) offset_q8(passed.data(), M * K);
+  if (std::is_same_v<W, int8_t> ? kQ8Int8Unsigned : std::is_same_v<W, uint8_t> && kQ8Int4Unsigned)
+    offset_q8(passed.data(), M * K);
   const Q8Rows q8{passed.data(), q_scales.data()};
   const int64_t group_size = integer ? kQ8RowGroup : kRowGroup;
   std::vector<at::BFloat16> one(M * N), group(M * N);
@@ -207,7 +208,7 @@ void q8_rows() {  // the activations' quantisation: scale = max |x| / 127 per gr
 }
 
 void linears() {
-  const int64_t M = 12, K = 96, N = 12;  // M: several row groups of 2 or 4
+  const int64_t M = 16, K = 96, N = 12;  // M: several row groups of 2 or 4, one of 16
   const Tiles t = make_tiles(N, K);
   std::vector<uint16_t> x(M * K);
   for (auto& v : x) v = bf16(uniform(-1.0f, 1.0f));

@@ -46,6 +46,20 @@ void row_groups(int64_t M, Kernel&& kernel) {
   }
 }
 
+// kernel(rows, m0) for groups of Group rows, then the rest in groups of Group / 2 (while above 4), then by
+// row_groups. For kernels whose rows never share arithmetic (exact integer sums, per-row fp32 lanes), so how the
+// rows are grouped never changes a row's result.
+template <int64_t Group, typename Kernel>
+void wide_row_groups(int64_t M, Kernel&& kernel) {
+  if constexpr (Group > 4) {
+    int64_t m0 = 0;
+    for (; m0 + Group <= M; m0 += Group) kernel(std::integral_constant<int, static_cast<int>(Group)>{}, m0);
+    wide_row_groups<Group / 2>(M - m0, [&](auto rows, int64_t m) { kernel(rows, m0 + m); });
+  } else {
+    row_groups<Group>(M, kernel);
+  }
+}
+
 // All M rows of x times tiles [0, n) of a weight block, kRowGroup rows at a time (the block stays in cache meanwhile).
 template <typename W>
 void rows_times_block(Activations x, int64_t M, const W* w, const float* row_scales, at::BFloat16* y, int64_t K,
@@ -101,13 +115,13 @@ at::Tensor q8_tiles_linear(const at::Tensor& x, const at::Tensor& tiles, const f
   std::vector<int8_t> q(static_cast<size_t>(M * K));
   std::vector<float> q_scales(static_cast<size_t>(M * K / kQ8Group));
   quantize_q8_rows(reinterpret_cast<const uint16_t*>(xb.data_ptr()), M, K, q.data(), q_scales.data());
-  if (!kInt4 && kQ8Int8Unsigned) offset_q8(q.data(), M * K);
+  if (kInt4 ? kQ8Int4Unsigned : kQ8Int8Unsigned) offset_q8(q.data(), M * K);
   const W* wp = reinterpret_cast<const W*>(tiles.data_ptr());
   auto* yp = y.data_ptr<at::BFloat16>();
   at::parallel_for(0, num_tiles, kBlockTiles, [&](int64_t t0, int64_t t1) {
     for (int64_t b0 = t0; b0 < t1; b0 += kBlockTiles) {
       const int64_t n = std::min(kBlockTiles, t1 - b0);
-      row_groups<kQ8RowGroup>(M, [&](auto rows, int64_t m0) {
+      wide_row_groups<kQ8RowGroup>(M, [&](auto rows, int64_t m0) {
         const Q8Rows xm{q.data() + m0 * K, q_scales.data() + m0 * (K / kQ8Group)};
         constexpr int kRows = decltype(rows)::value;
         auto* out = yp + m0 * N + b0 * kTileRows;
@@ -134,15 +148,6 @@ void quantize_q16_rows(const uint16_t* x, int64_t M, int64_t K, int16_t* q, floa
   }
 }
 
-// kernel(rows, m0) for groups of kQ16RowGroup rows, then the rest by row_groups (the sums are exact integers, so
-// how the rows are grouped never changes a row's result).
-template <typename Kernel>
-void q16_row_groups(int64_t M, Kernel&& kernel) {
-  int64_t m0 = 0;
-  for (; m0 + kQ16RowGroup <= M; m0 += kQ16RowGroup) kernel(std::integral_constant<int, kQ16RowGroup>{}, m0);
-  row_groups<std::min<int64_t>(kQ16RowGroup, 4)>(M - m0, [&](auto rows, int64_t m) { kernel(rows, m0 + m); });
-}
-
 // y [M, N] bf16 = x [M, K] bf16 @ W.T for int8 tiles [N/4, K/16, 4, 16] with row_scales [N]: x quantised once (Q16
 // rows), then blocks of tiles stream as in tiles_linear, each times every row group of x.
 at::Tensor q16_tiles_linear(const at::Tensor& x, const at::Tensor& tiles, const float* row_scales) {
@@ -158,7 +163,7 @@ at::Tensor q16_tiles_linear(const at::Tensor& x, const at::Tensor& tiles, const 
   at::parallel_for(0, num_tiles, kBlockTiles, [&](int64_t t0, int64_t t1) {
     for (int64_t b0 = t0; b0 < t1; b0 += kBlockTiles) {
       const int64_t n = std::min(kBlockTiles, t1 - b0);
-      q16_row_groups(M, [&](auto rows, int64_t m0) {
+      wide_row_groups<kQ16RowGroup>(M, [&](auto rows, int64_t m0) {
         tile_rows_q16<decltype(rows)::value>(Q16Rows{q.data() + m0 * K, q_scales.data() + m0},
                                              wp + b0 * kTileRows * K, row_scales + b0 * kTileRows,
                                              yp + m0 * N + b0 * kTileRows, K, N, n);

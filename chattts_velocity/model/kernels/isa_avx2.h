@@ -218,6 +218,7 @@ void tile_rows_int4(Q8Rows x, const uint8_t* w, const float* group_scales, at::B
 // int32, three vphaddd fold the 4 rows into one register (lane r: row r's columns 0-15, lane 4 + r: 16-31), times
 // the row's group scale into fp32 lanes; at the end an output's two lanes added, times its row scale.
 constexpr bool kQ8Int8Unsigned = false;
+constexpr bool kQ8Int4Unsigned = false;  // tile_rows_int4 takes x's Q8 rows as they are
 
 template <int M>
 void tile_rows_int8(Q8Rows x, const int8_t* w, const float* row_scales, at::BFloat16* y, int64_t K, int64_t N,

@@ -65,7 +65,7 @@ inline void store16_int8(uint8_t* p, V16 v) {  // round half even (MXCSR), satur
 // ---- tile linear (cpu_linear.cpp): rows of x times weight tiles [tiles, K / C, 4, C] ----
 
 constexpr int64_t kRowGroup = 4;    // rows of x per pass of the micro-kernel
-constexpr int64_t kQ8RowGroup = 4;  // tile_rows_int4's rows per pass
+constexpr int64_t kQ8RowGroup = 16;  // tile_rows_int4's / tile_rows_int8's rows per pass: 16 accumulators
 constexpr int64_t kPrefetch = 4096;  // bytes ahead of the stream
 
 using Activations = const uint16_t*;  // x [M, K] bf16 as it comes
@@ -113,54 +113,51 @@ void tile_rows(Activations x, const W* w, const float* row_scales, at::BFloat16*
 }
 
 // int4 tiles [tiles, K / 32, 4, 16] (byte j of a row's group: q + 8 of column j in its low nibble, of column j + 16
-// in its high one) times Q8 rows, two output rows per register: lanes 0-7 row r, 8-15 row r + 1. Per group
-// vpdpbusd sums the (q + 8) x activation products in exact integers, starting from -8 x the activations' sums so
-// the lanes hold sum(q x); then times the weight's group scale and the row's, into fp32 lanes in a fixed order at
-// every M.
+// in its high one) times Q8 rows stored unsigned (x + 128: kQ8Int4Unsigned). A group's 64 bytes put row r's 16 bytes
+// in 128-bit lane r, so the low nibbles less 8 are the 4 rows' signed weights of columns 0-15 and the high ones of
+// 16-31, unpacked once per tile and group for all M rows (no permutes). Two vpdpbusd per row (x's columns 0-15 and
+// 16-31 broadcast to every 128-bit lane) put in lane 4r + i the exact sum over columns 4i..4i+3 and 16+4i..16+4i+3
+// of (x + 128) w for output row r, starting from -128 x the same sums of w (shared by the rows), so the lanes hold
+// sum(x w); then times the 4 rows' group scales and x's into fp32 lanes, in a fixed order at every M. At the end
+// each output's 4 lanes are summed in a fixed order.
+constexpr bool kQ8Int4Unsigned = true;
+
 template <int M>
 void tile_rows_int4(Q8Rows x, const uint8_t* w, const float* group_scales, at::BFloat16* y, int64_t K, int64_t N,
-                  int64_t tiles) {
+                    int64_t tiles) {
   const int64_t groups = K / kQ8Group;
   const __m512i nibbles = _mm512_set1_epi8(0x0F), eight = _mm512_set1_epi8(8);
-  const __m512i rows_twice = _mm512_set_epi64(3, 2, 3, 2, 1, 0, 1, 0);  // 128-bit lanes: r, r, r + 1, r + 1
-  const __m512i shifts = _mm512_set_epi64(4, 4, 0, 0, 4, 4, 0, 0);        // high nibbles in lanes 1 and 3
-  const __m512i scale_lanes = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+  const __m512i offset = _mm512_set1_epi8(static_cast<char>(0x80)), zero = _mm512_setzero_si512();
+  const __m512i scale_lanes = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);  // row r: 4r..4r+3
   for (int64_t t = 0; t < tiles; ++t) {
     const uint8_t* wt = w + t * groups * 16 * kTileRows;
     const float* gs = group_scales + t * groups * kTileRows;
-    __m512 acc[M][kTileRows / 2];
-    for (int m = 0; m < M; ++m)
-      for (int p = 0; p < kTileRows / 2; ++p) acc[m][p] = _mm512_setzero_ps();
+    __m512 acc[M];
+    for (int m = 0; m < M; ++m) acc[m] = _mm512_setzero_ps();
     for (int64_t g = 0; g < groups; ++g, wt += 16 * kTileRows) {
       prefetch(wt + kPrefetch);
-      __m512i wq[kTileRows / 2];
-      __m512 ws[kTileRows / 2];
-      for (int p = 0; p < kTileRows / 2; ++p) {
-        const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wt + 32 * p));  // rows 2p, 2p + 1
-        const __m512i spread = _mm512_permutexvar_epi64(rows_twice, _mm512_castsi256_si512(bytes));
-        wq[p] = _mm512_and_si512(_mm512_srlv_epi64(spread, shifts), nibbles);
-        double two_scales;  // the two rows' fp32 scales of this group
-        std::memcpy(&two_scales, gs + g * kTileRows + 2 * p, sizeof two_scales);
-        ws[p] = _mm512_permutexvar_ps(scale_lanes, _mm512_castps128_ps512(_mm_castpd_ps(_mm_set_sd(two_scales))));
-      }
+      const __m512i packed = _mm512_loadu_si512(wt);
+      const __m512i lo = _mm512_sub_epi8(_mm512_and_si512(packed, nibbles), eight);
+      const __m512i hi = _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16(packed, 4), nibbles), eight);
+      const __m512i start = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(zero, offset, lo), offset, hi));
+      const __m512 ws = _mm512_permutexvar_ps(scale_lanes, _mm512_castps128_ps512(_mm_loadu_ps(gs + g * kTileRows)));
       for (int m = 0; m < M; ++m) {
-        const __m256i group = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q + m * K + g * kQ8Group));
-        const __m512i xq = _mm512_broadcast_i64x4(group);  // the row's group for both output rows
-        const __m512i zero = _mm512_setzero_si512();
-        const __m512i start = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, eight, xq));
-        const __m512 xs = _mm512_set1_ps(x.scales[m * groups + g]);
-        for (int p = 0; p < kTileRows / 2; ++p) {
-          const __m512 sums = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(start, wq[p], xq));
-          acc[m][p] = _mm512_fmadd_ps(sums, _mm512_mul_ps(ws[p], xs), acc[m][p]);
-        }
+        const int8_t* xq = x.q + m * K + g * kQ8Group;
+        const __m512i x_lo = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(xq)));
+        const __m512i x_hi = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(xq + 16)));
+        const __m512i sums = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(start, x_lo, lo), x_hi, hi);
+        acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), _mm512_mul_ps(ws, _mm512_set1_ps(x.scales[m * groups + g])),
+                                 acc[m]);
       }
     }
-    for (int m = 0; m < M; ++m)
-      for (int p = 0; p < kTileRows / 2; ++p) {
-        const __m512d both = _mm512_castps_pd(acc[m][p]);
-        y[m * N + t * kTileRows + 2 * p] = at::BFloat16(hsum8(_mm256_castpd_ps(_mm512_castpd512_pd256(both))));
-        y[m * N + t * kTileRows + 2 * p + 1] = at::BFloat16(hsum8(_mm256_castpd_ps(_mm512_extractf64x4_pd(both, 1))));
+    for (int m = 0; m < M; ++m) {
+      alignas(64) float lanes[16];
+      _mm512_store_ps(lanes, acc[m]);
+      for (int r = 0; r < kTileRows; ++r) {
+        const float* l = lanes + 4 * r;
+        y[m * N + t * kTileRows + r] = at::BFloat16((l[0] + l[1]) + (l[2] + l[3]));
       }
+    }
   }
 }
 

@@ -12,11 +12,13 @@ namespace chattts_velocity_cpu {
 // Layout and tuning constants.
 static_assert(std::is_same_v<decltype(kRowGroup), const int64_t> && kRowGroup >= 1 && kRowGroup <= 4,
               "kRowGroup: rows of x per tile_rows pass, 1 to 4");
-static_assert(std::is_same_v<decltype(kQ8RowGroup), const int64_t> && kQ8RowGroup >= 1 && kQ8RowGroup <= 4,
-              "kQ8RowGroup: rows of x per tile_rows_int4 / tile_rows_int8 pass, 1 to 4");
+static_assert(std::is_same_v<decltype(kQ8RowGroup), const int64_t> && kQ8RowGroup >= 1 && kQ8RowGroup <= 16,
+              "kQ8RowGroup: rows of x per tile_rows_int4 / tile_rows_int8 pass, 1 to 16");
 static_assert(std::is_same_v<decltype(kPrefetch), const int64_t>, "kPrefetch: bytes ahead of the weight stream");
 static_assert(std::is_same_v<decltype(kQ8Int8Unsigned), const bool>,
               "kQ8Int8Unsigned: tile_rows_int8 takes Q8 rows as q + 128 (offset_q8)");
+static_assert(std::is_same_v<decltype(kQ8Int4Unsigned), const bool>,
+              "kQ8Int4Unsigned: tile_rows_int4 takes Q8 rows as q + 128 (offset_q8)");
 static_assert(std::is_same_v<decltype(kWidenInt8Blocks), const bool>,
               "kWidenInt8Blocks: bf16-activation int8 tiles widen a block once for many rows");
 static_assert(std::is_pointer_v<Activations>, "Activations: x as tile_rows reads it");

@@ -226,6 +226,7 @@ void tile_rows_int4(Q8Rows x, const uint8_t* w, const float* group_scales, at::B
 // group group_dot times the row's group scale into 4 fp32 lanes per (row, output), fixed order at every M; at the
 // end the lanes' sum times the output's row scale.
 constexpr bool kQ8Int8Unsigned = false;
+constexpr bool kQ8Int4Unsigned = false;  // tile_rows_int4 takes x's Q8 rows as they are
 
 template <int M>
 void tile_rows_int8(Q8Rows x, const int8_t* w, const float* row_scales, at::BFloat16* y, int64_t K, int64_t N,
