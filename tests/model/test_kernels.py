@@ -74,7 +74,8 @@ def test_linears_within_bf16_rounding_and_batch_invariant(isa: str, mode: str, l
     assert whole.dtype == torch.bfloat16 and whole.shape == (150, 80)
     seen = q8_values(x) if integer else x.bfloat16().double()
     assert ((whole.double() - seen @ w.T).abs() <= _bf16_bound(seen.float(), w.float())).all()
-    for start, rows in [(0, 1), (7, 1), (3, 2), (10, 3), (20, 4), (30, 5), (60, 13), (40, 17), (0, 64), (50, 65), (149, 1)]:
+    for start, rows in [(0, 1), (7, 1), (3, 2), (10, 3), (20, 4), (30, 5), (60, 13), (40, 17), (0, 64), (50, 65),
+                        (149, 1)]:
         assert torch.equal(run(x[start:start + rows]), whole[start:start + rows]), (start, rows)
 
 
