@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from chattts_velocity.engine.core.hidden_log import runs, slot_rows
+from chattts_velocity.engine.backends.hidden_log import runs, slot_rows
 from chattts_velocity.engine.core.step import SteadyRows, StepDeltas
 from chattts_velocity.schema import FinishReason, GenerationOutput
 

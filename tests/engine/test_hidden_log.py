@@ -1,9 +1,9 @@
-"""engine/core/hidden_log: each step's hidden states get fresh memory; consecutive steps stack without a copy."""
+"""engine/backends/hidden_log: each step's hidden states get fresh memory; consecutive steps stack without a copy."""
 from __future__ import annotations
 
 import torch
 
-from chattts_velocity.engine.core.hidden_log import SEGMENT_STEPS, HiddenLog, runs, slot_rows, stacked
+from chattts_velocity.engine.backends.hidden_log import SEGMENT_STEPS, HiddenLog, runs, slot_rows, stacked
 
 
 def fill(log: HiddenLog, steps: int, num: int) -> list[torch.Tensor]:

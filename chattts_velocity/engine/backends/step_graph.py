@@ -19,8 +19,8 @@ import numpy as np
 import torch
 
 from chattts_velocity.engine.backends.cuda_graphs import bucket
+from chattts_velocity.engine.backends.hidden_log import HiddenLog
 from chattts_velocity.engine.core.decode_batch import DecodeBatch
-from chattts_velocity.engine.core.hidden_log import HiddenLog
 from chattts_velocity.engine.sampling import logits_processors as lp
 from chattts_velocity.engine.sampling.device_sampler import DeviceSampler
 from chattts_velocity.engine.sampling.sampler import Sampler

@@ -13,7 +13,6 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from chattts_velocity.engine.core.hidden_log import stacked
 from chattts_velocity.schema import FinishReason, Prompt, SamplingParams
 
 
@@ -40,7 +39,7 @@ class LoggedHidden:
 
     def stacked(self) -> torch.Tensor:
         """[count, H]"""
-        return stacked(self.steps[: self.count])[self.slot]
+        return torch.stack([step[self.slot] for step in self.steps[: self.count]])
 
 
 class SequenceStatus(Enum):
