@@ -3,7 +3,13 @@ from __future__ import annotations
 
 import torch
 
-from chattts_velocity.engine.backends.hidden_log import SEGMENT_STEPS, HiddenLog, runs, slot_rows, stacked
+from chattts_velocity.engine.backends.hidden_log import SEGMENT_STEPS, HiddenLog, runs, slot_rows
+
+
+def stacked(steps: list[torch.Tensor]) -> torch.Tensor:
+    """[N, T, H]: the runs side by side (one run: the view itself)."""
+    pieces = runs(steps)
+    return pieces[0] if len(pieces) == 1 else torch.cat(pieces, 1)
 
 
 def fill(log: HiddenLog, steps: int, num: int) -> list[torch.Tensor]:

@@ -2,7 +2,7 @@
 
 A steady step's last hidden states [N, H] leave the step graph's output buffer (the next replay overwrites it) by a
 copy into the next row of a segment [SEGMENT_STEPS, N, H]. A segment row is written once, so the views that the
-persistent batch's log and the consumers keep stay valid, and `stacked` turns the rows of consecutive steps into one
+persistent batch's log and the consumers keep stay valid, and `runs` turns the rows of consecutive steps into one
 [N, T, H] view instead of a copy (a consumer's log reaching its requests when the batch changes copies nothing).
 Rows are recognised by where they lie (one storage, one row after the other), not by view bookkeeping, which
 inference mode does not keep.
@@ -42,12 +42,6 @@ def runs(steps: list[torch.Tensor]) -> list[torch.Tensor]:
         pieces.append(_piece(steps[start:end]))
         start = end
     return pieces
-
-
-def stacked(steps: list[torch.Tensor]) -> torch.Tensor:
-    """[N, T, H] from steps [T] of [N, H] (a view where they are consecutive rows of one segment)."""
-    pieces = runs(steps)
-    return pieces[0] if len(pieces) == 1 else torch.cat(pieces, 1)
 
 
 def slot_rows(pieces: list[torch.Tensor], slot: int, count: int) -> list[torch.Tensor]:
