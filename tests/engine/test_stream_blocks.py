@@ -140,3 +140,10 @@ def test_a_steady_step_builds_no_output_per_request(llm: LLM, monkeypatch: pytes
     assert len(quiet) >= 30 and sum(quiet) == 0
     assert built[0] - sum(n for _, n in per_step) == handed  # the stream builds what it hands on, nothing more
     assert yields <= len(per_step) // 4
+
+
+def test_a_chunk_steps_below_one_is_a_value_error_naming_it(llm: LLM) -> None:
+    prompts, params = _batch(llm, 1)
+    with pytest.raises(ValueError, match="chunk_steps"):
+        next(llm.stream(prompts, params, 0))
+    assert not llm.engine.has_unfinished_requests()  # nothing was queued
