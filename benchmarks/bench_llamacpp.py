@@ -207,20 +207,25 @@ def _greedy(L, ctx, n: int, vocab: int) -> np.ndarray:
 
 def compare(model: str, sizes: list[int], steps: int, threads: int = 2, chats: dict | None = None,
             repeats: int = 1) -> dict:
-    """Every llama.cpp type and both of our precisions at every size (best of `repeats`), and ours / llama.cpp
-    per pair. `chats`: loaded Chat objects by dtype (loaded here if absent)."""
+    """Every llama.cpp type against our precision at the same bytes per weight, at every size (best of
+    `repeats`), and ours / llama.cpp per pair. The two sides of a cell run back to back, cell after cell, so a swing
+    of the host's memory bandwidth (shared hosts swing by 2x within minutes) hits both alike. `chats`: loaded Chat
+    objects by dtype (loaded here if absent)."""
     from benchmarks.lib.public import decode_rate, load_chat
 
     paths = gguf_paths(shape_of(model))
     for path in paths.values():
         check_decodes(path, threads)
-    llama = {name: {n: max(llama_rate(path, n, steps, threads) for _ in range(repeats)) for n in sizes}
-             for name, path in paths.items()}
-    ours = {}
-    for dtype in PAIRS:
-        chat = (chats or {}).get(dtype) or load_chat(model, dtype, threads)
+    chats = {dtype: (chats or {}).get(dtype) or load_chat(model, dtype, threads) for dtype in PAIRS}
+    for chat in chats.values():
         decode_rate(chat, 1, 8)  # warm-up: kernel build and first-step costs
-        ours[dtype] = {n: max(decode_rate(chat, n, steps) for _ in range(repeats)) for n in sizes}
+    llama: dict[str, dict[int, float]] = {name: {} for name in PAIRS.values()}
+    ours: dict[str, dict[int, float]] = {dtype: {} for dtype in PAIRS}
+    for _ in range(repeats):
+        for dtype, name in PAIRS.items():
+            for n in sizes:
+                llama[name][n] = max(llama[name].get(n, 0.0), llama_rate(paths[name], n, steps, threads))
+                ours[dtype][n] = max(ours[dtype].get(n, 0.0), decode_rate(chats[dtype], n, steps))
     ratios = {f"{dtype}@{n} / {PAIRS[dtype]}@{n}": ours[dtype][n] / llama[PAIRS[dtype]][n]
               for dtype in PAIRS for n in sizes}
     return {"shape": shape_of(model), "steps": steps, "prompt_tokens": PROMPT_TOKENS, "threads": threads,
