@@ -216,8 +216,8 @@ def compare(model: str, sizes: list[int], steps: int, threads: int = 2, chats: d
     paths = gguf_paths(shape_of(model))
     for path in paths.values():
         check_decodes(path, threads)
-    chats = {dtype: (chats or {}).get(dtype) or load_chat(model, dtype, threads) for dtype in PAIRS}
-    for chat in chats.values():
+    loaded = {dtype: (chats or {}).get(dtype) or load_chat(model, dtype, threads) for dtype in PAIRS}
+    for chat in loaded.values():
         decode_rate(chat, 1, 8)  # warm-up: kernel build and first-step costs
     llama: dict[str, dict[int, float]] = {name: {} for name in PAIRS.values()}
     ours: dict[str, dict[int, float]] = {dtype: {} for dtype in PAIRS}
@@ -225,7 +225,7 @@ def compare(model: str, sizes: list[int], steps: int, threads: int = 2, chats: d
         for dtype, name in PAIRS.items():
             for n in sizes:
                 llama[name][n] = max(llama[name].get(n, 0.0), llama_rate(paths[name], n, steps, threads))
-                ours[dtype][n] = max(ours[dtype].get(n, 0.0), decode_rate(chats[dtype], n, steps))
+                ours[dtype][n] = max(ours[dtype].get(n, 0.0), decode_rate(loaded[dtype], n, steps))
     ratios = {f"{dtype}@{n} / {PAIRS[dtype]}@{n}": ours[dtype][n] / llama[PAIRS[dtype]][n]
               for dtype in PAIRS for n in sizes}
     return {"shape": shape_of(model), "steps": steps, "prompt_tokens": PROMPT_TOKENS, "threads": threads,
