@@ -6,11 +6,14 @@
   cast, an elementwise op, a copy each count one). Ops Triton's interpreter issues itself are not the engine's.
 On a CPU engine (the triton backend under the interpreter) the count is what one step launches on a GPU: the
 captured graph's kernels plus the eager ones around it. `skip_kernels=True` counts Triton launches without running
-them (the interpreter is slow; a step's launches do not depend on the values its kernels write): their float tensors
-are zeroed instead (uncounted), so what follows reads zeros, not uninitialised memory.
+them (the interpreter is slow; a step's launches do not depend on the values its kernels write): their float tensors,
+and any tensor allocated uninitialised under the counter (a kernel's output, such as the sampled tokens), are zeroed
+instead (uncounted), so what follows reads zeros, not uninitialised memory: a token read from it could be EOS and end
+the sequences the count was meant to step.
 """
 from __future__ import annotations
 
+import weakref
 from collections import Counter
 from types import TracebackType
 from typing import Any
@@ -42,6 +45,7 @@ class LaunchCounter(TorchDispatchMode):  # type: ignore[no-untyped-call]  # torc
         self._patched: list[tuple[Any, Any]] = []
         self._depth = 0
         self.muted = 0  # > 0: the counter's own ops (zeroing a skipped kernel's tensors) run uncounted
+        self._uninitialised: dict[int, weakref.ref[torch.Tensor]] = {}  # data_ptr -> a tensor aten.empty* made
 
     @property
     def count(self) -> int:
@@ -79,7 +83,7 @@ class LaunchCounter(TorchDispatchMode):  # type: ignore[no-untyped-call]  # torc
                     counter.muted += 1
                     try:
                         for arg in (*args, *kwargs.values()):
-                            if isinstance(arg, torch.Tensor) and arg.is_floating_point():
+                            if isinstance(arg, torch.Tensor) and (arg.is_floating_point() or counter._made_empty(arg)):
                                 arg.zero_()
                     finally:
                         counter.muted -= 1
@@ -87,6 +91,11 @@ class LaunchCounter(TorchDispatchMode):  # type: ignore[no-untyped-call]  # torc
             return run(kernel, *args, warmup=warmup, **kwargs)
 
         return counted
+
+    def _made_empty(self, tensor: torch.Tensor) -> bool:
+        ref = self._uninitialised.get(tensor.untyped_storage().data_ptr())
+        made = ref() if ref is not None else None
+        return made is not None and made.untyped_storage().data_ptr() == tensor.untyped_storage().data_ptr()
 
     def __torch_dispatch__(self, func: OpOverload, types: tuple[type, ...], args: tuple[Any, ...] = (),
                            kwargs: dict[str, Any] | None = None) -> Any:
@@ -99,7 +108,13 @@ class LaunchCounter(TorchDispatchMode):  # type: ignore[no-untyped-call]  # torc
             return result
         if func.overloadpacket not in FREE_OPS:
             self.ops[str(func.overloadpacket)] += 1
-        return func(*args, **kwargs)
+        result = func(*args, **kwargs)
+        if self.skip_kernels and func.overloadpacket in _EMPTY_OPS and isinstance(result, torch.Tensor):
+            self._uninitialised[result.untyped_storage().data_ptr()] = weakref.ref(result)
+        return result
+
+
+_EMPTY_OPS = {aten.empty, aten.empty_strided, aten.empty_like, aten.new_empty, aten.new_empty_strided}
 
 
 def _kernel_classes() -> list[Any]:

@@ -17,7 +17,7 @@ from chattts_velocity.devtools.launch_counter import LaunchCounter
 from chattts_velocity.engine.core.llm_engine import LLMEngine
 from chattts_velocity.model import ChatTTSLlama, Embed, kernels
 from chattts_velocity.model.kernels.triton import available
-from chattts_velocity.schema import Prompt, SamplingParams
+from chattts_velocity.schema import GenerationOutput, Prompt, SamplingParams
 
 pytestmark = [pytest.mark.triton, pytest.mark.skipif(
     available() is not None or os.environ.get("TRITON_INTERPRET") != "1",
@@ -35,6 +35,11 @@ def gpu_heads_path(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(kernels, "active_ops", None)
 
 
+def _assert_no_error(outputs: list[GenerationOutput]) -> None:
+    errors = [out.error for out in outputs if out.error is not None]
+    assert not errors, errors
+
+
 def _steady_step_launches(layers: int, batch: int, dtype: str = "float32") -> LaunchCounter:
     cfg = ModelConfig(hidden_size=128, intermediate_size=256, num_attention_heads=2, num_key_value_heads=2,
                       num_hidden_layers=layers, max_position_embeddings=128)
@@ -45,12 +50,12 @@ def _steady_step_launches(layers: int, batch: int, dtype: str = "float32") -> La
         engine.add_request(None, Prompt(torch.full((3, 4), i), torch.ones(3, dtype=torch.bool)),
                            SamplingParams(max_new_token=6, min_new_token=6, seed=i))
     with LaunchCounter(skip_kernels=True):  # prefill, then the step that builds the persistent batch
-        engine.step()
-        engine.step()
+        _assert_no_error(engine.step())
+        _assert_no_error(engine.step())
     steady = engine.stats.num_steady_steps
     with LaunchCounter(skip_kernels=True) as launches:
-        engine.step()
-    assert engine.stats.num_steady_steps == steady + 1
+        _assert_no_error(engine.step())
+    assert engine.stats.num_steady_steps == steady + 1, [seq.status for seq in engine.scheduler.running]
     return launches
 
 
@@ -99,3 +104,18 @@ def test_chattts_depth_launches_at_most_110_a_step(split: tuple[int, int]) -> No
 def test_bf16_weights_launch_what_float32_weights_launch() -> None:
     """The casts a bf16 step would add (embeddings to bf16, the last hidden states to fp32) are inside its kernels."""
     assert _steady_step_launches(2, 3, "bfloat16").ops == _steady_step_launches(2, 3).ops
+
+
+def test_a_skipped_kernel_leaves_zeros_in_its_outputs_and_its_inputs_as_they_were() -> None:
+    """Under skip_kernels the sampled tokens are zeros, never what the allocator's memory held last (a stale EOS
+    there would end the sequences before the step that is counted); host-made inputs are not touched."""
+    from chattts_velocity.model.kernels.triton import sampling
+
+    stale = [torch.full((64, 4), 625, dtype=torch.int64) for _ in range(256)]
+    del stale
+    seeds = torch.arange(1, 65)
+    with LaunchCounter(skip_kernels=True) as launches:
+        tokens = sampling.sample(torch.randn(64 * 4, 626), seeds, 4)
+    assert launches.ops["triton._sample_kernel"] == 1
+    assert tokens.shape == (64, 4) and not tokens.any()
+    assert torch.equal(seeds, torch.arange(1, 65))
