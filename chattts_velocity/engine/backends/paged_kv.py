@@ -127,6 +127,7 @@ class BlockTables:
         self._written = [0] * num_rows
         self._free = list(range(num_rows - 1, -1, -1))
         self._steady: tuple[DecodeBatch, torch.Tensor] | None = None  # a persistent batch and its rows [B]
+        self._steady_view: torch.Tensor | None = None  # its rows' first columns, as the last step read them
 
     def rows(self, batch: ScheduledBatch) -> torch.Tensor:
         """Bring the batch's rows up to date -> block tables [B, w] (w: the widest table of the batch)."""
@@ -141,13 +142,17 @@ class BlockTables:
         if self._steady is None or self._steady[0] is not state:
             index = to_device(torch.tensor(self._sync(state.seqs), dtype=torch.int64), self.device)
             self._steady = (state, self.table[index])
+            self._steady_view = None
         elif len(state.grown):
             slots = state.grown.tolist()
             tables = [state.seqs[b].block_table for b in slots]
             writes = torch.tensor([slots, [len(t) - 1 for t in tables], [t[-1] for t in tables]], dtype=torch.int64)
             writes = to_device(writes, self.device)
             self._steady[1].index_put_((writes[0], writes[1]), writes[2])
-        return self._steady[1][:, : -(-(state.max_length + ahead) // state.block_size)]
+        width = -(-(state.max_length + ahead) // state.block_size)
+        if self._steady_view is None or self._steady_view.shape[1] != width:  # a view per width, not per step
+            self._steady_view = self._steady[1][:, :width]
+        return self._steady_view
 
     def _sync(self, seqs: list[Sequence]) -> list[int]:
         """Write the entries the sequences' tables gained since they were last written -> their rows."""

@@ -20,7 +20,7 @@ import torch
 
 from chattts_velocity.engine.backends.cuda_graphs import bucket
 from chattts_velocity.engine.backends.hidden_log import HiddenLog
-from chattts_velocity.engine.core.decode_batch import DecodeBatch
+from chattts_velocity.engine.core.decode_batch import DecodeBatch, StepTable
 from chattts_velocity.engine.sampling import logits_processors as lp
 from chattts_velocity.engine.sampling.device_sampler import DeviceSampler
 from chattts_velocity.engine.sampling.sampler import Sampler
@@ -33,8 +33,9 @@ class StepInputs:
     """The static buffers of one graph: `size` rows (R = size * rows sampling rows), history `window` wide.
 
     What changes every step lives in one int64 block (`per_step`, written by one copy): positions, seeds, the EOS mask,
-    the penalty history and the ring columns are views of it, in that order. The history's last column is scratch
-    (always -1 after the step's ring write): the ring column of a row whose input goes to no ring.
+    the ring columns and the penalty history are views of it, in that order (all but the history tabulated 32 steps
+    at a time: StepGraphs._tabulated). The history's last column is scratch (always -1 after the step's ring write):
+    the ring column of a row whose input goes to no ring.
     """
 
     ids: torch.Tensor  # [size, num_vq] int64; each replay writes its sampled tokens here (the next step's ids)
@@ -44,12 +45,12 @@ class StepInputs:
     penalties: torch.Tensor  # [R] float32
     top_p: torch.Tensor  # [R] float32
     top_k: torch.Tensor  # [R] int64
-    per_step: torch.Tensor  # [2 * size + R + R * window + R] int64
+    per_step: torch.Tensor  # [2 * size + 2 * R + R * window] int64
     positions: torch.Tensor  # [size] int64 (view of per_step)
     seeds: torch.Tensor  # [size] int64, the step seeds' bits (view)
     mask_eos: torch.Tensor  # [R] int64, 1 = EOS forbidden (view)
-    history: torch.Tensor  # [R, window] int64, -1 = empty (view)
     ring_cols: torch.Tensor  # [R] int64: the history column the row's input id (ids) goes to (view)
+    history: torch.Tensor  # [R, window] int64, -1 = empty (view)
     hidden: torch.Tensor  # [max(BLAS_MIN_ROWS, size), H] float32: the last hidden states; rows past size stay 0 (the
     # heads' BLAS GEMM gets the rows of its row-invariant path without a copy)
 
@@ -61,13 +62,13 @@ class StepInputs:
         def zeros(dtype: torch.dtype, *shape: int) -> torch.Tensor:
             return torch.zeros(*shape, dtype=dtype, device=device)
 
-        per_step = zeros(torch.int64, 2 * size + num + num * window + num)
+        head = 2 * size + 2 * num  # positions, seeds, EOS mask, ring columns; then the history
+        per_step = zeros(torch.int64, head + num * window)
         inputs = cls(zeros(torch.int64, size, num_vq), zeros(torch.int64, size, width) + pad_block,
                      zeros(torch.float32, num) + 1, zeros(torch.int64, num), zeros(torch.float32, num) + 1,
                      zeros(torch.float32, num) + 1, zeros(torch.int64, num), per_step, per_step[:size],
-                     per_step[size: 2 * size], per_step[2 * size: 2 * size + num],
-                     per_step[2 * size + num: -num].view(num, window), per_step[-num:],
-                     zeros(torch.float32, max(BLAS_MIN_ROWS, size), hidden_size))
+                     per_step[size: 2 * size], per_step[2 * size: 2 * size + num], per_step[2 * size + num: head],
+                     per_step[head:].view(num, window), zeros(torch.float32, max(BLAS_MIN_ROWS, size), hidden_size))
         inputs.history.fill_(-1)
         inputs.ring_cols.fill_(window - 1)
         return inputs
@@ -125,7 +126,7 @@ class StepGraphs:
         self.graphs: dict[int, tuple[Any, tuple[torch.Tensor, torch.Tensor]]] = {}
         self.filled: dict[int, DecodeBatch] = {}  # size -> the batch whose fixed parameters are in its buffers
         self.blocks: dict[int, tuple[DecodeBatch, np.ndarray]] = {}  # size -> a batch's host per-step block
-        self.masked: dict[int, bool] = {}  # size -> its block's EOS mask has a row set
+        self.tabulated: dict[int, tuple[StepTable, int, np.ndarray]] = {}  # size -> (table, window, its block heads)
         self.pool: Any = None
 
     def covers(self, batch: int) -> bool:
@@ -189,32 +190,41 @@ class StepGraphs:
         inputs.tables[len(state):].fill_(self.pad_block)
 
     def _fill_step(self, inputs: StepInputs, state: DecodeBatch, size: int, ahead: int) -> None:
-        """One host-to-device copy of the per-step block: positions, seeds, EOS mask, history, ring columns; padding
-        rows at position 0 with seed 0, no mask, an empty history and the scratch column. The host block is kept per
-        batch and patched. A step `ahead` of the host's tokens has its counters moved on by one and a history one
-        token short: the step's ring write puts the missing token (its input ids) in."""
+        """One host-to-device copy of the per-step block: positions, seeds, EOS mask and ring columns (a row of the
+        batch's tabulated steps), then the history; padding rows at position 0 with seed 0, no mask, the scratch
+        column and an empty history. The host block is kept per batch. A step `ahead` of the host's tokens has its
+        counters moved on by one and a history one token short: the step's ring write puts the missing token (its
+        input ids) in."""
         num, rows, window = len(state), state.rows, inputs.history.shape[1]
+        head = 2 * size + 2 * size * rows
         block = self.blocks.get(size)
         if block is None or block[0] is not state:
-            block = (state, np.zeros(inputs.per_step.shape[0], dtype=np.int64))
-            self.masked.pop(size, None)
-            block[1][2 * size + size * rows:].fill(-1)
-            block[1][-size * rows:] = window - 1
+            block = (state, np.full(inputs.per_step.shape[0], -1, dtype=np.int64))
             self.blocks[size] = block
         values = block[1]
-        values[:num] = state.positions(ahead)
-        values[size: size + num] = state.noise_seeds(ahead).view(np.int64)
-        columns = values.shape[0] - size * rows  # where the ring columns start
-        values[columns: columns + num * rows].reshape(num, rows)[:] = state.ring_columns(ahead, window - 1)[:, None]
-        below, mask = state.below_min(ahead), values[2 * size: 2 * size + num * rows]
-        if below is not None:
-            mask.reshape(num, rows)[:] = below[:, None]
-            self.masked[size] = True
-        elif self.masked.pop(size, False):
-            mask.fill(0)
-        history = values[2 * size + size * rows: -size * rows].reshape(size * rows, window)
+        table, row = state.step_row(ahead)
+        values[:head] = self._tabulated(size, state, table, window)[row]
+        history = values[head:].reshape(size * rows, window)
         history[: num * rows, : state.history.shape[2]] = state.history.reshape(num * rows, -1)
         self.staging.send(values, inputs.per_step)
+
+    def _tabulated(self, size: int, state: DecodeBatch, table: StepTable, window: int) -> np.ndarray:
+        """[K, 2 * size + 2 * R] the heads of the per-step blocks of the table's K steps (see StepInputs), built
+        once per table: positions, seed bits, EOS mask (a slot's value on each of its rows) and ring columns (the
+        scratch column where a row's input goes to no ring)."""
+        cached = self.tabulated.get(size)
+        if cached is not None and cached[0] is table and cached[1] == window:
+            return cached[2]
+        num, rows, scratch = len(state), state.rows, window - 1
+        heads = np.zeros((table.positions.shape[0], 2 * size + 2 * size * rows), dtype=np.int64)
+        heads[:, :num] = table.positions
+        heads[:, size: size + num] = table.seeds.view(np.int64)
+        heads[:, 2 * size: 2 * size + num * rows] = np.repeat(table.below, rows, axis=1)
+        ring = 2 * size + size * rows
+        heads[:, ring:] = scratch
+        heads[:, ring: ring + num * rows] = np.repeat(np.where(table.columns < 0, scratch, table.columns), rows, axis=1)
+        self.tabulated[size] = (table, window, heads)
+        return heads
 
     def _replay(self, size: int, inputs: StepInputs) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.capture:

@@ -123,9 +123,20 @@ class DecodeBatch:
         table = self._table(ahead)
         return table.below[self._row] if table.any_below[self._row] else None
 
+    def filled_blocks(self) -> np.ndarray | None:
+        """[B] bool: the slots whose newest position (the one the step after the last appended one feeds) is the
+        last of its block; None: none."""
+        table = self._table(0)
+        return table.fills[self._row] if table.any_fills[self._row] else None
+
     def ends_by_length(self) -> bool:
         """True when a slot reaches max_new_token with the step after the last appended one."""
         return self.steps >= self.length_end
+
+    def step_row(self, ahead: int = 0) -> tuple[StepTable, int]:
+        """The table holding step `steps + ahead` and that step's row in it."""
+        table = self._table(ahead)
+        return table, self._row
 
     def _table(self, ahead: int) -> StepTable:
         """The tabulated values of step `steps + ahead` (self._row its row), built STEPS_TABULATED steps at a time:
@@ -133,7 +144,8 @@ class DecodeBatch:
         step = self.steps + ahead
         table = self.table
         if table is None or not table.first <= step < table.first + STEPS_TABULATED:
-            table = self.table = StepTable(self, step)
+            # from the host's step: one table serves the step in flight and the one ahead of it
+            table = self.table = StepTable(self, self.steps)
         self._row = step - table.first
         return table
 
@@ -199,7 +211,7 @@ STEPS_TABULATED = 32
 
 
 class StepTable:
-    """Per-step values of STEPS_TABULATED consecutive steps of a batch, from step `first` (steps run + ahead) on;
+    """Per-step values of STEPS_TABULATED consecutive steps of a batch, from step `first` (its steps run when built) on;
     arrays [K, B]."""
 
     def __init__(self, state: DecodeBatch, first: int) -> None:
@@ -213,5 +225,7 @@ class StepTable:
         self.columns = np.where((previous >= 0) & (state.windows > 0), previous % windows, -1)  # -1: no ring
         self.opens = self.positions % state.block_size == 0
         self.any_opens: np.ndarray = self.opens.any(1)
+        self.fills = (self.positions + 1) % state.block_size == 0
+        self.any_fills: np.ndarray = self.fills.any(1)
         self.below: np.ndarray = np.less(generated, state.min_new)
         self.any_below: np.ndarray = self.below.any(1)

@@ -37,23 +37,29 @@ class Readback:
     def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
         self.buffers: list[torch.Tensor | None] = [None, None]
+        self.views: list[torch.Tensor | None] = [None, None]  # each buffer's last [B, rows] view (kept: a step's shape
+        # stays while the batch does)
         self.turn = 0
 
     def start(self, batch: ScheduledBatch, tokens: torch.Tensor, hidden: torch.Tensor) -> InFlight:
         """Queue the copy of tokens [B, rows] behind the step that samples them (no wait)."""
-        turn, n = self.turn, tokens.numel()
+        turn = self.turn
         self.turn ^= 1
-        buffer = self.buffers[turn]
-        if buffer is None or buffer.numel() < n:
-            buffer = torch.empty(max(n, 64), dtype=torch.int64, pin_memory=self.cuda)
-            self.buffers[turn] = buffer
-        host = buffer[:n].view(tokens.shape)
+        host = self.views[turn]
+        if host is None or host.shape != tokens.shape:
+            host = self.views[turn] = self._view(turn, tokens.shape)
         host.copy_(tokens, non_blocking=self.cuda)
         copied = None
         if self.cuda:
             copied = torch.cuda.Event()  # type: ignore[no-untyped-call]  # unannotated in torch
             copied.record()
         return InFlight(batch, host, hidden, copied)
+
+    def _view(self, turn: int, shape: torch.Size) -> torch.Tensor:
+        n, buffer = shape.numel(), self.buffers[turn]
+        if buffer is None or buffer.numel() < n:
+            buffer = self.buffers[turn] = torch.empty(max(n, 64), dtype=torch.int64, pin_memory=self.cuda)
+        return buffer[:n].view(shape)
 
     @staticmethod
     def finish(step: InFlight) -> torch.Tensor:

@@ -255,10 +255,10 @@ class Scheduler:
         """postprocess of a persistent batch: the step goes to its log; an ending slot takes the per-sequence rules."""
         tokens = out.tokens.numpy()  # [B, rows] int64
         done = state.finished(tokens)
-        full = state.lengths % self.block_manager.block_size == 0  # a block filled with this step
+        full = state.filled_blocks() if self.block_manager.enable_prefix_caching else None  # before advance()
         state.advance(tokens, out.hidden)
         state.ended = np.flatnonzero(done) if done.any() else EMPTY
-        filled = np.flatnonzero(full & ~done) if self.block_manager.enable_prefix_caching and full.any() else EMPTY
+        filled = EMPTY if full is None else np.flatnonzero(full & ~done)
         if len(state.ended):
             state.sync(done)
         elif len(filled):
