@@ -129,7 +129,8 @@ def test_engine_reports_and_logs_its_backend_once(tiny_assets, caplog) -> None:
 
 
 CASES = [
-    pytest.param("float32", {"compile": True}, "torch.compile", 1e-5, id="float32-compiled"),
+    pytest.param("float32", {"compile": True}, "torch.compile", 1e-5, id="float32-compiled",
+                 marks=pytest.mark.slow),  # a cold inductor compile (tests/engine/test_compile.py keeps one by default)
     pytest.param("bfloat16", {"compile": True, "backend": "torch"}, "torch.compile", 1e-2, id="bfloat16-compiled",
                  marks=pytest.mark.slow),  # a cold inductor compile: the slow suite
     pytest.param("bfloat16", {"backend": "cpu"}, "cpu", 1e-2, marks=needs_kernels, id="bfloat16-cpu"),

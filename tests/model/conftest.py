@@ -113,7 +113,7 @@ def tiny_config() -> ModelConfig:
     return TINY
 
 
-# The ISA the runtime picks here runs in the default suite; the others (a cold build of each, about half a minute on 2
+# The ISA the runtime picks here runs in the default suite; the others (a cold build of each, about 25 s on 2
 # cores) in the slow suite, which CI runs too.
 @pytest.fixture(params=[pytest.param(i, marks=() if i == kernels.isa() else pytest.mark.slow) for i in kernels.ISAS])
 def isa(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:

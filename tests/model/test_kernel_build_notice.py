@@ -1,4 +1,4 @@
-"""A first run says why it pauses: the CPU kernels' cold g++ build (about half a minute on 2 cores) is announced
+"""A first run says why it pauses: the CPU kernels' cold g++ build (about 25 s on 2 cores) is announced
 before it starts, on stderr."""
 from __future__ import annotations
 

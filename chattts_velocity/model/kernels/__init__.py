@@ -15,7 +15,7 @@ The ISA is chosen once from the CPU flags (isa(); CHATTTS_VELOCITY_CPU_KERNELS o
 kernels on any x86 CPU with AVX2 + FMA, "noamx" the AVX-512 tiles on an AMX CPU, "0" none). `load()` -> True when
 `ops()` (torch.ops.chattts_velocity_<isa>) is ready. It never raises: without a supported ISA, without g++, or
 with the switch at 0, callers keep torch's own kernels (PackedLinear warns once per precision, naming it and the
-reason). A build (one g++ process per source, all at once) takes about half a minute on 2 cores and is cached
+reason). A build (one g++ process per source, all at once) takes about 25 s on 2 cores and is cached
 per ISA, source, flags, torch and Python version in $CHATTTS_VELOCITY_CACHE/kernels (default
 ~/.cache/chattts_velocity/kernels).
 """

@@ -6,9 +6,7 @@
 //   amx_ready() -> bool: the CPU has AMX and Linux granted this process its state.
 // Reached through linear_bf16 / linear_int8 in cpu_linear.cpp, which use them at every M on AMX CPUs. Products are
 // summed in fp32, each row of x on its own in one order, so a row's result does not depend on the other rows.
-#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
-#include <torch/library.h>
 
 #include "cpu_kernels.h"
 
@@ -196,7 +194,3 @@ at::Tensor linear_int8_amx(const at::Tensor& x, const at::Tensor& panels, const 
 }
 
 }  // namespace chattts_velocity_cpu
-
-CV_LIBRARY_FRAGMENT(CV_OPS, m) {
-  m.def("amx_ready() -> bool", &chattts_velocity_cpu::amx_ready);
-}

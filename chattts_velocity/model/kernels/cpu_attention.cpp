@@ -12,9 +12,7 @@
 // the same order whichever task takes it. On AVX-512, against torch.compile's fused gather + reductions (same
 // arithmetic): 2.7-3.2x faster at 32 sequences x 100-300 positions and at one sequence, ~9.5 GB/s on a host that
 // streams 14.
-#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
-#include <torch/library.h>
 
 #include "cpu_kernels.h"
 
@@ -76,12 +74,3 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
 }
 
 }  // namespace chattts_velocity_cpu
-
-CV_LIBRARY_FRAGMENT(CV_OPS, m) {
-  m.def("paged_decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
-        "Tensor context_lens, float scale) -> Tensor");
-}
-
-CV_LIBRARY_IMPL(CV_OPS, CPU, m) {
-  m.impl("paged_decode_attention", &chattts_velocity_cpu::paged_decode_attention);
-}

@@ -11,9 +11,7 @@
 // Every output frame is computed from its own input window alone, in one fixed order (taps in kernel order, then
 // the norm's sums in 16 fixed lanes), so a frame's bits do not depend on T, on threads or on other rows: the same
 // row decoded alone or with others gets the same bits. Plain loops the compiler vectorises (any ISA, no intrinsics).
-#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
-#include <torch/library.h>
 
 #include <cmath>
 #include <cstdint>
@@ -123,14 +121,3 @@ at::Tensor scale_add_(const at::Tensor& x, const at::Tensor& y, const at::Tensor
 }
 
 }  // namespace chattts_velocity_cpu
-
-CV_LIBRARY_FRAGMENT(CV_OPS, m) {
-  m.def("dwconv_norm(Tensor x, Tensor weight, Tensor bias, int dilation, Tensor norm_weight, Tensor norm_bias, "
-        "float eps) -> Tensor");
-  m.def("scale_add_(Tensor(a!) x, Tensor y, Tensor gamma) -> Tensor(a!)");
-}
-
-CV_LIBRARY_IMPL(CV_OPS, CPU, m) {
-  m.impl("dwconv_norm", &chattts_velocity_cpu::dwconv_norm);
-  m.impl("scale_add_", &chattts_velocity_cpu::scale_add_);
-}

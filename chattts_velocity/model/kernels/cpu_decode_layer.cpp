@@ -16,8 +16,6 @@
 // Numerics: residual stream, norms and RoPE in fp32, the projections' inputs and outputs in bf16 (for int8 weights
 // too), q/K/V rounded to bf16 for the attention (K/V quantised to int8 rows from fp32 instead in int8 pools), the
 // SiLU gate computed in fp32 and rounded once.
-#include <ATen/ATen.h>
-#include <torch/library.h>
 
 #include "cpu_kernels.h"
 
@@ -220,6 +218,8 @@ void check_step(const at::Tensor& x, const Step& s, const at::Tensor& norms) {
   }
 }
 
+}  // namespace
+
 at::Tensor decode_layer(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& cos, const at::Tensor& sin,
                         const at::Tensor& norms, at::TensorList weights,
                         const c10::List<std::optional<at::Tensor>>& scales,
@@ -240,16 +240,4 @@ at::Tensor decode_layer(const at::Tensor& x, const at::Tensor& positions, const 
   return layer<uint16_t>(x, data<float>(norms), w, step, static_cast<float>(eps));
 }
 
-}  // namespace
 }  // namespace chattts_velocity_cpu
-
-CV_LIBRARY_FRAGMENT(CV_OPS, m) {
-  m.def("decode_layer(Tensor x, Tensor positions, Tensor cos, Tensor sin, Tensor norms, Tensor[] weights, "
-        "Tensor?[] scales, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor slot_mapping, Tensor block_tables, "
-        "Tensor context_lens, float eps, bool int8_q8=False) -> Tensor");
-}
-
-CV_LIBRARY_IMPL(CV_OPS, CPU, m) {
-  m.impl("decode_layer", &chattts_velocity_cpu::decode_layer);
-}
-

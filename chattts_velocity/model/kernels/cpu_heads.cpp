@@ -7,9 +7,7 @@
 // Threads take blocks of kHeadBlock outputs (~48 KB of weights at K = 768) and pass every row of x over a block, a
 // group of rows times a group of outputs at a time, while the block is in cache: W streams from memory once per call
 // (one row: memory speed), and from 4 rows on each loaded vector feeds several fused multiply-adds.
-#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
-#include <torch/library.h>
 
 #include "cpu_kernels.h"
 
@@ -86,11 +84,3 @@ at::Tensor head_linear(const at::Tensor& x, const at::Tensor& weight) {
 }
 
 }  // namespace chattts_velocity_cpu
-
-CV_LIBRARY_FRAGMENT(CV_OPS, m) {
-  m.def("head_linear(Tensor x, Tensor weight) -> Tensor");
-}
-
-CV_LIBRARY_IMPL(CV_OPS, CPU, m) {
-  m.impl("head_linear", &chattts_velocity_cpu::head_linear);
-}

@@ -7,7 +7,13 @@
 // can be loaded in one process (tests run the AVX2 kernels on an AVX-512 host).
 #pragma once
 
-#include <ATen/ATen.h>
+// The light ATen headers (tensor methods, the ops the drivers call): ATen/ATen.h and torch/library.h cost seconds of
+// parsing per driver, so only cpu_register.cpp includes torch/library.h.
+#include <ATen/Parallel.h>
+#include <ATen/core/List.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
 
 #include <cstring>
 #include <optional>
@@ -33,10 +39,6 @@
 #include "isa_contract.h"
 #include "attention_rows.h"
 
-#define CV_LIBRARY_FRAGMENT(ns, m) TORCH_LIBRARY_FRAGMENT(ns, m)  // expands CV_OPS before pasting
-#define CV_LIBRARY(ns, m) TORCH_LIBRARY(ns, m)
-#define CV_LIBRARY_IMPL(ns, k, m) TORCH_LIBRARY_IMPL(ns, k, m)
-
 namespace chattts_velocity_cpu {
 
 // cpu_linear.cpp: y = x @ W.T with W in the tile layout or the AMX panel layout (see there).
@@ -58,5 +60,26 @@ inline int64_t kv_head_dim(const at::Tensor& cache) {  // the last dimension wit
 // cpu_attention.cpp: one new query per sequence over the paged bf16 or int8 KV cache.
 at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                                   const at::Tensor& block_tables, const at::Tensor& context_lens, double scale);
+
+// cpu_decode_layer.cpp: one fused decode layer (norm, q|k|v + RoPE + KV store, attention, o, norm, gate|up, down).
+at::Tensor decode_layer(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& cos, const at::Tensor& sin,
+                        const at::Tensor& norms, at::TensorList weights,
+                        const c10::List<std::optional<at::Tensor>>& scales,
+                        at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& slot_mapping,
+                        const at::Tensor& block_tables, const at::Tensor& context_lens, double eps, bool int8_q8);
+
+// cpu_heads.cpp: the code and text heads' GEMM.
+at::Tensor head_linear(const at::Tensor& x, const at::Tensor& weight);
+
+// cpu_audio.cpp: the Vocos block's depthwise conv + LayerNorm, and x += gamma * y in place.
+at::Tensor dwconv_norm(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, int64_t dilation,
+                       const at::Tensor& norm_weight, const at::Tensor& norm_bias, double eps);
+at::Tensor scale_add_(const at::Tensor& x, const at::Tensor& y, const at::Tensor& gamma);
+
+// cpu_sampling.cpp: penalties, temperature, top-p / top-k and the seeded draw, one row per sequence and code.
+at::Tensor sample_rows(const at::Tensor& logits, const at::Tensor& temperatures, const at::Tensor& penalties,
+                       const at::Tensor& history, const at::Tensor& top_p, const at::Tensor& top_k,
+                       const at::Tensor& mask_eos, const at::Tensor& eos_ids, const at::Tensor& seeds,
+                       int64_t rows_per_seq);
 
 }  // namespace chattts_velocity_cpu

@@ -10,7 +10,7 @@
 // blocks of kBlockTiles tiles and pass all rows of x over a block while it is in cache, so W streams from memory
 // once per call at any M (AVX-512, one row: 85-95 % of the memory bandwidth, where oneDNN reaches about 60 %).
 //
-// Ops (schema in CV_LIBRARY below), x [M, K] bf16 -> y [M, N] bf16:
+// Ops (schemas in cpu_register.cpp), x [M, K] bf16 -> y [M, N] bf16:
 //   linear_bf16(x, weight): weight in the tile layout, or in the AMX panel layout (kernels.to_panels) on AMX CPUs.
 //   linear_int8(x, weight, scales): weight-only int8 with per-output-row scales, either layout. Where the ISA has
 //     exact int16 dot products (CV_INT8_Q16: AVX-512 VNNI, AVX2) the tiles multiply x's Q16 rows (q8_rows.h: int16 per
@@ -21,9 +21,7 @@
 //     times the group's scale, summed in fp32, times the row's scale once (kernels.int8_q8 chooses it).
 //   linear_int4(x, weight, scales): int4 tiles with a scale per 32-column group, times x's Q8 rows as linear_int8's
 //     tiles: integer dot products per group, scaled once.
-#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
-#include <torch/library.h>
 
 #include "cpu_kernels.h"
 
@@ -233,17 +231,3 @@ at::Tensor linear_int4(const at::Tensor& x, const at::Tensor& weight, const at::
 }
 
 }  // namespace chattts_velocity_cpu
-
-CV_LIBRARY(CV_OPS, m) {
-  m.def("linear_bf16(Tensor x, Tensor weight) -> Tensor");
-  m.def("linear_int8(Tensor x, Tensor weight, Tensor scales) -> Tensor");
-  m.def("linear_int8_q8(Tensor x, Tensor weight, Tensor scales) -> Tensor");
-  m.def("linear_int4(Tensor x, Tensor weight, Tensor scales) -> Tensor");
-}
-
-CV_LIBRARY_IMPL(CV_OPS, CPU, m) {
-  m.impl("linear_bf16", &chattts_velocity_cpu::linear_bf16);
-  m.impl("linear_int8", &chattts_velocity_cpu::linear_int8);
-  m.impl("linear_int8_q8", &chattts_velocity_cpu::linear_int8_q8);
-  m.impl("linear_int4", &chattts_velocity_cpu::linear_int4);
-}

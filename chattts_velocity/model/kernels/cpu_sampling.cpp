@@ -9,10 +9,10 @@
 // with its own vectorised kernels (pow, softmax, cumsum, the exponential noise of a seeded generator, argmax) is
 // called through ATen, so those bits are torch's. From 64 rows on, row loops (and torch's kernels) run in parallel
 // over rows, each row's arithmetic its own; fewer rows open one parallel region (the noise beside the softmax).
-#include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/ops/pow.h>
+#include <ATen/ops/softmax.h>
 #include <ATen/Parallel.h>
-#include <torch/library.h>
 
 #include <algorithm>
 #include <array>
@@ -207,12 +207,3 @@ at::Tensor sample_rows(const at::Tensor& logits, const at::Tensor& temperatures,
 }
 
 }  // namespace chattts_velocity_cpu
-
-CV_LIBRARY_FRAGMENT(CV_OPS, m) {
-  m.def("sample_rows(Tensor logits, Tensor temperatures, Tensor penalties, Tensor history, Tensor top_p, "
-        "Tensor top_k, Tensor mask_eos, Tensor eos_ids, Tensor seeds, int rows_per_seq) -> Tensor");
-}
-
-CV_LIBRARY_IMPL(CV_OPS, CPU, m) {
-  m.impl("sample_rows", &chattts_velocity_cpu::sample_rows);
-}
