@@ -44,10 +44,18 @@ REPO = Path(__file__).resolve().parents[1]
 CONTEXT, RUNNING, DECODE_SIZES, PROMPTS = 300, 63, (1, 64, 256), (200, 2048)
 
 CHILD = r"""
-import json, statistics, sys, time
+import ctypes, gc, json, statistics, sys, time
 sys.path.insert(0, sys.argv[1])
 import torch
 torch.set_num_threads(1)
+# The triton backend's device memory is host memory here. A GPU's caching allocator hands out memory that costs the
+# host nothing; host memory freshly taken from the OS page-faults on its first write (at 256 sequences ~190 faults,
+# ~0.4 ms, a step for the hidden-state log's new rows). So allocations stay on a heap touched once in advance.
+libc = ctypes.CDLL("libc.so.6")
+libc.mallopt(-3, 1 << 30)  # M_MMAP_THRESHOLD: allocations of up to 1 GiB come from the heap
+libc.mallopt(-1, 1 << 31)  # M_TRIM_THRESHOLD: freed heap memory is kept, not given back to the OS
+touched = torch.ones(768 << 20, dtype=torch.uint8)
+del touched
 from chattts_velocity.config import EngineConfig, ModelConfig
 from chattts_velocity.engine.core.llm_engine import LLMEngine
 from chattts_velocity.model import ChatTTSLlama, Embed, kv_cache_bytes_per_block
@@ -163,6 +171,8 @@ if sys.argv[9] == "1":
             time_part(owner, name)
 
 out = {"decode_host_ms": {}, "admit_host_ms": {}, "decode_host_ms_mean": {}, "decode_parts_ms": {}}
+gc.collect()
+gc.freeze()  # as the server does once it is up (serve/openai_api.py): full passes skip the startup heap
 for n in sizes:
     fill(n)
     for _ in range(3):
