@@ -45,7 +45,8 @@ class LaunchCounter(TorchDispatchMode):  # type: ignore[no-untyped-call]  # torc
         self._patched: list[tuple[Any, Any]] = []
         self._depth = 0
         self.muted = 0  # > 0: the counter's own ops (zeroing a skipped kernel's tensors) run uncounted
-        self._uninitialised: dict[int, weakref.ref[torch.Tensor]] = {}  # data_ptr -> a tensor aten.empty* made
+        # storage data_ptr -> a live tensor that aten.empty* made under the counter
+        self._uninitialised: weakref.WeakValueDictionary[int, torch.Tensor] = weakref.WeakValueDictionary()
 
     @property
     def count(self) -> int:
@@ -93,9 +94,7 @@ class LaunchCounter(TorchDispatchMode):  # type: ignore[no-untyped-call]  # torc
         return counted
 
     def _made_empty(self, tensor: torch.Tensor) -> bool:
-        ref = self._uninitialised.get(tensor.untyped_storage().data_ptr())
-        made = ref() if ref is not None else None
-        return made is not None and made.untyped_storage().data_ptr() == tensor.untyped_storage().data_ptr()
+        return tensor.untyped_storage().data_ptr() in self._uninitialised
 
     def __torch_dispatch__(self, func: OpOverload, types: tuple[type, ...], args: tuple[Any, ...] = (),
                            kwargs: dict[str, Any] | None = None) -> Any:
@@ -110,7 +109,7 @@ class LaunchCounter(TorchDispatchMode):  # type: ignore[no-untyped-call]  # torc
             self.ops[str(func.overloadpacket)] += 1
         result = func(*args, **kwargs)
         if self.skip_kernels and func.overloadpacket in _EMPTY_OPS and isinstance(result, torch.Tensor):
-            self._uninitialised[result.untyped_storage().data_ptr()] = weakref.ref(result)
+            self._uninitialised[result.untyped_storage().data_ptr()] = result
         return result
 
 
