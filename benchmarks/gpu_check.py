@@ -64,8 +64,9 @@ def mel_source(args: argparse.Namespace, device: str):
     return DecoderSource(decoder, vocos, dtype)
 
 
-def measure(args: argparse.Namespace, plan: dict, report: dict) -> None:
-    """Every part into report (errors under report["errors"])."""
+def measure(args: argparse.Namespace, plan: dict, report: dict, save) -> None:
+    """Every part into report (errors under report["errors"]); `save(report)` after each, so a run stopped by its
+    time limit keeps the parts it finished."""
     from chattts_velocity.engine.backends.torch_backend import TorchBackend
 
     def part(name: str, fn) -> None:
@@ -76,6 +77,8 @@ def measure(args: argparse.Namespace, plan: dict, report: dict) -> None:
             report["errors"][name] = f"{type(error).__name__}: {error}"
             traceback.print_exc()
         report["seconds"][name] = round(time.perf_counter() - start, 2)
+        print(f"gpu_check: {name} done in {report['seconds'][name]} s", flush=True)
+        save(report)
 
     option = parts.overlap_option()  # the figures beside the overlapped ones come from the synchronous loop
     llm = load(args, args.backend, max(SIZES), **({option: False} if option else {}))
@@ -179,14 +182,18 @@ def main(argv: list[str] | None = None) -> dict:
     start, threads = time.perf_counter(), torch.get_num_threads()
     if args.dry_run:
         torch.set_num_threads(1)  # a tiny model gains nothing from threads; on a shared host they only spin
+    out.parent.mkdir(parents=True, exist_ok=True)
+
+    def save(report: dict) -> None:
+        out.write_text(json.dumps(report, indent=1), encoding="utf-8")
+
     try:
         with torch.inference_mode():
-            measure(args, DRY if args.dry_run else FULL, report)
+            measure(args, DRY if args.dry_run else FULL, report, save)
     finally:
         torch.set_num_threads(threads)
     report["seconds"]["total"] = round(time.perf_counter() - start, 2)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=1), encoding="utf-8")
+    save(report)
     print(json.dumps({k: v for k, v in report.items() if k != "streams"}, indent=1))
     return report
 
