@@ -7,6 +7,7 @@ must be one of the graph's static buffers, a weight, the KV pool, or made by an 
 """
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Any
 
@@ -99,3 +100,89 @@ def _cached_weights(embed: Embed) -> list[torch.Tensor]:
         if isinstance(value, dict):
             found += [t for entry in value.values() for t in tree_flatten(entry)[0] if isinstance(t, torch.Tensor)]
     return found
+
+
+class EmulatedCapture:
+    """torch.cuda's graph API with a capture's meaning, on a CPU: what runs under `torch.cuda.graph` leaves no trace
+    (buffers and KV pool restored afterwards, as a real capture executes nothing) and `replay()` runs the recorded
+    call again into the captured outputs. Anything a step graph does outside the capture (its eager run that
+    compiles the kernels) keeps its effects, as on a GPU."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, graphs: Any, pool: list[torch.Tensor]) -> None:
+        self.graphs, self.pool, self.capturing = graphs, pool, None
+        fn = graphs.fn
+
+        def recorded(inputs: StepInputs) -> tuple[torch.Tensor, torch.Tensor]:
+            out = fn(inputs)
+            if self.capturing is not None:
+                self.capturing.call = (inputs, out)
+            return out
+
+        graphs.fn, graphs.capture = recorded, True
+        emulation = self
+
+        class Graph:
+            call: tuple[StepInputs, tuple[torch.Tensor, torch.Tensor]]
+
+            def replay(self) -> None:
+                inputs, outputs = self.call
+                for target, value in zip(outputs, fn(inputs), strict=True):
+                    target.copy_(value)
+
+        class Capture:
+            def __init__(self, graph: Graph, pool: Any = None) -> None:
+                self.graph = graph
+
+            def __enter__(self) -> None:
+                buffers = [getattr(t, name) for t in emulation.graphs.inputs.values()
+                           for name in t.__dataclass_fields__]
+                self.saved = [(t, t.clone()) for t in buffers + emulation.pool]
+                emulation.capturing = self.graph
+
+            def __exit__(self, *exc: object) -> None:
+                emulation.capturing = None
+                for tensor, value in self.saved:
+                    tensor.copy_(value)
+
+        class Stream:
+            def wait_stream(self, other: object) -> None:
+                pass
+
+        monkeypatch.setattr(torch.cuda, "Stream", Stream)
+        monkeypatch.setattr(torch.cuda, "current_stream", Stream)
+        monkeypatch.setattr(torch.cuda, "stream", lambda stream: contextlib.nullcontext())
+        monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: object())
+        monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
+        monkeypatch.setattr(torch.cuda, "graph", Capture)
+
+
+def _codes(capture: pytest.MonkeyPatch | None) -> dict[str, list[torch.Tensor]]:
+    cfg = ModelConfig(hidden_size=64, intermediate_size=128, num_attention_heads=2, num_key_value_heads=2,
+                      num_hidden_layers=2, max_position_embeddings=128)
+    torch.manual_seed(0)
+    engine = LLMEngine(ChatTTSLlama(cfg), Embed(cfg.hidden_size, cfg.num_audio_tokens, cfg.num_text_tokens, 4), cfg,
+                       EngineConfig(backend="triton", dtype="float32", max_num_seqs=4, max_model_len=32,
+                                    kv_cache_memory=1 << 22))
+    if capture is not None:
+        runner = engine.runner
+        EmulatedCapture(capture, runner.step_graphs, [t for pair in runner.kv_cache for t in pair])
+    for i in range(3):
+        engine.add_request(f"r{i}", Prompt(torch.full((3 + i, 4), i), torch.ones(3 + i, dtype=torch.bool)),
+                           SamplingParams(max_new_token=5, min_new_token=5, seed=i, repetition_penalty=1.3))
+    codes: dict[str, list[torch.Tensor]] = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            # a clone: on a CPU a replay's tokens stay in the graph's output buffer (a GPU's copy to the host
+            # makes new ones)
+            codes.setdefault(out.request_id, []).append(out.token_ids.clone())
+    assert engine.stats.num_steady_steps >= 3
+    return codes
+
+
+def test_a_captured_step_graph_samples_what_the_eager_step_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the first replay of each size follows an eager run (Triton compiles) and a capture; neither may move the
+    # batch on (the step writes its sampled tokens into its own ids)
+    eager, captured = _codes(None), _codes(monkeypatch)
+    assert eager.keys() == captured.keys() == {"r0", "r1", "r2"}
+    for rid, chunks in eager.items():
+        assert torch.equal(torch.cat(chunks), torch.cat(captured[rid])), rid

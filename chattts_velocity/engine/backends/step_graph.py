@@ -140,6 +140,14 @@ class StepGraphs:
             self.fn(StepInputs.allocate(size, self.width, rows, 16, self.num_vq, self.hidden_size, self.pad_block,
                                         self.device))
 
+    def padding_like(self, inputs: StepInputs) -> StepInputs:
+        """New buffers of inputs' shapes on padding rows only. The eager run before a capture takes these: a step
+        writes its sampled tokens into its ids and its inputs into the penalty ring, so running it on the batch's
+        own buffers would move the batch a step on before the captured replay runs that step."""
+        size, window = inputs.ids.shape[0], inputs.history.shape[1]
+        return StepInputs.allocate(size, self.width, inputs.temperatures.shape[0] // size, window, self.num_vq,
+                                   self.hidden_size, self.pad_block, self.device)
+
     def run(self, state: DecodeBatch, sampler: Sampler, ids: torch.Tensor, tables: torch.Tensor, ahead: int = 0,
             ) -> tuple[torch.Tensor, torch.Tensor]:
         """-> tokens [B, rows] (a view, valid until the next replay) and hidden [B, H] (a copy: a HiddenLog row).
@@ -233,7 +241,7 @@ class StepGraphs:
             side = torch.cuda.Stream()  # type: ignore[no-untyped-call]  # torch leaves Stream() unannotated
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
-                self.fn(inputs)  # compiles what the capture needs
+                self.fn(self.padding_like(inputs))  # compiles what the capture needs
             torch.cuda.current_stream().wait_stream(side)
             self.pool = self.pool if self.pool is not None else torch.cuda.graph_pool_handle()
             graph = torch.cuda.CUDAGraph()

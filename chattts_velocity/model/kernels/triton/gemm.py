@@ -35,6 +35,7 @@ class Tile(NamedTuple):
     block_n: int = 16
     block_k: int = 64
     num_warps: int = 4
+    num_stages: int = 3  # software pipelining of the K loop's loads (Triton's default)
 
 
 # 16 output columns (pairs in the two-output kernels) a program: at one row the grid still has 48-192 programs for
@@ -51,7 +52,7 @@ def tile_for(weight: torch.Tensor) -> Tile:
 def options(tile: Tile, pdl: bool) -> dict[str, object]:
     """Launch options every fused kernel takes: FMA contraction on, warps, and Programmatic Dependent Launch."""
     extra: dict[str, object] = {"launch_pdl": True} if pdl else {}
-    return {"enable_fp_fusion": True, "num_warps": tile.num_warps, **extra}
+    return {"enable_fp_fusion": True, "num_warps": tile.num_warps, "num_stages": tile.num_stages, **extra}
 
 
 def pdl_available(device: torch.device) -> bool:

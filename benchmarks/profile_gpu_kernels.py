@@ -1,0 +1,159 @@
+"""Where a GPU decode step's device time goes, kernel by kernel, and what other GEMM tiles would give.
+
+1. `kernels`: a steady decode step of N sequences on the triton backend (bf16, random demo weights) under
+   torch.profiler: per kernel name, launches and microseconds per step (graph replays included), largest first.
+2. `tiles`: each fused GEMM kernel alone (the decode layer's q|k|v, o, gate|up and down, and the code heads) at M rows,
+   timed by triton.testing.do_bench (L2 flushed between runs, so the weights come from HBM as in a step) for a list
+   of tiles; `hbm_us` is the weight's bytes at the card's bandwidth. A tile depends on the weight only, never on M
+   (gemm.py's batch-invariance rule), so one tile per kernel must serve every M.
+
+    python benchmarks/profile_gpu_kernels.py --out benchmarks/results/profile_gpu_kernels.json
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from benchmarks import gpu_check_parts as parts  # noqa: E402 (needs REPO on sys.path)
+
+TILES = [(16, 16, 64, 4, 3), (16, 16, 128, 4, 3), (16, 16, 256, 4, 3), (16, 32, 64, 4, 3), (16, 32, 128, 4, 3),
+         (16, 32, 256, 4, 3), (16, 64, 64, 4, 3), (16, 64, 128, 4, 3), (16, 16, 128, 4, 4), (16, 16, 256, 4, 2),
+         (16, 16, 128, 2, 4), (16, 32, 128, 8, 3), (16, 16, 512, 4, 2), (16, 16, 128, 4, 6)]
+ROWS = (1, 16, 64, 256)
+
+
+def kernel_table(engine, n: int, steps: int) -> list[dict]:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    ids = [engine.add_request(f"prof{n}-{i}", parts.prompt(engine, i), parts.forced(steps + 16, i))
+           for i in range(n)]
+    for _ in range(6):
+        engine.step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            engine.step()
+        torch.cuda.synchronize()
+    totals: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0.0])
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            entry = totals[event.name[:90]]
+            entry[0] += 1
+            entry[1] += event.device_time_total
+    for rid in ids:
+        engine.abort_request(rid)
+    rows = [{"kernel": name, "per_step": count / steps, "us_per_step": round(us / steps, 2)}
+            for name, (count, us) in totals.items()]
+    return sorted(rows, key=lambda r: -r["us_per_step"])
+
+
+def gemm_cases(device, dtype, hidden: int, inter: int, heads: int, head_dim: int, vocab_rows: int):
+    """name -> (weight bytes, fn(M, tile) -> callable)."""
+    import torch
+
+    from chattts_velocity.model.kernels.triton import gemm, qkv
+
+    def w(n: int, k: int) -> torch.Tensor:
+        return torch.randn(n, k, device=device, dtype=dtype) * 0.02
+
+    weights = {"qkv": w(3 * hidden, hidden), "o": w(hidden, hidden), "gate_up": w(2 * inter, hidden),
+               "down": w(hidden, inter), "heads": w(vocab_rows, hidden)}
+    norm = torch.ones(hidden, device=device, dtype=dtype)
+    pool = torch.zeros(64, 16, heads, head_dim, device=device, dtype=dtype)
+    cos = torch.ones(4096, head_dim, device=device)
+    sin = torch.zeros(4096, head_dim, device=device)
+
+    def call(name: str, m: int, tile):
+        k = weights[name].shape[1]
+        x = torch.randn(m, k, device=device, dtype=dtype)
+        if name == "qkv":
+            pos = torch.arange(m, device=device)
+            return lambda: qkv.norm_qkv_rope(x, norm, weights[name], pos, pos % (64 * 16), cos, sin, pool, pool,
+                                             1e-6, tile=tile)
+        if name == "gate_up":
+            return lambda: gemm.norm_gate_up(x, norm, weights[name], 1e-6, tile=tile)
+        if name == "heads":
+            return lambda: gemm.linear(x, weights[name], tile=tile)
+        residual = torch.randn(m, weights[name].shape[0], device=device, dtype=dtype)
+        return lambda: gemm.residual_linear(x, weights[name], residual, tile=tile)
+
+    return {name: (t.numel() * t.element_size(), name) for name, t in weights.items()}, call
+
+
+def tile_sweep(device, bandwidth_tbs: float) -> dict:
+    import torch
+    import triton.testing
+
+    from chattts_velocity.model.kernels.triton.gemm import Tile
+
+    sizes, call = gemm_cases(device, torch.bfloat16, 768, 3072, 12, 64, 4 * 626)
+    out: dict = {}
+    for name, (nbytes, _) in sizes.items():
+        entry = out[name] = {"weight_mb": round(nbytes / 1e6, 2), "hbm_us": round(nbytes / bandwidth_tbs / 1e6, 2),
+                             "tiles": {}}
+        for spec in TILES:
+            tile, label = Tile(*spec), "m{}n{}k{}w{}s{}".format(*spec)
+            try:
+                entry["tiles"][label] = {str(m): round(1e3 * triton.testing.do_bench(call(name, m, tile), warmup=5,
+                                                                                    rep=20), 2) for m in ROWS}
+            except Exception as error:  # noqa: BLE001 -- a tile that does not compile is a finding, not a stop
+                entry["tiles"][label] = f"{type(error).__name__}: {str(error)[:120]}"
+        timed = {k: v for k, v in entry["tiles"].items() if isinstance(v, dict)}
+        entry["best_at_1"] = min(timed, key=lambda k: timed[k]["1"]) if timed else None
+        entry["best_sum"] = min(timed, key=lambda k: sum(timed[k].values())) if timed else None
+    return out
+
+
+def main() -> None:
+    import torch
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="1,64")
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--bandwidth-tbs", type=float, default=4.8, help="the card's HBM bandwidth (H200: 4.8)")
+    parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "profile_gpu_kernels.json"))
+    args = parser.parse_args()
+    report: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "kernels": {}, "tiles": None,
+                    "seconds": {}}
+    out = Path(args.out)
+    start = time.perf_counter()
+    with torch.inference_mode():
+        from chattts_velocity import load_pretrained
+        from chattts_velocity.demo import ensure_model
+
+        llm = load_pretrained(ensure_model("demo")[0], is_vllm=True, device="cuda", dtype="bfloat16",
+                              backend="triton", max_num_seqs=256, max_model_len=1024)
+        for n in (int(s) for s in args.sizes.split(",")):
+            try:
+                report["kernels"][str(n)] = kernel_table(llm.engine, n, args.steps)
+            except Exception as error:  # noqa: BLE001 -- keep the other figures
+                report["kernels"][str(n)] = f"{type(error).__name__}: {error}"
+        llm.shutdown()
+        report["seconds"]["kernels"] = round(time.perf_counter() - start, 1)
+        out.write_text(json.dumps(report, indent=1), encoding="utf-8")
+        report["tiles"] = tile_sweep(torch.device("cuda"), args.bandwidth_tbs)
+    report["seconds"]["total"] = round(time.perf_counter() - start, 1)
+    out.write_text(json.dumps(report, indent=1), encoding="utf-8")
+    for n, rows in report["kernels"].items():
+        if isinstance(rows, str):
+            print(f"n={n}: {rows}")
+            continue
+        print(f"n={n}: {sum(r['us_per_step'] for r in rows):.0f} us/step", *rows[:12], sep="\n  ")
+    for name, entry in report["tiles"].items():
+        print(name, entry["weight_mb"], "MB, HBM", entry["hbm_us"], "us; best at 1:", entry["best_at_1"],
+              "best over M:", entry["best_sum"])
+        for label, times in entry["tiles"].items():
+            print("  ", label, times)
+
+
+if __name__ == "__main__":
+    main()
