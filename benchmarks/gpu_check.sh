@@ -14,6 +14,6 @@ JUNIT="$(mktemp --suffix=.xml)"
 timeout 180 "$PYTHON" -m pytest -q -p no:cacheprovider -m "gpu or triton" --junitxml="$JUNIT" \
     tests/model/test_triton_kernels.py tests/engine/test_triton_backend.py tests/engine/test_device_sampler.py \
     tests/engine/test_sync.py tests/engine/test_warm_up.py tests/audio/test_gpu_decode.py \
-    tests/audio/test_chunk_plan.py || true
+    tests/audio/test_chunk_plan.py tests/model/test_triton_layer_kernels.py tests/model/test_split_k.py || true
 timeout 280 "$PYTHON" benchmarks/gpu_check.py --device cuda --model demo --tests "$JUNIT" "$@"
 rm -f "$JUNIT"

@@ -2,10 +2,11 @@
 
 1. `kernels`: a steady decode step of N sequences on the triton backend (bf16, random demo weights) under
    torch.profiler: per kernel name, launches and microseconds per step (graph replays included), largest first.
-2. `tiles`: each fused GEMM kernel alone (the decode layer's q|k|v, o, gate|up and down, and the code heads) at M rows,
-   timed by triton.testing.do_bench (L2 flushed between runs, so the weights come from HBM as in a step) for a list
-   of tiles; `hbm_us` is the weight's bytes at the card's bandwidth. A tile depends on the weight only, never on M
-   (gemm.py's batch-invariance rule), so one tile per kernel must serve every M.
+2. `tiles`: each fused GEMM kernel alone (the decode layer's q|k|v, o, gate|up and down in bf16, the code heads in
+   fp32 as a step runs them) at M rows, median of triton.testing.do_bench (L2 flushed between runs, so the weights
+   come from HBM as in a step) for tiles x split-K targets (split_k.splits_for's program target; 0: no split);
+   `hbm_us` is the weight's bytes at the card's bandwidth. A tile and a split depend on the weight only, never on M
+   (the batch-invariance rule), so one choice per kernel must serve every M.
 
     python benchmarks/profile_gpu_kernels.py --out benchmarks/results/profile_gpu_kernels.json
 """
@@ -24,9 +25,8 @@ if str(REPO) not in sys.path:
 
 from benchmarks import gpu_check_parts as parts  # noqa: E402 (needs REPO on sys.path)
 
-TILES = [(16, 16, 64, 4, 3), (16, 16, 128, 4, 3), (16, 16, 256, 4, 3), (16, 32, 64, 4, 3), (16, 32, 128, 4, 3),
-         (16, 32, 256, 4, 3), (16, 64, 64, 4, 3), (16, 64, 128, 4, 3), (16, 16, 128, 4, 4), (16, 16, 256, 4, 2),
-         (16, 16, 128, 2, 4), (16, 32, 128, 8, 3), (16, 16, 512, 4, 2), (16, 16, 128, 4, 6)]
+TILES = [(16, 16, 64, 4, 3), (16, 16, 128, 4, 3), (16, 32, 64, 4, 3), (16, 16, 64, 4, 4), (16, 16, 64, 2, 3)]
+TARGETS = (0, 192, 384, 768, 1536)  # split-K program targets (0: one K range)
 ROWS = (1, 16, 64, 256)
 
 
@@ -56,57 +56,62 @@ def kernel_table(engine, n: int, steps: int) -> list[dict]:
     return sorted(rows, key=lambda r: -r["us_per_step"])
 
 
-def gemm_cases(device, dtype, hidden: int, inter: int, heads: int, head_dim: int, vocab_rows: int):
-    """name -> (weight bytes, fn(M, tile) -> callable)."""
+def gemm_cases(device, hidden: int, inter: int, heads: int, head_dim: int, vocab_rows: int):
+    """name -> (weight bytes, columns (pairs in the two-output kernels), K, call(M, tile, splits) -> callable)."""
     import torch
 
     from chattts_velocity.model.kernels.triton import gemm, qkv
 
-    def w(n: int, k: int) -> torch.Tensor:
+    def w(n: int, k: int, dtype=torch.bfloat16) -> torch.Tensor:
         return torch.randn(n, k, device=device, dtype=dtype) * 0.02
 
     weights = {"qkv": w(3 * hidden, hidden), "o": w(hidden, hidden), "gate_up": w(2 * inter, hidden),
-               "down": w(hidden, inter), "heads": w(vocab_rows, hidden)}
-    norm = torch.ones(hidden, device=device, dtype=dtype)
-    pool = torch.zeros(64, 16, heads, head_dim, device=device, dtype=dtype)
+               "down": w(hidden, inter), "heads": w(vocab_rows, hidden, torch.float32)}
+    columns = {"qkv": 3 * hidden // 2, "o": hidden, "gate_up": inter, "down": hidden, "heads": vocab_rows}
+    norm = torch.ones(hidden, device=device, dtype=torch.bfloat16)
+    pool = torch.zeros(64, 16, heads, head_dim, device=device, dtype=torch.bfloat16)
     cos = torch.ones(4096, head_dim, device=device)
     sin = torch.zeros(4096, head_dim, device=device)
 
-    def call(name: str, m: int, tile):
-        k = weights[name].shape[1]
-        x = torch.randn(m, k, device=device, dtype=dtype)
+    def call(name: str, m: int, tile, splits: int):
+        weight = weights[name]
+        x = torch.randn(m, weight.shape[1], device=device, dtype=weight.dtype)
         if name == "qkv":
             pos = torch.arange(m, device=device)
-            return lambda: qkv.norm_qkv_rope(x, norm, weights[name], pos, pos % (64 * 16), cos, sin, pool, pool,
-                                             1e-6, tile=tile)
+            return lambda: qkv.norm_qkv_rope(x, norm, weight, pos, pos % (64 * 16), cos, sin, pool, pool, 1e-6,
+                                             tile=tile, splits=splits)
         if name == "gate_up":
-            return lambda: gemm.norm_gate_up(x, norm, weights[name], 1e-6, tile=tile)
+            return lambda: gemm.norm_gate_up(x, norm, weight, 1e-6, tile=tile, splits=splits)
         if name == "heads":
-            return lambda: gemm.linear(x, weights[name], tile=tile)
-        residual = torch.randn(m, weights[name].shape[0], device=device, dtype=dtype)
-        return lambda: gemm.residual_linear(x, weights[name], residual, tile=tile)
+            return lambda: gemm.linear(x, weight, tile=tile, splits=splits)
+        residual = torch.randn(m, weight.shape[0], device=device, dtype=weight.dtype)
+        return lambda: gemm.residual_linear(x, weight, residual, tile=tile, splits=splits)
 
-    return {name: (t.numel() * t.element_size(), name) for name, t in weights.items()}, call
+    return {name: (t.numel() * t.element_size(), columns[name], t.shape[1]) for name, t in weights.items()}, call
 
 
 def tile_sweep(device, bandwidth_tbs: float) -> dict:
-    import torch
+    import triton
     import triton.testing
 
     from chattts_velocity.model.kernels.triton.gemm import Tile
+    from chattts_velocity.model.kernels.triton.split_k import splits_for
 
-    sizes, call = gemm_cases(device, torch.bfloat16, 768, 3072, 12, 64, 4 * 626)
+    sizes, call = gemm_cases(device, 768, 3072, 12, 64, 4 * 626)
     out: dict = {}
-    for name, (nbytes, _) in sizes.items():
+    for name, (nbytes, columns, k) in sizes.items():
         entry = out[name] = {"weight_mb": round(nbytes / 1e6, 2), "hbm_us": round(nbytes / bandwidth_tbs / 1e6, 2),
                              "tiles": {}}
         for spec in TILES:
-            tile, label = Tile(*spec), "m{}n{}k{}w{}s{}".format(*spec)
-            try:
-                entry["tiles"][label] = {str(m): round(1e3 * triton.testing.do_bench(call(name, m, tile), warmup=5,
-                                                                                    rep=20), 2) for m in ROWS}
-            except Exception as error:  # noqa: BLE001 -- a tile that does not compile is a finding, not a stop
-                entry["tiles"][label] = f"{type(error).__name__}: {str(error)[:120]}"
+            tile = Tile(*spec)
+            tiles, chunks = triton.cdiv(columns, tile.block_n), triton.cdiv(k, tile.block_k)
+            for splits in sorted({splits_for(tiles, chunks, target) if target else 1 for target in TARGETS}):
+                label = "m{}n{}k{}w{}s{}".format(*spec) + f"x{splits}"
+                try:
+                    entry["tiles"][label] = {str(m): round(1e3 * triton.testing.do_bench(
+                        call(name, m, tile, splits), warmup=5, rep=25, return_mode="median"), 2) for m in ROWS}
+                except Exception as error:  # noqa: BLE001 -- a tile that does not compile is a finding, not a stop
+                    entry["tiles"][label] = f"{type(error).__name__}: {str(error)[:120]}"
         timed = {k: v for k, v in entry["tiles"].items() if isinstance(v, dict)}
         entry["best_at_1"] = min(timed, key=lambda k: timed[k]["1"]) if timed else None
         entry["best_sum"] = min(timed, key=lambda k: sum(timed[k].values())) if timed else None

@@ -17,6 +17,7 @@ other backends' CPU generator (same distribution, different audio per seed).
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 from typing import Any
@@ -63,8 +64,12 @@ class TritonBackend:
         self.pdl = gemm.pdl_available(kv.device)
         # the heads through a fixed-tile Triton GEMM on CUDA, where cuBLAS picks kernels by M (a graph's padded size
         # or the rows an eager step samples); BLAS on CPU is row-invariant already (Embed.logits_rowwise)
-        self.head_gemm = gemm.linear if kv.device.type == "cuda" else None
-        self.layers = FusedLayers(model, kv, self.pdl)
+        config = model.config
+        head_shapes = [(config.num_vq * config.num_audio_tokens, config.hidden_size),
+                       (config.num_text_tokens, config.hidden_size)]
+        self.layers = FusedLayers(model, kv, self.pdl, head_shapes)
+        self.head_gemm = (functools.partial(gemm.linear, workspace=self.layers.workspace)
+                          if kv.device.type == "cuda" else None)
         heads, head_dim = model.config.num_attention_heads, model.config.head_dim
         # one scratch for every layer's decode attention (kernels run in order), as large as a step can need
         self.workspace = decode_attention.Workspace.allocate(max_num_seqs, heads, max_model_len + kv.block_size,

@@ -73,31 +73,48 @@ def pack_layers(model: ChatTTSLlama) -> list[PackedLayer]:
 class FusedLayers:
     """The model's layers through the five kernels a layer (the module's table)."""
 
-    def __init__(self, model: ChatTTSLlama, kv: PagedKV, pdl: bool) -> None:
+    def __init__(self, model: ChatTTSLlama, kv: PagedKV, pdl: bool, head_shapes: list[tuple[int, int]]) -> None:
+        """head_shapes: the heads' [N, K] the step's fp32 head GEMM runs over (they share the split-K scratch)."""
         from chattts_velocity.model.kernels.triton import (  # imports triton: only when the backend is chosen
             gemm,
             norm,
             qkv,
+            split_k,
         )
 
         self.gemm, self.norm, self.qkv = gemm, norm, qkv
         self.layers, self.kv, self.pdl = pack_layers(model), kv, pdl
+        # one split-K scratch for every GEMM of a step (they run in order)
+        gemms = self._split_shapes(self.layers[0]) + [(n, n, k, gemm.FP32_TILE.blocks) for n, k in head_shapes]
+        self.workspace = split_k.workspace_for_gemms(gemms, split_k.WORKSPACE_ROWS, kv.device)
         self.final_norm = model.norm.weight.detach().contiguous()
         self.cos, self.sin = model.rotary_emb.cos_cache, model.rotary_emb.sin_cache
         self.eps = model.config.rms_norm_eps
+
+    def _split_shapes(self, packed: PackedLayer) -> list[tuple[int, int, int, tuple[int, int, int]]]:
+        """Each layer GEMM's (columns, partial width, K, block) as split_k.launch_split takes them."""
+        def block(weight: torch.Tensor) -> tuple[int, int, int]:
+            blocks: tuple[int, int, int] = self.gemm.tile_for(weight).blocks
+            return blocks
+
+        (qkv_rows, hidden), (inter2, _), (out_rows, inter) = packed.qkv.shape, packed.gate_up.shape, packed.down.shape
+        return [(qkv_rows // 2, qkv_rows, hidden, block(packed.qkv)),
+                (packed.o.shape[0], packed.o.shape[0], packed.o.shape[1], block(packed.o)),
+                (inter2 // 2, inter2, hidden, block(packed.gate_up)),
+                (out_rows, out_rows, inter, block(packed.down))]
 
     def __call__(self, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, attend: Attend,
                  out: torch.Tensor | None = None) -> torch.Tensor:
         """x [N, H] -> hidden [N, H]: 5 launches a layer, then the final norm (into out [N, H], fp32 or the
         activations' dtype, if given)."""
-        gemm, pdl, eps = self.gemm, self.pdl, self.eps
+        gemm, pdl, eps, space = self.gemm, self.pdl, self.eps, self.workspace
         residual = x.contiguous()
         for packed, (k_cache, v_cache) in zip(self.layers, self.kv.pairs, strict=True):
             q = self.qkv.norm_qkv_rope(residual, packed.input_norm, packed.qkv, positions, slots, self.cos, self.sin,
-                                       k_cache, v_cache, eps, pdl=pdl)
+                                       k_cache, v_cache, eps, pdl=pdl, workspace=space)
             attended = attend(q, k_cache, v_cache)  # [N, heads, head_dim]
-            residual = gemm.residual_linear(attended.flatten(1), packed.o, residual, pdl=pdl)
-            act = gemm.norm_gate_up(residual, packed.post_norm, packed.gate_up, eps, pdl=pdl)
-            residual = gemm.residual_linear(act, packed.down, residual, pdl=pdl)
+            residual = gemm.residual_linear(attended.flatten(1), packed.o, residual, pdl=pdl, workspace=space)
+            act = gemm.norm_gate_up(residual, packed.post_norm, packed.gate_up, eps, pdl=pdl, workspace=space)
+            residual = gemm.residual_linear(act, packed.down, residual, pdl=pdl, workspace=space)
         hidden: torch.Tensor = self.norm.rms_norm(residual, self.final_norm, eps, out=out)
         return hidden

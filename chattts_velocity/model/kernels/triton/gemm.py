@@ -23,6 +23,15 @@ import triton
 import triton.language as tl
 
 from chattts_velocity.model.kernels.triton.rounding import to_dtype
+from chattts_velocity.model.kernels.triton.split_k import (
+    Split,
+    SplitWorkspace,
+    arrive,
+    depart,
+    launch_split,
+    store_partial,
+    sum_partials,
+)
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # read as triton reads it, when the kernels are decorated
 
@@ -36,6 +45,10 @@ class Tile(NamedTuple):
     block_k: int = 64
     num_warps: int = 4
     num_stages: int = 3  # software pipelining of the K loop's loads (Triton's default)
+
+    @property
+    def blocks(self) -> tuple[int, int, int]:
+        return self.block_m, self.block_n, self.block_k
 
 
 # 16 output columns (pairs in the two-output kernels) a program: at one row the grid still has 48-192 programs for
@@ -119,12 +132,12 @@ def weight_chunk(w_ptr, w_rows, w_rows_ok, cols, K: tl.constexpr):
 
 
 @triton.jit
-def _residual_linear_kernel(x_ptr, w_ptr, residual_ptr, out_ptr, M, x_stride,
+def _residual_linear_kernel(x_ptr, w_ptr, residual_ptr, out_ptr, part_ptr, count_ptr, M, x_stride,
                             N: tl.constexpr, K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                            BLOCK_K: tl.constexpr, UPCAST: tl.constexpr, USE_PDL: tl.constexpr,
-                            HAS_RESIDUAL: tl.constexpr):
-    # one program per (tile of BLOCK_M rows, tile of BLOCK_N output columns): out = residual + x @ W.T (x @ W.T
-    # without HAS_RESIDUAL; residual_ptr is not read)
+                            BLOCK_K: tl.constexpr, SPLITS: tl.constexpr, K_SPLIT: tl.constexpr,
+                            UPCAST: tl.constexpr, USE_PDL: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
+    # one program per (tile of BLOCK_M rows, tile of BLOCK_N output columns, K range): out = residual + x @ W.T
+    # (x @ W.T without HAS_RESIDUAL; residual_ptr is not read)
     wait_previous(USE_PDL)
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     rows_ok = rows < M
@@ -132,25 +145,37 @@ def _residual_linear_kernel(x_ptr, w_ptr, residual_ptr, out_ptr, M, x_stride,
     n_ok = n < N
     w_dtype = w_ptr.dtype.element_ty
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    k_begin = tl.program_id(2) * K_SPLIT
+    for k0 in range(k_begin, k_begin + K_SPLIT, BLOCK_K):
         cols = k0 + tl.arange(0, BLOCK_K)
         x = tl.load(x_ptr + rows[:, None] * x_stride + cols[None, :], mask=rows_ok[:, None] & (cols < K)[None, :],
                     other=0.0)
         acc += dot(to_dtype(x, w_dtype), weight_chunk(w_ptr, n, n_ok, cols, K), UPCAST)
     release_next(USE_PDL)
-    offs = rows[:, None] * N + n[None, :]
-    ok = rows_ok[:, None] & n_ok[None, :]
-    out = to_dtype(acc, w_dtype).to(tl.float32)
-    if HAS_RESIDUAL:
-        out += tl.load(residual_ptr + offs, mask=ok, other=0.0).to(tl.float32)
-    tl.store(out_ptr + offs, to_dtype(out, out_ptr.dtype.element_ty), mask=ok)
+    last = True
+    if SPLITS > 1:
+        tile = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
+        store_partial(part_ptr, acc, tl.program_id(2), rows, rows_ok, n, n_ok, M, N)
+        last = arrive(count_ptr, tile, SPLITS)
+        if last:
+            acc = sum_partials(part_ptr, rows, rows_ok, n, n_ok, M, N, SPLITS, BLOCK_M, BLOCK_N)
+            depart(count_ptr, tile)
+    if last:
+        offs = rows[:, None] * N + n[None, :]
+        ok = rows_ok[:, None] & n_ok[None, :]
+        out = to_dtype(acc, w_dtype).to(tl.float32)
+        if HAS_RESIDUAL:
+            out += tl.load(residual_ptr + offs, mask=ok, other=0.0).to(tl.float32)
+        tl.store(out_ptr + offs, to_dtype(out, out_ptr.dtype.element_ty), mask=ok)
 
 
 @triton.jit
-def _norm_gate_up_kernel(x_ptr, norm_ptr, w_ptr, out_ptr, M, x_stride, eps,
+def _norm_gate_up_kernel(x_ptr, norm_ptr, w_ptr, out_ptr, part_ptr, count_ptr, M, x_stride, eps,
                          INTER: tl.constexpr, K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                         BLOCK_K: tl.constexpr, UPCAST: tl.constexpr, USE_PDL: tl.constexpr):
-    # one program per (tile of rows, tile of BLOCK_N of the INTER columns): W rows n (gate) and INTER + n (up)
+                         BLOCK_K: tl.constexpr, SPLITS: tl.constexpr, K_SPLIT: tl.constexpr,
+                         UPCAST: tl.constexpr, USE_PDL: tl.constexpr):
+    # one program per (tile of rows, tile of BLOCK_N of the INTER columns, K range): W rows n (gate) and INTER + n
+    # (up); partials [SPLITS, M, 2 INTER]: gate at n, up at INTER + n
     wait_previous(USE_PDL)
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     rows_ok = rows < M
@@ -160,62 +185,92 @@ def _norm_gate_up_kernel(x_ptr, norm_ptr, w_ptr, out_ptr, M, x_stride, eps,
     scale = rms_scale(x_ptr, rows, rows_ok, x_stride, eps, K, BLOCK_M, BLOCK_K)
     gate = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    k_begin = tl.program_id(2) * K_SPLIT
+    for k0 in range(k_begin, k_begin + K_SPLIT, BLOCK_K):
         cols = k0 + tl.arange(0, BLOCK_K)
         a = normed_chunk(x_ptr, rows, rows_ok, x_stride, scale, norm_ptr, cols, K, w_dtype)
         gate += dot(a, weight_chunk(w_ptr, n, n_ok, cols, K), UPCAST)
         up += dot(a, weight_chunk(w_ptr, n + INTER, n_ok, cols, K), UPCAST)
     release_next(USE_PDL)
-    gate = to_dtype(gate, w_dtype).to(tl.float32)
-    silu = to_dtype(gate / (1.0 + tl.exp(-gate)), w_dtype).to(tl.float32)
-    out = silu * to_dtype(up, w_dtype).to(tl.float32)
-    tl.store(out_ptr + rows[:, None] * INTER + n[None, :], to_dtype(out, out_ptr.dtype.element_ty),
-             mask=rows_ok[:, None] & n_ok[None, :])
+    last = True
+    if SPLITS > 1:
+        tile = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
+        store_partial(part_ptr, gate, tl.program_id(2), rows, rows_ok, n, n_ok, M, 2 * INTER)
+        store_partial(part_ptr, up, tl.program_id(2), rows, rows_ok, n + INTER, n_ok, M, 2 * INTER)
+        last = arrive(count_ptr, tile, SPLITS)
+        if last:
+            gate = sum_partials(part_ptr, rows, rows_ok, n, n_ok, M, 2 * INTER, SPLITS, BLOCK_M, BLOCK_N)
+            up = sum_partials(part_ptr, rows, rows_ok, n + INTER, n_ok, M, 2 * INTER, SPLITS, BLOCK_M, BLOCK_N)
+            depart(count_ptr, tile)
+    if last:
+        gate = to_dtype(gate, w_dtype).to(tl.float32)
+        silu = to_dtype(gate / (1.0 + tl.exp(-gate)), w_dtype).to(tl.float32)
+        out = silu * to_dtype(up, w_dtype).to(tl.float32)
+        tl.store(out_ptr + rows[:, None] * INTER + n[None, :], to_dtype(out, out_ptr.dtype.element_ty),
+                 mask=rows_ok[:, None] & n_ok[None, :])
 
 
 def residual_linear(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor, tile: Tile | None = None,
-                    pdl: bool = False) -> torch.Tensor:
+                    pdl: bool = False, workspace: SplitWorkspace | None = None,
+                    splits: int | None = None) -> torch.Tensor:
     """residual + x @ weight.T: x [M, K], weight [N, K], residual [M, N] -> [M, N] in residual's dtype.
-    tile: None for tile_for(weight) (tests pass others)."""
+    tile, splits: None for tile_for(weight) and split_k's choice (tests and benchmarks pass others); workspace:
+    the split-K scratch to reuse (None: one for this call)."""
     _check_linear("residual_linear", x, weight)
     if residual.shape != (x.shape[0], weight.shape[0]) or not residual.is_contiguous():
         raise ValueError(f"residual_linear: residual must be a contiguous [{x.shape[0]}, {weight.shape[0]}], "
                          f"got {tuple(residual.shape)}")
-    out, tile = torch.empty_like(residual), tile or tile_for(weight)
-    grid = (triton.cdiv(x.shape[0], tile.block_m), triton.cdiv(weight.shape[0], tile.block_n))
-    _residual_linear_kernel[grid](x, weight, residual, out, x.shape[0], x.stride(0), N=weight.shape[0],
-                                  K=x.shape[1], BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k,
-                                  UPCAST=upcast(weight), USE_PDL=pdl, HAS_RESIDUAL=True, **options(tile, pdl))
+    out = torch.empty_like(residual)
+    _linear_into(x, weight, residual, out, tile or tile_for(weight), pdl, workspace, splits)
     return out
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, tile: Tile | None = None) -> torch.Tensor:
+def linear(x: torch.Tensor, weight: torch.Tensor, tile: Tile | None = None, workspace: SplitWorkspace | None = None,
+           splits: int | None = None) -> torch.Tensor:
     """x @ weight.T: x [M, K], weight [N, K] -> [M, N] float32 (the product rounded to weight's dtype, as cuBLAS
     returns it). Row-invariant where cuBLAS is not (it picks kernels, split-K among them, by M): the engine's heads
     on CUDA (Embed.head_gemm)."""
     _check_linear("linear", x, weight)
-    out, tile = x.new_empty(x.shape[0], weight.shape[0], dtype=torch.float32), tile or tile_for(weight)
-    grid = (triton.cdiv(x.shape[0], tile.block_m), triton.cdiv(weight.shape[0], tile.block_n))
-    _residual_linear_kernel[grid](x, weight, out, out, x.shape[0], x.stride(0), N=weight.shape[0], K=x.shape[1],
-                                  BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k,
-                                  UPCAST=upcast(weight), USE_PDL=False, HAS_RESIDUAL=False, **options(tile, False))
+    out = x.new_empty(x.shape[0], weight.shape[0], dtype=torch.float32)
+    _linear_into(x, weight, None, out, tile or tile_for(weight), False, workspace, splits)
     return out
 
 
+def _linear_into(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None, out: torch.Tensor, tile: Tile,
+                 pdl: bool, workspace: SplitWorkspace | None, splits: int | None) -> None:
+    n, k = weight.shape
+
+    def launch(grid: tuple[int, int, int], rows: slice, partials: torch.Tensor, counters: torch.Tensor,
+               split: Split) -> None:
+        _residual_linear_kernel[grid](
+            x[rows], weight, out[rows] if residual is None else residual[rows], out[rows], partials, counters,
+            rows.stop - rows.start, x.stride(0), N=n, K=k, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n,
+            BLOCK_K=tile.block_k, SPLITS=split.splits, K_SPLIT=split.k_split, UPCAST=upcast(weight), USE_PDL=pdl,
+            HAS_RESIDUAL=residual is not None, **options(tile, pdl))
+
+    launch_split(x.shape[0], n, n, k, tile.blocks, workspace, splits, x.device, launch)
+
+
 def norm_gate_up(x: torch.Tensor, norm_weight: torch.Tensor, gate_up: torch.Tensor, eps: float,
-                 tile: Tile | None = None, pdl: bool = False) -> torch.Tensor:
+                 tile: Tile | None = None, pdl: bool = False, workspace: SplitWorkspace | None = None,
+                 splits: int | None = None) -> torch.Tensor:
     """SiLU(gate) * up of RMSNorm(x): x [M, K], norm_weight [K], gate_up [2I, K] (gate rows, then up) -> [M, I]
     in x's dtype."""
     _check_linear("norm_gate_up", x, gate_up)
     if gate_up.shape[0] % 2 or norm_weight.shape != x.shape[1:]:
         raise ValueError(f"norm_gate_up: need gate_up [2I, {x.shape[1]}] and norm_weight [{x.shape[1]}], got "
                          f"{tuple(gate_up.shape)} and {tuple(norm_weight.shape)}")
-    inter = gate_up.shape[0] // 2
-    out, tile = x.new_empty(x.shape[0], inter), tile or tile_for(gate_up)
-    grid = (triton.cdiv(x.shape[0], tile.block_m), triton.cdiv(inter, tile.block_n))
-    _norm_gate_up_kernel[grid](x, norm_weight, gate_up, out, x.shape[0], x.stride(0), eps, INTER=inter, K=x.shape[1],
-                               BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k,
-                               UPCAST=upcast(gate_up), USE_PDL=pdl, **options(tile, pdl))
+    inter, k = gate_up.shape[0] // 2, x.shape[1]
+    out, chosen = x.new_empty(x.shape[0], inter), tile or tile_for(gate_up)
+
+    def launch(grid: tuple[int, int, int], rows: slice, partials: torch.Tensor, counters: torch.Tensor,
+               split: Split) -> None:
+        _norm_gate_up_kernel[grid](
+            x[rows], norm_weight, gate_up, out[rows], partials, counters, rows.stop - rows.start, x.stride(0), eps,
+            INTER=inter, K=k, BLOCK_M=chosen.block_m, BLOCK_N=chosen.block_n, BLOCK_K=chosen.block_k,
+            SPLITS=split.splits, K_SPLIT=split.k_split, UPCAST=upcast(gate_up), USE_PDL=pdl, **options(chosen, pdl))
+
+    launch_split(x.shape[0], inter, 2 * inter, k, chosen.blocks, workspace, splits, x.device, launch)
     return out
 
 

@@ -27,16 +27,26 @@ from chattts_velocity.model.kernels.triton.gemm import (
     weight_chunk,
 )
 from chattts_velocity.model.kernels.triton.rounding import to_dtype
+from chattts_velocity.model.kernels.triton.split_k import (
+    Split,
+    SplitWorkspace,
+    arrive,
+    depart,
+    launch_split,
+    store_partial,
+    sum_partials,
+)
 
 
 @triton.jit
 def _norm_qkv_rope_kernel(x_ptr, norm_ptr, w_ptr, positions_ptr, slots_ptr, cos_ptr, sin_ptr, q_ptr, k_cache_ptr,
-                          v_cache_ptr, M, x_stride, table_stride, eps,
-                          HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HALF: tl.constexpr, K: tl.constexpr,
-                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                          UPCAST: tl.constexpr, USE_PDL: tl.constexpr):
-    # one program per (tile of BLOCK_M rows, tile of BLOCK_N column pairs); pair p: head p // HALF of q|k|v,
-    # columns j = p % HALF and j + HALF of that head
+                          v_cache_ptr, part_ptr, count_ptr, M, x_stride, table_stride, eps,
+                          HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HALF: tl.constexpr, PAIRS: tl.constexpr,
+                          K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                          SPLITS: tl.constexpr, K_SPLIT: tl.constexpr, UPCAST: tl.constexpr, USE_PDL: tl.constexpr):
+    # one program per (tile of BLOCK_M rows, tile of BLOCK_N column pairs, K range); pair p: head p // HALF of
+    # q|k|v, columns j = p % HALF and j + HALF of that head; partials [SPLITS, M, 2 PAIRS]: first columns at p,
+    # second at PAIRS + p
     wait_previous(USE_PDL)
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     rows_ok = rows < M
@@ -48,12 +58,33 @@ def _norm_qkv_rope_kernel(x_ptr, norm_ptr, w_ptr, positions_ptr, slots_ptr, cos_
     scale = rms_scale(x_ptr, rows, rows_ok, x_stride, eps, K, BLOCK_M, BLOCK_K)
     acc1 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     acc2 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    k_begin = tl.program_id(2) * K_SPLIT
+    for k0 in range(k_begin, k_begin + K_SPLIT, BLOCK_K):
         cols = k0 + tl.arange(0, BLOCK_K)
         a = normed_chunk(x_ptr, rows, rows_ok, x_stride, scale, norm_ptr, cols, K, w_dtype)
         acc1 += dot(a, weight_chunk(w_ptr, first, p_ok, cols, K), UPCAST)
         acc2 += dot(a, weight_chunk(w_ptr, first + HALF, p_ok, cols, K), UPCAST)
     release_next(USE_PDL)
+    last = True
+    if SPLITS > 1:
+        tile = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
+        store_partial(part_ptr, acc1, tl.program_id(2), rows, rows_ok, p, p_ok, M, 2 * PAIRS)
+        store_partial(part_ptr, acc2, tl.program_id(2), rows, rows_ok, p + PAIRS, p_ok, M, 2 * PAIRS)
+        last = arrive(count_ptr, tile, SPLITS)
+        if last:
+            acc1 = sum_partials(part_ptr, rows, rows_ok, p, p_ok, M, 2 * PAIRS, SPLITS, BLOCK_M, BLOCK_N)
+            acc2 = sum_partials(part_ptr, rows, rows_ok, p + PAIRS, p_ok, M, 2 * PAIRS, SPLITS, BLOCK_M, BLOCK_N)
+            depart(count_ptr, tile)
+    if last:
+        _rope_and_store(acc1, acc2, rows, rows_ok, p, head, j, first, p_ok, positions_ptr, slots_ptr, cos_ptr,
+                        sin_ptr, q_ptr, k_cache_ptr, v_cache_ptr, table_stride, w_dtype, HEADS, KV_HEADS, HALF)
+
+
+@triton.jit
+def _rope_and_store(acc1, acc2, rows, rows_ok, p, head, j, first, p_ok, positions_ptr, slots_ptr, cos_ptr, sin_ptr,
+                    q_ptr, k_cache_ptr, v_cache_ptr, table_stride, w_dtype: tl.constexpr, HEADS: tl.constexpr,
+                    KV_HEADS: tl.constexpr, HALF: tl.constexpr):
+    # the epilogue: the projections rounded to W's dtype, RoPE on q and k, q out, k and v into the pools
     x1 = to_dtype(acc1, w_dtype).to(tl.float32)
     x2 = to_dtype(acc2, w_dtype).to(tl.float32)
     # RoPE (rotate_half: out1 = x1 cos1 - x2 sin1, out2 = x2 cos2 + x1 sin2) on q and k heads; v passes through
@@ -86,16 +117,39 @@ def _norm_qkv_rope_kernel(x_ptr, norm_ptr, w_ptr, positions_ptr, slots_ptr, cos_
 def norm_qkv_rope(
     x: torch.Tensor, norm_weight: torch.Tensor, qkv: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
     cos_cache: torch.Tensor, sin_cache: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, eps: float,
-    tile: Tile | None = None, pdl: bool = False,
+    tile: Tile | None = None, pdl: bool = False, workspace: SplitWorkspace | None = None, splits: int | None = None,
 ) -> torch.Tensor:
     """RMSNorm(x) @ qkv.T, RoPE at `positions` on q and k, k and v stored at `slots` -> q [M, heads, head_dim].
 
     x [M, H]; norm_weight [H]; qkv [(heads + 2 kv_heads) * head_dim, H]; positions, slots [M] int;
     cos_cache, sin_cache [max_positions, head_dim] fp32 (RotaryEmbedding's); pools
-    [num_blocks, block_size, kv_heads, head_dim] of one dtype, which q also takes.
+    [num_blocks, block_size, kv_heads, head_dim] of one dtype, which q also takes. tile, splits, workspace: as
+    gemm.residual_linear's.
     """
     kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
     heads = qkv.shape[0] // head_dim - 2 * kv_heads
+    _check(x, norm_weight, qkv, positions, slots, cos_cache, sin_cache, k_cache, v_cache, heads)
+    q = x.new_empty(x.shape[0], heads, head_dim, dtype=k_cache.dtype)
+    pairs, chosen = qkv.shape[0] // 2, tile or tile_for(qkv)
+    cos_cache, sin_cache = cos_cache.contiguous(), sin_cache.contiguous()
+
+    def launch(grid: tuple[int, int, int], rows: slice, partials: torch.Tensor, counters: torch.Tensor,
+               split: Split) -> None:
+        _norm_qkv_rope_kernel[grid](
+            x[rows], norm_weight, qkv, positions[rows], slots[rows], cos_cache, sin_cache, q[rows], k_cache, v_cache,
+            partials, counters, rows.stop - rows.start, x.stride(0), cos_cache.stride(0), eps, HEADS=heads,
+            KV_HEADS=kv_heads, HALF=head_dim // 2, PAIRS=pairs, K=x.shape[1], BLOCK_M=chosen.block_m,
+            BLOCK_N=chosen.block_n, BLOCK_K=chosen.block_k, SPLITS=split.splits, K_SPLIT=split.k_split,
+            UPCAST=upcast(qkv), USE_PDL=pdl, **options(chosen, pdl))
+
+    launch_split(x.shape[0], pairs, 2 * pairs, x.shape[1], chosen.blocks, workspace, splits, x.device, launch)
+    return q
+
+
+def _check(x: torch.Tensor, norm_weight: torch.Tensor, qkv: torch.Tensor, positions: torch.Tensor,
+           slots: torch.Tensor, cos_cache: torch.Tensor, sin_cache: torch.Tensor, k_cache: torch.Tensor,
+           v_cache: torch.Tensor, heads: int) -> None:
+    kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
     if (x.dim() != 2 or qkv.dim() != 2 or qkv.shape[1] != x.shape[1] or heads < 1 or qkv.shape[0] % head_dim
             or head_dim % 2 or norm_weight.shape != x.shape[1:]):
         raise ValueError(f"norm_qkv_rope: need x [M, H], norm_weight [H] and qkv [(heads + 2 * {kv_heads}) * "
@@ -108,13 +162,3 @@ def norm_qkv_rope(
             or not v_cache.is_contiguous() or x.stride(1) != 1 or not qkv.is_contiguous():
         raise ValueError("norm_qkv_rope: the pools must be two contiguous tensors of one shape and dtype, and x's "
                          "rows and qkv contiguous")
-    q = x.new_empty(x.shape[0], heads, head_dim, dtype=k_cache.dtype)
-    pairs, tile = qkv.shape[0] // 2, tile or tile_for(qkv)
-    grid = (triton.cdiv(x.shape[0], tile.block_m), triton.cdiv(pairs, tile.block_n))
-    cos_cache, sin_cache = cos_cache.contiguous(), sin_cache.contiguous()
-    _norm_qkv_rope_kernel[grid](
-        x, norm_weight, qkv, positions, slots, cos_cache, sin_cache, q, k_cache, v_cache, x.shape[0], x.stride(0),
-        cos_cache.stride(0), eps, HEADS=heads, KV_HEADS=kv_heads, HALF=head_dim // 2, K=x.shape[1],
-        BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, UPCAST=upcast(qkv), USE_PDL=pdl,
-        **options(tile, pdl))
-    return q

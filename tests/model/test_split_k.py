@@ -1,0 +1,85 @@
+"""Split-K of the fused GEMMs (model/kernels/triton/split_k.py): the split depends on the weight alone, the partials
+add up to the unsplit product, a row's bits are the same alone and in a batch, and a launch of more rows than the
+workspace holds equals one launch of them all. On CUDA, or in Triton's CPU interpreter."""
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+import torch
+
+if not torch.cuda.is_available() and "triton" not in sys.modules:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from chattts_velocity.model.kernels.triton import available
+
+if available() is not None:
+    pytest.skip(f"Triton kernels unavailable: {available()}", allow_module_level=True)
+
+from chattts_velocity.model.kernels.triton import gemm, qkv, split_k
+
+pytestmark = pytest.mark.triton
+DEVICE = "cuda" if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1" else "cpu"
+TILE_ARGS = {"block_m": 16, "block_n": 32, "block_k": 32}
+ROWS = 37  # three row tiles, the last one partial
+
+
+def _gemms(splits: int, workspace=None, rows: slice = slice(None)) -> dict[str, torch.Tensor]:
+    torch.manual_seed(0)
+    tile = gemm.Tile(**TILE_ARGS)
+    x, w, res = torch.randn(ROWS, 128), torch.randn(96, 128) * 0.1, torch.randn(ROWS, 96)
+    gate_up, norm = torch.randn(128, 128) * 0.1, torch.rand(128) + 0.5
+    weights, positions = torch.randn(3 * 64, 128) * 0.1, torch.arange(ROWS)
+    pools = torch.zeros(2, 16, 4, 1, 32), torch.zeros(2, 16, 4, 1, 32)
+    cos, sin = torch.rand(64, 32), torch.rand(64, 32)
+    x, w, res, gate_up, norm, weights, positions, cos, sin = (
+        t.to(DEVICE) for t in (x, w, res, gate_up, norm, weights, positions, cos, sin))
+    pools = pools[0].to(DEVICE), pools[1].to(DEVICE)
+    x, res, positions = x[rows], res[rows], positions[rows]
+    return {"residual_linear": gemm.residual_linear(x, w, res, tile=tile, splits=splits, workspace=workspace),
+            "linear": gemm.linear(x, w, tile=tile, splits=splits, workspace=workspace),
+            "norm_gate_up": gemm.norm_gate_up(x, norm, gate_up, 1e-6, tile=tile, splits=splits, workspace=workspace),
+            "norm_qkv_rope": qkv.norm_qkv_rope(x, norm, weights, positions, positions, cos, sin, pools[0][0],
+                                               pools[1][0], 1e-6, tile=tile, splits=splits, workspace=workspace)}
+
+
+def test_the_split_depends_on_the_weight_alone_and_fills_the_target() -> None:
+    # ChatTTS's decode GEMMs with the bf16 tile (16 columns, K chunks of 64)
+    shapes = {"qkv": (1152, 768), "o": (768, 768), "gate_up": (3072, 768), "down": (768, 3072)}
+    chosen = {name: split_k.plan(columns, k, 16, 64).splits for name, (columns, k) in shapes.items()}
+    assert chosen == {"qkv": 4, "o": 6, "gate_up": 2, "down": 8}
+    for name, (columns, k) in shapes.items():
+        assert (columns // 16) * chosen[name] <= split_k.TARGET_PROGRAMS
+        assert (k // 64) % chosen[name] == 0
+    assert split_k.plan(21178, 768, 16, 64).splits == 1  # the text head has tiles enough
+
+
+@pytest.mark.parametrize("splits", [2, 4])
+def test_split_products_equal_the_unsplit_ones_and_leave_the_counters_at_zero(splits: int) -> None:
+    workspace = split_k.SplitWorkspace.allocate(64, 4 * 192, 8, 16, torch.device(DEVICE))
+    whole, split = _gemms(1), _gemms(splits, workspace)
+    for name, expected in whole.items():
+        torch.testing.assert_close(split[name], expected, rtol=1e-5, atol=1e-5, msg=name)
+    assert int(workspace.counters.abs().sum()) == 0
+
+
+def test_a_row_is_the_same_alone_as_in_a_split_batch() -> None:
+    batch = _gemms(4)
+    for row in (0, 20, 36):
+        alone = _gemms(4, rows=slice(row, row + 1))
+        for name, out in batch.items():
+            assert torch.equal(alone[name], out[row: row + 1]), (name, row)
+
+
+def test_more_rows_than_the_workspace_holds_run_as_slices_with_the_same_bits() -> None:
+    small = split_k.SplitWorkspace.allocate(16, 4 * 192, 8, 16, torch.device(DEVICE))
+    assert split_k.row_slices(ROWS, small) == [(0, 16), (16, 32), (32, 37)]
+    sliced, whole = _gemms(4, small), _gemms(4)
+    for name, out in whole.items():
+        assert torch.equal(sliced[name], out), name
+
+
+def test_a_split_that_does_not_divide_the_k_chunks_is_a_value_error() -> None:
+    with pytest.raises(ValueError, match="splits"):
+        split_k.plan(96, 128, 32, 32, splits=3)
