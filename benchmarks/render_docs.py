@@ -43,6 +43,7 @@ def renderers(results: Path) -> dict[str, Callable[[], str]]:
         "host-loop": partial(tables.host_loop_table, results),
         "gpu-check": partial(gpu_tables.gpu_check_table, results),
         "gpu-step": partial(gpu_tables.gpu_step_table, results),
+        "gpu-kernels": partial(gpu_tables.gpu_kernels_table, results),
     }
     for dtype in ("float32", "bfloat16", "int8"):
         found[f"engine.{dtype}"] = partial(tables.from_json, tables.engine_table, results, dtype)

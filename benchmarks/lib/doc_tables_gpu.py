@@ -102,3 +102,24 @@ def gpu_step_table(results: Path) -> str:
     source = "profile_gpu_step" if timed_bare else "gpu_check's steady decode"
     return table([f"{run['device']}: sequences", f"step ms, no profiler ({source})", "step ms under cProfile",
                   "graph replay ms (device)", "host share of the step"], rows)
+
+
+def gpu_kernels_table(results: Path, top: int = 6) -> str:
+    """Device microseconds per decode step by kernel at 1 and 64 sequences (profile_gpu_kernels.py), largest first,
+    the rest summed; each kernel's launches per step beside its time."""
+    run = json.loads((results / "profile_gpu_kernels.json").read_text(encoding="utf-8"))
+    sizes = [n for n, rows in run["kernels"].items() if isinstance(rows, list)]
+    first = run["kernels"][sizes[0]]
+    names = [row["kernel"] for row in first[:top]]
+    body = []
+    for name in names:
+        cells = []
+        for n in sizes:
+            row = next((r for r in run["kernels"][n] if r["kernel"] == name), None)
+            cells.append("" if row is None else f"{row['us_per_step']:,.0f} ({row['per_step']:g} launches)")
+        body.append([name.split("(")[0].removeprefix("void ")[:48], *cells])
+    rest = [f"{sum(r['us_per_step'] for r in run['kernels'][n] if r['kernel'] not in names):,.0f}" for n in sizes]
+    total = [f"{sum(r['us_per_step'] for r in run['kernels'][n]):,.0f}" for n in sizes]
+    body += [["every other kernel and copy", *rest], ["**all device work of a step**", *total]]
+    head = [f"{run['device']}: kernel (bf16, triton backend)", *(f"us per step, {n} sequence(s)" for n in sizes)]
+    return table(head, body)
