@@ -7,6 +7,9 @@
    come from HBM as in a step) for tiles x split-K targets (split_k.splits_for's program target; 0: no split);
    `hbm_us` is the weight's bytes at the card's bandwidth. A tile and a split depend on the weight only, never on M
    (the batch-invariance rule), so one choice per kernel must serve every M.
+3. `attention`: the decode attention alone (12 heads of 64, bf16 pools of 16-position blocks) at 1/16/64 sequences
+   and contexts 100/500 for each split length (positions per split: a constant, so the split count depends on a
+   sequence's own context only).
 
     python benchmarks/profile_gpu_kernels.py --out benchmarks/results/profile_gpu_kernels.json
 """
@@ -25,7 +28,7 @@ if str(REPO) not in sys.path:
 
 from benchmarks import gpu_check_parts as parts  # noqa: E402 (needs REPO on sys.path)
 
-TILES = [(16, 16, 64, 4, 3), (16, 16, 128, 4, 3), (16, 32, 64, 4, 3), (16, 16, 64, 4, 4), (16, 16, 64, 2, 3)]
+TILES = [(16, 16, 64, 4, 3), (16, 16, 128, 4, 3), (16, 32, 64, 4, 3), (16, 16, 64, 4, 4)]
 TARGETS = (0, 192, 384, 768, 1536)  # split-K program targets (0: one K range)
 ROWS = (1, 16, 64, 256)
 
@@ -90,7 +93,8 @@ def gemm_cases(device, hidden: int, inter: int, heads: int, head_dim: int, vocab
     return {name: (t.numel() * t.element_size(), columns[name], t.shape[1]) for name, t in weights.items()}, call
 
 
-def tile_sweep(device, bandwidth_tbs: float) -> dict:
+def tile_sweep(device, bandwidth_tbs: float, save=lambda partial: None) -> dict:
+    """name -> weight MB, HBM us, tiles x splits -> {M: median us}, best choices; save(partial) after each GEMM."""
     import triton
     import triton.testing
 
@@ -115,6 +119,40 @@ def tile_sweep(device, bandwidth_tbs: float) -> dict:
         timed = {k: v for k, v in entry["tiles"].items() if isinstance(v, dict)}
         entry["best_at_1"] = min(timed, key=lambda k: timed[k]["1"]) if timed else None
         entry["best_sum"] = min(timed, key=lambda k: sum(timed[k].values())) if timed else None
+        save(out)
+    return out
+
+
+SPLIT_LENS = (32, 64, 128, 256)
+HEADS, HEAD_DIM, BLOCK = 12, 64, 16  # ChatTTS's attention, the engine's default block size
+
+
+def _attention_us(da, device, batch: int, context: int, split_len: int) -> float:
+    import torch
+    import triton.testing
+
+    per_seq = -(-context // BLOCK)
+    pools = [torch.randn(batch * per_seq + 1, BLOCK, HEADS, HEAD_DIM, device=device, dtype=torch.bfloat16)
+             for _ in range(2)]
+    tables = torch.arange(batch * per_seq, device=device).view(batch, per_seq)
+    lens = torch.full((batch,), context, device=device, dtype=torch.int32)
+    q = torch.randn(batch, HEADS, HEAD_DIM, device=device, dtype=torch.bfloat16)
+    space = da.Workspace.allocate(batch, HEADS, per_seq * BLOCK, HEAD_DIM, device, split_len)
+    return round(1e3 * triton.testing.do_bench(
+        lambda: da.paged_decode_attention(q, pools[0], pools[1], tables, lens, space, split_len=split_len),
+        warmup=5, rep=25, return_mode="median"), 2)
+
+
+def attention_sweep(device) -> dict:
+    """split_len -> "B x context" -> median us of one decode attention."""
+    from chattts_velocity.model.kernels.triton import decode_attention as da
+
+    out: dict = {}
+    for split_len in SPLIT_LENS:
+        row = out[str(split_len)] = {}
+        for batch in (1, 16, 64):
+            for context in (100, 500):
+                row[f"{batch}x{context}"] = _attention_us(da, device, batch, context, split_len)
     return out
 
 
@@ -127,8 +165,8 @@ def main() -> None:
     parser.add_argument("--bandwidth-tbs", type=float, default=4.8, help="the card's HBM bandwidth (H200: 4.8)")
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "profile_gpu_kernels.json"))
     args = parser.parse_args()
-    report: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "kernels": {}, "tiles": None,
-                    "seconds": {}}
+    report: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "kernels": {},
+                    "attention": None, "tiles": None, "seconds": {}}
     out = Path(args.out)
     start = time.perf_counter()
     with torch.inference_mode():
@@ -145,7 +183,14 @@ def main() -> None:
         llm.shutdown()
         report["seconds"]["kernels"] = round(time.perf_counter() - start, 1)
         out.write_text(json.dumps(report, indent=1), encoding="utf-8")
-        report["tiles"] = tile_sweep(torch.device("cuda"), args.bandwidth_tbs)
+        report["attention"] = attention_sweep(torch.device("cuda"))
+        out.write_text(json.dumps(report, indent=1), encoding="utf-8")
+
+        def save(tiles: dict) -> None:
+            report["tiles"] = tiles
+            out.write_text(json.dumps(report, indent=1), encoding="utf-8")
+
+        report["tiles"] = tile_sweep(torch.device("cuda"), args.bandwidth_tbs, save)
     report["seconds"]["total"] = round(time.perf_counter() - start, 1)
     out.write_text(json.dumps(report, indent=1), encoding="utf-8")
     for n, rows in report["kernels"].items():
@@ -153,6 +198,8 @@ def main() -> None:
             print(f"n={n}: {rows}")
             continue
         print(f"n={n}: {sum(r['us_per_step'] for r in rows):.0f} us/step", *rows[:12], sep="\n  ")
+    for split_len, times in report["attention"].items():
+        print("attention split", split_len, times)
     for name, entry in report["tiles"].items():
         print(name, entry["weight_mb"], "MB, HBM", entry["hbm_us"], "us; best at 1:", entry["best_at_1"],
               "best over M:", entry["best_sum"])
