@@ -14,6 +14,7 @@ the same).
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -63,6 +64,7 @@ class Split(NamedTuple):
 Launch = Callable[[tuple[int, int, int], slice, torch.Tensor, torch.Tensor, Split], None]
 
 
+@functools.lru_cache(maxsize=256)  # a pure function of a few ints, asked at every launch
 def plan(columns: int, k: int, block_n: int, block_k: int, splits: int | None = None) -> Split:
     """The split of a GEMM with `columns` output columns (pairs in the two-output kernels) over K = k; `splits`
     None: splits_for's choice."""
