@@ -3,14 +3,8 @@ add up to the unsplit product, a row's bits are the same alone and in a batch, a
 workspace holds equals one launch of them all. On CUDA, or in Triton's CPU interpreter."""
 from __future__ import annotations
 
-import os
-import sys
-
 import pytest
 import torch
-
-if not torch.cuda.is_available() and "triton" not in sys.modules:
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from chattts_velocity.model.kernels.triton import available
 
@@ -20,12 +14,11 @@ if available() is not None:
 from chattts_velocity.model.kernels.triton import gemm, qkv, split_k
 
 pytestmark = pytest.mark.triton
-DEVICE = "cuda" if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1" else "cpu"
 TILE_ARGS = {"block_m": 16, "block_n": 32, "block_k": 32}
 ROWS = 37  # three row tiles, the last one partial
 
 
-def _gemms(splits: int, workspace=None, rows: slice = slice(None)) -> dict[str, torch.Tensor]:
+def _gemms(device: str, splits: int, workspace=None, rows: slice = slice(None)) -> dict[str, torch.Tensor]:
     torch.manual_seed(0)
     tile = gemm.Tile(**TILE_ARGS)
     x, w, res = torch.randn(ROWS, 128), torch.randn(96, 128) * 0.1, torch.randn(ROWS, 96)
@@ -34,8 +27,8 @@ def _gemms(splits: int, workspace=None, rows: slice = slice(None)) -> dict[str, 
     pools = torch.zeros(2, 16, 4, 1, 32), torch.zeros(2, 16, 4, 1, 32)
     cos, sin = torch.rand(64, 32), torch.rand(64, 32)
     x, w, res, gate_up, norm, weights, positions, cos, sin = (
-        t.to(DEVICE) for t in (x, w, res, gate_up, norm, weights, positions, cos, sin))
-    pools = pools[0].to(DEVICE), pools[1].to(DEVICE)
+        t.to(device) for t in (x, w, res, gate_up, norm, weights, positions, cos, sin))
+    pools = pools[0].to(device), pools[1].to(device)
     x, res, positions = x[rows], res[rows], positions[rows]
     return {"residual_linear": gemm.residual_linear(x, w, res, tile=tile, splits=splits, workspace=workspace),
             "linear": gemm.linear(x, w, tile=tile, splits=splits, workspace=workspace),
@@ -56,26 +49,26 @@ def test_the_split_depends_on_the_weight_alone_and_fills_the_target() -> None:
 
 
 @pytest.mark.parametrize("splits", [2, 4])
-def test_split_products_equal_the_unsplit_ones_and_leave_the_counters_at_zero(splits: int) -> None:
-    workspace = split_k.SplitWorkspace.allocate(64, 4 * 192, 8, 16, torch.device(DEVICE))
-    whole, split = _gemms(1), _gemms(splits, workspace)
+def test_split_products_equal_the_unsplit_ones_and_leave_the_counters_at_zero(splits: int, triton_device) -> None:
+    workspace = split_k.SplitWorkspace.allocate(64, 4 * 192, 8, 16, torch.device(triton_device))
+    whole, split = _gemms(triton_device, 1), _gemms(triton_device, splits, workspace)
     for name, expected in whole.items():
         torch.testing.assert_close(split[name], expected, rtol=1e-5, atol=1e-5, msg=name)
     assert int(workspace.counters.abs().sum()) == 0
 
 
-def test_a_row_is_the_same_alone_as_in_a_split_batch() -> None:
-    batch = _gemms(4)
+def test_a_row_is_the_same_alone_as_in_a_split_batch(triton_device) -> None:
+    batch = _gemms(triton_device, 4)
     for row in (0, 20, 36):
-        alone = _gemms(4, rows=slice(row, row + 1))
+        alone = _gemms(triton_device, 4, rows=slice(row, row + 1))
         for name, out in batch.items():
             assert torch.equal(alone[name], out[row: row + 1]), (name, row)
 
 
-def test_more_rows_than_the_workspace_holds_run_as_slices_with_the_same_bits() -> None:
-    small = split_k.SplitWorkspace.allocate(16, 4 * 192, 8, 16, torch.device(DEVICE))
+def test_more_rows_than_the_workspace_holds_run_as_slices_with_the_same_bits(triton_device) -> None:
+    small = split_k.SplitWorkspace.allocate(16, 4 * 192, 8, 16, torch.device(triton_device))
     assert split_k.row_slices(ROWS, small) == [(0, 16), (16, 32), (32, 37)]
-    sliced, whole = _gemms(4, small), _gemms(4)
+    sliced, whole = _gemms(triton_device, 4, small), _gemms(triton_device, 4)
     for name, out in whole.items():
         assert torch.equal(sliced[name], out), name
 

@@ -6,10 +6,10 @@ the residual: the heads on CUDA),
 `norm_gate_up` (RMSNorm of x, then gate|up = normed @ W.T and SiLU(gate) * up) and, in qkv.py, the RMSNorm -> q|k|v
 projection with RoPE and the KV store.
 
-NOTE (batch invariance): the tile configuration (`tile_for`) depends on the weight's dtype only, never on M: M only
-sets the grid.
-A row's K loop (BLOCK_K chunks in order, fp32 accumulation) and its norm's sum of squares are the same alone and in
-a batch of any size, and no split-K is ever chosen, so a row's bits do not depend on the other rows.
+NOTE (batch invariance): the tile configuration (`tile_for`) depends on the weight's dtype only and the split of K
+(split_k.py) on the weight's shape and tile only, never on M: M only sets the grid. A row's K loop (BLOCK_K chunks
+in order within each K range, fp32 accumulation, the ranges' partials added in range order) and its norm's sum of
+squares are the same alone and in a batch of any size, so a row's bits do not depend on the other rows.
 Roundings follow the torch layers: the normed row in x's dtype times the norm weight, the product in W's dtype
 (tensor cores take both operands in W's dtype), each projection's output rounded to W's dtype as cuBLAS returns it.
 """
@@ -23,15 +23,7 @@ import triton
 import triton.language as tl
 
 from chattts_velocity.model.kernels.triton.rounding import to_dtype
-from chattts_velocity.model.kernels.triton.split_k import (
-    Split,
-    SplitWorkspace,
-    arrive,
-    depart,
-    launch_split,
-    store_partial,
-    sum_partials,
-)
+from chattts_velocity.model.kernels.triton.split_k import Split, SplitWorkspace, launch_split, reduce_one, reduce_pair
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # read as triton reads it, when the kernels are decorated
 
@@ -125,6 +117,23 @@ def normed_chunk(x_ptr, rows, rows_ok, x_stride, scale, norm_ptr, cols, K: tl.co
 
 
 @triton.jit
+def normed_pair_dots(x_ptr, rows, rows_ok, x_stride, scale, norm_ptr, w_ptr, first, second, w_ok, k_begin,
+                     K: tl.constexpr, K_SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                     BLOCK_K: tl.constexpr, UPCAST: tl.constexpr):
+    # the RMSNorm'd rows over K [k_begin, k_begin + K_SPLIT) times W's rows `first` and `second` [BLOCK_N each]:
+    # two fp32 accumulators [BLOCK_M, BLOCK_N], K chunks in order
+    w_dtype = w_ptr.dtype.element_ty
+    acc1 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc2 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(k_begin, k_begin + K_SPLIT, BLOCK_K):
+        cols = k0 + tl.arange(0, BLOCK_K)
+        a = normed_chunk(x_ptr, rows, rows_ok, x_stride, scale, norm_ptr, cols, K, w_dtype)
+        acc1 += dot(a, weight_chunk(w_ptr, first, w_ok, cols, K), UPCAST)
+        acc2 += dot(a, weight_chunk(w_ptr, second, w_ok, cols, K), UPCAST)
+    return acc1, acc2
+
+
+@triton.jit
 def weight_chunk(w_ptr, w_rows, w_rows_ok, cols, K: tl.constexpr):
     # W[w_rows, cols] transposed: [BLOCK_K, BLOCK_N]
     return tl.load(w_ptr + w_rows[None, :].to(tl.int64) * K + cols[:, None],
@@ -152,14 +161,7 @@ def _residual_linear_kernel(x_ptr, w_ptr, residual_ptr, out_ptr, part_ptr, count
                     other=0.0)
         acc += dot(to_dtype(x, w_dtype), weight_chunk(w_ptr, n, n_ok, cols, K), UPCAST)
     release_next(USE_PDL)
-    last = True
-    if SPLITS > 1:
-        tile = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
-        store_partial(part_ptr, acc, tl.program_id(2), rows, rows_ok, n, n_ok, M, N)
-        last = arrive(count_ptr, tile, SPLITS)
-        if last:
-            acc = sum_partials(part_ptr, rows, rows_ok, n, n_ok, M, N, SPLITS, BLOCK_M, BLOCK_N)
-            depart(count_ptr, tile)
+    acc, last = reduce_one(part_ptr, count_ptr, acc, rows, rows_ok, n, n_ok, M, N, SPLITS, BLOCK_M, BLOCK_N)
     if last:
         offs = rows[:, None] * N + n[None, :]
         ok = rows_ok[:, None] & n_ok[None, :]
@@ -183,25 +185,11 @@ def _norm_gate_up_kernel(x_ptr, norm_ptr, w_ptr, out_ptr, part_ptr, count_ptr, M
     n_ok = n < INTER
     w_dtype = w_ptr.dtype.element_ty
     scale = rms_scale(x_ptr, rows, rows_ok, x_stride, eps, K, BLOCK_M, BLOCK_K)
-    gate = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    k_begin = tl.program_id(2) * K_SPLIT
-    for k0 in range(k_begin, k_begin + K_SPLIT, BLOCK_K):
-        cols = k0 + tl.arange(0, BLOCK_K)
-        a = normed_chunk(x_ptr, rows, rows_ok, x_stride, scale, norm_ptr, cols, K, w_dtype)
-        gate += dot(a, weight_chunk(w_ptr, n, n_ok, cols, K), UPCAST)
-        up += dot(a, weight_chunk(w_ptr, n + INTER, n_ok, cols, K), UPCAST)
+    gate, up = normed_pair_dots(x_ptr, rows, rows_ok, x_stride, scale, norm_ptr, w_ptr, n, n + INTER, n_ok,
+                                tl.program_id(2) * K_SPLIT, K, K_SPLIT, BLOCK_M, BLOCK_N, BLOCK_K, UPCAST)
     release_next(USE_PDL)
-    last = True
-    if SPLITS > 1:
-        tile = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
-        store_partial(part_ptr, gate, tl.program_id(2), rows, rows_ok, n, n_ok, M, 2 * INTER)
-        store_partial(part_ptr, up, tl.program_id(2), rows, rows_ok, n + INTER, n_ok, M, 2 * INTER)
-        last = arrive(count_ptr, tile, SPLITS)
-        if last:
-            gate = sum_partials(part_ptr, rows, rows_ok, n, n_ok, M, 2 * INTER, SPLITS, BLOCK_M, BLOCK_N)
-            up = sum_partials(part_ptr, rows, rows_ok, n + INTER, n_ok, M, 2 * INTER, SPLITS, BLOCK_M, BLOCK_N)
-            depart(count_ptr, tile)
+    gate, up, last = reduce_pair(part_ptr, count_ptr, gate, up, rows, rows_ok, n, n_ok, M, INTER, SPLITS, BLOCK_M,
+                                 BLOCK_N)
     if last:
         gate = to_dtype(gate, w_dtype).to(tl.float32)
         silu = to_dtype(gate / (1.0 + tl.exp(-gate)), w_dtype).to(tl.float32)

@@ -16,26 +16,16 @@ import triton.language as tl
 
 from chattts_velocity.model.kernels.triton.gemm import (
     Tile,
-    dot,
-    normed_chunk,
+    normed_pair_dots,
     options,
     release_next,
     rms_scale,
     tile_for,
     upcast,
     wait_previous,
-    weight_chunk,
 )
 from chattts_velocity.model.kernels.triton.rounding import to_dtype
-from chattts_velocity.model.kernels.triton.split_k import (
-    Split,
-    SplitWorkspace,
-    arrive,
-    depart,
-    launch_split,
-    store_partial,
-    sum_partials,
-)
+from chattts_velocity.model.kernels.triton.split_k import Split, SplitWorkspace, launch_split, reduce_pair
 
 
 @triton.jit
@@ -56,25 +46,11 @@ def _norm_qkv_rope_kernel(x_ptr, norm_ptr, w_ptr, positions_ptr, slots_ptr, cos_
     first = head * (2 * HALF) + j  # the pair's rows of W
     w_dtype = w_ptr.dtype.element_ty
     scale = rms_scale(x_ptr, rows, rows_ok, x_stride, eps, K, BLOCK_M, BLOCK_K)
-    acc1 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    acc2 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    k_begin = tl.program_id(2) * K_SPLIT
-    for k0 in range(k_begin, k_begin + K_SPLIT, BLOCK_K):
-        cols = k0 + tl.arange(0, BLOCK_K)
-        a = normed_chunk(x_ptr, rows, rows_ok, x_stride, scale, norm_ptr, cols, K, w_dtype)
-        acc1 += dot(a, weight_chunk(w_ptr, first, p_ok, cols, K), UPCAST)
-        acc2 += dot(a, weight_chunk(w_ptr, first + HALF, p_ok, cols, K), UPCAST)
+    acc1, acc2 = normed_pair_dots(x_ptr, rows, rows_ok, x_stride, scale, norm_ptr, w_ptr, first, first + HALF, p_ok,
+                                  tl.program_id(2) * K_SPLIT, K, K_SPLIT, BLOCK_M, BLOCK_N, BLOCK_K, UPCAST)
     release_next(USE_PDL)
-    last = True
-    if SPLITS > 1:
-        tile = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
-        store_partial(part_ptr, acc1, tl.program_id(2), rows, rows_ok, p, p_ok, M, 2 * PAIRS)
-        store_partial(part_ptr, acc2, tl.program_id(2), rows, rows_ok, p + PAIRS, p_ok, M, 2 * PAIRS)
-        last = arrive(count_ptr, tile, SPLITS)
-        if last:
-            acc1 = sum_partials(part_ptr, rows, rows_ok, p, p_ok, M, 2 * PAIRS, SPLITS, BLOCK_M, BLOCK_N)
-            acc2 = sum_partials(part_ptr, rows, rows_ok, p + PAIRS, p_ok, M, 2 * PAIRS, SPLITS, BLOCK_M, BLOCK_N)
-            depart(count_ptr, tile)
+    acc1, acc2, last = reduce_pair(part_ptr, count_ptr, acc1, acc2, rows, rows_ok, p, p_ok, M, PAIRS, SPLITS,
+                                   BLOCK_M, BLOCK_N)
     if last:
         _rope_and_store(acc1, acc2, rows, rows_ok, p, head, j, first, p_ok, positions_ptr, slots_ptr, cos_ptr,
                         sin_ptr, q_ptr, k_cache_ptr, v_cache_ptr, table_stride, w_dtype, HEADS, KV_HEADS, HALF)

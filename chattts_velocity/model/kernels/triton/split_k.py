@@ -116,22 +116,52 @@ def row_slices(rows: int, workspace: SplitWorkspace | None) -> list[tuple[int, i
 
 
 @triton.jit
-def store_partial(part_ptr, acc, split, rows, rows_ok, cols, cols_ok, M, WIDTH: tl.constexpr):
+def reduce_pair(part_ptr, count_ptr, acc1, acc2, rows, rows_ok, cols, cols_ok, M, COLUMNS: tl.constexpr,
+                SPLITS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    # -> (acc1, acc2, last): with SPLITS > 1 this program's two fp32 tiles go to partials [SPLITS, M, 2 COLUMNS]
+    # (acc1 at cols, acc2 at COLUMNS + cols); the program that arrives last at its (row tile, column tile) counter
+    # gets every split's sums, added in split order, and resets the counter; the others get last False
+    last = True
+    if SPLITS > 1:
+        tile = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
+        split = tl.program_id(2)
+        _store(part_ptr, acc1, split, rows, rows_ok, cols, cols_ok, M, 2 * COLUMNS)
+        _store(part_ptr, acc2, split, rows, rows_ok, cols + COLUMNS, cols_ok, M, 2 * COLUMNS)
+        tl.debug_barrier()  # every thread's partial stores precede the release below
+        last = tl.atomic_add(count_ptr + tile, 1, sem="acq_rel") == SPLITS - 1
+        if last:
+            acc1 = _sum(part_ptr, rows, rows_ok, cols, cols_ok, M, 2 * COLUMNS, SPLITS, BLOCK_M, BLOCK_N)
+            acc2 = _sum(part_ptr, rows, rows_ok, cols + COLUMNS, cols_ok, M, 2 * COLUMNS, SPLITS, BLOCK_M, BLOCK_N)
+            tl.store(count_ptr + tile, 0)
+    return acc1, acc2, last
+
+
+@triton.jit
+def reduce_one(part_ptr, count_ptr, acc, rows, rows_ok, cols, cols_ok, M, COLUMNS: tl.constexpr,
+               SPLITS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    # reduce_pair for one accumulator: partials [SPLITS, M, COLUMNS] -> (acc, last)
+    last = True
+    if SPLITS > 1:
+        tile = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
+        _store(part_ptr, acc, tl.program_id(2), rows, rows_ok, cols, cols_ok, M, COLUMNS)
+        tl.debug_barrier()  # every thread's partial stores precede the release below
+        last = tl.atomic_add(count_ptr + tile, 1, sem="acq_rel") == SPLITS - 1
+        if last:
+            acc = _sum(part_ptr, rows, rows_ok, cols, cols_ok, M, COLUMNS, SPLITS, BLOCK_M, BLOCK_N)
+            tl.store(count_ptr + tile, 0)
+    return acc, last
+
+
+@triton.jit
+def _store(part_ptr, acc, split, rows, rows_ok, cols, cols_ok, M, WIDTH: tl.constexpr):
     # this program's fp32 tile of split `split` into partials [SPLITS, M, WIDTH] at columns cols
     offs = (split * M + rows[:, None]).to(tl.int64) * WIDTH + cols[None, :]
     tl.store(part_ptr + offs, acc, mask=rows_ok[:, None] & cols_ok[None, :])
 
 
 @triton.jit
-def arrive(count_ptr, tile, SPLITS: tl.constexpr):
-    # True for the program that arrives last at its tile (its partials and every other split's are stored)
-    tl.debug_barrier()  # every thread's partial stores precede the release below
-    return tl.atomic_add(count_ptr + tile, 1, sem="acq_rel") == SPLITS - 1
-
-
-@triton.jit
-def sum_partials(part_ptr, rows, rows_ok, cols, cols_ok, M, WIDTH: tl.constexpr, SPLITS: tl.constexpr,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def _sum(part_ptr, rows, rows_ok, cols, cols_ok, M, WIDTH: tl.constexpr, SPLITS: tl.constexpr,
+         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     # the splits' partial tiles added in split order; .cg: read from L2, not a stale L1
     total = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     ok = rows_ok[:, None] & cols_ok[None, :]
@@ -139,9 +169,3 @@ def sum_partials(part_ptr, rows, rows_ok, cols, cols_ok, M, WIDTH: tl.constexpr,
         offs = (s * M + rows[:, None]).to(tl.int64) * WIDTH + cols[None, :]
         total += tl.load(part_ptr + offs, mask=ok, other=0.0, cache_modifier=".cg")
     return total
-
-
-@triton.jit
-def depart(count_ptr, tile):
-    # the last program resets its tile's counter for the next launch
-    tl.store(count_ptr + tile, 0)
