@@ -76,3 +76,17 @@ def test_more_rows_than_the_workspace_holds_run_as_slices_with_the_same_bits(tri
 def test_a_split_that_does_not_divide_the_k_chunks_is_a_value_error() -> None:
     with pytest.raises(ValueError, match="splits"):
         split_k.plan(96, 128, 32, 32, splits=3)
+
+
+def test_an_unsplit_gemm_is_one_launch_whatever_the_workspace_holds() -> None:
+    # one K range reads no partials: no row slices and no scratch of the GEMM's width (the text head's 21,178
+    # columns would not fit the layers' workspace)
+    small = split_k.SplitWorkspace.allocate(16, 8, 1, 16, torch.device("cpu"))
+    launches: list[tuple[tuple[int, int, int], slice, int]] = []
+    split_k.launch_split(ROWS, 21178, 21178, 768, (16, 16, 64), small, None, torch.device("cpu"),
+                         lambda grid, rows, partials, counters, split: launches.append((grid, rows, partials.numel())))
+    assert launches == [((3, 1324, 1), slice(0, ROWS), small.partials.numel())]
+    split_k.launch_split(ROWS, 768, 768, 3072, (16, 16, 64), small, None, torch.device("cpu"),
+                         lambda grid, rows, partials, counters, split: launches.append((grid, rows, split.splits)))
+    assert [entry[:2] for entry in launches[1:]] == [((1, 48, 8), slice(0, 16)), ((1, 48, 8), slice(16, 32)),
+                                                    ((1, 48, 8), slice(32, ROWS))]

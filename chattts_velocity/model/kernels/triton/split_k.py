@@ -82,7 +82,11 @@ def launch_split(m: int, columns: int, width: int, k: int, block: tuple[int, int
     block_m, block_n, block_k = block
     split = plan(columns, k, block_n, block_k, splits)
     column_tiles = triton.cdiv(columns, block_n)
-    for start, end in row_slices(m, workspace if split.splits > 1 else None):
+    if split.splits == 1:  # one launch; the kernel reads no partials or counters (any fp32 / int32 tensors do)
+        space = workspace or SplitWorkspace.allocate(1, 1, 1, block_m, device)
+        launch((triton.cdiv(m, block_m), column_tiles, 1), slice(0, m), space.partials, space.counters, split)
+        return
+    for start, end in row_slices(m, workspace):
         space = workspace_for(end - start, split.splits * width, column_tiles, block_m, workspace, device)
         launch((triton.cdiv(end - start, block_m), column_tiles, split.splits), slice(start, end), space.partials,
                space.counters, split)
