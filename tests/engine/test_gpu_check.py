@@ -52,10 +52,25 @@ def test_the_dry_run_on_cpu_writes_every_key(tiny_assets, tmp_path) -> None:
 def test_the_dry_run_never_writes_the_committed_results(tmp_path, monkeypatch) -> None:
     gpu_check = _module("gpu_check")
     seen = {}
-    monkeypatch.setattr(gpu_check, "measure", lambda args, plan, report: seen.update(plan=plan))
+    monkeypatch.setattr(gpu_check, "measure", lambda args, plan, report, save: seen.update(plan=plan))
     monkeypatch.setattr(gpu_check.tempfile, "gettempdir", lambda: str(tmp_path))
     committed = BENCH / "results" / "gpu_check.json"
     before = committed.read_bytes()
     gpu_check.main(["--dry-run", "--model", "unused"])
     assert committed.read_bytes() == before and (tmp_path / "gpu_check_dry_run.json").is_file()
     assert seen["plan"] is gpu_check.DRY
+
+
+def test_a_run_cut_short_keeps_the_parts_it_finished(tmp_path, monkeypatch) -> None:
+    gpu_check = _module("gpu_check")
+
+    def first_part_then_killed(args, plan, report, save) -> None:
+        report["steady_steps_per_s"]["1"] = 1.0
+        save(report)
+        raise TimeoutError("the time limit")
+
+    monkeypatch.setattr(gpu_check, "measure", first_part_then_killed)
+    out = tmp_path / "cut.json"
+    with pytest.raises(TimeoutError):
+        gpu_check.main(["--dry-run", "--model", "unused", "--out", str(out)])
+    assert json.loads(out.read_text(encoding="utf-8"))["steady_steps_per_s"] == {"1": 1.0}
