@@ -64,7 +64,7 @@ def load(model: str, dtype: str, **engine_options):
 
 def backend_variants(runner) -> dict[str, Callable[[], None]]:
     """name -> a function that switches the runner to that decode backend and kernel layout."""
-    from chattts_velocity.engine.backends.torch_backend import CompiledTorchBackend
+    from chattts_velocity.engine.worker.backends.torch_backend import CompiledTorchBackend
     from chattts_velocity.model import kernels
     from chattts_velocity.model.fused import FusedLayerWeights
 
@@ -134,7 +134,7 @@ def backends(args: argparse.Namespace) -> tuple[dict, str]:
 
 def kv_turn(engine, seqs: int, context: int) -> Callable[[], None]:
     """A function running STEPS_PER_TURN decode steps of `seqs` sequences at positions context, context + 1, ..."""
-    from chattts_velocity.engine.backends.paged_kv import StepTensors
+    from chattts_velocity.engine.worker.step_inputs import StepTensors
 
     runner, bs = engine.runner, engine.runner.block_size
     width = -(-(context + STEPS_PER_TURN) // bs)

@@ -3,7 +3,7 @@
 The engine runs a real backend ("triton" under TRITON_INTERPRET=1, or "cpu") whose kernels are replaced by
 ready-made results: the layers return their input (hidden states of the right shape), the heads return fixed
 logits, the sampler's draw returns fixed tokens (its host-side preparation still runs); on the triton backend a steady
-decode step's graph (engine/backends/step_graph.py: slots, embedding, layers, heads, sampler; one replay on a GPU)
+decode step's graph (worker/backends/step_graph.py: slots, embedding, layers, heads, sampler; one replay on a GPU)
 returns fixed tokens, while filling its buffers and staging its per-step inputs still run; steady steps run a step
 ahead of the host (EngineConfig.overlap), as on a GPU. A step is timed with its consumer's part: the collectors
 LLM.generate keeps (engine/collect.py) take the step's outputs. What is left is the host work of a step. Reported, in
@@ -57,7 +57,7 @@ libc.mallopt(-1, 1 << 31)  # M_TRIM_THRESHOLD: freed heap memory is kept, not gi
 touched = torch.ones(768 << 20, dtype=torch.uint8)
 del touched
 from chattts_velocity.config import EngineConfig, ModelConfig
-from chattts_velocity.engine.core.llm_engine import LLMEngine
+from chattts_velocity.engine.llm_engine import LLMEngine
 from chattts_velocity.model import ChatTTSLlama, Embed, kv_cache_bytes_per_block
 from chattts_velocity.schema import Prompt, SamplingParams
 
@@ -210,7 +210,7 @@ import torch
 torch.set_num_threads(1)
 from chattts_velocity.config import EngineConfig, ModelConfig
 from chattts_velocity.devtools.launch_counter import LaunchCounter
-from chattts_velocity.engine.core.llm_engine import LLMEngine
+from chattts_velocity.engine.llm_engine import LLMEngine
 from chattts_velocity.model import ChatTTSLlama, Embed
 from chattts_velocity.schema import Prompt, SamplingParams
 

@@ -33,7 +33,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from chattts_velocity import load_pretrained  # noqa: E402 (imported once REPO is on sys.path)
-from chattts_velocity.engine.backends.paged_kv import StepTensors  # noqa: E402
+from chattts_velocity.engine.worker.step_inputs import StepTensors  # noqa: E402
 from chattts_velocity.model import build_attention_metadata, kernels  # noqa: E402
 from chattts_velocity.model.packed import fuse_rows  # noqa: E402
 from chattts_velocity.params import InferCodeParams  # noqa: E402

@@ -67,7 +67,7 @@ def mel_source(args: argparse.Namespace, device: str):
 def measure(args: argparse.Namespace, plan: dict, report: dict, save) -> None:
     """Every part into report (errors under report["errors"]); `save(report)` after each, so a run stopped by its
     time limit keeps the parts it finished."""
-    from chattts_velocity.engine.backends.torch_backend import TorchBackend
+    from chattts_velocity.engine.worker.backends.torch_backend import TorchBackend
 
     def part(name: str, fn) -> None:
         start = time.perf_counter()

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from chattts_velocity.config import EngineConfig
-from chattts_velocity.engine.backends.paged_kv import PagedKV, StepTensors
+from chattts_velocity.engine.worker.step_inputs import PagedKV, StepTensors
 from chattts_velocity.schema import Prompt, SamplingParams
 
 OVERLAP_OPTIONS = ("async_scheduling", "overlap_scheduling", "overlap")  # the engine option, by any of its names

@@ -41,7 +41,7 @@ def replay_ms(backend, n: int, repeats: int = 50) -> float:
     """Device time of one graph replay for n rows (CUDA events, median)."""
     import torch
 
-    from chattts_velocity.engine.backends.paged_kv import StepTensors
+    from chattts_velocity.engine.worker.step_inputs import StepTensors
 
     kv = backend.kv
     x = torch.randn(n, backend.model.config.hidden_size, device=kv.device, dtype=torch.bfloat16)

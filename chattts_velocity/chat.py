@@ -19,8 +19,8 @@ from .assets import find_assets, is_demo_folder, verify_assets
 from .audio import Spoken
 from .audio.wav import SAMPLE_RATE
 from .config import ModelConfig
-from .engine.core.llm_engine import LLMEngine
 from .engine.gpt import GPTBackend
+from .engine.llm_engine import LLMEngine
 from .params import InferCodeParams, RefineTextParams
 from .schema import SpeechRequests, TextPieces
 from .speech import MelSource, SpeechPipeline

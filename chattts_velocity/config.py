@@ -93,10 +93,10 @@ class EngineConfig:
     scheduling: str = "fcfs"  # or "priority"
     device: str = "cpu"
     dtype: str = "float32"  # "float32" (exact), "bfloat16", "float16", "int8" or "int4" (precision.py)
-    backend: str = "auto"  # decode backend: "auto", "torch", "cpu" or "triton" (engine/backends/select.py)
+    backend: str = "auto"  # decode backend: "auto", "torch", "cpu" or "triton" (engine/worker/backends/select.py)
     kv_cache_dtype: str = "auto"  # "auto": the weights' dtype; "int8": one fp32 scale per (slot, head), cpu backend
     compile: bool = False  # torch.compile the decode step (torch backend)
-    # launch steady decode step n+1 before reading step n's tokens (engine/core/overlap.py); None: where steady steps
+    # launch steady decode step n+1 before reading step n's tokens (engine/worker/overlap.py); None: where steady steps
     # run as one CUDA graph (the triton backend on CUDA). Read once, by the model runner.
     overlap: bool | None = None
     num_threads: int | None = None

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import torch
 
-from chattts_velocity.engine.backends import DecodeBackend
-from chattts_velocity.engine.backends.paged_kv import StepTensors
+from chattts_velocity.engine.worker.backends import DecodeBackend
+from chattts_velocity.engine.worker.step_inputs import StepTensors
 from chattts_velocity.model import AttentionMetadata
 
 

@@ -10,7 +10,8 @@ DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), REPO / "bench
 ROOTS = [REPO, REPO / "chattts_velocity", REPO / "benchmarks", REPO / "tests", REPO / "webui"]
 FILE = re.compile(r"`([A-Za-z0-9_./-]+\.(?:py|sh|h|cpp|json))`")
 MODULE = re.compile(r"\bchattts_velocity(?:\.[a-z_0-9]+)+")
-NOT_OURS = {"gpt/config.json", "manifest.json", "config.json"}  # the model's files and the export's output
+NOT_OURS = {"gpt/config.json", "manifest.json", "config.json",  # the model's files and the export's output
+            "torch/library.h"}  # torch's header (in a venv, which a clone need not hold)
 
 
 def named_files(text: str) -> set[str]:

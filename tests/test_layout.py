@@ -65,9 +65,13 @@ def module_graph() -> dict[str, set[str]]:
 
 def folder(module: str) -> str:
     """The unit a module belongs to: a folder of the package (chattts_velocity.speech), a root module
-    (chattts_velocity.chat), the package's own __init__ (chattts_velocity), or webui."""
+    (chattts_velocity.chat), the package's own __init__ (chattts_velocity), or webui. engine/'s rooms are units of
+    their own (chattts_velocity.engine.sched), and so is each module at engine's top
+    (the callers' surface, the loop)."""
     parts = module.split(".")
-    return ".".join(parts[:2]) if parts[0] == "chattts_velocity" else parts[0]
+    if parts[0] != "chattts_velocity":
+        return parts[0]
+    return ".".join(parts[:3]) if parts[1:2] == ["engine"] else ".".join(parts[:2])
 
 
 def test_no_import_cycles_between_modules() -> None:
@@ -224,3 +228,23 @@ def test_no_module_file_name_repeats_across_package_folders() -> None:
         if path.name not in ("__init__.py", "__main__.py"):
             by_name.setdefault(path.name, []).append(str(path.relative_to(REPO)))
     assert {name: sorted(paths) for name, paths in by_name.items() if len(paths) > 1} == {}
+
+
+ENGINE = "chattts_velocity.engine"
+# engine/'s rooms and what each may import inside engine/: the scheduler's bookkeeping nothing, the worker only the
+# scheduler's hand-off types, the beams between them; none of them the loop or the callers' surface at engine's top.
+ENGINE_ROOMS = {"sched": {"sched"}, "worker": {"sched", "worker"}, "beams": {"sched", "worker", "beams"},
+                "loading": {"loading"}}
+
+
+def test_engine_rooms_import_in_the_direction_the_data_flows() -> None:
+    """sched <- worker <- beams <- the loop (llm_engine.py) <- the surface; never back."""
+    found = []
+    for module, targets in module_graph().items():
+        room = module.removeprefix(ENGINE + ".").split(".")[0]
+        if not module.startswith(ENGINE + ".") or room not in ENGINE_ROOMS:
+            continue
+        for target in targets:
+            if target.startswith(ENGINE) and (target == ENGINE or target.split(".")[2] not in ENGINE_ROOMS[room]):
+                found.append(f"{module} -> {target}")
+    assert found == []

@@ -95,8 +95,8 @@ def _drive_backend(hidden: int, heads: int, inter: int, dtype: Any, block_size: 
     import torch
 
     from chattts_velocity.config import ModelConfig
-    from chattts_velocity.engine.backends.paged_kv import PagedKV, StepTensors
-    from chattts_velocity.engine.backends.triton_backend import TritonBackend
+    from chattts_velocity.engine.worker.backends.triton_backend import TritonBackend
+    from chattts_velocity.engine.worker.step_inputs import PagedKV, StepTensors
     from chattts_velocity.model import ChatTTSLlama, allocate_kv_pairs
     from chattts_velocity.model.kernels.triton import embedding, gemm
     config = ModelConfig(hidden_size=hidden, intermediate_size=inter, num_hidden_layers=1, num_attention_heads=heads,
@@ -108,7 +108,7 @@ def _drive_backend(hidden: int, heads: int, inter: int, dtype: Any, block_size: 
     backend.run(torch.zeros(6, hidden, dtype=dtype), prefill)
     decode = StepTensors.from_lists([1, 1], [6, 10], [[0, 1, 2], [3, 4, 5]], block_size, torch.device("cpu"))
     backend.run(torch.zeros(2, hidden, dtype=dtype), decode)
-    # a steady step's own launches (engine/backends/step_graph.py): its inputs, the final norm into fp32
+    # a steady step's own launches (engine/worker/backends/step_graph.py): its inputs, the final norm into fp32
     for table_dtype in {dtype, torch.float32}:
         embedding.decode_inputs(torch.zeros(2, 4, dtype=torch.int64), torch.zeros(4 * 626, hidden, dtype=table_dtype),
                                 decode.positions, decode.block_tables, block_size, dtype)

@@ -15,10 +15,10 @@ from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from chattts_velocity.engine.core.llm_engine import LLMEngine
-from chattts_velocity.engine.core.step import SteadyRows
+from chattts_velocity.engine.llm_engine import LLMEngine
 from chattts_velocity.engine.request_stream import RequestStream as RequestStream  # serve/ imports it from here
 from chattts_velocity.engine.request_stream import put_rows
+from chattts_velocity.engine.sched.step import SteadyRows
 from chattts_velocity.schema import GenerationOutput, Prompt, SamplingParams
 
 logger = logging.getLogger("chattts_velocity")

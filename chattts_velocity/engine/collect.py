@@ -1,6 +1,6 @@
 """Engine stage: Collectors — one consumer's requests, their engine deltas gathered into whole GenerationOutputs.
 
-In: each engine step's StepDeltas (engine/core/step.py). Out: a request's GenerationOutput once it finished
+In: each engine step's StepDeltas (engine/sched/step.py). Out: a request's GenerationOutput once it finished
 (LLM.generate), or its rows since the last hand-off (`Collector.drain`, LLM.stream). A steady step's block is taken as a
 whole: it joins a log, one append a step; the log reaches the requests when the persistent batch changes, one of them
 ends or the consumer flushes it (one slice per request then), so no steady step costs anything per request.
@@ -10,8 +10,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from chattts_velocity.engine.backends.hidden_log import runs, slot_rows
-from chattts_velocity.engine.core.step import SteadyRows, StepDeltas
+from chattts_velocity.engine.sched.step import SteadyRows, StepDeltas
+from chattts_velocity.engine.worker.hidden_log import runs, slot_rows
 from chattts_velocity.schema import FinishReason, GenerationOutput
 
 

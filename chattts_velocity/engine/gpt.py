@@ -10,7 +10,7 @@ from typing import Any, Protocol
 
 from chattts_velocity.assets import AssetPaths
 from chattts_velocity.config import ModelConfig
-from chattts_velocity.engine.core.llm_engine import LLMEngine
+from chattts_velocity.engine.llm_engine import LLMEngine
 from chattts_velocity.schema import GenerationOutput, Prompt, SamplingParams
 
 StopFlag = Callable[[], bool] | None

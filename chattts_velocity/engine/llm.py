@@ -9,7 +9,7 @@ import numpy as np
 from chattts_velocity.assets import AssetPaths
 from chattts_velocity.config import ModelConfig
 from chattts_velocity.engine.collect import Collectors
-from chattts_velocity.engine.core.llm_engine import LLMEngine
+from chattts_velocity.engine.llm_engine import LLMEngine
 from chattts_velocity.engine.progress import progress_bar
 from chattts_velocity.model import Embed
 from chattts_velocity.schema import GenerationOutput, Prompt, SamplingParams, raise_first_error

@@ -9,7 +9,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-from chattts_velocity.engine.core.step import SteadyRows
+from chattts_velocity.engine.sched.step import SteadyRows
 from chattts_velocity.schema import GenerationOutput
 
 

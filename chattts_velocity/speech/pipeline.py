@@ -29,8 +29,8 @@ from ..audio import (
 from ..audio.wav import SAMPLE_RATE
 from ..config import ModelConfig, resolve_device
 from ..demo import default_max_new_token
-from ..engine.core.llm_engine import LLMEngine
 from ..engine.gpt import GPTBackend, load_pretrained
+from ..engine.llm_engine import LLMEngine
 from ..model import kernels
 from ..params import InferCodeParams
 from ..precision import Precision, fastest_dtype

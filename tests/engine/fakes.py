@@ -6,11 +6,11 @@ import hashlib
 import torch
 
 from chattts_velocity.config import EngineConfig
-from chattts_velocity.engine.core.block_manager import BlockManager
-from chattts_velocity.engine.core.scheduler import Scheduler
-from chattts_velocity.engine.core.sequence import Sequence
-from chattts_velocity.engine.core.step import ScheduledBatch, StepOutput
-from chattts_velocity.engine.sampling.sampler import Sampler
+from chattts_velocity.engine.sched.block_manager import BlockManager
+from chattts_velocity.engine.sched.scheduler import Scheduler
+from chattts_velocity.engine.sched.sequence import Sequence
+from chattts_velocity.engine.sched.step import ScheduledBatch, StepOutput
+from chattts_velocity.engine.worker.sampling.sampler import Sampler
 from chattts_velocity.schema import GenerationOutput, Prompt, SamplingParams
 
 CODE_VOCAB = 626  # codes 0..624 + EOS 625

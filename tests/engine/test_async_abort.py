@@ -8,7 +8,7 @@ import pytest
 from chattts_velocity import load_pretrained
 from chattts_velocity.assets import AssetPaths
 from chattts_velocity.engine.async_engine import AsyncLLMEngine
-from chattts_velocity.engine.core.step import StepDeltas
+from chattts_velocity.engine.sched.step import StepDeltas
 from chattts_velocity.schema import GenerationOutput, Prompt, SamplingParams
 from chattts_velocity.text import Tokenizer
 

@@ -1,4 +1,4 @@
-"""The decode backend (engine/backends/select.py): chosen once from EngineConfig.backend, never a silent fallback, and
+"""The decode backend (worker/backends/select.py): chosen once from EngineConfig.backend, never a silent fallback, and
 every backend's decode step gives the eager torch path's hidden states and KV rows. The model has head_dim 32,
 which the C++ kernels need."""
 from __future__ import annotations
@@ -11,10 +11,10 @@ from backend_lists import decode, forward
 
 from chattts_velocity import load_pretrained
 from chattts_velocity.config import EngineConfig, ModelConfig
-from chattts_velocity.engine.backends.paged_kv import PagedKV
-from chattts_velocity.engine.backends.select import select_backend
-from chattts_velocity.engine.backends.torch_backend import TorchBackend
 from chattts_velocity.engine.loading.weights import pack_for
+from chattts_velocity.engine.worker.backends.select import select_backend
+from chattts_velocity.engine.worker.backends.torch_backend import TorchBackend
+from chattts_velocity.engine.worker.step_inputs import PagedKV
 from chattts_velocity.model import (
     ChatTTSLlama,
     allocate_kv_pairs,

@@ -5,8 +5,8 @@ import pytest
 import torch
 from fakes import make_prompt
 
-from chattts_velocity.engine.core.block_manager import BlockManager
-from chattts_velocity.engine.core.sequence import Sequence
+from chattts_velocity.engine.sched.block_manager import BlockManager
+from chattts_velocity.engine.sched.sequence import Sequence
 from chattts_velocity.schema import Prompt, SamplingParams
 
 BS = 4

@@ -22,8 +22,8 @@ from hypothesis.stateful import (
     rule,
 )
 
-from chattts_velocity.engine.core.block_manager import BlockManager
-from chattts_velocity.engine.core.sequence import Sequence
+from chattts_velocity.engine.sched.block_manager import BlockManager
+from chattts_velocity.engine.sched.sequence import Sequence
 from chattts_velocity.schema import SamplingParams
 
 SPEAKERS = [None, torch.ones(4), torch.full((4,), 2.0)]

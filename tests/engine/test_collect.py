@@ -5,7 +5,7 @@ import numpy as np
 import torch
 
 from chattts_velocity.engine.collect import Collector, Collectors
-from chattts_velocity.engine.core.step import SteadyRows, StepDeltas
+from chattts_velocity.engine.sched.step import SteadyRows, StepDeltas
 from chattts_velocity.schema import GenerationOutput
 
 H = 3

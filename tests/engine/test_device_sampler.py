@@ -1,4 +1,4 @@
-"""DeviceSampler (engine/sampling/device_sampler.py): the triton backend's sampler against the CPU Sampler's chain.
+"""DeviceSampler (worker/sampling/device_sampler.py): the triton backend's sampler against the CPU Sampler's chain.
 
 On CPU the ops run in Triton's interpreter (TRITON_INTERPRET=1, set by tests/conftest.py); with CUDA the same tests
 run on the GPU, and the `gpu` ones add the no-host-sync check.
@@ -12,10 +12,10 @@ import pytest
 import torch
 from fakes import make_prompt
 
-from chattts_velocity.engine.core.sequence import Sequence
-from chattts_velocity.engine.sampling import logits_processors as lp
-from chattts_velocity.engine.sampling.device_sampler import DeviceSampler
-from chattts_velocity.engine.sampling.sampler import Sampler
+from chattts_velocity.engine.sched.sequence import Sequence
+from chattts_velocity.engine.worker.sampling import logits_processors as lp
+from chattts_velocity.engine.worker.sampling.device_sampler import DeviceSampler
+from chattts_velocity.engine.worker.sampling.sampler import Sampler
 from chattts_velocity.model.kernels.triton import available
 from chattts_velocity.schema import SamplingParams
 

@@ -1,9 +1,9 @@
-"""engine/backends/hidden_log: each step's hidden states get fresh memory; consecutive steps stack without a copy."""
+"""engine/worker/hidden_log.py: each step's hidden states get fresh memory; consecutive steps stack without a copy."""
 from __future__ import annotations
 
 import torch
 
-from chattts_velocity.engine.backends.hidden_log import SEGMENT_STEPS, HiddenLog, runs, slot_rows
+from chattts_velocity.engine.worker.hidden_log import SEGMENT_STEPS, HiddenLog, runs, slot_rows
 
 
 def stacked(steps: list[torch.Tensor]) -> torch.Tensor:

@@ -14,7 +14,7 @@ import torch
 
 from chattts_velocity.config import EngineConfig, ModelConfig
 from chattts_velocity.devtools.launch_counter import LaunchCounter
-from chattts_velocity.engine.core.llm_engine import LLMEngine
+from chattts_velocity.engine.llm_engine import LLMEngine
 from chattts_velocity.model import ChatTTSLlama, Embed, kernels
 from chattts_velocity.model.kernels.triton import available
 from chattts_velocity.schema import GenerationOutput, Prompt, SamplingParams

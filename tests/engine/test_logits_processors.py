@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from chattts_velocity.engine.sampling import logits_processors as lp
+from chattts_velocity.engine.worker.sampling import logits_processors as lp
 
 ROWS, VOCAB = 12, 50
 

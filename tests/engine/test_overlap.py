@@ -1,4 +1,4 @@
-"""The host a step ahead (engine/core/overlap.py): steady steps launched before the previous step's tokens are read
+"""The host a step ahead (engine/worker/overlap.py): steady steps launched before the previous step's tokens are read
 give exactly what the synchronous loop gives.
 
 The same scenario runs with EngineConfig.overlap on and off on the triton backend (Triton's interpreter). A steady
@@ -19,9 +19,9 @@ import torch
 from fakes import text_prompt, varied_params
 
 from chattts_velocity.config import EngineConfig, ModelConfig
-from chattts_velocity.engine.core.block_manager import BlockManager
-from chattts_velocity.engine.core.llm_engine import LLMEngine
-from chattts_velocity.engine.core.sequence import Sequence
+from chattts_velocity.engine.llm_engine import LLMEngine
+from chattts_velocity.engine.sched.block_manager import BlockManager
+from chattts_velocity.engine.sched.sequence import Sequence
 from chattts_velocity.model import ChatTTSLlama, Embed, kv_cache_bytes_per_block
 from chattts_velocity.model.kernels.triton import available
 from chattts_velocity.schema import Prompt, SamplingParams

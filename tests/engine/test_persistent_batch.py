@@ -1,4 +1,4 @@
-"""The persistent decode batch (engine/core/decode_batch.py) gives exactly what the per-sequence loop gives.
+"""The persistent decode batch (engine/sched/decode_batch.py) gives exactly what the per-sequence loop gives.
 
 The same scenario runs twice on one backend: with the steady path (the default) and with `scheduler.use_steady`
 False (every step the per-sequence loop: the oracle). Codes, hidden states, finish reasons and the order of the
@@ -15,9 +15,9 @@ import torch
 from fakes import text_prompt, varied_params
 
 from chattts_velocity.config import EngineConfig, ModelConfig
-from chattts_velocity.engine.core.decode_batch import splitmix64
-from chattts_velocity.engine.core.llm_engine import LLMEngine
-from chattts_velocity.engine.sampling.sampler import step_seed
+from chattts_velocity.engine.llm_engine import LLMEngine
+from chattts_velocity.engine.sched.decode_batch import splitmix64
+from chattts_velocity.engine.worker.sampling.sampler import step_seed
 from chattts_velocity.model import ChatTTSLlama, Embed, kernels, kv_cache_bytes_per_block
 from chattts_velocity.model.kernels.triton import available
 from chattts_velocity.schema import Prompt, SamplingParams
@@ -114,7 +114,7 @@ def test_steady_decode_equals_the_per_sequence_loop_through_preemption() -> None
 @pytest.mark.skipif(available() is not None or os.environ.get("TRITON_INTERPRET") != "1",
                     reason="needs Triton's interpreter (TRITON_INTERPRET=1)")
 def test_steady_decode_equals_the_per_sequence_loop_on_triton() -> None:
-    # the steady steps run as one graph on buffers padded to the ladder's size (engine/backends/step_graph.py): the
+    # the steady steps run as one graph on buffers padded to the ladder's size (worker/backends/step_graph.py): the
     # decode attention's split count follows the batch size, so hidden states may differ in the last bits
     _same_both_ways("triton", 8, hidden_tolerance=1e-5)
 

@@ -9,10 +9,10 @@ import pytest
 import torch
 from fakes import make_prompt
 
-from chattts_velocity.engine.core.sequence import Sequence
 from chattts_velocity.engine.plain.loop import BatchLoop
-from chattts_velocity.engine.sampling import logits_processors as lp
-from chattts_velocity.engine.sampling.sampler import Sampler
+from chattts_velocity.engine.sched.sequence import Sequence
+from chattts_velocity.engine.worker.sampling import logits_processors as lp
+from chattts_velocity.engine.worker.sampling.sampler import Sampler
 from chattts_velocity.model import kernels
 from chattts_velocity.schema import MIN_TEMPERATURE, TOP_K_MAX, SamplingParams
 

@@ -1,11 +1,11 @@
-"""Upstream's ensure_non_empty, bounded (engine/core/retry.py): only an unseeded request that ended empty at EOS runs
+"""Upstream's ensure_non_empty, bounded (engine/sched/retry.py): only an unseeded request that ended empty at EOS runs
 again, at most MAX_REGENERATE times; the engine queues it under the same request id."""
 from __future__ import annotations
 
 from fakes import make_prompt
 
-from chattts_velocity.engine.core.retry import RetryOnEmpty
-from chattts_velocity.engine.core.sequence import Sequence, SequenceStatus
+from chattts_velocity.engine.sched.retry import RetryOnEmpty
+from chattts_velocity.engine.sched.sequence import Sequence, SequenceStatus
 from chattts_velocity.schema import MAX_REGENERATE, SamplingParams
 
 

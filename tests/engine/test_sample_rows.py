@@ -8,7 +8,7 @@ import pytest
 import torch
 from test_sampler import CODE_V, _random_seqs, _seq
 
-from chattts_velocity.engine.sampling.sampler import Sampler
+from chattts_velocity.engine.worker.sampling.sampler import Sampler
 from chattts_velocity.model import kernels
 
 UNSUPPORTED = kernels.unsupported()

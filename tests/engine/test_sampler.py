@@ -8,8 +8,8 @@ import torch
 from fakes import make_prompt, recent_tokens
 from transformers.generation import TopKLogitsWarper, TopPLogitsWarper
 
-from chattts_velocity.engine.core.sequence import Sequence
-from chattts_velocity.engine.sampling.sampler import Sampler, step_seed
+from chattts_velocity.engine.sched.sequence import Sequence
+from chattts_velocity.engine.worker.sampling.sampler import Sampler, step_seed
 from chattts_velocity.schema import SamplingParams
 
 CODE_V, TEXT_V, EOS, TEXT_EOS = 626, 21178, 625, 21136

@@ -13,7 +13,7 @@ from fakes import (
     snapshot,
 )
 
-from chattts_velocity.engine.core.sequence import Sequence, SequenceStatus
+from chattts_velocity.engine.sched.sequence import Sequence, SequenceStatus
 from chattts_velocity.schema import SamplingParams
 
 EOS = 625

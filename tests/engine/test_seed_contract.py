@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from chattts_velocity.config import EngineConfig, ModelConfig
-from chattts_velocity.engine.core.llm_engine import LLMEngine
+from chattts_velocity.engine.llm_engine import LLMEngine
 from chattts_velocity.model import ChatTTSLlama, Embed, kernels, kv_cache_bytes_per_block
 from chattts_velocity.schema import Prompt, SamplingParams
 

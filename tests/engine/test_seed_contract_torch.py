@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from chattts_velocity.config import EngineConfig, ModelConfig
-from chattts_velocity.engine.core.llm_engine import LLMEngine
+from chattts_velocity.engine.llm_engine import LLMEngine
 from chattts_velocity.model import ChatTTSLlama, Embed
 from chattts_velocity.model.layers import tiled_linear
 from chattts_velocity.schema import Prompt, SamplingParams

@@ -5,7 +5,7 @@ import pytest
 import torch
 from fakes import make_prompt, recent_tokens, snapshot
 
-from chattts_velocity.engine.core.sequence import Sequence, SequenceStatus
+from chattts_velocity.engine.sched.sequence import Sequence, SequenceStatus
 from chattts_velocity.schema import SamplingParams
 
 

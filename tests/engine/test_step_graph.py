@@ -1,4 +1,4 @@
-"""One graph a steady decode step (engine/backends/step_graph.py): what the captured function may touch.
+"""One graph a steady decode step (engine/worker/backends/step_graph.py): what the captured function may touch.
 
 Inside the captured region there must be no host tensor (a tensor built on the host and baked into the graph), no
 host-to-device copy and no read of a device value on the host (`.item()`, nonzero, ...). On CPU (Triton's
@@ -18,8 +18,8 @@ from torch.utils._pytree import tree_flatten
 
 from chattts_velocity.config import EngineConfig, ModelConfig
 from chattts_velocity.devtools.sync_detector import SyncDetector, in_triton_interpreter
-from chattts_velocity.engine.backends.step_graph import StepInputs
-from chattts_velocity.engine.core.llm_engine import LLMEngine
+from chattts_velocity.engine.llm_engine import LLMEngine
+from chattts_velocity.engine.worker.backends.step_graph import StepInputs
 from chattts_velocity.model import ChatTTSLlama, Embed
 from chattts_velocity.model.kernels.triton import available
 from chattts_velocity.schema import Prompt, SamplingParams

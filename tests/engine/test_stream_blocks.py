@@ -9,8 +9,8 @@ import torch
 from fakes import text_prompt, varied_params
 
 from chattts_velocity.assets import AssetPaths
-from chattts_velocity.engine.core.step import SteadyRows
 from chattts_velocity.engine.llm import LLM
+from chattts_velocity.engine.sched.step import SteadyRows
 from chattts_velocity.schema import GenerationOutput, Prompt, SamplingParams
 
 STEPS = 24

@@ -1,4 +1,4 @@
-"""The triton decode backend (engine/backends/triton_backend.py) and its CUDA graphs (engine/backends/cuda_graphs.py).
+"""The triton decode backend (engine/worker/backends/triton_backend.py) and its CUDA graphs (cuda_graphs.py).
 
 `triton` tests run the whole engine through the Triton kernels (on CPU: Triton's interpreter, so few steps on the
 tiny model) and compare it with the plain path; the graph ladder and padding are pure functions, tested here on
@@ -14,11 +14,11 @@ from backend_lists import decode
 
 from chattts_velocity import Chat, InferCodeParams, load_pretrained
 from chattts_velocity.config import EngineConfig, ModelConfig
-from chattts_velocity.engine.backends import triton_backend
-from chattts_velocity.engine.backends.cuda_graphs import DecodeGraphs, bucket, graph_batch_sizes
-from chattts_velocity.engine.backends.paged_kv import PagedKV, StepTensors, padded_decode
-from chattts_velocity.engine.backends.select import select_backend
-from chattts_velocity.engine.backends.torch_backend import TorchBackend
+from chattts_velocity.engine.worker.backends import triton_backend
+from chattts_velocity.engine.worker.backends.cuda_graphs import DecodeGraphs, bucket, graph_batch_sizes
+from chattts_velocity.engine.worker.backends.select import select_backend
+from chattts_velocity.engine.worker.backends.torch_backend import TorchBackend
+from chattts_velocity.engine.worker.step_inputs import PagedKV, StepTensors, padded_decode
 from chattts_velocity.model import (
     ChatTTSLlama,
     allocate_kv_pairs,

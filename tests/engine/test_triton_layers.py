@@ -1,4 +1,4 @@
-"""The triton backend's decode step (engine/backends/triton_layers.py): five kernel launches a layer, and a row's
+"""The triton backend's decode step (engine/worker/backends/triton_layers.py): five kernel launches a layer, and a row's
 hidden state bit-identical alone, among 3 and among 64 sequences (the seed contract's device half).
 
 Launches are counted by wrapping Triton's launch (the interpreter's on CPU, the JIT's on CUDA).
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from chattts_velocity.config import ModelConfig
-from chattts_velocity.engine.backends.paged_kv import PagedKV
+from chattts_velocity.engine.worker.step_inputs import PagedKV
 from chattts_velocity.model import ChatTTSLlama, DecodeMetadata, allocate_kv_pairs
 from chattts_velocity.model.kernels.triton import available
 
@@ -27,7 +27,7 @@ FUSED = ["_norm_qkv_rope_kernel", "_decode_kernel", "_residual_linear_kernel", "
 
 @pytest.fixture(scope="module")
 def backend(triton_device):
-    from chattts_velocity.engine.backends.triton_backend import TritonBackend
+    from chattts_velocity.engine.worker.backends.triton_backend import TritonBackend
 
     gen = torch.Generator().manual_seed(0)
     model = ChatTTSLlama(CONFIG)

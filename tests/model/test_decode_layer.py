@@ -9,7 +9,7 @@ from backend_lists import decode, forward
 from torch._dynamo.utils import counters
 
 from chattts_velocity.config import EngineConfig, ModelConfig
-from chattts_velocity.engine.core.llm_engine import LLMEngine
+from chattts_velocity.engine.llm_engine import LLMEngine
 from chattts_velocity.model import (
     ChatTTSLlama,
     DecodeMetadata,

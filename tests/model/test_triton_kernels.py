@@ -19,8 +19,8 @@ import torch
 if not torch.cuda.is_available() and "triton" not in sys.modules:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from chattts_velocity.engine.sampling import logits_processors as lp
-from chattts_velocity.engine.sampling.sampler import step_seed
+from chattts_velocity.engine.worker.sampling import logits_processors as lp
+from chattts_velocity.engine.worker.sampling.sampler import step_seed
 from chattts_velocity.model.attention import (
     DecodeMetadata,
     build_attention_metadata,

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from chattts_velocity.engine.sampling.logits_processors import (
+from chattts_velocity.engine.worker.sampling.logits_processors import (
     apply_repetition_penalty,
     apply_temperature,
     apply_top_k,

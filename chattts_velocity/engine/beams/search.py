@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from chattts_velocity.engine.sampling import logits_processors as lp
+from chattts_velocity.engine.worker.sampling import logits_processors as lp
 from chattts_velocity.model import Embed
 from chattts_velocity.schema import FinishReason, SamplingParams
 

@@ -18,9 +18,9 @@ import itertools
 import torch
 
 from chattts_velocity.engine.beams.search import BeamState, beam_logprobs
-from chattts_velocity.engine.core.scheduler import Scheduler
-from chattts_velocity.engine.core.sequence import Sequence, SequenceStatus
-from chattts_velocity.engine.core.step import ScheduledBatch, StepOutput
+from chattts_velocity.engine.sched.scheduler import Scheduler
+from chattts_velocity.engine.sched.sequence import Sequence, SequenceStatus
+from chattts_velocity.engine.sched.step import ScheduledBatch, StepOutput
 from chattts_velocity.model import Embed
 from chattts_velocity.schema import GenerationOutput, Prompt, SamplingParams
 

@@ -17,7 +17,7 @@ import torch
 from chattts_velocity.config import ModelConfig
 from chattts_velocity.engine.plain.beams import plain_beam_search
 from chattts_velocity.engine.progress import progress_bar
-from chattts_velocity.engine.sampling import logits_processors as lp
+from chattts_velocity.engine.worker.sampling import logits_processors as lp
 from chattts_velocity.model.embed import Embed
 from chattts_velocity.model.loader import gpt_state_dict, load_embed
 from chattts_velocity.schema import (

@@ -1,4 +1,4 @@
-// The sampler's processor chain and draw as one op: the same bits as engine/sampling's torch formulation
+// The sampler's processor chain and draw as one op: the same bits as engine/worker/sampling's torch formulation
 // (logits_processors.process, then Sampler.sample) without its ~70 small torch calls and their parallel regions.
 //
 //   sample_rows(logits [R, V] float32, temperatures [R], penalties [R] or empty, history [R, W] int64 (-1 = padding),

@@ -1,9 +1,9 @@
 """Engine stage ops for the CUDA backend, on the logits' device: nothing goes to the host but the sampled ids.
 
 Rows are (sequence, codebook) pairs, logits [R, V] fp32, per-row parameters [R], as in
-engine/sampling/logits_processors.py, whose semantics these ops keep (HF top-p / top-k with 3 tokens kept, the
+engine/worker/sampling/logits_processors.py, whose semantics these ops keep (HF top-p / top-k with 3 tokens kept, the
 reference's asymmetric penalty).
-The caller applies them in engine/sampling/sampler.py's order: temperature + penalty (one kernel, which also makes
+The caller applies them in engine's sampling/sampler.py order: temperature + penalty (one kernel, which also makes
 the fp32 copy), top-p + top-k (a sort, torch's softmax of the sorted rows, one kernel), custom processors, then
 `sample`: EOS mask, softmax, noise and argmax in one kernel (`mask_eos` alone where the chain's output is wanted).
 The top-p cumulative sums are fp64, as torch's CPU cumsum; the draw's softmax is the kernel's own, so a row's token
@@ -11,7 +11,7 @@ can differ from torch's softmax / noise / argmax only where two scores tie to th
 a dropped column (probability 0 over noise 0 is NaN, which torch's argmax takes for the maximum; the kernel never).
 
 NOTE (noise): `sample` draws its Exp(1) noise with Philox in Triton, keyed by the request's step seed
-(engine/sampling/sampler.step_seed) and the element's index inside the request's [rows, V] block. Like the CPU path it
+(engine's sampling/sampler.step_seed) and the element's index inside the request's [rows, V] block. Like the CPU path it
 depends only on (seed, step), never on the batch, so batch invariance holds; but it is a different stream
 from the CPU path's torch.Generator (same distribution), so a seed gives different audio on CUDA than on CPU.
 """

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from chattts_velocity.engine.core.decode_batch import DecodeBatch
-from chattts_velocity.engine.core.sequence import Sequence
+from chattts_velocity.engine.sched.decode_batch import DecodeBatch
+from chattts_velocity.engine.sched.sequence import Sequence
 from chattts_velocity.schema import GenerationOutput
 
 
@@ -29,7 +29,7 @@ class ScheduledBatch:
     sample: list[bool]  # [B] the chunk reaches len(seq): the last position's logits are sampled
     # the persistent decode batch this step runs on (a decode-only step of an eligible, whole running set), or None
     steady: DecodeBatch | None = None
-    # 1: a steady step scheduled before the tokens of the one in flight were read (engine/core/overlap.py); its
+    # 1: a steady step scheduled before the tokens of the one in flight were read (engine/worker/overlap.py); its
     # positions, counters and blocks are one step past the sequences'
     ahead: int = 0
 
@@ -58,7 +58,7 @@ class StepOutput:
 
 @dataclass
 class SteadyRows:
-    """One new row for each slot of the persistent batch (engine/core/decode_batch.py) that goes on."""
+    """One new row for each slot of the persistent batch (engine/sched/decode_batch.py) that goes on."""
 
     request_ids: list[str]  # [N] the persistent batch's slots; the same list object while the batch stays
     tokens: torch.Tensor  # [N, rows] int64 on the host

@@ -1,6 +1,6 @@
 """Engine stage: LLMEngine — add requests, step (schedule -> run -> postprocess), abort, stats.
 
-In: (request_id, Prompt, SamplingParams). Out: per step, StepDeltas (engine/core/step.py): a steady step's new rows
+In: (request_id, Prompt, SamplingParams). Out: per step, StepDeltas (engine/sched/step.py): a steady step's new rows
 as one block, every other delta one by one; step() gives them as one GenerationOutput *delta* per request that sampled
 or finished: the new token rows [n, rows] (n = 0 or 1) and their hidden states [n, H].
 """
@@ -19,16 +19,16 @@ import torch
 from chattts_velocity.assets import AssetPaths
 from chattts_velocity.config import EngineConfig, ModelConfig
 from chattts_velocity.engine.beams.velocity import BeamSearch
-from chattts_velocity.engine.core.admission import check_fits
-from chattts_velocity.engine.core.block_manager import BlockManager
-from chattts_velocity.engine.core.model_runner import ModelRunner
-from chattts_velocity.engine.core.overlap import InFlight
-from chattts_velocity.engine.core.retry import RetryOnEmpty
-from chattts_velocity.engine.core.scheduler import Scheduler
-from chattts_velocity.engine.core.sequence import Sequence, SequenceStatus
-from chattts_velocity.engine.core.step import ScheduledBatch, SteadyRows, StepDeltas, StepOutput
 from chattts_velocity.engine.loading.kv_sizing import kv_cache_blocks
 from chattts_velocity.engine.loading.weights import load_weights, pack_for
+from chattts_velocity.engine.sched.admission import check_fits
+from chattts_velocity.engine.sched.block_manager import BlockManager
+from chattts_velocity.engine.sched.retry import RetryOnEmpty
+from chattts_velocity.engine.sched.scheduler import Scheduler
+from chattts_velocity.engine.sched.sequence import Sequence, SequenceStatus
+from chattts_velocity.engine.sched.step import ScheduledBatch, SteadyRows, StepDeltas, StepOutput
+from chattts_velocity.engine.worker.model_runner import ModelRunner
+from chattts_velocity.engine.worker.overlap import InFlight
 from chattts_velocity.model import ChatTTSLlama, Embed
 from chattts_velocity.schema import GenerationOutput, Prompt, SamplingParams
 
@@ -42,7 +42,7 @@ class EngineStats:
     num_steps: int = 0
     num_tokens_computed: int = 0  # positions run through the model (prefill + decode)
     num_tokens_sampled: int = 0  # generated steps (one step = 4 codes)
-    num_steady_steps: int = 0  # steps run on the persistent decode batch (engine/core/decode_batch.py)
+    num_steady_steps: int = 0  # steps run on the persistent decode batch (engine/sched/decode_batch.py)
     num_ahead_steps: int = 0  # steady steps launched before the previous step's tokens were read
     busy_seconds: float = 0.0
     last_batch_size: int = 0
@@ -69,7 +69,7 @@ class LLMEngine:
         self.beams = BeamSearch(self.scheduler, self.runner.embed)  # requests with beam_width > 1
         self.retries = RetryOnEmpty()
         self._ids = itertools.count()
-        self.in_flight: InFlight | None = None  # a steady step launched, its tokens not read (engine/core/overlap.py)
+        self.in_flight: InFlight | None = None  # a steady step launched, its tokens not read (engine/worker/overlap.py)
 
     @classmethod
     def from_assets(cls, paths: AssetPaths, **engine_kwargs: Any) -> LLMEngine:
@@ -85,7 +85,7 @@ class LLMEngine:
 
     def add_request(self, request_id: str | None, prompt: Prompt, params: SamplingParams, client: str = "") -> str:
         """Queue a request; it joins the running batch at the next step. Returns its id. `client` names who sent it:
-        admission takes turns between clients (engine/core/admission.py)."""
+        admission takes turns between clients (engine/sched/admission.py)."""
         request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
         if params.beam_width > 1:
             return self.beams.add(request_id, prompt, params, arrival=time.monotonic(), client=client)
@@ -202,7 +202,7 @@ class LLMEngine:
                                 extra={"num_generated": generated})
 
     def _retry(self, seq: Sequence) -> bool:
-        """Queue the request again when upstream's ensure_non_empty asks for it (engine/core/retry.py)."""
+        """Queue the request again when upstream's ensure_non_empty asks for it (engine/sched/retry.py)."""
         again = self.retries.again(seq)
         if again is not None:
             self.scheduler.add(again)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 
-from chattts_velocity.engine.core.sequence import Sequence
+from chattts_velocity.engine.sched.sequence import Sequence
 from chattts_velocity.schema import MAX_REGENERATE
 
 logger = logging.getLogger("chattts_velocity")

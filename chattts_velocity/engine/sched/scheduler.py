@@ -11,11 +11,11 @@ import numpy as np
 import torch
 
 from chattts_velocity.config import EngineConfig
-from chattts_velocity.engine.core.admission import admission_order, blocks_for_admission, check_fits, seats_in_use
-from chattts_velocity.engine.core.block_manager import BlockManager
-from chattts_velocity.engine.core.decode_batch import EMPTY, DecodeBatch, eligible
-from chattts_velocity.engine.core.sequence import Sequence, SequenceStatus
-from chattts_velocity.engine.core.step import ScheduledBatch, StepOutput
+from chattts_velocity.engine.sched.admission import admission_order, blocks_for_admission, check_fits, seats_in_use
+from chattts_velocity.engine.sched.block_manager import BlockManager
+from chattts_velocity.engine.sched.decode_batch import EMPTY, DecodeBatch, eligible
+from chattts_velocity.engine.sched.sequence import Sequence, SequenceStatus
+from chattts_velocity.engine.sched.step import ScheduledBatch, StepOutput
 
 
 class Scheduler:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import hashlib
 from collections import OrderedDict
 
-from chattts_velocity.engine.core.sequence import Sequence
+from chattts_velocity.engine.sched.sequence import Sequence
 
 
 class BlockManager:

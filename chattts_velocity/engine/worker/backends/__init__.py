@@ -18,8 +18,8 @@ from typing import Protocol
 
 import torch
 
-from chattts_velocity.engine.backends.paged_kv import PagedKV, StepTensors
-from chattts_velocity.engine.sampling.sampler import Sampler
+from chattts_velocity.engine.worker.sampling.sampler import Sampler
+from chattts_velocity.engine.worker.step_inputs import PagedKV, StepTensors
 
 
 class DecodeBackend(Protocol):

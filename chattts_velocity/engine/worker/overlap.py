@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from chattts_velocity.engine.core.step import ScheduledBatch
+from chattts_velocity.engine.sched.step import ScheduledBatch
 
 
 @dataclass

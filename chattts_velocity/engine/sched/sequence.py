@@ -17,7 +17,7 @@ from chattts_velocity.schema import FinishReason, Prompt, SamplingParams
 
 
 class StepLog(Protocol):
-    """Where a persistent batch keeps its steps until its sequences take them (engine/core/decode_batch.py)."""
+    """Where a persistent batch keeps its steps until its sequences take them (engine/sched/decode_batch.py)."""
 
     @property
     def pending(self) -> bool: ...
@@ -217,7 +217,7 @@ class Sequence:
         self.generated_flat.extend(token)
 
     def extend_rows(self, rows: np.ndarray, hidden: LoggedHidden | None) -> None:
-        """Steps run on a persistent batch (engine/core/decode_batch.py): rows [t, num_rows] int64 (C-contiguous)
+        """Steps run on a persistent batch (engine/sched/decode_batch.py): rows [t, num_rows] int64 (C-contiguous)
         and the hidden states of the t' steps whose hidden states come now (None: none kept; rows may come
         ahead of their hidden states); every position but the newest is computed. No checks: the persistent batch
         checked the shapes once."""

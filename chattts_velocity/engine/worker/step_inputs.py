@@ -2,7 +2,7 @@
 
 In: a ScheduledBatch (or, for tests, positions and block tables as lists). Out: StepTensors (positions, slots, the
 block tables of the batch), built once per step on the host side with a few tensor ops; each backend derives the
-metadata its kernels read from them (engine/backends/select.py). Block tables live in a persistent buffer (BlockTables):
+metadata its kernels read from them (worker/backends/select.py). Block tables live in a persistent buffer (BlockTables):
 a step writes only the entries a sequence gained since its last step.
 """
 from __future__ import annotations
@@ -11,9 +11,9 @@ from dataclasses import dataclass
 
 import torch
 
-from chattts_velocity.engine.core.decode_batch import DecodeBatch
-from chattts_velocity.engine.core.sequence import Sequence, SequenceStatus
-from chattts_velocity.engine.core.step import ScheduledBatch
+from chattts_velocity.engine.sched.decode_batch import DecodeBatch
+from chattts_velocity.engine.sched.sequence import Sequence, SequenceStatus
+from chattts_velocity.engine.sched.step import ScheduledBatch
 from chattts_velocity.model import AttentionMetadata, DecodeMetadata
 from chattts_velocity.model.llama import KVPair
 

@@ -6,8 +6,8 @@ import time
 
 import torch
 
-from chattts_velocity.engine.backends.paged_kv import PagedKV, StepTensors, padded_decode
-from chattts_velocity.engine.sampling.sampler import Sampler
+from chattts_velocity.engine.worker.sampling.sampler import Sampler
+from chattts_velocity.engine.worker.step_inputs import PagedKV, StepTensors, padded_decode
 from chattts_velocity.model import (
     AttentionMetadata,
     ChatTTSLlama,

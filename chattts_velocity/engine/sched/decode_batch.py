@@ -2,7 +2,7 @@
 
 In: the sequences of a decode-only step (built once, when the running set changes). Out: what a steady decode step
 needs without a per-sequence Python loop: lengths, generated counts, finish limits, seed keys, the repetition-penalty
-history, the last sampled tokens. The scheduler (engine/core/scheduler.py) builds one whenever a decode-only batch
+history, the last sampled tokens. The scheduler (engine/sched/scheduler.py) builds one whenever a decode-only batch
 is eligible and reuses it while no sequence is admitted, finishes, is preempted or aborted; the model runner and
 the sampler read it; the scheduler advances it after each step. A steady step's tokens and hidden states go to the
 batch's log, not to the sequences: sync() hands them on (the scheduler calls it before anything reads or changes a
@@ -14,14 +14,14 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from chattts_velocity.engine.core.sequence import LoggedHidden, Sequence
+from chattts_velocity.engine.sched.sequence import LoggedHidden, Sequence
 
 MASK64 = (1 << 64) - 1
 EMPTY = np.empty(0, dtype=np.int64)
 
 
 def splitmix64(x: np.ndarray) -> np.ndarray:
-    """splitmix64 of every element of a uint64 array (wrapping arithmetic, as engine/sampling/sampler.py's)."""
+    """splitmix64 of every element of a uint64 array (wrapping arithmetic, as engine/worker/sampling/sampler.py's)."""
     # NOTE: numpy wraps uint64 array arithmetic silently (only scalar overflow warns)
     x = x + np.uint64(0x9E3779B97F4A7C15)
     x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
@@ -95,9 +95,9 @@ class DecodeBatch:
         return ring
 
     def noise_seeds(self, ahead: int = 0) -> np.ndarray:
-        """[B] uint64 step_seed(seed, num_generated + ahead) of every slot (engine/sampling/sampler.step_seed): the
+        """[B] uint64 step_seed(seed, num_generated + ahead) of every slot (worker/sampling/sampler.step_seed): the
         step after the last appended one, or `ahead` steps past it (a step launched before its predecessor's
-        tokens are read, engine/core/overlap.py)."""
+        tokens are read, engine/worker/overlap.py)."""
         seeds: np.ndarray = self._table(ahead).seeds[self._row]
         return seeds
 

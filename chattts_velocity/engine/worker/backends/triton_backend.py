@@ -1,16 +1,16 @@
 """Engine stage, CUDA backend: the paged Llama's layers through the Triton kernels of model/kernels/triton.
 
 In: embeddings of the new positions (and, for decode steps, positions and block tables). Out: hidden [N, H] after
-the final norm, as the torch backend gives them. Every step runs five kernels a layer (engine/backends/
+the final norm, as the torch backend gives them. Every step runs five kernels a layer (engine/worker/backends/
 triton_layers.py) over q|k|v and gate|up weights packed once at load; decode steps attend with the batch-invariant
 decode kernel, and so do the generated positions of general steps (a decode row beside a prefill chunk, positions
 recomputed after preemption); prompt rows attend with the varlen prefill kernel. A row's bits therefore depend neither
 on its batch-mates nor on the kind of step it ran in.
-The KV pool is the engine's. On CUDA, decode steps replay CUDA graphs (engine/backends/cuda_graphs.py), the kernels
+The KV pool is the engine's. On CUDA, decode steps replay CUDA graphs (backends/cuda_graphs.py), the kernels
 chained by Programmatic Dependent Launch where the GPU and Triton have it; on CPU (TRITON_INTERPRET=1) they run
 eagerly.
 
-NOTE (sampling): an engine on this backend samples on the device too (engine/sampling/device_sampler.py, the backend's
+NOTE (sampling): an engine on this backend samples on the device too (worker/sampling/device_sampler.py, the backend's
 sampler): Philox noise keyed by (seed, step), batch invariant, but a different random stream from the
 other backends' CPU generator (same distribution, different audio per seed).
 """
@@ -25,10 +25,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from chattts_velocity.engine.backends.cuda_graphs import DecodeGraphs, graph_batch_sizes
-from chattts_velocity.engine.backends.paged_kv import PagedKV, StepTensors, to_device
-from chattts_velocity.engine.backends.triton_layers import FusedLayers
-from chattts_velocity.engine.sampling.device_sampler import DeviceSampler
+from chattts_velocity.engine.worker.backends.cuda_graphs import DecodeGraphs, graph_batch_sizes
+from chattts_velocity.engine.worker.backends.triton_layers import FusedLayers
+from chattts_velocity.engine.worker.sampling.device_sampler import DeviceSampler
+from chattts_velocity.engine.worker.step_inputs import PagedKV, StepTensors, to_device
 from chattts_velocity.model import ChatTTSLlama, DecodeMetadata
 from chattts_velocity.model.kernels.triton import available
 

@@ -1,13 +1,13 @@
-"""engine/backends/paged_kv.py: the step's integer inputs as tensors, and the persistent block-table buffer."""
+"""engine/worker/step_inputs.py: the step's integer inputs as tensors, and the persistent block-table buffer."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 from chattts_velocity.devtools.sync_detector import SyncDetector
-from chattts_velocity.engine.backends.paged_kv import BlockTables, StepTensors
-from chattts_velocity.engine.core.sequence import Sequence, SequenceStatus
-from chattts_velocity.engine.core.step import ScheduledBatch
+from chattts_velocity.engine.sched.sequence import Sequence, SequenceStatus
+from chattts_velocity.engine.sched.step import ScheduledBatch
+from chattts_velocity.engine.worker.step_inputs import BlockTables, StepTensors
 from chattts_velocity.model import build_attention_metadata
 from chattts_velocity.schema import Prompt, SamplingParams
 

@@ -13,9 +13,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from chattts_velocity.engine.core.decode_batch import DecodeBatch
-from chattts_velocity.engine.core.sequence import Sequence
-from chattts_velocity.engine.sampling import logits_processors as lp
+from chattts_velocity.engine.sched.decode_batch import DecodeBatch
+from chattts_velocity.engine.sched.sequence import Sequence
+from chattts_velocity.engine.worker.sampling import logits_processors as lp
 from chattts_velocity.model import kernels
 
 _MASK64 = (1 << 64) - 1

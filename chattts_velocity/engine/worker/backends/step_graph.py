@@ -1,7 +1,7 @@
 """Engine stage, triton backend: one graph a steady decode step — slots, embedding gather, layers, heads and the
 device sampler — captured per batch size of the ladder (cuda_graphs.graph_batch_sizes) on static buffers.
 
-In: a persistent batch's step (engine/core/decode_batch.py): the embedding ids (the tokens the last step sampled,
+In: a persistent batch's step (engine/sched/decode_batch.py): the embedding ids (the tokens the last step sampled,
 on the device), positions and block tables on the device, the sampler's per-row inputs. Out: tokens [B, rows] and the
 last hidden states [B, H] on the device. Before a replay the host writes only device-to-device copies and one
 host-to-device copy of what changes every step (the EOS mask, the penalty history, the noise seeds), through
@@ -18,12 +18,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from chattts_velocity.engine.backends.cuda_graphs import bucket
-from chattts_velocity.engine.backends.hidden_log import HiddenLog
-from chattts_velocity.engine.core.decode_batch import DecodeBatch, StepTable
-from chattts_velocity.engine.sampling import logits_processors as lp
-from chattts_velocity.engine.sampling.device_sampler import DeviceSampler
-from chattts_velocity.engine.sampling.sampler import Sampler
+from chattts_velocity.engine.sched.decode_batch import DecodeBatch, StepTable
+from chattts_velocity.engine.worker.backends.cuda_graphs import bucket
+from chattts_velocity.engine.worker.hidden_log import HiddenLog
+from chattts_velocity.engine.worker.sampling import logits_processors as lp
+from chattts_velocity.engine.worker.sampling.device_sampler import DeviceSampler
+from chattts_velocity.engine.worker.sampling.sampler import Sampler
 from chattts_velocity.model import DecodeMetadata, Embed
 from chattts_velocity.model.embed import BLAS_MIN_ROWS
 

@@ -11,17 +11,17 @@ import logging
 import torch
 
 from chattts_velocity.config import EngineConfig, ModelConfig
-from chattts_velocity.engine.backends import DecodeBackend
-from chattts_velocity.engine.backends.cuda_graphs import graph_batch_sizes
-from chattts_velocity.engine.backends.paged_kv import BlockTables, PagedKV, StepTensors, step_tensors, to_device
-from chattts_velocity.engine.backends.select import select_backend
-from chattts_velocity.engine.backends.step_graph import StepGraphs, steady_step
-from chattts_velocity.engine.core.decode_batch import DecodeBatch
-from chattts_velocity.engine.core.overlap import InFlight, Readback
-from chattts_velocity.engine.core.sequence import Sequence
-from chattts_velocity.engine.core.step import ScheduledBatch, StepOutput
-from chattts_velocity.engine.sampling.device_sampler import DeviceSampler
-from chattts_velocity.engine.sampling.sampler import Sampler, SamplingBatch
+from chattts_velocity.engine.sched.decode_batch import DecodeBatch
+from chattts_velocity.engine.sched.sequence import Sequence
+from chattts_velocity.engine.sched.step import ScheduledBatch, StepOutput
+from chattts_velocity.engine.worker.backends import DecodeBackend
+from chattts_velocity.engine.worker.backends.cuda_graphs import graph_batch_sizes
+from chattts_velocity.engine.worker.backends.select import select_backend
+from chattts_velocity.engine.worker.backends.step_graph import StepGraphs, steady_step
+from chattts_velocity.engine.worker.overlap import InFlight, Readback
+from chattts_velocity.engine.worker.sampling.device_sampler import DeviceSampler
+from chattts_velocity.engine.worker.sampling.sampler import Sampler, SamplingBatch
+from chattts_velocity.engine.worker.step_inputs import BlockTables, PagedKV, StepTensors, step_tensors, to_device
 from chattts_velocity.model import ChatTTSLlama, Embed, allocate_kv_pairs
 
 logger = logging.getLogger("chattts_velocity")
@@ -31,9 +31,9 @@ class ModelRunner:
     """Owns the KV pool, the model, the decode backend (and through it the sampler); sees sequences only through
     ScheduledBatch.
 
-    The backend (engine/backends/: torch eager or compiled, the fused C++ layers, or triton) is chosen once, here,
+    The backend (worker/backends/: torch eager or compiled, the fused C++ layers, or triton) is chosen once, here,
     and runs every step. Per step the runner builds the embeddings of the new positions and the step's integer
-    inputs once (paged_kv.StepTensors, block tables from a persistent buffer); the backend derives its own metadata.
+    inputs once (step_inputs.StepTensors, block tables from a persistent buffer); the backend derives its own metadata.
     """
 
     def __init__(
@@ -56,7 +56,7 @@ class ModelRunner:
         self.block_tables = BlockTables(2 * engine_config.max_num_seqs, width, self.device)
         self._positions: tuple[DecodeBatch, torch.Tensor] | None = None  # a persistent batch's last positions [B]
         self.step_graphs = self._step_graphs(engine_config, width, num_blocks)
-        # steady steps launched a step ahead of the host (engine/core/overlap.py): where they run as one graph
+        # steady steps launched a step ahead of the host (engine/worker/overlap.py): where they run as one graph
         wanted = engine_config.overlap if engine_config.overlap is not None else self.device.type == "cuda"
         self.overlap = wanted and self.step_graphs is not None
         self.readback = Readback(self.device)
@@ -119,7 +119,7 @@ class ModelRunner:
     def _steady_step(self, state: DecodeBatch, ahead: int) -> tuple[torch.Tensor, torch.Tensor]:
         """A step of the persistent batch: the embedding ids are the tokens the last step sampled (still on the
         device), positions advance on the device, the sampler's inputs come from the batch's arrays; on the triton
-        backend the whole step is one graph (engine/backends/step_graph.py), the only path that runs a step ahead
+        backend the whole step is one graph (engine/worker/backends/step_graph.py), the only path that runs a step ahead
         -> tokens [B, rows] and hidden [B, H] on the device."""
         fresh = state.steps == 0 or self._positions is None or self._positions[0] is not state
         ids = to_device(state.last_tokens, self.device) if fresh else state.last_tokens

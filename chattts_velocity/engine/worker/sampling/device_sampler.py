@@ -3,7 +3,7 @@
 In: the sequences that sample this step and their logits [S*rows, V] on the device. Out: tokens [S, rows] int64 on
 the device; the model runner's copy of them is the step's only device-to-host transfer. The per-row parameters are
 built on the host (Sampler.prepare, as for every backend) and sent with pinned, non-blocking copies; the chain is
-engine/sampling/logits_processors.py's, in its order, through the ops of model/kernels/triton/sampling.py:
+engine/worker/sampling/logits_processors.py's, in its order, through the ops of model/kernels/triton/sampling.py:
     temperature + penalty -> top-p + top-k -> custom processors -> EOS mask + softmax + Philox Exp(1) noise + argmax
 (a kernel, a sort, a softmax and a kernel, then one kernel for the draw; five launches a step without custom
 processors).
@@ -16,9 +16,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from chattts_velocity.engine.backends.paged_kv import to_device
-from chattts_velocity.engine.sampling import logits_processors as lp
-from chattts_velocity.engine.sampling.sampler import Sampler, SamplingBatch
+from chattts_velocity.engine.worker.sampling import logits_processors as lp
+from chattts_velocity.engine.worker.sampling.sampler import Sampler, SamplingBatch
+from chattts_velocity.engine.worker.step_inputs import to_device
 
 
 class DeviceSampler(Sampler):

@@ -6,10 +6,10 @@ import logging
 import torch
 
 from chattts_velocity.config import EngineConfig
-from chattts_velocity.engine.backends import DecodeBackend
-from chattts_velocity.engine.backends.cpu_backend import CpuBackend, cpu_unavailable
-from chattts_velocity.engine.backends.paged_kv import PagedKV
-from chattts_velocity.engine.backends.torch_backend import CompiledTorchBackend, TorchBackend
+from chattts_velocity.engine.worker.backends import DecodeBackend
+from chattts_velocity.engine.worker.backends.cpu_backend import CpuBackend, cpu_unavailable
+from chattts_velocity.engine.worker.backends.torch_backend import CompiledTorchBackend, TorchBackend
+from chattts_velocity.engine.worker.step_inputs import PagedKV
 from chattts_velocity.model import ChatTTSLlama
 
 logger = logging.getLogger("chattts_velocity")
@@ -26,7 +26,7 @@ def select_backend(config: EngineConfig, model: ChatTTSLlama, kv: PagedKV) -> De
     """
     choice, act_dtype = config.backend, config.precision.activations
     if choice == "triton" or (choice == "auto" and kv.device.type == "cuda"):
-        from chattts_velocity.engine.backends.triton_backend import (
+        from chattts_velocity.engine.worker.backends.triton_backend import (
             TritonBackend,
             triton_unavailable,
         )

@@ -10,8 +10,8 @@ import heapq
 from collections import Counter, deque
 
 from chattts_velocity.config import EngineConfig
-from chattts_velocity.engine.core.block_manager import BlockManager
-from chattts_velocity.engine.core.sequence import Sequence
+from chattts_velocity.engine.sched.block_manager import BlockManager
+from chattts_velocity.engine.sched.sequence import Sequence
 from chattts_velocity.schema import check_prompt_fits
 
 

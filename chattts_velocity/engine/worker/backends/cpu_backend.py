@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import torch
 
-from chattts_velocity.engine.backends.paged_kv import PagedKV, StepTensors
-from chattts_velocity.engine.sampling.sampler import Sampler
+from chattts_velocity.engine.worker.sampling.sampler import Sampler
+from chattts_velocity.engine.worker.step_inputs import PagedKV, StepTensors
 from chattts_velocity.model import ChatTTSLlama, FusedDecoder, fused_unavailable
 from chattts_velocity.precision import Precision
 

@@ -2,7 +2,7 @@
 
 In: a decode step (embeds [B, H], StepTensors). Out: hidden [B, H]. A step of B sequences replays the graph of the
 smallest captured size >= B on static buffers: the B real rows first, then padding rows at position 0 of the pad
-block (paged_kv.padded_decode), which write their K/V there and attend only to it. Block tables
+block (step_inputs.padded_decode), which write their K/V there and attend only to it. Block tables
 are padded to the widest a sequence can need (max_model_len / block_size), so one graph serves every context.
 Batches above the largest size run eagerly. Only TritonBackend on a CUDA device captures; on CPU nothing here runs
 but the pure functions (graph_batch_sizes, bucket) and the buffer filling, which the tests check.
@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import torch
 
-from chattts_velocity.engine.backends.paged_kv import PagedKV, StepTensors, padded_decode
+from chattts_velocity.engine.worker.step_inputs import PagedKV, StepTensors, padded_decode
 from chattts_velocity.model import DecodeMetadata
 
 DecodeStep = Callable[[torch.Tensor, torch.Tensor, DecodeMetadata], torch.Tensor]  # embeds, positions, meta

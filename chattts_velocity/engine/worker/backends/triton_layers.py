@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from chattts_velocity.engine.backends.paged_kv import PagedKV
+from chattts_velocity.engine.worker.step_inputs import PagedKV
 from chattts_velocity.model import ChatTTSLlama
 
 # q [N, heads, head_dim] (in the pool's dtype), the layer's K and V pools -> attention output [N, heads, head_dim]

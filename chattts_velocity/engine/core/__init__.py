@@ -1,1 +1,0 @@
-"""Engine: the engine's core: scheduler, block manager, sequences, step types, model runner, LLMEngine."""
