@@ -23,6 +23,7 @@ from .common import (
     resolve_dtype,
     seed_speakers,
 )
+from .env_config import resolve_env
 from .serve import add_serve_parser
 from .webui import add_webui_parser
 
@@ -242,6 +243,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     args = build_parser().parse_args(argv)
     try:
+        resolve_env(args)  # defaults from CHATTTS_VELOCITY_<FLAG> (cli/env_config.py), checked like the flags
         args.func(args)
     except ValueError as exc:
         raise SystemExit(f"error: {exc}") from None

@@ -5,7 +5,9 @@ Imports nothing from the [server] extra until the command runs, so `chattts-velo
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .common import (
@@ -18,6 +20,7 @@ from .common import (
     model_folder,
     resolve_dtype,
 )
+from .env_config import DOTENV, add_env_defaults, read_dotenv, resolve_env, settings_environment
 
 if TYPE_CHECKING:
     from ..serve.server_config import ServerConfig
@@ -46,6 +49,7 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
     from ..serve.server_config import ServerConfig
     from ..speech.streams import StreamOptions
 
+    resolve_env(args)
     stream = {k: getattr(args, k) for k in ("chunk_steps", "first_chunk_steps", "first_lookahead_steps")}
     try:  # None keeps the defaults (for streaming: the exact receptive-field context)
         key = {"api_key": args.api_key} if args.api_key else {}  # else $CHATTTS_VELOCITY_API_KEY
@@ -53,6 +57,7 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         cache = {} if args.cache_mb is None else {"cache_mb": args.cache_mb}
         limits = {name: getattr(args, name) for name in LIMIT_FLAGS if getattr(args, name) is not None}
         return ServerConfig(**key, **voices, **cache, **limits, max_new_token=max_new_token(args),
+                            strict_instructions=args.strict_instructions,
                             stream_options=StreamOptions(**{k: v for k, v in stream.items() if v is not None}),
                             max_input_chars=ServerConfig.max_input_chars if args.max_input_chars is None
                             else args.max_input_chars)
@@ -62,6 +67,8 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
 
 
 def cmd_serve(args: argparse.Namespace) -> None:
+    for key, value in read_dotenv(Path.cwd() / DOTENV).items():  # settings without a flag (CHATTTS_VELOCITY_CACHE)
+        os.environ.setdefault(key, value)
     try:
         from ..serve.openai_api import run_server
     except ImportError as exc:
@@ -105,7 +112,10 @@ def _min_max(value: str) -> tuple[int, int]:
 
 
 def add_serve_parser(sub: Subparsers) -> None:
-    p = sub.add_parser("serve", help="OpenAI-compatible speech API (pip install -e '.[server]')")
+    p = sub.add_parser("serve", help="OpenAI-compatible speech API (pip install -e '.[server]')",
+                       description="Every option can also be set by its environment variable (in brackets after "
+                                   "its help; CHATTTS_VELOCITY_ + the flag's name) or in a .env file in the working "
+                                   "directory; a flag given here wins over both.")
     add_model_flags(p)
     p.add_argument("--host", default="127.0.0.1", help="bind address (0.0.0.0 exposes the API on the network)")
     p.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
@@ -115,6 +125,9 @@ def add_serve_parser(sub: Subparsers) -> None:
                    help="torch.compile the decode step (float32, or bf16/int8 where the C++ kernels are unavailable)")
     add_step_cap_flag(p)
     p.add_argument("--max-input-chars", type=int, metavar="N", help="longest input text (default 4096)")
+    p.add_argument("--strict-instructions", action="store_true",
+                   help="refuse (400) `instructions` outside the grammar of docs/voices.md instead of reading them as "
+                        "free text and ignoring what no control matches")
     p.add_argument("--voices", metavar="DIR", help="the voice library folder (default $CHATTTS_VELOCITY_VOICES or "
                                                    "~/.cache/chattts_velocity/voices)")
     p.add_argument("--cache-mb", type=int, metavar="MB",
@@ -138,3 +151,4 @@ def add_serve_parser(sub: Subparsers) -> None:
     g.add_argument("--max-ongoing-requests", type=int, default=256,
                    help="requests one replica takes at once; more wait in Ray's queue (default 256)")
     p.set_defaults(func=cmd_serve)
+    add_env_defaults(p, settings_environment())  # every flag above also from CHATTTS_VELOCITY_<FLAG> or ./.env

@@ -33,7 +33,10 @@ from . import metrics
 from .audio_stream import StreamedAudio, encoded_chunks
 from .cache import AudioCache, recorded
 from .edge import Edge
-from .instructions import SpeechInput, check_model, code_params, speech_input
+from .free_text import report_headers
+from .info_routes import add_info_routes
+from .instructions import SpeechInput, code_params, speech_input
+from .openai_names import check_model
 from .request import (
     SpeechBody,
     api_error,
@@ -41,8 +44,10 @@ from .request import (
     check_body,
     error_detail,
     sampling_kwargs,
+    streamed_response,
     validation_detail,
 )
+from .request_id import RequestId
 from .server_config import API_KEY_ENV, ServerConfig  # noqa: F401 -- the names this module has always offered
 from .service import SpeechService, SpeechStream
 from .sse import sse_events
@@ -51,7 +56,6 @@ from .voice_fields import VoiceBook
 from .voice_routes import VOICES_PATH, add_voice_routes
 
 logger = logging.getLogger("chattts_velocity.serve")
-MODEL_ALIASES = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")
 DISCONNECT_POLL = 0.5  # seconds between client-disconnect checks of a non-streamed request
 Speech = SpeechPipeline | Chat  # what the app serves: a pipeline, or a loaded Chat's
 
@@ -90,10 +94,11 @@ class ServerState:
         sampling = sampling_kwargs(body, self.config.max_new_token)  # checked before any voice is drawn
         if body.loudness is not None:
             check_loudness(body.loudness)
-            if body.stream or body.stream_format == "sse":
+            if streamed_response(body):  # `stream: true` or SSE asked for; by default loudness sends the whole body
                 raise ValueError("loudness: is measured on the whole clip; ask for it with stream=false")
         voice = self.voices.params(body.voice)
-        plan = speech_input(body.input, body.speed, body.instructions, sampling.get("manual_seed"))
+        plan = speech_input(body.input, body.speed, body.instructions, sampling.get("manual_seed"),
+                            self.config.strict_instructions)
         return plan, code_params(plan, voice, sampling), self.voices.kind(body.voice)
 
     async def observed(self, stream: SpeechStream, labels: metrics.Labels) -> AsyncIterator[np.ndarray]:
@@ -115,14 +120,23 @@ class ServerState:
             stream.close()
             self.metrics.outcome(status, labels)
 
-    def cached(self, body: SpeechBody, plan: SpeechInput, params: InferCodeParams, fmt: str) -> tuple[str | None,
-                                                                                                     bytes | None]:
+    def cached(self, body: SpeechBody, plan: SpeechInput, params: InferCodeParams, fmt: str,
+               streamed: bool) -> tuple[str | None, bytes | None]:
         """(the request's cache key or None, its cached bytes or None); SSE responses are not cached."""
-        key = None if body.stream_format == "sse" else AudioCache.key(plan, params, fmt, body.loudness, body.stream)
+        key = None if body.stream_format == "sse" else AudioCache.key(plan, params, fmt, body.loudness, streamed)
         data = self.cache.get(key)
         if key is not None and self.cache.budget > 0:
             self.metrics.cache.labels("miss" if data is None else "hit").inc()
         return key, data
+
+    def reported(self, response: Response, plan: SpeechInput, request: Request) -> Response:
+        """response with what the instructions applied and ignored in its headers (ignored clauses logged)."""
+        response.headers.update(report_headers(plan.applied, plan.ignored))
+        if plan.ignored:
+            logger.info("speech request %s: instructions applied %s, ignored %s",
+                        getattr(request.state, "request_id", "-"), list(plan.applied),
+                        [clause[:80] for clause in plan.ignored])
+        return response
 
     def encode(self, wav: np.ndarray, fmt: str, loudness: float | None) -> bytes:
         return wav_bytes(wav if loudness is None else normalize_loudness(wav, loudness), fmt=fmt)
@@ -174,12 +188,13 @@ def create_app(speech: Speech | Callable[[], Speech], config: ServerConfig | Non
     app = FastAPI(title="chattts_velocity speech API", lifespan=lifespan)
     _add_error_handlers(app)
     _add_speech_route(app, config)
-    _add_info_routes(app, config)
+    add_info_routes(app, config)
     add_voice_routes(app)
     app.add_middleware(Edge, api_key=config.api_key, max_body_bytes=config.max_body_bytes,
                        on_refuse=lambda: _count_error(app, 400), path_limits={VOICES_PATH: config.max_upload_bytes},
                        body_timeout=config.body_timeout_s, body_budget=config.body_budget_bytes,
                        send_timeout=config.send_timeout_s)
+    app.add_middleware(RequestId)  # added last: the outermost, so every response carries x-request-id
     return app
 
 
@@ -190,15 +205,15 @@ def _add_speech_route(app: FastAPI, config: ServerConfig) -> None:
         state.metrics.requests.inc()
         fmt = check_body(body, config.max_input_chars, state.formats)
         request.state.labels = metrics.Labels(fmt)  # what an error response is counted under
-        check_model(body.model, (config.model_name, *MODEL_ALIASES))
+        check_model(body.model, config.model_name)
+        streamed = streamed_response(body)
         try:
             plan, params, kind = await state.service.text.run(state.speech, body)
             request.state.labels = labels = metrics.Labels(fmt, kind)
-            key, data = state.cached(body, plan, params, fmt)
+            key, data = state.cached(body, plan, params, fmt, streamed)
             if data is not None:
                 state.metrics.outcome("ok", labels)
-                return Response(data, media_type=FORMATS[fmt].media_type)
-            streamed = body.stream or body.stream_format == "sse"
+                return state.reported(Response(data, media_type=FORMATS[fmt].media_type), plan, request)
             first = FORMATS[fmt].first_chunk_samples if streamed else 0  # the encoder's first bytes leave with it
             stream = await state.service.open(plan.text, params, refine=plan.refine, split=config.split_text,
                                               max_pieces=config.max_pieces, first_chunk_samples=first,
@@ -207,36 +222,19 @@ def _add_speech_route(app: FastAPI, config: ServerConfig) -> None:
             raise bad_request(exc) from None
         except RuntimeError as exc:
             raise api_error(503, str(exc), kind="server_error", code="engine_unavailable") from None
-        if body.stream or body.stream_format == "sse":
+        if streamed:
             chunks = state.audio_bytes(stream, labels)
             if body.stream_format == "sse":
                 timeline = stream.timeline if body.timestamps else None
-                return StreamedAudio(sse_events(chunks, timeline), stream.close, media_type="text/event-stream")
-            return StreamedAudio(recorded(chunks, partial(state.cache.put, key)), stream.close,
-                                 media_type=FORMATS[fmt].media_type)
+                events = sse_events(chunks, timeline, stream.usage)
+                return state.reported(StreamedAudio(events, stream.close, media_type="text/event-stream"), plan,
+                                      request)
+            return state.reported(StreamedAudio(recorded(chunks, partial(state.cache.put, key)), stream.close,
+                                                media_type=FORMATS[fmt].media_type), plan, request)
         wav = await state.collect(stream, request, labels)
         data = b"" if wav is None else await asyncio.to_thread(state.encode, wav, fmt, body.loudness)
         state.cache.put(key if wav is not None else None, data)
-        return Response(data, media_type=FORMATS[fmt].media_type)
-
-
-def _add_info_routes(app: FastAPI, config: ServerConfig) -> None:
-    @app.get("/v1/models")
-    async def list_models() -> dict[str, object]:
-        return {"object": "list", "data": [{"id": name, "object": "model", "created": 0, "owned_by": "chattts_velocity"}
-                                           for name in (config.model_name, *MODEL_ALIASES)]}
-
-    @app.get("/health")
-    async def health(request: Request) -> JSONResponse:
-        engine = request.app.state.server.engine
-        if not engine.is_running:
-            return JSONResponse({"status": "engine stopped"}, status_code=503)
-        # degraded: the latest step failed some requests; everyone else is still being served
-        return JSONResponse({"status": "degraded" if engine.failing else "ok"})
-
-    @app.get(metrics.METRICS_PATH)
-    async def prometheus(request: Request) -> Response:
-        return Response(request.app.state.server.metrics.render(), media_type=metrics.CONTENT_TYPE)
+        return state.reported(Response(data, media_type=FORMATS[fmt].media_type), plan, request)
 
 
 def _count_error(app: FastAPI, status: int, request: Request | None = None) -> None:

@@ -28,10 +28,10 @@ class SpeechBody(BaseModel):
     voice: SkipValidation[str | int | dict[str, object] | None] = None  # checked by text.voice_params (no bools)
     response_format: str = "mp3"
     speed: SkipValidation[float] = 1.0  # checked by serve/voice_fields.speed_prompt (true is not 1.0)
-    stream: bool = False
+    stream: bool = False  # not given: streamed (see streamed_response); `false` given: the whole body at once
     stream_format: str = "audio"
     timestamps: bool = False  # with stream_format "sse": a speech.audio.timestamp event per sentence piece
-    instructions: str | None = None  # ChatTTS's own controls (serve/instructions.py grammar)
+    instructions: str | None = None  # free text; what serve/instructions.py reads in it is applied
     # typed for the API docs; checked by the one sampling validator only (sampling_kwargs), not coerced
     seed: SkipValidation[int | None] = None
     temperature: SkipValidation[float | None] = None
@@ -51,6 +51,16 @@ class SamplingFields(TypedDict, total=False):
     manual_seed: int
     max_new_token: int
     min_new_token: int
+
+
+def streamed_response(body: SpeechBody) -> bool:
+    """Whether the audio is sent as it is made (chunked), as OpenAI's endpoint sends it: always for SSE; else as
+    `stream` says when the body gives it; else yes, unless `loudness` asks for a measure of the whole clip."""
+    if body.stream_format == "sse":
+        return True
+    if "stream" in body.model_fields_set:
+        return body.stream
+    return body.loudness is None
 
 
 def sampling_kwargs(body: SpeechBody, cap: int) -> SamplingFields:

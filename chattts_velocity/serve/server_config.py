@@ -34,6 +34,7 @@ class ServerConfig:
     stream_window_pieces: int = 8  # a streamed request's pieces in the engine at once, from the one its client reads
     max_queued_per_client: int = 512  # unfinished sentence pieces one client (API key, else address) may have: 429
     body_budget_bytes: int = 128 << 20  # request bodies held at once, all connections; past it a new body gets 503
+    strict_instructions: bool = False  # `instructions` outside the grammar: 400 (else read as free text, reported)
 
     def __post_init__(self) -> None:
         for name in ("max_input_chars", "max_body_bytes", "max_pieces", "max_new_token", "max_voices",

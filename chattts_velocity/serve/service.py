@@ -130,6 +130,8 @@ class SpeechStream:
         self.window = window  # pieces in the engine at once, from the one being read; None: every piece
         self.first_audio: float | None = None  # seconds from open() to the first chunk
         self.timeline = Timeline()  # a Timestamp per piece whose audio has all been yielded
+        self.input_tokens = 0  # prompt rows of every piece (text tokens, speaker and audio-prompt rows)
+        self.output_tokens = 0  # code steps generated so far, every piece
         self._pieces: list[tuple[str, Prompt, SamplingParams, MelSource]] = []
         self._keys: list[str] = []  # [started pieces]
         self._queues: list[asyncio.Queue[Item]] = []
@@ -139,6 +141,12 @@ class SpeechStream:
     def add(self, text: str, prompt: Prompt, sampling: SamplingParams, mel: MelSource) -> None:
         self.service.engine.check(prompt, sampling)  # a piece too long for the engine: a ValueError before any audio
         self._pieces.append((text, prompt, sampling, mel))
+        self.input_tokens += len(prompt.input_ids)
+
+    def usage(self) -> dict[str, int]:
+        """Token counts in OpenAI's shape (the SSE done event's `usage`)."""
+        return {"input_tokens": self.input_tokens, "output_tokens": self.output_tokens,
+                "total_tokens": self.input_tokens + self.output_tokens}
 
     async def start_window(self, reading: int) -> None:
         """Start the pieces up to `window` past piece `reading` (all with no window). Only the first window can be
@@ -156,6 +164,7 @@ class SpeechStream:
     async def _feed(self, key: str, request: RequestStream, mel: MelSource, chunks: asyncio.Queue[Item]) -> None:
         try:
             async for delta in self.service.engine.outputs(request):
+                self.output_tokens += len(delta.token_ids)
                 rows = mel.rows(delta) if len(delta.token_ids) else None
                 self.service.worker.push(key, rows, delta.finished)
         except Exception as exc:  # noqa: BLE001 -- surfaces in the consumer, in order

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from ..audio.timestamps import Timeline
 
@@ -12,8 +12,10 @@ def _event(payload: dict[str, object]) -> str:
     return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
 
 
-async def sse_events(chunks: AsyncIterator[bytes], timeline: Timeline | None = None) -> AsyncIterator[str]:
-    """OpenAI's SSE variant: speech.audio.delta events (base64 audio), then speech.audio.done.
+async def sse_events(chunks: AsyncIterator[bytes], timeline: Timeline | None = None,
+                     usage: Callable[[], dict[str, int]] | None = None) -> AsyncIterator[str]:
+    """OpenAI's SSE variant: speech.audio.delta events (base64 audio), then speech.audio.done with `usage`
+    ({"input_tokens", "output_tokens", "total_tokens"}, read when the audio has ended).
 
     With a timeline (the request asked for `timestamps`), a speech.audio.timestamp event {text, start, end} follows
     the delta that completes each sentence piece (all remaining ones before done)."""
@@ -35,4 +37,5 @@ async def sse_events(chunks: AsyncIterator[bytes], timeline: Timeline | None = N
         return
     for event in stamps():
         yield event
-    yield _event({"type": "speech.audio.done"})
+    counts = usage() if usage is not None else {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0}
+    yield _event({"type": "speech.audio.done", "usage": counts})

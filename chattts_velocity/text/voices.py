@@ -29,11 +29,11 @@ from chattts_velocity.text.speaker import (
 
 logger = logging.getLogger("chattts_velocity.voices")
 VOICES_ENV = "CHATTTS_VELOCITY_VOICES"
-# preset name -> audio seed. OpenAI's voice names are accepted so stock clients work; the names promise nothing
-# about the timbre. "default" matches the web UI's Default (seed 2).
+# preset name -> audio seed. OpenAI's 13 voice names (the openai client's `Voice` type) are accepted so stock
+# clients work; the names promise nothing about the timbre. "default" matches the web UI's Default (seed 2).
 PRESET_SEEDS = {
     "default": 2, "alloy": 1111, "ash": 2222, "ballad": 3333, "coral": 4444, "echo": 5555, "fable": 6666,
-    "onyx": 7777, "nova": 8888, "sage": 9999, "shimmer": 1234, "verse": 4321,
+    "onyx": 7777, "nova": 8888, "sage": 9999, "shimmer": 1234, "verse": 4321, "marin": 2468, "cedar": 1357,
 }
 # letters, digits, space, "_", "-", "."; starts with a letter or digit (no hidden files, no ".."), <= 64 chars
 _SEED_TEXT = re.compile(r"[0-9]+")
