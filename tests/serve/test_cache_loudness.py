@@ -65,14 +65,14 @@ def lookups(client: TestClient) -> dict[str, float]:
 
 
 def test_a_repeated_seeded_request_is_a_hit_with_the_same_bytes(client: TestClient) -> None:
-    first = post(client, seed=11)
+    first = post(client, seed=11, stream=False)
     steps = client.app.state.server.engine.metrics()["num_steps"]
-    again = post(client, seed=11)
+    again = post(client, seed=11, stream=False)
     assert first.status_code == again.status_code == 200 and first.content == again.content
     assert client.app.state.server.engine.metrics()["num_steps"] == steps  # the repeat ran no model step
-    streamed = post(client, seed=11, stream=True)  # streamed bytes are their own entry: a WAV of unknown length
+    streamed = post(client, seed=11)  # streamed (the default) bytes are their own entry: a WAV of unknown length
     assert streamed.content[44:] == first.content[44:] and streamed.content[:44] != first.content[:44]
-    assert post(client, seed=11, stream=True).content == streamed.content  # and they repeat too
+    assert post(client, seed=11, stream=True).content == streamed.content  # and they repeat, asked for or not
     assert post(client, seed=12).content != first.content  # another seed: a miss
     assert lookups(client) == {"miss": 3, "hit": 2}
 
@@ -84,11 +84,12 @@ def test_unseeded_requests_are_never_cached(client: TestClient) -> None:
 
 
 def test_loudness_through_the_server(client: TestClient) -> None:
-    response = post(client, seed=3, loudness=-20)
+    response = post(client, seed=3, loudness=-20)  # loudness needs the whole clip: not streamed by default
     assert response.status_code == 200, response.text
     with wave.open(io.BytesIO(response.content)) as w:
+        assert w.getnframes() * 2 + 44 == len(response.content)  # the exact length in the header
         audio = np.frombuffer(w.readframes(w.getnframes()), "<i2").astype(np.float64) / 32768
     assert pyloudnorm.Meter(24000).integrated_loudness(audio) == pytest.approx(-20, abs=0.5)
-    for body in ({"loudness": -20, "stream": True}, {"loudness": 3}):
+    for body in ({"loudness": -20, "stream": True}, {"loudness": -20, "stream_format": "sse"}, {"loudness": 3}):
         refused = post(client, seed=3, **body)
         assert refused.status_code == 400 and refused.json()["error"]["param"] == "loudness"

@@ -24,7 +24,7 @@ def test_understood_instructions(text, speed, refine) -> None:
     ("speak like a pirate", "cannot honour 'speak like a pirate'"), ("speed 10", "speed 0-9"), ("laugh 3", "laugh 0-2"),
     ("break 8", "break 0-7"), ("refine beams 0", "refine beams 1-8"), ("refine beams 9", "refine beams 1-8"),
     ("refine beams 2, refine beams 3", "beams twice"), ("slow, fast", "speed twice"), ("oral 1, oral 2", "oral twice"),
-    ("no refine, oral 2", "choose one"), ("x" * 501, "at most 500"), ("speed", "cannot honour"),
+    ("no refine, oral 2", "choose one"), ("x" * 4097, "at most 4096"), ("speed", "cannot honour"),
 ])
 def test_everything_else_is_refused_naming_instructions(text, why) -> None:
     with pytest.raises(ValueError) as err:

@@ -132,3 +132,65 @@ def test_every_limit_flag_reaches_server_config_and_its_help_states_the_real_def
     with pytest.raises(SystemExit) as exc:
         cli.main(["serve", "--max-queued-per-client", "0"])
     assert str(exc.value.code).startswith("error: --max-queued-per-client: ")
+
+
+# ---- every flag from the environment (cli/env_config.py) ------------------------------------------------
+def test_every_flag_reads_its_variable_and_a_given_flag_wins(served: list[dict], monkeypatch: pytest.MonkeyPatch,
+                                                             capsys: pytest.CaptureFixture) -> None:
+    monkeypatch.setenv("CHATTTS_VELOCITY_PORT", "8124")
+    monkeypatch.setenv("CHATTTS_VELOCITY_CACHE_MB", "5")
+    monkeypatch.setenv("CHATTTS_VELOCITY_STRICT_INSTRUCTIONS", "yes")
+    monkeypatch.setenv("CHATTTS_VELOCITY_DTYPE", "int8")
+    monkeypatch.setenv("CHATTTS_VELOCITY_BODY_TIMEOUT_S", "7.5")
+    cli.main(["serve", "--cache-mb", "9"])
+    call = served[0]
+    assert call["port"] == 8124 and call["speech"][2] == "int8"
+    config = call["config"]
+    assert (config.cache_mb, config.strict_instructions, config.body_timeout_s) == (9, True, 7.5)
+    monkeypatch.setenv("CHATTTS_VELOCITY_STRICT_INSTRUCTIONS", "off")
+    cli.main(["serve"])
+    assert (served[1]["config"].cache_mb, served[1]["config"].strict_instructions) == (5, False)
+    with pytest.raises(SystemExit):
+        cli.main(["serve", "--help"])
+    helped = " ".join(capsys.readouterr().out.split())
+    parser = cli.build_parser()._subparsers._group_actions[0].choices["serve"]
+    flags = [a.option_strings[-1] for a in parser._actions if a.option_strings and a.dest != "help"]
+    assert len(flags) > 30
+    for flag in flags:  # each option's help names its variable
+        assert f"[env CHATTTS_VELOCITY_{flag[2:].upper().replace('-', '_')}]" in helped, flag
+
+
+@pytest.mark.parametrize("name, value, why", [
+    ("CHATTTS_VELOCITY_PORT", "eighty", "'eighty' is not a valid value for --port"),
+    ("CHATTTS_VELOCITY_DTYPE", "fp9", "must be one of"), ("CHATTTS_VELOCITY_RAY", "maybe", "is a switch"),
+    ("CHATTTS_VELOCITY_BODY_TIMEOUT_S", "0", None),
+])
+def test_a_bad_variable_is_a_one_line_error_naming_it(served: list[dict], monkeypatch: pytest.MonkeyPatch,
+                                                       name: str, value: str, why: str | None) -> None:
+    monkeypatch.setenv(name, value)
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["serve"])
+    message = str(exc.value.code)
+    assert "\n" not in message and served == []
+    if why is None:  # the value's own check names the flag, as when it is given on the command line
+        assert message.startswith("error: --body-timeout-s: ")
+    else:
+        assert message.startswith(f"error: {name}: ") and why in message
+
+
+def test_a_dotenv_file_sets_what_the_environment_does_not(served: list[dict], monkeypatch: pytest.MonkeyPatch,
+                                                          tmp_path: Path) -> None:
+    (tmp_path / ".env").write_text("# settings\nexport CHATTTS_VELOCITY_MAX_PIECES=9\n"
+                                   "CHATTTS_VELOCITY_CACHE_MB = '3'\nCHATTTS_VELOCITY_TEST_ONLY=\"x y\"\n"
+                                   "OTHER_APP_KEY=secret\nnot a setting\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("CHATTTS_VELOCITY_CACHE_MB", "4")
+    monkeypatch.delenv("CHATTTS_VELOCITY_TEST_ONLY", raising=False)
+    monkeypatch.delenv("OTHER_APP_KEY", raising=False)
+    cli.main(["serve"])
+    config = served[0]["config"]
+    assert (config.max_pieces, config.cache_mb) == (9, 4)  # the environment wins over the file
+    import os
+
+    assert os.environ["CHATTTS_VELOCITY_TEST_ONLY"] == "x y"  # settings without a flag reach the process
+    assert "OTHER_APP_KEY" not in os.environ  # other programs' keys are left alone

@@ -133,12 +133,15 @@ def test_unknown_model_is_openai_404_and_known_names_work(chat, tmp_path) -> Non
     with _client(chat, tmp_path) as client:
         error = _error(client.post("/v1/audio/speech", json={"model": "tts-9", "input": "Hi."}), 404, "model")
         assert error["code"] == "model_not_found" and "chattts" in error["message"]
-        for model in ("chattts", "tts-1-hd", "gpt-4o-mini-tts"):
+        for model in ("chattts", "tts-1-hd", "gpt-4o-mini-tts", "gpt-4o-mini-tts-2025-12-15",
+                      "gpt-4o-mini-tts-2025-03-20"):
             assert len(_speak(client, model=model)) > 0
+        for model in ("gpt-4o-mini-tts-2025", "gpt-4o-mini-tts-2025-03-20x", "tts-1-2025-03-20"):
+            _error(client.post("/v1/audio/speech", json={"model": model, "input": "Hi."}), 404, "model")
 
 
-def test_instructions_reach_the_refine_pass_or_are_refused(chat, tmp_path, monkeypatch) -> None:
-    with _client(chat, tmp_path) as client:
+def test_instructions_reach_the_refine_pass_or_are_refused_when_strict(chat, tmp_path, monkeypatch) -> None:
+    with _client(chat, tmp_path, strict_instructions=True) as client:
         refines, original = [], chat.pipeline.frontend.refine_requests
         monkeypatch.setattr(chat.pipeline.frontend, "refine_requests", lambda pieces, params:
                             refines.append(params.prompt) or original(pieces, params))
@@ -155,6 +158,28 @@ def test_instructions_reach_the_refine_pass_or_are_refused(chat, tmp_path, monke
     # the refine pass on the server's shared engine reads what Chat.infer's refine pass reads (same seed)
     same = RefineTextParams(prompt="[oral_3][break_4]", manual_seed=3, show_tqdm=False)
     assert seen[0] == [chat.infer("Hello there.", refine_text_only=True, params_refine_text=same, use_vllm=True)]
+
+
+def test_free_text_instructions_are_applied_where_understood_and_reported(chat, tmp_path, monkeypatch) -> None:
+    with _client(chat, tmp_path) as client:
+        prompts, original = [], chat.pipeline.frontend.code_requests
+        monkeypatch.setattr(chat.pipeline.frontend, "code_requests", lambda pieces, params, *a, **kw:
+                            prompts.append(params[0].prompt) or original(pieces, params, *a, **kw))
+        body = {"input": "Hi.", "response_format": "wav", "max_new_tokens": 8, "stream": False}
+        agents = "You will receive partial sentences. Do not complete the sentence just read out the text."
+        ignored = client.post("/v1/audio/speech", json={**body, "instructions": agents})
+        assert ignored.status_code == 200 and ignored.headers["x-chattts-instructions-applied"] == "none"
+        assert ignored.headers["x-chattts-instructions-ignored"] == ("you will receive partial sentences; do not "
+                                                                     "complete the sentence just read out the text")
+        slow = client.post("/v1/audio/speech", json={**body, "instructions": "Speak slowly and cheerfully."})
+        assert slow.headers["x-chattts-instructions-applied"] == "speed 3"
+        assert "x-chattts-instructions-ignored" not in slow.headers
+        both = client.post("/v1/audio/speech", json={**body, "instructions": "fast", "speed": 2})
+        assert both.status_code == 200 and both.headers["x-chattts-instructions-applied"] == "none"
+        assert both.headers["x-chattts-instructions-ignored"] == "speed 7 (the speed is set by speed)"
+        plain = client.post("/v1/audio/speech", json=body)
+        assert "x-chattts-instructions-applied" not in plain.headers
+        assert prompts == ["[speed_5]", "[speed_3]", "[speed_8]", "[speed_5]"]
 
 
 def test_ssml_with_a_break_and_a_date_is_spoken_as_written(chat, tmp_path, monkeypatch) -> None:
