@@ -1,6 +1,6 @@
-"""Every response format through the official `openai` client: streamed responses come in many pieces, the first
-while the engine is still generating the request, with the format's Content-Type, and decode to the clip's length;
-non-streamed ones decode to the same length."""
+"""Every response format through the official `openai` client: streamed responses (the default) come in many pieces,
+the first while the engine is still generating the request, with the format's Content-Type, and decode to the clip's
+length; non-streamed ones (`stream: false`) decode to the same length."""
 from __future__ import annotations
 
 import numpy as np
@@ -53,7 +53,7 @@ STREAM_SLACK = {"mp3": 2 * 1152 + 576, "aac": 2 * 1024, "opus": 2 * 960}
 @pytest.mark.parametrize("fmt", (*OPENAI_FORMATS, "ogg"))
 def test_each_format_streams_through_the_openai_client(server: Server, client, fmt: str, decode_audio) -> None:
     engine = server.state.engine.engine
-    kw = speech_kwargs(steps=STEPS, seed=7, response_format=fmt, extra={"min_new_tokens": STEPS, "stream": True})
+    kw = speech_kwargs(steps=STEPS, seed=7, response_format=fmt, extra={"min_new_tokens": STEPS})  # streamed: default
     pieces, steps_at_first_byte = [], None
     with client.audio.speech.with_streaming_response.create(**kw) as response:
         assert response.headers["content-type"] == FORMATS[fmt].media_type
@@ -83,7 +83,7 @@ def _samples(data: bytes, fmt: str, decode_audio) -> int:  # at 24 kHz (Opus dec
 @pytest.mark.parametrize("fmt", OPENAI_FORMATS)
 def test_each_format_non_streamed_decodes_to_the_clip_length(server: Server, client, fmt: str,
                                                              decode_audio) -> None:
-    kw = speech_kwargs(steps=40, seed=8, response_format=fmt, extra={"min_new_tokens": 40})
+    kw = speech_kwargs(steps=40, seed=8, response_format=fmt, extra={"min_new_tokens": 40, "stream": False})
     response = client.audio.speech.create(**kw)
     assert response.response.headers["content-type"] == FORMATS[fmt].media_type
     assert abs(_seconds(response.content, fmt, decode_audio) - _exact_seconds(40)) < 0.1
