@@ -19,6 +19,7 @@ import test_openai_server as openai_server  # noqa: E402 (after the importorskip
 from chattts_velocity.audio import SAMPLE_RATE, samples_for_steps  # noqa: E402 (after the importorskips)
 from chattts_velocity.serve import ServerConfig, create_app  # noqa: E402 (after the importorskips)
 
+KEY = "frameworks-key"  # each framework sends it as OpenAI's Bearer key
 STEPS = 400  # 8 s of audio; the first chunk is due after 28 steps
 TEXT = "Hello from a voice agent."  # one sentence piece: one engine request
 MP3_SLACK = 2 * 1152 + 576  # an MP3 decoder's extra samples from a stream without a LAME length tag
@@ -26,7 +27,8 @@ MP3_SLACK = 2 * 1152 + 576  # an MP3 decoder's extra samples from a stream witho
 
 @pytest.fixture(scope="module")
 def server(tiny_assets, tmp_path_factory) -> Iterator[openai_server.Server]:
-    config = ServerConfig(max_new_token=STEPS, cache_mb=0, voices_dir=str(tmp_path_factory.mktemp("voices")))
+    config = ServerConfig(max_new_token=STEPS, cache_mb=0, voices_dir=str(tmp_path_factory.mktemp("voices")),
+                          api_key=KEY)
     app = create_app(lambda: openai_server._tiny_chat(tiny_assets), config)
     uv, thread, url = openai_server._serve(app)
     state = app.state.server
@@ -67,7 +69,7 @@ def test_openai_agents_tts_model_with_its_default_settings(server: openai_server
     voice = pytest.importorskip("agents.voice")
 
     async def run() -> bytes:
-        client = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+        client = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0)
         model = voice.OpenAITTSModel("gpt-4o-mini-tts", client)  # what OpenAIVoiceModelProvider makes by default
         settings = voice.TTSModelSettings()  # its instructions: "You will receive partial sentences. ..."
         chunks = []
@@ -92,7 +94,7 @@ def test_pipecat_openai_tts_service_run_tts(server: openai_server.Server) -> Non
     from pipecat.utils.asyncio.task_manager import TaskManager
 
     async def run() -> list:
-        service = OpenAITTSService(api_key="unused", base_url=server.url + "/v1")  # defaults: gpt-4o-mini-tts, alloy
+        service = OpenAITTSService(api_key=KEY, base_url=server.url + "/v1")  # defaults: gpt-4o-mini-tts, alloy
         setup = FrameProcessorSetup(clock=SystemClock(), task_manager=TaskManager(loop=asyncio.get_running_loop()),
                                     pipeline_worker=None)  # what a pipeline gives it (its output rate: 24 kHz)
         await service.setup(setup)
@@ -112,6 +114,26 @@ def test_pipecat_openai_tts_service_run_tts(server: openai_server.Server) -> Non
 
 
 @pytest.mark.e2e
+def test_pipecat_raises_on_a_401_rather_than_yielding_an_error_frame(server: openai_server.Server) -> None:
+    """What docs/serving.md's recipe warns about: a wrong key is an exception out of run_tts."""
+    pytest.importorskip("pipecat")
+    from pipecat.clocks.system_clock import SystemClock
+    from pipecat.processors.frame_processor import FrameProcessorSetup
+    from pipecat.services.openai.tts import OpenAITTSService
+    from pipecat.utils.asyncio.task_manager import TaskManager
+
+    async def run() -> None:
+        service = OpenAITTSService(api_key="wrong", base_url=server.url + "/v1")
+        await service.setup(FrameProcessorSetup(clock=SystemClock(), pipeline_worker=None,
+                                                task_manager=TaskManager(loop=asyncio.get_running_loop())))
+        async for _ in service.run_tts(TEXT, "context-2"):
+            pass
+
+    with pytest.raises(openai.AuthenticationError):
+        asyncio.run(run())
+
+
+@pytest.mark.e2e
 @pytest.mark.parametrize("model", ["gpt-4o-mini-tts", "tts-1"])  # SSE events for the first, raw bytes for tts-1
 def test_livekit_openai_tts_synthesize(server: openai_server.Server, model: str) -> None:
     pytest.importorskip("livekit.plugins.openai")
@@ -120,7 +142,7 @@ def test_livekit_openai_tts_synthesize(server: openai_server.Server, model: str)
 
     async def run() -> list:
         async with http_context.open():  # no room, no worker: the plugin's HTTP session only
-            tts = livekit_openai.TTS(base_url=server.url + "/v1", api_key="unused", model=model)  # mp3, voice ash
+            tts = livekit_openai.TTS(base_url=server.url + "/v1", api_key=KEY, model=model)  # mp3, voice ash
             try:
                 audio = []
                 async for synthesized in tts.synthesize(TEXT):
@@ -142,7 +164,7 @@ def test_livekit_openai_tts_synthesize(server: openai_server.Server, model: str)
 
 @pytest.mark.e2e
 def test_openai_client_with_streaming_response(server: openai_server.Server) -> None:
-    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=300)
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0, timeout=300)
     clip = Clip(server)
     chunks = []
     with client.audio.speech.with_streaming_response.create(model="gpt-4o-mini-tts", voice="marin", input=TEXT,
