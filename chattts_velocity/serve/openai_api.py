@@ -275,5 +275,10 @@ def run_server(speech: Speech | Callable[[], Speech], config: ServerConfig | Non
     from .timeouts import header_timeout_protocol
 
     config = config or ServerConfig()
+    if not logger.handlers:  # the server's own lines (instructions ignored, ...) beside uvicorn's, at its level
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(levelname)s:     %(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(log_level.upper())
     uvicorn.run(create_app(speech, config), host=host, port=port, log_level=log_level,
                 http=header_timeout_protocol(config.header_timeout_s))

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import io
+import logging
 import wave
 
 import numpy as np
@@ -160,7 +161,9 @@ def test_instructions_reach_the_refine_pass_or_are_refused_when_strict(chat, tmp
     assert seen[0] == [chat.infer("Hello there.", refine_text_only=True, params_refine_text=same, use_vllm=True)]
 
 
-def test_free_text_instructions_are_applied_where_understood_and_reported(chat, tmp_path, monkeypatch) -> None:
+def test_free_text_instructions_are_applied_where_understood_and_reported(chat, tmp_path, monkeypatch,
+                                                                         caplog) -> None:
+    caplog.set_level(logging.INFO, logger="chattts_velocity.serve")
     with _client(chat, tmp_path) as client:
         prompts, original = [], chat.pipeline.frontend.code_requests
         monkeypatch.setattr(chat.pipeline.frontend, "code_requests", lambda pieces, params, *a, **kw:
@@ -171,6 +174,8 @@ def test_free_text_instructions_are_applied_where_understood_and_reported(chat, 
         assert ignored.status_code == 200 and ignored.headers["x-chattts-instructions-applied"] == "none"
         assert ignored.headers["x-chattts-instructions-ignored"] == ("you will receive partial sentences; do not "
                                                                      "complete the sentence just read out the text")
+        logged = [r.getMessage() for r in caplog.records if "instructions applied" in r.getMessage()]
+        assert logged and ignored.headers["x-request-id"] in logged[-1] and "partial sentences" in logged[-1]
         slow = client.post("/v1/audio/speech", json={**body, "instructions": "Speak slowly and cheerfully."})
         assert slow.headers["x-chattts-instructions-applied"] == "speed 3"
         assert "x-chattts-instructions-ignored" not in slow.headers
