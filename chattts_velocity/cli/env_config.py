@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,8 +45,13 @@ def read_dotenv(path: Path) -> dict[str, str]:
     """The CHATTTS_VELOCITY_ keys of a .env file ({} if there is none)."""
     if not path.is_file():
         return {}
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:  # every command builds the serve parser: never fail them all
+        print(f"warning: {path}: cannot be read ({exc}); its settings are not used", file=sys.stderr)
+        return {}
     values = {}
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for line in text.splitlines():
         line = line.strip()
         if not line or line.startswith("#") or "=" not in line:
             continue

@@ -194,3 +194,12 @@ def test_a_dotenv_file_sets_what_the_environment_does_not(served: list[dict], mo
 
     assert os.environ["CHATTTS_VELOCITY_TEST_ONLY"] == "x y"  # settings without a flag reach the process
     assert "OTHER_APP_KEY" not in os.environ  # other programs' keys are left alone
+
+
+def test_an_unreadable_dotenv_file_is_a_warning_not_a_failure(served: list[dict], monkeypatch: pytest.MonkeyPatch,
+                                                              tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    (tmp_path / ".env").write_bytes(b"CHATTTS_VELOCITY_CACHE_MB=\xff\xfe\n")
+    monkeypatch.chdir(tmp_path)
+    cli.main(["serve"])
+    assert served[0]["config"].cache_mb == openai_api.ServerConfig().cache_mb
+    assert ".env: cannot be read" in capsys.readouterr().err
