@@ -104,11 +104,13 @@ def cmd_export(args: argparse.Namespace) -> None:
                        voice=args.voice, voices=VoiceLibrary(args.voices) if args.voices else None,
                        loudness=args.loudness, timestamps=args.timestamps, speaker_for_seed=seed_speakers(args))
     signal.signal(signal.SIGTERM, _interrupt)  # a kill ends like Ctrl-C: finished lines stay on record
-    if args.ray:
-        _export_with_ray(args, plan, params)
-    else:
-        run_export(load_chat(args) if plan.todo else None,
-                   plan, params)
+    try:
+        if args.ray:
+            _export_with_ray(args, plan, params)
+        else:
+            run_export(load_chat(args) if plan.todo else None, plan, params)
+    finally:
+        plan.release()  # also when the model fails to load: the lock file goes (release is idempotent)
     if plan.count("error"):
         raise SystemExit(1)
 

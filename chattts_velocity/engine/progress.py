@@ -48,7 +48,7 @@ class Summary:
             return
         self.closed = True
         seconds = time.perf_counter() - self.started
-        rate = f" ({self.n / seconds:.1f} {self.unit}s/s)" if seconds > 0 else ""
+        rate = f" ({format_rate(self.n, seconds, self.unit)})" if seconds > 0 else ""
         print(f"{self.desc}: {self.n}/{self.total} {self.unit}s in {seconds:.1f} s{rate}", file=sys.stderr,
               flush=True)
 
@@ -57,3 +57,15 @@ class Summary:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def format_rate(count: int, seconds: float, unit: str) -> str:
+    """A rate readable at any speed: "12.5 lines/s", "0.03 lines/s", or "33 s a line" below 0.01 a second."""
+    rate = count / seconds
+    if rate >= 9.95:
+        return f"{rate:.0f} {unit}s/s"
+    if rate >= 0.995:
+        return f"{rate:.1f} {unit}s/s"
+    if rate >= 0.01:
+        return f"{rate:.2g} {unit}s/s"
+    return f"{seconds / count:.0f} s a {unit}"

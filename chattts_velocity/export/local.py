@@ -17,6 +17,7 @@ from .manifest import file_digest, now, replace_atomically
 from .names import SIDECAR_SUFFIX
 from .plan import ExportPlan, plan_export
 from .runner import LineResult, Log, run_shard, shards_of
+from .safe_files import check_inside
 
 if TYPE_CHECKING:
     from ..speech import SpeechPipeline
@@ -32,7 +33,9 @@ def timestamps_path(wav_path: Path) -> Path:
 
 def run_export(speech: SpeechPipeline | Chat | None, plan: ExportPlan, params: InferCodeParams | None = None,
                chunk_size: int = CHUNK_SIZE, progress: bool = True, log: Log = tqdm.write) -> ExportPlan:
-    """Synthesise the pending lines (statuses updated in place) and write the manifest.
+    """Synthesise the pending lines (statuses updated in place) and write the manifest (once, as the run ends: each
+    finished line goes to the journal as it lands). The output folder's lock is released at the end, also on an
+    error or Ctrl-C.
 
     `params` is every line's template (spk_emb and manual_seed are set per line). `speech` (a loaded Chat or its
     pipeline) may be None when nothing is pending.
@@ -41,6 +44,7 @@ def run_export(speech: SpeechPipeline | Chat | None, plan: ExportPlan, params: I
     params = params or InferCodeParams(show_tqdm=False)
     report_plan(plan, log)
     if plan.todo and pipeline is None:
+        plan.release()
         raise ValueError("speech: a loaded Chat or SpeechPipeline is needed, the plan has lines to synthesise")
     if pipeline is not None:
         plan.meta.update(model=str(pipeline.paths.root), precision=pipeline.dtype, started=now())
@@ -54,7 +58,6 @@ def run_export(speech: SpeechPipeline | Chat | None, plan: ExportPlan, params: I
             for shard in shards:
                 assert pipeline is not None  # shards hold the pending lines, and they need a pipeline (above)
                 run_shard(pipeline, shard, done, log)
-                plan.save()
         finally:
             plan.save()  # also on Ctrl-C, so the finished lines are on record
             plan.release()
@@ -69,6 +72,7 @@ def store(plan: ExportPlan, result: LineResult, log: Log) -> None:
         return fail(plan, result.key, result.error, log)
     path, wav, stamps = plan.out_dir / line.file, result.wav, result.timestamps
     try:
+        check_inside(plan.out_dir, path)  # a folder on the way swapped for a link since the plan: never followed
         replace_atomically(path, lambda tmp: tmp.write_bytes(wav))
         if stamps is not None:
             replace_atomically(timestamps_path(path), lambda tmp: tmp.write_bytes(stamps))

@@ -3,7 +3,8 @@
 An exclusive `flock` on `<folder>/.export.lock`, taken when the plan is made (before the model loads) and held
 until the run ends or the process exits; a second export into the folder, from any process, is a ValueError
 naming the holder. Plans of one process share the lock (a re-plan after a run, as the tests and the web UI do).
-Taking the lock is also the check that the folder is writable.
+Taking the lock is also the check that the folder is writable. The lock file is opened as a regular file only (a
+symbolic link or a FIFO there is a ValueError, never written through) and removed when the last plan releases it.
 """
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
+
+from .safe_files import UnsafeFile, open_regular
 
 try:
     import fcntl
@@ -40,8 +43,27 @@ def lock_folder(folder: Path) -> Callable[[], None]:
             released = True
             _held[folder][1] -= 1
             if _held[folder][1] == 0:
-                os.close(_held.pop(folder)[0])  # closing the descriptor drops the flock
+                _drop(folder, _held.pop(folder)[0])
     return release
+
+
+def _drop(folder: Path, fd: int) -> None:
+    """Remove the lock file (while still holding it, so no other export holds it then) and close it."""
+    path = folder / LOCK_NAME
+    try:
+        if _same_file(path, fd):
+            path.unlink()
+    except OSError:
+        pass  # a folder gone or made read-only meanwhile: the lock still ends with the descriptor
+    os.close(fd)  # closing the descriptor drops the flock
+
+
+def _same_file(path: Path, fd: int) -> bool:
+    try:
+        on_disk, held = os.lstat(path), os.fstat(fd)
+    except OSError:
+        return False
+    return (on_disk.st_dev, on_disk.st_ino) == (held.st_dev, held.st_ino)
 
 
 def _writable_folder(folder: Path) -> Path:
@@ -59,14 +81,34 @@ def _writable_folder(folder: Path) -> Path:
 
 
 def _take(folder: Path) -> int:
-    path = folder / LOCK_NAME
+    """The locked descriptor. A holder that ends removes the file, so a lock taken on a file that is no longer the
+    one at the path (removed between our open and our flock) is let go and taken again on the new one."""
+    for _ in range(100):
+        fd = _open_lock(folder)
+        if fcntl is None:
+            return fd
+        _flock(folder, fd)
+        if _same_file(folder / LOCK_NAME, fd):
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, str(os.getpid()).encode(), 0)
+            return fd
+        os.close(fd)
+    raise ValueError(f"output_dir: the lock file of {folder} keeps changing; is another export starting and ending "
+                     "there in a loop?")
+
+
+def _open_lock(folder: Path) -> int:
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        return open_regular(folder / LOCK_NAME, os.O_RDWR | os.O_CREAT)
+    except UnsafeFile as exc:
+        raise ValueError(f"output_dir: {exc}") from None
     except OSError as exc:
         raise ValueError(f"output_dir: {folder} is not writable ({exc.strerror}); choose a folder you can write to") \
             from None
-    if fcntl is None:
-        return fd
+
+
+def _flock(folder: Path, fd: int) -> None:
+    assert fcntl is not None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
@@ -74,6 +116,3 @@ def _take(folder: Path) -> int:
         os.close(fd)
         raise ValueError(f"output_dir: another export (pid {holder}) is writing into {folder}; wait for it to finish "
                          "or choose another folder") from None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, str(os.getpid()).encode(), 0)
-    return fd

@@ -1,10 +1,8 @@
-"""Batch export, the record kept in the output folder, so that a crash at any moment loses only lines in flight.
+"""Batch export, what the record is made of: request hashes, file digests, WAV lengths, atomic writes.
 
-manifest.json: the whole plan (every input line, its status, seed, hash) plus the run's model, precision and
-sampling parameters; rewritten atomically after each batch. manifest.journal: one JSON line per finished WAV,
-appended and fsync'd as the WAV lands; the next manifest write folds it in and empties it. A re-run trusts a WAV
-only when the record holds it with the same request hash (text, speaker, seed asked for, sampling parameters) and
-the file still has the digest recorded when it was written.
+A re-run trusts a WAV only when the record (record.py) holds it with the same request hash (text, speaker, seed
+asked for, sampling parameters) and the file still has the digest recorded when it was written. Files are read
+through safe_files: a link, FIFO or device named like an output is never opened.
 """
 from __future__ import annotations
 
@@ -18,6 +16,8 @@ from collections.abc import Callable, Mapping
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from .safe_files import UnsafeFile, open_regular
 
 if TYPE_CHECKING:
     from ..params import InferCodeParams
@@ -41,40 +41,6 @@ def request_hash(text: str, speaker: str | None, seed: int | None, params: Json,
     `clip` is a cloned voice's {spk_smp, txt_smp} (left out when empty, so older records keep their hashes)."""
     doc = {"text": text, "speaker": speaker, "seed": seed, "params": params, **({"clip": clip} if clip else {})}
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode("utf-8")).hexdigest()[:32]
-
-
-def read_record(out_dir: Path) -> dict[str, Json]:
-    """output -> its latest recorded entry: manifest.json, then the journal's lines (a torn last line is ignored)."""
-    entries: list[Json] = []
-    try:
-        entries += json.loads((out_dir / MANIFEST).read_text(encoding="utf-8"))["lines"]
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
-    try:
-        for raw in (out_dir / JOURNAL).read_text(encoding="utf-8").splitlines():
-            try:
-                entries.append(json.loads(raw))
-            except ValueError:
-                continue
-    except OSError:
-        pass
-    return {e["output"]: e for e in entries if isinstance(e, dict) and e.get("output")}
-
-
-def append_journal(out_dir: Path, entry: Json) -> None:
-    """One finished line, on disk before this returns."""
-    with open(out_dir / JOURNAL, "a", encoding="utf-8") as f:
-        f.write(json.dumps(entry, ensure_ascii=False) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def write_record(out_dir: Path, doc: Json) -> Path:
-    """manifest.json, atomically; it now holds everything the journal did, so the journal goes."""
-    body = json.dumps(doc, ensure_ascii=False, indent=1)
-    replace_atomically(out_dir / MANIFEST, lambda tmp: tmp.write_text(body, encoding="utf-8"))
-    (out_dir / JOURNAL).unlink(missing_ok=True)
-    return out_dir / MANIFEST
 
 
 FILE_MODE = 0o644  # the WAVs and the manifest: readable by others, as `demo`'s WAVs and any file written by open()
@@ -101,20 +67,30 @@ def now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
+def text_digest(text: str) -> str:
+    """What the record keeps of a line's text (with its length): sha256, 32 hex digits."""
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+
+
 def file_digest(path: Path) -> str | None:
-    """sha256 of a file's bytes (32 hex digits), None if it cannot be read."""
+    """sha256 of a regular file's bytes (32 hex digits), None if it cannot be read or is not a regular file."""
+    digest = hashlib.sha256()
     try:
-        return hashlib.sha256(path.read_bytes()).hexdigest()[:32]
-    except OSError:
+        with os.fdopen(open_regular(path, os.O_RDONLY), "rb") as f:
+            while block := f.read(1 << 20):
+                digest.update(block)
+    except (OSError, UnsafeFile):
         return None
+    return digest.hexdigest()[:32]
 
 
 def wav_seconds(path: Path) -> float | None:
-    """Length of a complete, non-empty 16-bit mono WAV, or None if missing, cut short or not one."""
+    """Length of a complete, non-empty 16-bit mono WAV, or None if missing, cut short, not one or not a regular
+    file (a link, FIFO or device is never opened)."""
     try:
-        with wave.open(str(path), "rb") as w:
+        with os.fdopen(open_regular(path, os.O_RDONLY), "rb") as f, wave.open(f, "rb") as w:
             n = w.getnframes()
             complete = w.getnchannels() == 1 and w.getsampwidth() == 2 and len(w.readframes(n)) == 2 * n
             return n / w.getframerate() if complete and n > 0 else None
-    except (OSError, EOFError, wave.Error):
+    except (OSError, EOFError, wave.Error, UnsafeFile):
         return None

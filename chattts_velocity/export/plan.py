@@ -18,23 +18,15 @@ from ..audio.loudness import check_loudness
 from ..params import InferCodeParams
 from ..schema import check_sampling
 from ..text import decode_spk_emb
+from ..text.pieces import check_texts, split_pieces
 from ..text.voices import VoiceLibrary, voice_params
 from .encoding import check_encodable, make_encodable
 from .line import ExportLine
 from .lock import lock_folder
-from .manifest import (
-    MANIFEST,
-    Json,
-    append_journal,
-    file_digest,
-    now,
-    params_record,
-    read_record,
-    request_hash,
-    wav_seconds,
-    write_record,
-)
+from .manifest import MANIFEST, Json, now, params_record, request_hash, text_digest
 from .names import output_name
+from .record import append_journal, line_entry, write_record
+from .resume import mark_finished
 
 FIELDS = ("text", "id", "speaker", "voice", "seed", "output")
 TEXT_FIELDS = ("text", "id", "output", "speaker", "voice", "error")  # what the manifest records of a line as text
@@ -90,16 +82,18 @@ class ExportPlan:
         return self.out_dir / MANIFEST
 
     def save(self) -> Path:
-        """Write manifest.json: every line and the run's description."""
+        """Write manifest.json: every line and the run's description; each distinct speaker string once, under the
+        digest its lines record (speaker_sha256)."""
         self.meta["updated"] = now()
         return write_record(self.out_dir, {
             "input": self.input, "output_dir": str(self.out_dir), **self.meta, "total": len(self.texts),
             "succeeded": self.succeeded, "failed": self.count("error"),
-            "lines": [dataclasses.asdict(line) for line in self.lines]})
+            "speakers": {text_digest(s): s for s in sorted({line.speaker for line in self.lines if line.speaker})},
+            "lines": [line_entry(line) for line in self.lines]})
 
     def journal(self, line: ExportLine) -> None:
         """Record one finished line at once (a crash before the next save() keeps it)."""
-        append_journal(self.out_dir, dataclasses.asdict(line))
+        append_journal(self.out_dir, line_entry(line))
 
 
 def read_input(path: str | Path) -> tuple[list[tuple[int, str]], bool]:
@@ -153,7 +147,7 @@ def plan_export(input_path: str | Path, out_dir: str | Path, seed: int | None = 
     _base_seeds(plan, seed)
     for line in plan.todo:
         line.request = request_hash(line.text, line.speaker, line.seed, plan.meta["params"], plan.clip_params(line))
-    _mark_finished(plan)
+    mark_finished(plan)
     _draw_seeds(plan)
     return plan
 
@@ -166,12 +160,21 @@ def _parse(number: int, raw: str, jsonl: bool, speaker: str | None, plan: Export
         if jsonl:
             _fill_from_json(line, raw, plan.speakers)
         check_encodable(line, TEXT_FIELDS)
+        _check_size(line.text)
         line.output = output_name(line.output, line.id, line.line, plan.out_dir)
     except ValueError as exc:
         line.status, line.error = "error", str(exc)
         make_encodable(line, TEXT_FIELDS)
     return line
 
+
+def _check_size(text: str) -> None:
+    """The synthesis's own limits on one text (its characters, its sentences), checked here, before any model work."""
+    try:
+        split_pieces(check_texts(text))
+    except ValueError as exc:
+        raise ValueError(str(exc).replace("text[0]:", "text:", 1).replace("several calls", "several lines")) \
+            from None
 
 
 def _fill_from_json(line: ExportLine, raw: str, speakers: set[str]) -> None:
@@ -259,23 +262,6 @@ def _reject_duplicates(lines: list[ExportLine]) -> None:
             line.status = "error"
             line.error = f"output: {line.output} is already used by line {owner[key]}; give another id or output"
         owner.setdefault(key, line.line)
-
-
-def _mark_finished(plan: ExportPlan) -> None:
-    """Skip lines whose WAV is complete, recorded for the same request, unchanged since (its digest) and with every
-    sidecar the run asks for; any other WAV is made again."""
-    record = read_record(plan.out_dir)
-    for line in plan.todo:
-        before, path = record.get(line.file, {}), plan.out_dir / line.file
-        seconds = wav_seconds(path)
-        if seconds is None or before.get("status") not in ("ok", "skipped") or before.get("request") != line.request:
-            continue
-        if before.get("audio") is not None and file_digest(path) != before["audio"]:
-            continue  # another run's audio under this name
-        if plan.timestamps and not path.with_suffix(".timestamps.json").is_file():
-            continue
-        line.status, line.reason, line.duration = "skipped", "already exported", round(seconds, 3)
-        line.seed, line.audio = before.get("seed"), before.get("audio")  # what made the file on disk
 
 
 def _base_seeds(plan: ExportPlan, base: int | None) -> None:

@@ -38,12 +38,11 @@ class RayExportOptions:
     gpus_per_actor: float = 0.0
     batch_size: int = 64  # lines per shard: one run_each call, so the engine batches them all (max_num_seqs)
     batches_in_flight: int = 2  # shards queued per actor, so it starts the next as soon as one returns
-    manifest_every: int = 64  # lines stored between manifest rewrites
     start_timeout_s: int = 600  # every actor must have loaded its model by then; raises if the cluster cannot
     #                             place them (too few CPUs or GPUs)
 
     def __post_init__(self) -> None:
-        for name in ("actors", "batch_size", "batches_in_flight", "manifest_every", "start_timeout_s"):
+        for name in ("actors", "batch_size", "batches_in_flight", "start_timeout_s"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}: must be an integer >= 1, got {value!r}")
@@ -104,7 +103,6 @@ def _run_on_actors(model_dir: str, plan: ExportPlan, shards: list[Shard], option
 
     actors = start_actors(model_dir, min(options.actors, len(shards)), options, load_kwargs)
     lines = {name: 0 for name in actors}
-    stored = 0
     try:
         with progress_bar(len(plan.todo), "export (ray)", "line", enabled=progress, leave=True) as bar:
             for name, results in dispatch(actors, shards, options.batches_in_flight):
@@ -112,9 +110,6 @@ def _run_on_actors(model_dir: str, plan: ExportPlan, shards: list[Shard], option
                     store(plan, result, log)
                     bar.update(1)
                 lines[name] += len(results)
-                if stored // options.manifest_every != (stored + len(results)) // options.manifest_every:
-                    plan.save()
-                stored += len(results)
     finally:
         for actor in actors.values():
             ray.kill(actor)

@@ -20,6 +20,7 @@ from chattts_velocity.audio import Spoken, wav_bytes
 from chattts_velocity.audio.timestamps import Timestamp
 from chattts_velocity.export import export, plan_export, run_export
 from chattts_velocity.export.local import store
+from chattts_velocity.export.manifest import text_digest
 from chattts_velocity.export.runner import run_shard, shards_of
 from chattts_velocity.text import sample_random_speaker
 
@@ -63,7 +64,9 @@ def same_audio(*clips: bytes) -> bool:
 
 
 def manifest(out: Path) -> dict[int, dict]:
-    return {e["line"]: e for e in json.loads((out / "manifest.json").read_text(encoding="utf-8"))["lines"]}
+    """line -> its entry, with its speaker string looked up by the digest the entry records."""
+    doc = json.loads((out / "manifest.json").read_text(encoding="utf-8"))
+    return {e["line"]: e | {"speaker": doc["speakers"].get(e["speaker_sha256"])} for e in doc["lines"]}
 
 
 def no_temp_files(out: Path) -> bool:
@@ -87,8 +90,8 @@ def test_fifty_lines_two_bad_then_second_run_skips_the_finished(chat: Chat, tmp_
     assert first[7]["status"] == "error" and "invalid JSON" in first[7]["error"]
     assert first[31]["status"] == "error" and first[31]["error"].startswith("speaker:")
     assert first[1] | {"seed": None, "request": None, "audio": None} == {
-        "line": 1, "text": say(0), "id": None, "output": "00001.wav", "seed": None, "speaker": None, "voice": None,
-        "status": "ok",
+        "line": 1, "text_sha256": text_digest(say(0)), "chars": len(say(0)), "id": None, "output": "00001.wav",
+        "seed": None, "speaker_sha256": None, "speaker": None, "voice": None, "status": "ok",
         "error": None, "duration": CLIP / 24000, "request": None, "reason": None, "audio": None}
     assert first[1]["audio"] == hashlib.sha256((out / "00001.wav").read_bytes()).hexdigest()[:32]
     assert all(isinstance(first[k]["seed"], int) for k in first if k not in (7, 31))
@@ -204,7 +207,7 @@ def test_resume_redoes_cut_short_and_changed_lines(chat: Chat, tmp_path: Path) -
     src.write_text("\n".join([say(i) for i in range(5)] + ["A new last line."]) + "\n", encoding="utf-8")
     plan, _ = run(chat, src, out, seed=0)
     assert {line.line for line in plan.lines if line.status == "ok"} == {2, 6}
-    assert plan.count("skipped") == 4 and frames(cut) == CLIP and manifest(out)[6]["text"] == "A new last line."
+    assert plan.count("skipped") == 4 and frames(cut) == CLIP and manifest(out)[6]["text_sha256"] == text_digest("A new last line.")
 
 
 def test_an_overwide_speaker_fails_its_line_only(chat: Chat, tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ import numpy as np
 
 from chattts_velocity import Chat, InferCodeParams
 from chattts_velocity.export import plan_export, run_export
+from chattts_velocity.export.manifest import text_digest
 from chattts_velocity.export.runner import LineJob, Shard, run_shard
 
 STEPS = 6
@@ -32,7 +33,7 @@ def test_unencodable_and_overlong_lines_fail_alone_and_the_manifest_is_written(c
     record = json.loads((out / "manifest.json").read_text(encoding="utf-8"))["lines"]
     assert [entry["status"] for entry in record] == ["ok", "error", "error", "error", "error", "ok"]
     assert record[1]["error"].startswith("text: holds '\\ud800' at character 7") and "surrogate" in record[1]["error"]
-    assert record[1]["text"] == "Broken \\ud800 here."  # kept, escaped
+    assert record[1]["text_sha256"] == text_digest("Broken \\ud800 here.")  # the digest of its escaped text
     assert record[2]["error"].startswith("id: holds '\\udfff'")
     assert record[3]["error"].startswith("id: makes the file name") and "255 bytes" in record[3]["error"]
     assert record[4]["error"].startswith("output: makes the file name")

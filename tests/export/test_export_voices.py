@@ -30,7 +30,8 @@ def _pcm(path: Path) -> np.ndarray:
 
 
 def _lines(out: Path) -> dict[int, dict]:
-    return {e["line"]: e for e in json.loads((out / "manifest.json").read_text(encoding="utf-8"))["lines"]}
+    doc = json.loads((out / "manifest.json").read_text(encoding="utf-8"))
+    return {e["line"]: e | {"speaker": doc["speakers"].get(e["speaker_sha256"])} for e in doc["lines"]}
 
 
 def test_lines_speak_with_saved_voices_and_bad_voices_fail_alone(chat: Chat, tmp_path: Path, monkeypatch) -> None:
