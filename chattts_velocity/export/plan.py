@@ -5,7 +5,6 @@ Checks and names every line, skips outputs an earlier run made from the same req
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import random
 import sys
@@ -141,6 +140,16 @@ def plan_export(input_path: str | Path, out_dir: str | Path, seed: int | None = 
     release = lock_folder(Path(out_dir))
     plan = ExportPlan(str(input_path), Path(out_dir), [], speakers, {"params": record}, timestamps=timestamps,
                       release=release)
+    try:
+        _fill(plan, rows, jsonl, seed, speaker, voice, voices, speaker_for_seed)
+    except BaseException:
+        release()  # a record or folder it refuses: the lock goes with the plan
+        raise
+    return plan
+
+
+def _fill(plan: ExportPlan, rows: list[tuple[int, str]], jsonl: bool, seed: int | None, speaker: str | None,
+          voice: str | None, voices: VoiceLibrary | None, speaker_for_seed: Callable[[int], str] | None) -> None:
     plan.lines = [_parse(n, raw, jsonl, speaker, plan) for n, raw in rows]
     resolve_voices(plan, voice, voices, speaker_for_seed)
     _reject_duplicates(plan.lines)
@@ -149,7 +158,6 @@ def plan_export(input_path: str | Path, out_dir: str | Path, seed: int | None = 
         line.request = request_hash(line.text, line.speaker, line.seed, plan.meta["params"], plan.clip_params(line))
     mark_finished(plan)
     _draw_seeds(plan)
-    return plan
 
 
 def _parse(number: int, raw: str, jsonl: bool, speaker: str | None, plan: ExportPlan) -> ExportLine:

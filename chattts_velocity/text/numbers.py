@@ -26,6 +26,7 @@ from collections.abc import Callable
 
 from chattts_velocity.text.budget import check_budget
 from chattts_velocity.text.spoken_rules import after_wetext, before_wetext
+from chattts_velocity.text.wetext_spans import WetextMemo, wetext_spans
 
 logger = logging.getLogger(__name__)
 
@@ -34,6 +35,7 @@ _CJK = re.compile(r"[\u4e00-\u9fff\u3000-\u303f\uff01-\uffee]")  # Chinese, CJK 
 _LATIN = re.compile(r"[A-Za-z]")
 _SPACE_SPLIT = re.compile(r"(\s+)")
 _LAST_SPACE = re.compile(r".*\s", re.DOTALL)
+_MARKS_ONLY = re.compile(r"[,.;:!?，。、；：！？]+")
 # wetext's FST search grows faster than its input (measured: 4 ms at 32 characters, 18 ms at 128, 110 ms at 512),
 # so it reads at most this many characters a call: a text costs time in proportion to its length
 MAX_WETEXT_CHARS = 64
@@ -51,10 +53,15 @@ class SpokenText:
         from wetext import Normalizer as Wetext
 
         self.lang = lang
-        self._wetext = {name: Wetext(lang=name, operator="tn") for name in LANGUAGES}
+        self._memo = {name: WetextMemo(Wetext(lang=name, operator="tn").normalize) for name in LANGUAGES}
 
     def __call__(self, text: str) -> str:
         return "".join(self.read(run, lang) for lang, run in language_runs(text, self.lang))
+
+    def forget(self) -> None:
+        """Empty the memo of wetext's readings (benchmarks measure a text's cost from scratch)."""
+        for memo in self._memo.values():
+            memo.clear()
 
     def read(self, text: str, lang: str) -> str:
         """One language run: rewrites wetext needs, wetext, then its fixes; edge spaces are kept."""
@@ -66,6 +73,11 @@ class SpokenText:
         return text[: len(text) - len(text.lstrip())] + spoken + text[len(text.rstrip()):]
 
     def say(self, text: str, lang: str) -> str:
+        """wetext's reading of the parts of `text` it must read (wetext_spans); the rest is kept as it is."""
+        return "".join(_keep_edges(piece, lambda core: self._say_bounded(core, lang)) if hot else piece
+                       for piece, hot in wetext_spans(text, lang, lambda word: self._memo[lang](word) == word))
+
+    def _say_bounded(self, text: str, lang: str) -> str:
         """wetext's reading; a longer text than MAX_WETEXT_CHARS is read in chunks cut at whitespace."""
         if len(text) <= MAX_WETEXT_CHARS:
             return self._say_chunk(text, lang)
@@ -75,20 +87,16 @@ class SpokenText:
     def _say_chunk(self, text: str, lang: str) -> str:
         """wetext's reading of a short text; where its grammar fails on it, each word is read on its own."""
         check_budget()
-        try:
-            spoken: str = self._wetext[lang].normalize(text)  # wetext is untyped
+        spoken = self._memo[lang](text)
+        if spoken is not None:
             return spoken
-        except Exception as e:  # wetext asserts on some inputs ("+1", "100€"): read word by word
-            logger.debug("wetext %s failed on %r (%s); reading word by word", lang, text, e)
+        logger.debug("wetext %s failed on %r; reading word by word", lang, text)
         return "".join(self._say_word(word, lang) for word in _SPACE_SPLIT.split(text))
 
     def _say_word(self, word: str, lang: str) -> str:
-        if not word or word.isspace():
-            return word
-        try:
-            return self._wetext[lang].normalize(word) or word
-        except Exception:  # left as is: the symbol words and the digit speller still read it
-            return word
+        if not word or word.isspace() or _MARKS_ONLY.fullmatch(word):
+            return word  # wetext reads marks as themselves (or fails on them): no call needed
+        return self._memo[lang](word) or word
 
 
 def _keep_edges(text: str, read: Callable[[str], str]) -> str:
