@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 if __name__ == "__main__":  # this checkout's package importable in the command, whatever the working folder
@@ -22,12 +23,13 @@ from chattts_velocity.speech import SpeechPipeline
 from chattts_velocity.text.voices import PRESET_SEEDS, VoiceLibrary
 from webui import layout
 from webui.controls import DEFAULT_PRESET, Request, refine_prompt
-from webui.handlers import Handlers, ffmpeg_available, random_seed
+from webui.handlers import FILES_TTL_S, MAX_RUN_CHARS, Handlers, ffmpeg_available, random_seed
 from webui.layout import CSS, HIDDEN, THEME, Controls
 from webui.library import LibraryHandlers
 
 REQUEST_INPUTS = tuple(f.name for f in dataclasses.fields(Request))  # the controls a run reads, in Request's order
 RUN_STATE = ("generate", "generate_stream", "interrupt", "live")  # what a run's start and end switch
+QUEUE_SIZE = 16  # runs waiting for the engine at most; one more is refused at once ("the queue is full")
 # Auto-play in the browser: gradio reads a player's autoplay once, when it mounts, so the checkbox
 # presses the player's Play button instead, once the new result has loaded (its duration shows): the
 # player stops itself when loading ends, which would undo an earlier press.
@@ -90,34 +92,53 @@ def _wire_runs(c: Controls, handlers: Handlers) -> None:
     # after the event (and is not auto-played: the listener heard it live, and may still be hearing it).
     # The stats box is the one progress display: the handlers write elapsed time and audio made into it, and
     # gradio's own indicator (its timer only) shows on it alone, not on every output.
+    # gradio hands each event its session (gr.Request): a run, its Interrupt and its files belong to it
+    def generate(request: gr.Request, *values: object) -> Iterator[tuple[object, ...]]:
+        yield from handlers.generate(*values, session=request.session_hash or "")
+
+    def generate_stream(request: gr.Request, *values: object) -> Iterator[tuple[object, ...]]:
+        yield from handlers.generate_stream(*values, session=request.session_hash or "")
+
+    def interrupt(request: gr.Request) -> None:
+        handlers.interrupt(request.session_hash or "")
+
     inputs = [c[k] for k in REQUEST_INPUTS]
     results = [c[k] for k in ("download", "refined", "stats")]
     state, streamed = [c[k] for k in RUN_STATE], gr.State()
-    progress = {"show_progress": "minimal", "show_progress_on": c["stats"]}
+    # the stats box shows gradio's status: the queue position while a run waits, then its timer
+    progress = {"show_progress": "full", "show_progress_on": c["stats"]}
     switch = {"queue": False, "show_progress": "hidden"}  # a run's start and end flip buttons and the live player
     c["generate"].click(lambda: _running(False), None, state, **switch) \
-        .then(handlers.generate, inputs, [c["audio"], *results], concurrency_id="tts", concurrency_limit=1,
+        .then(generate, inputs, [c["audio"], *results], concurrency_id="tts", concurrency_limit=1,
               **progress) \
         .then(_stopped, None, state, **switch) \
         .then(None, c["autoplay"], None, js=PLAY_RESULT)
     c["generate_stream"].click(lambda: _running(True), None, state, **switch) \
-        .then(handlers.generate_stream, inputs, [c["live"], streamed, *results], concurrency_id="tts",
+        .then(generate_stream, inputs, [c["live"], streamed, *results], concurrency_id="tts",
               concurrency_limit=1, **progress) \
         .then(lambda audio: audio, streamed, c["audio"], queue=False) \
         .then(_stopped, None, state, **switch)
-    c["interrupt"].click(handlers.interrupt, None, None, queue=False)
+    c["interrupt"].click(interrupt, None, None, queue=False)
 
 
 def build_ui(pipeline: SpeechPipeline, use_vllm: bool = True, max_new_token: int = MAX_NEW_TOKEN,
-             voices: VoiceLibrary | None = None, demo_weights: bool = False) -> gr.Blocks:
+             voices: VoiceLibrary | None = None, demo_weights: bool = False, max_chars: int = MAX_RUN_CHARS,
+             queue_size: int = QUEUE_SIZE, files_ttl_s: int = FILES_TTL_S) -> gr.Blocks:
     """The whole page around one speech pipeline (a loaded Chat's `.pipeline`) and a voice library (default:
-    $CHATTTS_VELOCITY_VOICES); demo_weights shows a notice that the audio is random. Launch with launch(), or
-    `.queue().launch(theme=THEME, css=CSS)`: streaming needs the queue, and CSS hides the live player outside
-    streaming runs."""
+    $CHATTTS_VELOCITY_VOICES); demo_weights shows a notice that the audio is random. A run holds at most
+    `max_chars` characters; at most `queue_size` runs wait for the engine (the page's queue is set up here:
+    streaming needs it); files the page made (downloads, gradio's copies of the audio) are removed after
+    `files_ttl_s`, a session's downloads also when it ends. Launch with launch(), or
+    `.launch(theme=THEME, css=CSS)` (CSS hides the live player outside streaming runs); calling `.queue()` again
+    would undo the queue's bound."""
     voices = voices or VoiceLibrary()
-    handlers = Handlers(pipeline, use_vllm=use_vllm, max_new_token=max_new_token, voices=voices)
-    library = LibraryHandlers(voices)
-    with gr.Blocks(title="ChatTTS velocity", analytics_enabled=False) as demo:
+    handlers = Handlers(pipeline, use_vllm=use_vllm, max_new_token=max_new_token, voices=voices,
+                        max_chars=max_chars, files_ttl_s=files_ttl_s)
+    library = LibraryHandlers(voices, handlers.voice_check.fits)
+    # gradio deletes the files it made for this page (the players' audio, the downloads' copies) once older than
+    # files_ttl_s, looking every files_ttl_s / 4
+    cleanup = (max(1, files_ttl_s // 4), files_ttl_s)
+    with gr.Blocks(title="ChatTTS velocity", analytics_enabled=False, delete_cache=cleanup) as demo:
         gr.Markdown("## ChatTTS velocity\nType some Chinese or English text, pick a voice and press Generate.")
         if demo_weights:
             gr.Markdown(layout.DEMO_NOTICE, elem_id="demo-notice")
@@ -140,13 +161,21 @@ def build_ui(pipeline: SpeechPipeline, use_vllm: bool = True, max_new_token: int
         _wire_style(c)
         demo.load(library.refresh, None, c["saved"], queue=False)  # voices saved elsewhere since start-up
         _wire_runs(c, handlers)
+
+        def forget(request: gr.Request) -> None:  # the tab closed: its run stops and its downloads go
+            handlers.forget(request.session_hash or "")
+
+        demo.unload(forget)
+    # one run at a time on the engine (the "tts" events' own limit); the rest wait in a bounded queue whose
+    # position gradio shows on the waiting page's stats box
+    demo.queue(default_concurrency_limit=1, max_size=queue_size)
     return demo
 
 
 def launch(demo: gr.Blocks, host: str = "127.0.0.1", port: int = 7860, share: bool = False) -> None:
     """Serve the page until Ctrl-C, saying where it is."""
     # quiet: gradio's own banner tells a user to edit launch(); ours names the command's flags
-    demo.queue().launch(server_name=host, server_port=port, share=share, theme=THEME, css=CSS, quiet=True,
+    demo.launch(server_name=host, server_port=port, share=share, theme=THEME, css=CSS, quiet=True,
                         prevent_thread_lock=True)
     print(served_at(demo.local_url, demo.share_url), flush=True)
     demo.block_thread()

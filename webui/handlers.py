@@ -2,6 +2,9 @@
 
 The page runs on a SpeechPipeline (Chat.pipeline): its text front end splits the text and checks the voice, its
 passes refine, generate and stream. Bad input surfaces as a gr.Warning toast plus an "error:" line in the stats box.
+Every run belongs to the browser session that started it (gradio's session hash, `session`): Interrupt stops only
+that session's run, and its downloads live in that session's folder, removed when the session ends (`forget`) or
+when older than `files_ttl_s`.
 """
 from __future__ import annotations
 
@@ -22,9 +25,8 @@ from chattts_velocity.audio.formats import available_formats
 from chattts_velocity.params import SHARED_MAX_BEAMS
 from chattts_velocity.schema import MAX_NEW_TOKEN
 from chattts_velocity.speech import SpeechPipeline, SynthesisJob, TextOptions
-from chattts_velocity.text import decode_prompt
 from chattts_velocity.text.speaker import VOICE_SEED_MAX
-from chattts_velocity.text.voices import PRESET_SEEDS, VoiceLibrary, check_voice_seed, voice_params
+from chattts_velocity.text.voices import PRESET_SEEDS, VoiceLibrary
 
 from .clips import RunStats, read_clip
 from .controls import (
@@ -37,10 +39,14 @@ from .controls import (
     whole,
     write_download,
 )
+from .sessions import Run, SessionRuns
+from .voice_check import VoiceCheck
 from .worker import batches, outcome
 
 Update = tuple  # (live chunk, full audio, download file, spoken text, stats)
 PROGRESS_EVERY_S = 0.5  # how often a run's progress line in the stats box is refreshed
+MAX_RUN_CHARS = 5000  # characters of text one run may hold: a run holds the page's one engine slot while it works
+FILES_TTL_S = 3600  # a download older than this is removed (also when its session ends)
 # The live player's first chunk: gradio's AAC encoder emits no frame for the 0.1 s first chunk of an engine
 # stream, and a player opened on a playlist without segments logs HLS "No Segments" errors until one comes.
 FIRST_LIVE_SAMPLES = SAMPLE_RATE // 2
@@ -64,19 +70,18 @@ class Handlers:
     """The callbacks of one UI; one SpeechPipeline is shared by every browser session.
 
     Every model call goes through the pipeline's call gate (an abandoned stream's engine thread must end before the
-    next run starts) and stops at the next step once its run's own stop flag is set (Interrupt, or the browser
-    gone): a new run's flag is a new Event, so starting it never revives an abandoned one. `_interrupted` records a
-    press of Interrupt.
+    next run starts) and stops at the next step once its run's own stop flag is set (its session's Interrupt, or
+    the browser gone): a new run's flag is new, so starting it never revives an abandoned one.
     """
 
     def __init__(self, pipeline: SpeechPipeline, use_vllm: bool = True, max_new_token: int = MAX_NEW_TOKEN,
-                 voices: VoiceLibrary | None = None) -> None:
-        self.pipeline, self.voices = pipeline, voices  # voices: what a saved voice's name typed as speaker finds
+                 voices: VoiceLibrary | None = None, max_chars: int = MAX_RUN_CHARS,
+                 files_ttl_s: float = FILES_TTL_S) -> None:
+        self.pipeline, self.voice_check = pipeline, VoiceCheck(pipeline, voices)
         self.use_vllm = use_vllm
         self.max_new_token = max_new_token
-        self._interrupted = threading.Event()
-        self._stop = threading.Event()  # the latest run's stop flag
-        self._downloads = tempfile.mkdtemp(prefix="chattts-velocity-webui-")  # gradio serves files under tmp
+        self.max_chars = max_chars
+        self.sessions = SessionRuns(tempfile.mkdtemp(prefix="chattts-velocity-webui-"), files_ttl_s)
 
     # ---- small callbacks ------------------------------------------------------------------
     def speaker_for_seed(self, seed: float | None) -> tuple:
@@ -114,48 +119,56 @@ class Handlers:
         gr.Info(done, duration=3)
         return code, done, gr.skip()
 
-    def interrupt(self) -> None:
-        self._interrupted.set()
-        self._stop.set()
+    def interrupt(self, session: str = "") -> None:
+        """Interrupt pressed: stop this session's run (no other session's)."""
+        self.sessions.interrupt(session)
+
+    def forget(self, session: str = "") -> None:
+        """The session ended (its tab closed): stop its run and remove its downloads."""
+        self.sessions.forget(session)
 
     # ---- generate -------------------------------------------------------------------------
-    def generate(self, *values: object) -> Iterator[tuple]:
+    def generate(self, *values: object, session: str = "") -> Iterator[tuple]:
         """Stream off: Request values -> (full audio, download, spoken text, stats) updates. The stats box is
         the run's one progress display (elapsed time, audio made), refreshed every PROGRESS_EVERY_S."""
-        for update in self._run(Request(*values), stream=False):
+        for update in self._run(Request(*values), stream=False, session=session):
             yield update[1:]
 
-    def generate_stream(self, *values: object) -> Iterator[Update]:
+    def generate_stream(self, *values: object, session: str = "") -> Iterator[Update]:
         """Stream on (same inputs as generate): -> (live chunk, full audio, download, spoken text, stats)."""
-        yield from self._run(Request(*values), stream=True)
+        yield from self._run(Request(*values), stream=True, session=session)
 
-    def _run(self, r: Request, stream: bool) -> Iterator[Update]:
-        stats, skip = RunStats(time.perf_counter()), gr.skip()
+    def _run(self, r: Request, stream: bool, session: str) -> Iterator[Update]:
+        skip = gr.skip()
         # The live player is left alone until the first chunk: a stream opened empty has the browser poll a
         # playlist without segments (HLS "No Segments" errors) through the refine pass and the first chunk.
         yield skip, None, None, "", "running..."
+        self.sessions.sweep()  # downloads past their time, whoever made them
+        with self.sessions.run(session) as run:
+            yield from self._run_checked(r, stream, run)
+
+    def _run_checked(self, r: Request, stream: bool, run: Run) -> Iterator[Update]:
+        stats, skip = RunStats(time.perf_counter()), gr.skip()
         try:
-            if not (r.text or "").strip():
-                raise ValueError("text: the text box is empty; type something to say or pick an example")
+            self._check_text(r.text)
             params, options = self._code_params(r), self._split_options(r)
-            self._interrupted.clear()
-            self._stop = options["stop"] = threading.Event()
+            options["stop"] = run.stop
             spoken = r.text
             if r.refine:
                 spoken = yield from self._wait(lambda: self._refine(r, options), stats, "refining the text",
                                                options["stop"])
             yield skip, skip, skip, spoken, skip
-            if self._interrupted.is_set():  # pressed during the refine pass
+            if run.interrupted.is_set():  # pressed during the refine pass
                 yield skip, skip, skip, skip, "interrupted before audio"
                 return
             if stream:
-                yield from self._stream(spoken, params, options, stats, r.fmt)
+                yield from self._stream(spoken, params, options, stats, r.fmt, run)
                 return
             wav = yield from self._wait(lambda: self._infer(spoken, params, options), stats, "generating",
                                         options["stop"])
             stats.add(len(wav), time.perf_counter())
             stats.end = time.perf_counter()
-            yield skip, *self._results(wav, r.fmt), skip, self._final(stats)
+            yield skip, *self._results(wav, r.fmt, run), skip, self._final(stats, run)
         except ValueError as exc:
             warn(exc)
             yield skip, skip, skip, skip, f"error: {exc}"
@@ -189,17 +202,27 @@ class Handlers:
         return SynthesisJob([text], params, text=TextOptions(split=options["split"]), use_vllm=self.use_vllm,
                             max_batch=options["max_batch"], progress=False, stop=options["stop"].is_set, **refine)
 
-    def _final(self, stats: RunStats) -> str:
+    def _check_text(self, text: str | None) -> None:
+        if not (text or "").strip():
+            raise ValueError("text: the text box is empty; type something to say or pick an example")
+        if len(text or "") > self.max_chars:
+            raise ValueError(f"text: {len(text or '')} characters is over this page's limit of {self.max_chars} a "
+                             "run; split it, or use `chattts-velocity export` or the server for long texts")
+
+    @staticmethod
+    def _final(stats: RunStats, run: Run) -> str:
         """The stats box after a run: an interrupted run says so in its first line."""
-        head = "interrupted: the audio made before Interrupt is kept" if self._interrupted.is_set() else None
+        head = "interrupted: the audio made before Interrupt is kept" if run.interrupted.is_set() else None
         return stats.summary(head=head)
 
-    def _results(self, wav: np.ndarray, fmt: str) -> tuple:
-        """-> (player audio, download file): the player always gets WAV, the download the chosen format."""
-        return (SAMPLE_RATE, float_to_int16(wav)), str(write_download(wav, fmt, self._downloads))
+    @staticmethod
+    def _results(wav: np.ndarray, fmt: str, run: Run) -> tuple:
+        """-> (player audio, download file): the player always gets WAV, the download the chosen format, written
+        in the run's session folder."""
+        return (SAMPLE_RATE, float_to_int16(wav)), str(write_download(wav, fmt, run.folder))
 
     def _stream(self, spoken: str, params: InferCodeParams, options: dict, stats: RunStats,
-                fmt: str) -> Iterator[Update]:
+                fmt: str, run: Run) -> Iterator[Update]:
         # Gradio encodes every yielded chunk with ffmpeg before it resumes the generator, so the
         # engine runs in its own thread and each yield sends whatever audio is ready by then.
         ready: queue.Queue = queue.Queue()
@@ -224,7 +247,7 @@ class Handlers:
         if pending:  # a run shorter than FIRST_LIVE_SAMPLES
             yield _live(pending), gr.skip(), gr.skip(), gr.skip(), stats.progress("streaming")
         full = np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
-        yield gr.skip(), *self._results(full, fmt), gr.skip(), self._final(stats)
+        yield gr.skip(), *self._results(full, fmt, run), gr.skip(), self._final(stats, run)
 
     def _produce(self, spoken: str, params: InferCodeParams, options: dict, stats: RunStats,
                  ready: queue.Queue) -> None:
@@ -251,7 +274,7 @@ class Handlers:
         return refined[0]
 
     def _code_params(self, r: Request) -> InferCodeParams:
-        spk_emb, spk_smp, txt_smp = self._check_voice(r.speaker, r.clip_code, r.transcript)
+        spk_emb, spk_smp, txt_smp = self.voice_check.voice(r.speaker, r.clip_code, r.transcript)
         return InferCodeParams(prompt=speed_prompt(r.speed), spk_emb=spk_emb, spk_smp=spk_smp, txt_smp=txt_smp,
                                temperature=float(r.temperature), top_P=float(r.top_p), top_K=int(r.top_k),
                                manual_seed=None if r.audio_seed is None else check_seed(r.audio_seed, "audio seed"),
@@ -263,30 +286,6 @@ class Handlers:
         if r.fmt not in available_formats():
             raise ValueError(f"format: choose one of {list(available_formats())}, got {r.fmt!r}")
         return {"split": bool(r.split_text), "max_batch": batch_size(r.batch_size)}
-
-    def _check_voice(self, speaker: str, clip_code: str, transcript: str) -> tuple[str | None, ...]:
-        """-> (spk_emb, spk_smp, txt_smp). A cloned clip wins over the speaker string."""
-        speaker, clip_code, transcript = (s.strip() for s in (speaker or "", clip_code or "", transcript or ""))
-        if clip_code:
-            decode_prompt(clip_code)  # raises ValueError naming spk_smp when malformed
-            if not transcript:
-                raise ValueError("clip transcript: type the words spoken in the voice clip "
-                                 "(or clear the clip to use the speaker string)")
-            return None, clip_code, transcript
-        if not speaker:
-            return None, None, None
-        try:  # a preset, seed or saved voice's name typed here is the server's voice of that name (voice_params)
-            found = voice_params(speaker, self.voices, self._seed_speaker)
-            if found["spk_smp"] is not None:  # a saved voice cloned from a clip
-                return None, found["spk_smp"], found["txt_smp"]
-            speaker = found["spk_emb"] or ""
-            self.pipeline.frontend.speaker(speaker, "speaker")  # the front end's width check (its decode is cached)
-        except ValueError as exc:
-            raise ValueError(f"{exc} (or press Random voice)") from None
-        return speaker, None, None
-
-    def _seed_speaker(self, seed: int) -> str:
-        return self.pipeline.sample_random_speaker(seed=check_voice_seed(seed))
 
 
 def _live(chunks: list[np.ndarray]) -> tuple[int, np.ndarray]:

@@ -1,6 +1,9 @@
 """Web UI voice library callbacks: save the current voice by name, pick a saved one into the voice fields,
-delete it. The voices are chattts_velocity.text.voices' files, shared with the server and the export."""
+delete it. The voices are chattts_velocity.text.voices' files, shared with the server and the export; a speaker
+string is saved only when the model can use it (`fits`: the server's own check, voice_check.VoiceCheck.fits)."""
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import gradio as gr
 
@@ -11,8 +14,8 @@ from .handlers import warn
 
 
 class LibraryHandlers:
-    def __init__(self, library: VoiceLibrary) -> None:
-        self.library = library
+    def __init__(self, library: VoiceLibrary, fits: Callable[[str], object] | None = None) -> None:
+        self.library, self.fits = library, fits  # fits: ValueError naming `speaker` for one the model cannot use
 
     def names(self) -> list[str]:
         return [voice.name for voice in self.library.list()]
@@ -28,6 +31,8 @@ class LibraryHandlers:
         fields = {"clip_code": clip_code, "transcript": (transcript or "").strip()} if clip_code else \
             {"speaker": speaker or None}
         try:
+            if speaker and not clip_code and self.fits is not None:
+                self.fits(speaker)
             voice = self.library.save(name or "", **fields)
         except VoiceExists:  # the library's own advice (overwrite) is the server's; the page has Delete
             taken = ValueError(f"name: {name.strip()!r} is taken (names ignore letter case); pick another name, "
