@@ -106,7 +106,7 @@ def _wire_runs(c: Controls, handlers: Handlers) -> None:
     results = [c[k] for k in ("download", "refined", "stats")]
     state, streamed = [c[k] for k in RUN_STATE], gr.State()
     # the stats box shows gradio's status: the queue position while a run waits, then its timer
-    progress = {"show_progress": "full", "show_progress_on": c["stats"]}
+    progress = {"show_progress": "minimal", "show_progress_on": c["stats"]}
     switch = {"queue": False, "show_progress": "hidden"}  # a run's start and end flip buttons and the live player
     c["generate"].click(lambda: _running(False), None, state, **switch) \
         .then(generate, inputs, [c["audio"], *results], concurrency_id="tts", concurrency_limit=1,

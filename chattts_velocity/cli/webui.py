@@ -24,6 +24,13 @@ def add_webui_flags(p: argparse.ArgumentParser) -> None:
     add_step_cap_flag(p)
     p.add_argument("--voices", metavar="DIR", help="the voice library folder, shared with the server (default "
                                                    "$CHATTTS_VELOCITY_VOICES or ~/.cache/chattts_velocity/voices)")
+    # defaults: the page's own (webui.app.build_ui: 5000 characters, 16 runs, 3600 s)
+    p.add_argument("--max-chars", type=int, metavar="N", help="characters of text one run may hold (default 5000)")
+    p.add_argument("--queue-size", type=int, metavar="N",
+                   help="runs that may wait for the engine; one more is refused as 'queue full' (default 16)")
+    p.add_argument("--files-ttl", type=int, metavar="S",
+                   help="seconds the page keeps the audio files it made (default 3600; a tab's own downloads also "
+                        "go when it closes)")
 
 
 def cmd_webui(args: argparse.Namespace) -> None:
@@ -35,11 +42,16 @@ def cmd_webui(args: argparse.Namespace) -> None:
                          "and the webui/ folder of a source checkout") from None
     from ..text.voices import VoiceLibrary
 
+    limits = {"max_chars": args.max_chars, "queue_size": args.queue_size, "files_ttl_s": args.files_ttl}
+    for flag, value in zip(("--max-chars", "--queue-size", "--files-ttl"), limits.values(), strict=True):
+        if value is not None and value < 1:
+            raise ValueError(f"{flag}: must be at least 1, got {value}")
     check_port_free(args.host, args.port)
     chat = load_chat(args, use_vllm=not args.plain)
     page = build_ui(chat.pipeline, use_vllm=not args.plain, max_new_token=max_new_token(args),
                     voices=VoiceLibrary(args.voices),  # None: $CHATTTS_VELOCITY_VOICES or ~/.cache
-                    demo_weights=uses_demo_weights(args.model))
+                    demo_weights=uses_demo_weights(args.model),
+                    **{name: value for name, value in limits.items() if value is not None})
     launch(page, host=args.host, port=args.port, share=args.share)
 
 

@@ -40,7 +40,12 @@ def test_the_command_builds_the_page_from_its_flags(monkeypatch: pytest.MonkeyPa
     ((pipeline, options),) = built
     assert pipeline == ("pipeline", False) and options["use_vllm"] is False  # the loaded Chat's pipeline
     assert options["max_new_token"] == DEMO_MAX_NEW_TOKEN and options["demo_weights"] is True
-    assert launched == [("page", {"host": "127.0.0.1", "port": 7999, "share": True})]
+    assert not {"max_chars", "queue_size", "files_ttl_s"} & set(options)  # the page's own defaults
+    cli.main(["webui", "--model", "demo", "--max-chars", "900", "--queue-size", "3", "--files-ttl", "60"])
+    assert (built[1][1]["max_chars"], built[1][1]["queue_size"], built[1][1]["files_ttl_s"]) == (900, 3, 60)
+    with pytest.raises(SystemExit, match="--queue-size: must be at least 1"):
+        cli.main(["webui", "--model", "demo", "--queue-size", "0"])
+    assert launched[0] == ("page", {"host": "127.0.0.1", "port": 7999, "share": True})
 
 
 def test_the_script_runs_the_webui_command() -> None:
