@@ -56,12 +56,16 @@ _LEADING_PLUS = re.compile(r"(?<![A-Za-z0-9)])\+(?=\d)")
 _THOUSAND = re.compile(r"(\b\w+ +)?\bthousand\b")
 _MERIDIEM = re.compile(r"\b([AP])M\b")
 _DIGIT = re.compile(r"\d")
+MAX_CARDINAL_DIGITS = 36  # "undecillion" is the last name of a number: a longer run of digits is read digit by digit
+_NO_READING = re.compile(rf"(?<!\d)\d{{{MAX_CARDINAL_DIGITS + 1},}}")
 # NOTE: a pattern that starts with a repeated class has a lookbehind excluding that class: otherwise every position
 # of a long run (4096 digits, say) starts a match attempt that scans to the run's end, and the search is quadratic.
 
 
 def before_wetext(text: str, lang: str, say: Say) -> str:
     text = _WIDE.sub(lambda m: _SQUARED.get(m.group(0)) or unicodedata.normalize("NFKC", m.group(0)), text)
+    text = _NO_READING.sub(lambda m: f" {_digit_by_digit(m.group(0), lang)} " if lang == "en"
+                           else _digit_by_digit(m.group(0), lang), text)
     text = _EMAIL.sub(lambda m: _spoken_email(m.group(0), lang), text)
     text = _PHONE.sub(lambda m: _spoken_phone(m.group(1), lang), text)
     text = _CODE.sub(lambda m: ("" if lang == "zh" else " ") + _digit_by_digit(m.group(0), lang), text)

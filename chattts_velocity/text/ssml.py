@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, NoReturn
 from xml.parsers import expat
 
 from chattts_velocity.text.normalizer import detect_language
-from chattts_velocity.text.spoken_rules import spell_digits
+from chattts_velocity.text.spoken_rules import MAX_CARDINAL_DIGITS, spell_digits
 
 if TYPE_CHECKING:
     from chattts_velocity.text.numbers import SpokenText
@@ -32,7 +32,6 @@ STRENGTHS = {"none": "", "x-weak": "[uv_break]", "weak": "[uv_break]", "medium":
              "strong": "[lbreak]", "x-strong": "[lbreak]"}
 LONG_BREAK_MS = 1000
 SAY_AS = ("characters", "spell-out", "cardinal", "number", "date")
-MAX_CARDINAL_DIGITS = 36  # "undecillion" is the last name of a number; a longer one has no reading
 _TIME = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(ms|s)\s*")
 _INTEGER = re.compile(r"[+-]?\d{1,3}(?:,\d{3})+|[+-]?\d+")
 _DATE = re.compile(r"(\d{1,4})[-/.](\d{1,2})[-/.](\d{1,4})")

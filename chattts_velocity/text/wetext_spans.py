@@ -6,8 +6,9 @@ through it made plain prose cost over 100 ms of CPU per 1,000 characters. Most o
   word is plain when wetext reads it alone as itself ("Smith" is, "Mon" and "Sun" are not: they become days), asked
   once per word. Anything else (digits, symbols, quotes, a word wetext rewrites) is read by wetext with `REACH`
   words of context on each side ("May 5, 2024", "5 pm", "World War II").
-- Chinese: a clause (up to and including one of ，。！？；：、) of Chinese characters and marks only is read as
-  itself (wetext's zh grammar leaves it whole); a clause holding a digit, a letter or a symbol is read by wetext.
+- Chinese: Chinese characters and marks read as themselves (wetext's zh grammar leaves them whole); a run of
+  digits, letters or symbols is read by wetext with `ZH_REACH` characters of its clause (up to one of ，。！？；：、)
+  on each side ("2024年3月5日", "第2名", "25元").
 `WetextMemo` keeps the latest readings (a text repeated in a request or across requests costs one lookup).
 """
 from __future__ import annotations
@@ -17,12 +18,13 @@ from collections import OrderedDict
 from collections.abc import Callable
 
 REACH = 2  # words of context wetext sees on each side of a word it must read
+ZH_REACH = 3  # characters of context wetext sees on each side of a Chinese clause's digits, letters or symbols
 MEMO_SIZE = 8192  # readings kept (texts of at most numbers.MAX_WETEXT_CHARS characters)
 _WORD = re.compile(r"\S+")
 _LOWER_WORD = re.compile(r"[a-z]+(?:'[a-z]+)?[,.;:!?]?")
 _LETTER_WORD = re.compile(r"[A-Za-z]+(?:'[A-Za-z]+)?[,.;:!?]?")
 _CLAUSE_END = re.compile(r"(?<=[，。！？；：、])")
-_ZH_PLAIN = re.compile(r"[\u4e00-\u9fff，。！？；：、“”‘’（）《》〈〉「」『』…—\s]*")
+_ZH_FOREIGN = re.compile(r"[^\u4e00-\u9fff，。！？；：、“”‘’（）《》〈〉「」『』…—\s]+")
 Span = tuple[str, bool]  # a piece of the run, and whether wetext must read it
 
 
@@ -53,7 +55,7 @@ class WetextMemo:
 def wetext_spans(text: str, lang: str, reads_as_itself: Callable[[str], bool]) -> list[Span]:
     """`text` as consecutive (piece, wetext must read it) spans that join back to it."""
     if lang == "zh":
-        return _merge([(clause, _ZH_PLAIN.fullmatch(clause) is None) for clause in _CLAUSE_END.split(text) if clause])
+        return _merge([span for clause in _CLAUSE_END.split(text) if clause for span in _zh_spans(clause)])
     words = list(_WORD.finditer(text))
     hot = [not _plain_word(m.group(0), reads_as_itself) for m in words]
     near = [any(hot[max(0, i - REACH): i + REACH + 1]) for i in range(len(words))]
@@ -64,6 +66,16 @@ def wetext_spans(text: str, lang: str, reads_as_itself: Callable[[str], bool]) -
         start = m.end()
     spans.append((text[start:], False))
     return _merge([span for span in spans if span[0]])
+
+
+def _zh_spans(clause: str) -> list[Span]:
+    """A clause's characters other than Chinese and marks (digits, letters, symbols), each run with ZH_REACH
+    characters of the clause on each side, are read; the rest of the clause is kept."""
+    hot = [False] * len(clause)
+    for m in _ZH_FOREIGN.finditer(clause):
+        for i in range(max(0, m.start() - ZH_REACH), min(len(clause), m.end() + ZH_REACH)):
+            hot[i] = True
+    return [(clause[i], hot[i]) for i in range(len(clause))]
 
 
 def _plain_word(word: str, reads_as_itself: Callable[[str], bool]) -> bool:
