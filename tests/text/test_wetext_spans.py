@@ -17,7 +17,7 @@ def test_english_plain_words_are_kept_and_a_number_is_read_with_its_context() ->
 def test_a_capitalised_word_is_read_only_when_wetext_changes_it() -> None:
     changes = {"Mon", "Mr"}
     spans = wetext_spans("see you on Mon with Anna and the others", "en", lambda word: word not in changes)
-    assert [piece for piece, hot in spans if hot] == [" you on Mon with Anna"]  # "Anna" alone stays cold
+    assert [piece for piece, hot in spans if hot] == [" you on Mon with Anna"]  # "Anna" is context of "Mon"
 
 
 def test_chinese_is_kept_and_a_number_is_read_with_three_characters_each_side() -> None:
