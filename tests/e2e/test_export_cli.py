@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -48,6 +49,10 @@ def test_export_fifty_lines_twice(workdir: Path) -> None:
     assert len(wavs) == 48 and not (workdir.parent / "outside.wav").exists()
     entries = json.loads((workdir / "out" / "manifest.json").read_text(encoding="utf-8"))["lines"]
     assert [e["seed"] for e in entries if e["status"] == "ok"] == [3 + k for k in range(50) if k not in (9, 19)]
+    assert not (workdir / "out" / ".export.lock").exists()  # removed when the export ends
+    assert "Line alpha" not in (workdir / "out" / "manifest.json").read_text(encoding="utf-8")  # digests, not text
+    rate = re.search(r"export: 48/48 lines in [0-9.]+ s \((.+)\)", first.stderr)
+    assert rate and re.fullmatch(r"[0-9.]+ lines/s|[0-9]+ s a line", rate.group(1)) and rate.group(1) != "0.0 lines/s"
     stamps = {p.name: p.stat().st_mtime_ns for p in wavs}
 
     second = cli(workdir, *args)
@@ -56,6 +61,15 @@ def test_export_fifty_lines_twice(workdir: Path) -> None:
     assert second.stdout.rstrip().endswith("48/50 succeeded")
     assert {p.name: p.stat().st_mtime_ns for p in (workdir / "out").glob("*.wav")} == stamps
     assert not [p for p in (workdir / "out").rglob("*") if p.name.endswith(".tmp")]
+
+
+def test_a_one_line_10_mb_input_is_refused_before_the_model_loads(workdir: Path) -> None:
+    (workdir / "big.txt").write_text("x" * 10_000_000 + "\n", encoding="utf-8")
+    started = time.monotonic()
+    result = cli(workdir, "big.txt", "-o", "out", "--model", "demo", "--tiny")
+    assert result.returncode == 1 and "line 1: text: 10000000 characters is over the limit" in result.stdout
+    assert "loaded:" not in result.stdout + result.stderr and "Traceback" not in result.stderr
+    assert not (workdir / "out" / ".export.lock").exists() and time.monotonic() - started < 120
 
 
 def test_export_bad_speaker_argument_is_a_clear_error(workdir: Path) -> None:
@@ -82,3 +96,4 @@ def test_a_stopped_export_ends_in_one_line_and_keeps_its_finished_lines(workdir:
     entries = json.loads((workdir / "out" / "manifest.json").read_text(encoding="utf-8"))["lines"]
     done = {e["output"] for e in entries if e["status"] == "ok"}
     assert done and done == {p.name for p in (workdir / "out").glob("*.wav")}  # every WAV on disk is on record
+    assert not (workdir / "out" / ".export.lock").exists()
