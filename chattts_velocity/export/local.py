@@ -80,7 +80,10 @@ def store(plan: ExportPlan, result: LineResult, log: Log) -> None:
         return fail(plan, result.key, f"could not write {line.output}: {exc}", log)
     line.status, line.error, line.duration = "ok", None, result.seconds
     line.audio = file_digest(path)
-    plan.journal(line)
+    try:
+        plan.journal(line)
+    except (OSError, ValueError) as exc:  # a journal swapped for a link or a FIFO: never written through
+        log(f"line {line.line}: not journalled ({exc}); the manifest records it when the run ends")
     log(f"{path}  {line.duration:.2f} s")
 
 

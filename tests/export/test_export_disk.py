@@ -75,6 +75,23 @@ def test_a_fifo_named_like_an_output_fails_its_line_and_never_blocks(tmp_path: P
     assert (out / "00002.wav").is_fifo()
 
 
+def test_a_journal_swapped_for_a_link_mid_run_is_never_written_through(tmp_path: Path) -> None:
+    out, victim = tmp_path / "out", tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    log: list[str] = []
+
+    class Swapper(Tones):
+        def run_each(self, job):
+            (out / JOURNAL).symlink_to(victim)  # planted after the plan, before any line lands
+            yield from super().run_each(job)
+
+    plan = plan_export(lines_file(tmp_path), out, seed=1, params=PARAMS)
+    run_export(Swapper(), plan, PARAMS, progress=False, log=log.append)
+    assert [line.status for line in plan.lines] == ["ok"] * 3 and victim.read_text() == "precious\n"
+    assert any("not journalled" in message and "symbolic link" in message for message in log)
+    assert not (out / JOURNAL).exists() and json.loads((out / MANIFEST).read_text())["succeeded"] == 3
+
+
 @pytest.mark.parametrize("name, body, where", [
     (MANIFEST, '{"lines":[{"output":["x"]}]}', 'entry 1: "output" is \\["x"\\]'),
     (MANIFEST, '{"lines": 5}', 'is not an object with a "lines" list'),
