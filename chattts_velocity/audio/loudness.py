@@ -16,9 +16,10 @@ MIN_SECONDS = 0.4  # BS.1770 gates 400 ms blocks: shorter clips have no measurab
 def check_loudness(target: object, field: str = "loudness") -> float:
     """A usable LUFS target; ValueError naming `field` otherwise."""
     low, high = LOUDNESS_RANGE
-    if isinstance(target, bool) or not isinstance(target, (int, float)) or not math.isfinite(target) \
-            or not low <= target <= high:
-        raise ValueError(f"{field}: a target loudness in LUFS between {low:g} and {high:g} (e.g. -16), got {target!r}")
+    # compared before any float() (an integer of 310 digits overflows one); NaN and inf fail the comparison too
+    if isinstance(target, bool) or not isinstance(target, (int, float)) or not low <= target <= high:
+        raise ValueError(f"{field}: a target loudness in LUFS between {low:g} and {high:g} (e.g. -16), got "
+                         f"{str(target)[:40]}")
     return float(target)
 
 
