@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 
 LIMIT_FLAGS = {  # ServerConfig field -> (type, help); each is the flag --FIELD-WITH-DASHES, unset keeps the default
-    "text_budget_s": (float, "seconds one request's text work (SSML, normalising) may take before a 400 (default 10)"),
+    "text_budget_s": (float, "CPU seconds one text job (SSML, normalising) may take before a 400 (default 10)"),
     "text_processes": (int, "processes normalising long texts beside the engine (default 1; 0: threads only)"),
     "header_timeout_s": (float, "seconds a client has to send a request's headers (default 10)"),
     "body_timeout_s": (float, "seconds a client then has to send the whole body, else 408 (default 30)"),
@@ -40,6 +40,9 @@ LIMIT_FLAGS = {  # ServerConfig field -> (type, help); each is the flag --FIELD-
     "body_budget_bytes": (int, "request bodies held at once over all connections; past it 503 (default 134217728)"),
     "max_pieces": (int, "sentence pieces one input may split into, else 400 (default 128)"),
     "max_queued_per_client": (int, "unfinished sentence pieces one client may have, else 429 (default 512)"),
+    "max_preparing_per_client": (int, "requests one client may have in text work and refine at once, else 429 "
+                                      "(default 16)"),
+    "shutdown_grace_s": (float, "seconds responses in flight get on SIGTERM before they are cut (default 10)"),
     "max_voices": (int, "voices the library may hold (default 1000)"),
 }
 
@@ -53,17 +56,25 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
     stream = {k: getattr(args, k) for k in ("chunk_steps", "first_chunk_steps", "first_lookahead_steps")}
     try:  # None keeps the defaults (for streaming: the exact receptive-field context)
         key = {"api_key": args.api_key} if args.api_key else {}  # else $CHATTTS_VELOCITY_API_KEY
+        clients = {"api_keys_file": args.api_keys_file, "trusted_proxies": _listed(args.trusted_proxy),
+                   "allowed_origins": _listed(args.allowed_origins)}
         voices = {"voices_dir": args.voices} if args.voices else {}  # else $CHATTTS_VELOCITY_VOICES or ~/.cache
         cache = {} if args.cache_mb is None else {"cache_mb": args.cache_mb}
         limits = {name: getattr(args, name) for name in LIMIT_FLAGS if getattr(args, name) is not None}
-        return ServerConfig(**key, **voices, **cache, **limits, max_new_token=max_new_token(args),
+        return ServerConfig(**key, **clients, **voices, **cache, **limits, max_new_token=max_new_token(args),
                             strict_instructions=args.strict_instructions,
                             stream_options=StreamOptions(**{k: v for k, v in stream.items() if v is not None}),
                             max_input_chars=ServerConfig.max_input_chars if args.max_input_chars is None
                             else args.max_input_chars)
     except ValueError as exc:
         field, _, why = str(exc).partition(":")
-        raise ValueError(f"--{field.replace('_', '-')}:{why}") from None
+        flag = {"trusted_proxies": "trusted-proxy"}.get(field, field.replace("_", "-"))  # the flag as typed
+        raise ValueError(f"--{flag}:{why}") from None
+
+
+def _listed(value: str | None) -> tuple[str, ...]:
+    """A comma-separated flag's items."""
+    return tuple(item.strip() for item in (value or "").split(",") if item.strip())
 
 
 def cmd_serve(args: argparse.Namespace) -> None:
@@ -121,6 +132,12 @@ def add_serve_parser(sub: Subparsers) -> None:
     p.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/* (better: set "
                                                    "CHATTTS_VELOCITY_API_KEY, which `ps` does not show)")
+    p.add_argument("--api-keys-file", metavar="PATH", help="accept each key in PATH, one a line, each with optional "
+                   "limits: KEY [max_queued=N] [max_queued_per_peer=N] (docs/reliability.md)")
+    p.add_argument("--trusted-proxy", metavar="ADDR[,ADDR]", help="reverse proxies' addresses whose "
+                   "X-Forwarded-For names the client (without it a client is its peer address)")
+    p.add_argument("--allowed-origins", metavar="ORIGIN[,ORIGIN]", help="browser origins besides "
+                   "the server's own that may send POST/DELETE (e.g. https://app.example; default: none)")
     p.add_argument("--compile", action="store_true",
                    help="torch.compile the decode step (float32, or bf16/int8 where the C++ kernels are unavailable)")
     add_step_cap_flag(p)

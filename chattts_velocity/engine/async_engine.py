@@ -6,15 +6,17 @@ Out: each request's GenerationOutput deltas ([n, rows] tokens, [n, H] hidden) as
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import itertools
 import logging
 import queue
 import threading
-from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+from chattts_velocity.engine.client_quota import CLIENT as CLIENT  # serve/ imports these three from here
+from chattts_velocity.engine.client_quota import QUOTAS as QUOTAS
+from chattts_velocity.engine.client_quota import ClientBusy as ClientBusy
+from chattts_velocity.engine.client_quota import QuotaBook, Quotas, current_quotas
 from chattts_velocity.engine.llm_engine import LLMEngine
 from chattts_velocity.engine.request_stream import RequestStream as RequestStream  # serve/ imports it from here
 from chattts_velocity.engine.request_stream import put_rows
@@ -23,16 +25,6 @@ from chattts_velocity.schema import GenerationOutput, Prompt, SamplingParams
 
 logger = logging.getLogger("chattts_velocity")
 IDLE_WAIT = 0.5  # seconds the idle loop sleeps between checks of the stop flag
-# who the current request is from (the server's edge sets it per HTTP request); admission takes turns between them
-CLIENT: contextvars.ContextVar[str] = contextvars.ContextVar("chattts_velocity_client", default="")
-
-
-class ClientBusy(ValueError):
-    """A client already has max_queued_per_client requests unfinished; the server answers 429 with Retry-After."""
-
-    code = "rate_limit_exceeded"
-    status = 429
-    retry_after = 1  # seconds
 
 
 @dataclass
@@ -51,6 +43,7 @@ class _Add:
     stream: RequestStream
     prompt: Prompt
     params: SamplingParams
+    quotas: Quotas  # the (counter, cap) pairs it counts against (engine/client_quota.py)
     capped: bool = True  # False: never refused for its client's unfinished requests (still counted)
 
 
@@ -70,7 +63,7 @@ class AsyncLLMEngine:
     def __init__(self, engine: LLMEngine, max_queued_per_client: int | None = None) -> None:
         self.engine = engine
         self.max_queued_per_client = max_queued_per_client  # unfinished requests one named client may have
-        self._per_client: Counter[str] = Counter()  # unfinished requests by client (engine thread only)
+        self.quota_book = QuotaBook()  # unfinished requests by quota counter (written by the engine thread only)
         self.stats = AsyncStats()
         self._commands: queue.SimpleQueue[_Add | _Abort] = queue.SimpleQueue()
         self._wake = threading.Event()
@@ -141,7 +134,7 @@ class AsyncLLMEngine:
         self.start()
         request_id = request_id if request_id is not None else f"async-{next(self._ids)}"
         stream = RequestStream(request_id, asyncio.get_running_loop(), CLIENT.get())
-        self._send(_Add(stream, prompt, params, capped))
+        self._send(_Add(stream, prompt, params, current_quotas(self.max_queued_per_client), capped))
         try:
             await stream.accepted
         except asyncio.CancelledError:
@@ -210,17 +203,16 @@ class AsyncLLMEngine:
         if stream.request_id in self._streams:
             stream.resolve(ValueError(f"request_id: {stream.request_id!r} is already running; use a unique id"))
             return
-        cap, client = self.max_queued_per_client, stream.client
-        if cap is not None and client and command.capped and self._per_client[client] >= cap:
-            stream.resolve(ClientBusy(f"input: this client has {cap} pieces unfinished, the most one client may "
-                                      "have; retry when some have finished"))
+        busy = self.quota_book.busy(command.quotas) if command.capped else None
+        if busy is not None:
+            stream.resolve(busy)
             return
         try:
-            self.engine.add_request(stream.request_id, command.prompt, command.params, client)
+            self.engine.add_request(stream.request_id, command.prompt, command.params, stream.client)
         except ValueError as exc:
             stream.resolve(exc)
             return
-        self._per_client[client] += 1
+        self.quota_book.count(stream.request_id, command.quotas)
         self._streams[stream.request_id] = stream
         self.stats.num_requests += 1
         stream.resolve(None)
@@ -228,7 +220,7 @@ class AsyncLLMEngine:
     def _abort(self, request_id: str) -> None:
         stream = self._streams.pop(request_id, None)
         if stream is not None:
-            self._per_client[stream.client] -= 1
+            self.quota_book.release(request_id)
             self.engine.abort_request(request_id)
             self.stats.num_aborted += 1
             stream.put(GenerationOutput.ended(request_id, "abort"))
@@ -276,7 +268,7 @@ class AsyncLLMEngine:
                 continue  # aborted while the step ran
             if delta.finished:
                 del self._streams[delta.request_id]
-                self._per_client[stream.client] -= 1
+                self.quota_book.release(delta.request_id)
                 self.stats.num_finished += 1
             stream.put(delta)
 
@@ -287,5 +279,5 @@ class AsyncLLMEngine:
             self.engine.abort_request(request_id)
             stream.put(error)
         self._streams.clear()
-        self._per_client.clear()
+        self.quota_book.clear()
 

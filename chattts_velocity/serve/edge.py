@@ -12,8 +12,6 @@ invalid_json, 401 invalid_api_key, 413 request_too_large, 408 request_timeout, 5
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import hmac
 import json
 import logging
 import tempfile
@@ -23,7 +21,8 @@ from typing import IO
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ..engine.async_engine import CLIENT
+from ..engine.async_engine import CLIENT, QUOTAS
+from .clients import Clients, KeyLimits
 from .request import error_detail
 
 BODY_METHODS = {"POST", "PUT", "PATCH"}
@@ -69,8 +68,11 @@ class Edge:
 
     def __init__(self, app: ASGIApp, api_key: str | None, max_body_bytes: int,
                  on_refuse: Callable[[], None] = lambda: None, path_limits: dict[str, int] | None = None,
-                 body_timeout: float = 30.0, body_budget: int = 128 << 20, send_timeout: float = 30.0) -> None:
-        self.app, self.api_key, self.max_body_bytes, self.on_refuse = app, api_key, max_body_bytes, on_refuse
+                 body_timeout: float = 30.0, body_budget: int = 128 << 20, send_timeout: float = 30.0,
+                 clients: Clients | None = None) -> None:
+        self.app, self.max_body_bytes, self.on_refuse = app, max_body_bytes, on_refuse
+        # who each request is from, and which keys it may hold (serve/clients.py); by default `api_key` alone
+        self.clients = clients or Clients({api_key: KeyLimits()} if api_key else {}, None)
         self.path_limits = dict(path_limits or {})  # path -> its own body limit (voice uploads)
         self.body_timeout = body_timeout  # seconds the whole body may take to arrive
         self.budget = BodyBudget(body_budget)
@@ -103,9 +105,10 @@ class Edge:
         if sum(len(k) + len(v) + 4 for k, v in raw) > MAX_HEADER_BYTES:
             return await self._refuse(send, 400, f"headers: larger than this server's limit of {MAX_HEADER_BYTES} "
                                       "bytes", "headers_too_large")
-        CLIENT.set(client_of(scope, headers))  # this request's task (and the engine requests it makes) carry it
-        key = self.api_key
-        if key is not None and scope["path"].startswith("/v1/") and not self._authorized(headers, key):
+        client = self.clients.identify(scope, headers)
+        CLIENT.set(client.name)  # this request's task (and the engine requests it makes) carry them
+        QUOTAS.set(client.quotas)
+        if not client.authorized and scope["path"].startswith("/v1/"):
             return await self._refuse(send, 401, "Incorrect API key provided; send 'Authorization: Bearer <key>'",
                                       "invalid_api_key")
         if scope["method"] not in BODY_METHODS:
@@ -141,10 +144,6 @@ class Edge:
         if problem is not None:
             return await self._refuse(send, 400, f"body: is not valid JSON ({problem})", "invalid_json")
         await self.app(scope, _replay(body, receive), send)
-
-    def _authorized(self, headers: dict[str, str], api_key: str) -> bool:
-        scheme, _, token = headers.get("authorization", "").partition(" ")
-        return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), api_key.encode())
 
     async def _read_body(self, headers: dict[str, str], receive: Receive, limit: int, claim: list[int],
                          spool: IO[bytes] | None) -> bytes | None:
@@ -187,15 +186,6 @@ class Edge:
                     "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                                 (b"connection", b"close"), *extra]})
         await send({"type": "http.response.body", "body": body})
-
-
-def client_of(scope: Scope, headers: dict[str, str]) -> str:
-    """Who a request is from, for the engine's turns: its bearer token's digest, else its peer address."""
-    scheme, _, token = headers.get("authorization", "").partition(" ")
-    if scheme.lower() == "bearer" and token.strip():
-        return "key:" + hashlib.sha256(token.strip().encode()).hexdigest()[:16]
-    peer = scope.get("client") or ("", 0)
-    return f"addr:{peer[0]}"
 
 
 def is_json_type(content_type: str) -> bool:

@@ -9,9 +9,10 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import math
 import time
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager, suppress
+from contextlib import asynccontextmanager
 from functools import partial
 
 import numpy as np
@@ -32,11 +33,14 @@ from ..text.voices import VoiceLibrary
 from . import metrics
 from .audio_stream import StreamedAudio, encoded_chunks
 from .cache import AudioCache, recorded
+from .clients import Clients
 from .edge import Edge
 from .free_text import report_headers
 from .info_routes import add_info_routes
 from .instructions import SpeechInput, code_params, speech_input
+from .intake import Admission, ClientGone, unless_gone
 from .openai_names import check_model
+from .origin import BrowserGuard
 from .request import (
     SpeechBody,
     api_error,
@@ -56,7 +60,6 @@ from .voice_fields import VoiceBook
 from .voice_routes import VOICES_PATH, add_voice_routes
 
 logger = logging.getLogger("chattts_velocity.serve")
-DISCONNECT_POLL = 0.5  # seconds between client-disconnect checks of a non-streamed request
 Speech = SpeechPipeline | Chat  # what the app serves: a pipeline, or a loaded Chat's
 
 
@@ -71,6 +74,7 @@ class ServerState:
         self.library = VoiceLibrary(config.voices_dir, config.max_voices)
         self.voices = VoiceBook(pipeline.sample_random_speaker, self.library)
         self.cache = AudioCache(config.cache_mb << 20)
+        self.admission = Admission(self.engine, config.max_preparing_per_client)
         self.metrics = metrics.ServerMetrics(lambda: {**self.engine.metrics(),
                                                       metrics.DECODE_MAX_BATCH: self.service.worker.max_batch})
         self.formats = available_formats()
@@ -120,6 +124,22 @@ class ServerState:
             stream.close()
             self.metrics.outcome(status, labels)
 
+    async def open_speech(self, body: SpeechBody, fmt: str, streamed: bool,
+                          request: Request) -> tuple[SpeechInput, SpeechStream | Response, str | None]:
+        """(plan, its stream or cached response, its cache key): text work, refine pass, first pieces."""
+        plan, params, kind = await self.service.text.run(self.speech, body)
+        request.state.labels = labels = metrics.Labels(fmt, kind)
+        key, data = self.cached(body, plan, params, fmt, streamed)
+        if data is not None:
+            self.metrics.outcome("ok", labels)
+            return plan, Response(data, media_type=FORMATS[fmt].media_type), key
+        c = self.config
+        first = FORMATS[fmt].first_chunk_samples if streamed else 0  # the encoder's first bytes leave with it
+        stream = await self.service.open(plan.text, params, refine=plan.refine, split=c.split_text,
+                                         max_pieces=c.max_pieces, first_chunk_samples=first,
+                                         window=c.stream_window_pieces if streamed else None)
+        return plan, stream, key
+
     def cached(self, body: SpeechBody, plan: SpeechInput, params: InferCodeParams, fmt: str,
                streamed: bool) -> tuple[str | None, bytes | None]:
         """(the request's cache key or None, its cached bytes or None); SSE responses are not cached."""
@@ -149,19 +169,13 @@ class ServerState:
         async def gather() -> list[np.ndarray]:
             return [c async for c in self.observed(stream, labels)]
 
-        task = asyncio.ensure_future(gather())
         try:
-            while not (await asyncio.wait({task}, timeout=DISCONNECT_POLL))[0]:
-                if await request.is_disconnected():
-                    return None
-            if task.exception() is not None:
-                request.state.counted = True  # observed() counted it; the 500 handler must not count it again
-            chunks = task.result()
-        finally:
-            if not task.done():
-                task.cancel()
-                with suppress(asyncio.CancelledError):
-                    await task
+            chunks = await unless_gone(request, gather())
+        except ClientGone:
+            return None
+        except Exception:
+            request.state.counted = True  # observed() counted it; the 500 handler must not count it again
+            raise
         return np.concatenate(chunks) if chunks else np.zeros(0, np.float32)
 
 
@@ -190,10 +204,13 @@ def create_app(speech: Speech | Callable[[], Speech], config: ServerConfig | Non
     _add_speech_route(app, config)
     add_info_routes(app, config)
     add_voice_routes(app)
-    app.add_middleware(Edge, api_key=config.api_key, max_body_bytes=config.max_body_bytes,
+    clients = Clients(config.api_keys(), config.max_queued_per_client, config.trusted_proxies)
+    app.add_middleware(Edge, api_key=None, clients=clients, max_body_bytes=config.max_body_bytes,
                        on_refuse=lambda: _count_error(app, 400), path_limits={VOICES_PATH: config.max_upload_bytes},
                        body_timeout=config.body_timeout_s, body_budget=config.body_budget_bytes,
                        send_timeout=config.send_timeout_s)
+    app.add_middleware(BrowserGuard, allowed_origins=config.allowed_origins, form_paths=(VOICES_PATH,),
+                       on_refuse=lambda: _count_error(app, 403))
     app.add_middleware(RequestId)  # added last: the outermost, so every response carries x-request-id
     return app
 
@@ -207,21 +224,19 @@ def _add_speech_route(app: FastAPI, config: ServerConfig) -> None:
         request.state.labels = metrics.Labels(fmt)  # what an error response is counted under
         check_model(body.model, config.model_name)
         streamed = streamed_response(body)
-        try:
-            plan, params, kind = await state.service.text.run(state.speech, body)
-            request.state.labels = labels = metrics.Labels(fmt, kind)
-            key, data = state.cached(body, plan, params, fmt, streamed)
-            if data is not None:
-                state.metrics.outcome("ok", labels)
-                return state.reported(Response(data, media_type=FORMATS[fmt].media_type), plan, request)
-            first = FORMATS[fmt].first_chunk_samples if streamed else 0  # the encoder's first bytes leave with it
-            stream = await state.service.open(plan.text, params, refine=plan.refine, split=config.split_text,
-                                              max_pieces=config.max_pieces, first_chunk_samples=first,
-                                              window=config.stream_window_pieces if streamed else None)
+        try:  # one admission point, then the preparation, cancelled if the client leaves (serve/intake.py)
+            async with state.admission.admitted():
+                plan, stream, key = await unless_gone(request, state.open_speech(body, fmt, streamed, request))
+        except ClientGone:
+            state.metrics.outcome("disconnect", request.state.labels)
+            return Response(status_code=499)  # nobody reads it
         except ValueError as exc:
             raise bad_request(exc) from None
         except RuntimeError as exc:
             raise api_error(503, str(exc), kind="server_error", code="engine_unavailable") from None
+        if isinstance(stream, Response):  # from the cache
+            return state.reported(stream, plan, request)
+        labels = request.state.labels
         if streamed:
             chunks = state.audio_bytes(stream, labels)
             if body.stream_format == "sse":
@@ -281,4 +296,5 @@ def run_server(speech: Speech | Callable[[], Speech], config: ServerConfig | Non
         logger.addHandler(handler)
         logger.setLevel(log_level.upper())
     uvicorn.run(create_app(speech, config), host=host, port=port, log_level=log_level,
-                http=header_timeout_protocol(config.header_timeout_s))
+                http=header_timeout_protocol(config.header_timeout_s, config.send_timeout_s),
+                timeout_graceful_shutdown=math.ceil(config.shutdown_grace_s))

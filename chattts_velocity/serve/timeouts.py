@@ -6,6 +6,10 @@ What bounds what, under `run_server` (uvicorn, h11):
   uvicorn itself has no such limit (a client that sends half a header was held until the OS gave up);
 - the body: serve/edge.py reads it within `ServerConfig.body_timeout_s` or answers 408 `request_timeout`;
 - idle kept-alive connections: uvicorn's `timeout_keep_alive` (5 s);
+- a client that stops reading: once the transport's buffer is full, the connection is aborted (socket and queued
+  bytes freed at once; a plain close would wait for the buffer to drain, forever) when it has not drained for
+  `ServerConfig.send_timeout_s`, or at shutdown (SIGTERM) at once; serve/edge.py cancels the response itself at the
+  same timeout, which aborts its pieces. Responses still being read get `ServerConfig.shutdown_grace_s` at shutdown;
 - header size: h11's 16 KiB limit on an incomplete event (a 400 past it); body size: serve/edge.py (413).
 Behind a proxy, its own limits apply first (nginx: client_header_timeout, client_body_timeout).
 """
@@ -17,14 +21,16 @@ import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 
-def header_timeout_protocol(seconds: float) -> type[H11Protocol]:
-    """uvicorn's h11 protocol with a deadline on each request's headers."""
-    return type("HeaderTimeout", (HeaderTimeout,), {"header_timeout": seconds})
+def header_timeout_protocol(seconds: float, send_timeout: float = 30.0) -> type[H11Protocol]:
+    """uvicorn's h11 protocol with a deadline on each request's headers and on a stalled reader's buffer."""
+    return type("HeaderTimeout", (HeaderTimeout,), {"header_timeout": seconds, "send_timeout": send_timeout})
 
 
 class HeaderTimeout(H11Protocol):
     header_timeout = 10.0
+    send_timeout = 30.0
     _header_timer: asyncio.TimerHandle | None = None
+    _stall_timer: asyncio.TimerHandle | None = None  # armed while the transport's write buffer is full
 
     # mypy silenced below: the base declares BaseTransport; uvicorn's h11 protocol is only given a Transport
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -40,7 +46,34 @@ class HeaderTimeout(H11Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        self._resumed()
         super().connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._stall_timer is None:
+            self._stall_timer = self.loop.call_later(self.send_timeout, self._reader_stalled)
+
+    def resume_writing(self) -> None:
+        self._resumed()
+        super().resume_writing()
+
+    def shutdown(self) -> None:
+        if self._stall_timer is not None:  # its client reads nothing: nothing to wait for
+            self._reader_stalled()
+        else:
+            super().shutdown()
+
+    def _resumed(self) -> None:
+        if self._stall_timer is not None:
+            self._stall_timer.cancel()
+            self._stall_timer = None
+
+    def _reader_stalled(self) -> None:
+        self._resumed()
+        if not self.transport.is_closing() or self.transport.get_write_buffer_size():
+            self.logger.info("aborting a connection whose client read nothing for %g s", self.send_timeout)
+            self.transport.abort()
 
     def _arm(self) -> None:
         if self._header_timer is None:

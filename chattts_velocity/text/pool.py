@@ -36,9 +36,9 @@ def _exit_with_parent(parent: int) -> None:
 
 
 def split_in_worker(texts: str | list[str], lang: str | None, normalize: bool, homophones: bool, split: bool,
-                    started: float, budget_s: float | None) -> TextPieces:
+                    started: float | None, budget_s: float | None) -> TextPieces:
     """TextFrontEnd.pieces(texts, lang=lang, normalize=normalize, homophones=homophones, split=split) with the
-    worker's normaliser, under the budget."""
+    worker's normaliser, under the budget (budget.time_budget: CPU time in the worker unless `started`)."""
     normalizer = worker_normalizer()
     with time_budget(budget_s, started):
         return normalized_pieces(texts, lambda p: normalizer(p, normalize, homophones, lang), split)

@@ -203,3 +203,22 @@ def test_an_unreadable_dotenv_file_is_a_warning_not_a_failure(served: list[dict]
     cli.main(["serve"])
     assert served[0]["config"].cache_mb == openai_api.ServerConfig().cache_mb
     assert ".env: cannot be read" in capsys.readouterr().err
+
+
+def test_client_flags_reach_server_config_and_a_bad_keys_file_names_its_flag(served: list[dict],
+                                                                            tmp_path: Path) -> None:
+    keys = tmp_path / "keys"
+    keys.write_text("alpha max_queued=40\nbeta\n")
+    cli.main(["serve", "--api-keys-file", str(keys), "--trusted-proxy", "10.0.0.5,::1",
+              "--allowed-origins", "https://a.example, https://b.example,http://c.example"])
+    config = served[0]["config"]
+    assert set(config.api_keys()) == {"alpha", "beta"} and config.api_keys()["alpha"].max_queued == 40
+    assert config.trusted_proxies == ("10.0.0.5", "::1")
+    assert config.allowed_origins == ("https://a.example", "https://b.example", "http://c.example")
+    keys.write_text("alpha max_queued=many\n")
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["serve", "--api-keys-file", str(keys)])
+    assert str(exc.value.code).startswith("error: --api-keys-file: ") and "alpha" not in str(exc.value.code)
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["serve", "--trusted-proxy", "proxy.local"])
+    assert str(exc.value.code).startswith("error: --trusted-proxy: ")

@@ -1,5 +1,5 @@
 """The server's text work off the event loop: long texts in a worker process read as on a thread, a dead worker
-is replaced, and the budget counts from when a job was queued."""
+is replaced, the budget is the job's own CPU time, and a cancelled job ends."""
 from __future__ import annotations
 
 import asyncio
@@ -48,27 +48,62 @@ def test_a_long_text_reads_the_same_in_the_worker_process_and_a_dead_worker_is_r
         worker.shutdown()
 
 
-def test_the_budget_counts_from_when_the_job_was_queued() -> None:
+def test_the_budget_is_the_job_s_cpu_time_not_its_wait() -> None:
+    """A job queued behind a slow one, or waiting without using the CPU, is not failed for it; a job that spends
+    the CPU past its budget is."""
+    import time
+
+    from chattts_velocity.text.budget import check_budget
+
     worker = TextWorker(workers=1, budget_s=0.2)
 
-    def slow_then_check() -> None:
-        import time
-
-        from chattts_velocity.text.budget import check_budget
-
-        time.sleep(0.3)
+    def sleep_then_check() -> str:
+        time.sleep(0.4)  # wall time, no CPU
         check_budget()
+        return "slept"
 
-    async def both() -> list:
-        from chattts_velocity.text.budget import check_budget
+    def spin() -> None:
+        while True:
+            check_budget()
 
-        return await asyncio.gather(worker.run(slow_then_check), worker.run(check_budget), worker.run(lambda: "ok"),
+    async def jobs() -> list:
+        return await asyncio.gather(worker.run(sleep_then_check), worker.run(check_budget), worker.run(spin),
                                     return_exceptions=True)
 
     try:
-        first, queued, unchecked = asyncio.run(both())
-        # the second job waited 0.3 s behind the first: its budget was spent before it began
-        assert isinstance(first, TextBudgetExceeded) and isinstance(queued, TextBudgetExceeded)
-        assert unchecked == "ok"
+        slept, queued, spun = asyncio.run(jobs())
+        assert slept == "slept" and queued is None and isinstance(spun, TextBudgetExceeded)
+        assert "CPU time" in str(spun)
+    finally:
+        worker.shutdown()
+
+
+def test_a_cancelled_job_ends_at_its_next_check() -> None:
+    import threading
+    import time
+
+    from chattts_velocity.text.budget import TextWorkCancelled, check_budget
+
+    worker, started, ended = TextWorker(workers=1, budget_s=60), threading.Event(), []
+
+    def wait_checking() -> None:
+        started.set()
+        try:
+            while True:
+                check_budget()
+                time.sleep(0.01)
+        except TextWorkCancelled as exc:
+            ended.append(exc)
+
+    async def cancel_it() -> None:
+        task = asyncio.ensure_future(worker.run(wait_checking))
+        await asyncio.to_thread(started.wait)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await asyncio.get_running_loop().run_in_executor(worker._threads, lambda: None)  # after the job's end
+
+    try:
+        asyncio.run(cancel_it())
+        assert len(ended) == 1
     finally:
         worker.shutdown()

@@ -29,8 +29,9 @@ def chat(tiny_assets) -> Chat:
 
 
 def _client(chat: Chat, voices_dir, **config) -> TestClient:
+    # X-Requested-With: a multipart upload needs a header no web page's form can send (serve/origin.py)
     return TestClient(create_app(chat, ServerConfig(voices_dir=str(voices_dir), warmup_steps=0, max_new_token=64,
-                                                    **config)))
+                                                    **config)), headers={"X-Requested-With": "tests"})
 
 
 def _speak(client: TestClient, **body) -> np.ndarray:
