@@ -41,7 +41,7 @@ LIMIT_FLAGS = {  # ServerConfig field -> (type, help); each is the flag --FIELD-
     "max_pieces": (int, "sentence pieces one input may split into, else 400 (default 128)"),
     "max_queued_per_client": (int, "unfinished sentence pieces one client may have, else 429 (default 512)"),
     "max_preparing_per_client": (int, "requests one client may have in text work and refine at once, else 429 "
-                                      "(default 16)"),
+                                      "(default 64)"),
     "shutdown_grace_s": (float, "seconds responses in flight get on SIGTERM before they are cut (default 10)"),
     "max_voices": (int, "voices the library may hold (default 1000)"),
 }

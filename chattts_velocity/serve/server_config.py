@@ -38,7 +38,7 @@ class ServerConfig:
     shutdown_grace_s: float = 10.0  # on SIGTERM, responses in flight get this long before they are cut
     stream_window_pieces: int = 8  # a streamed request's pieces in the engine at once, from the one its client reads
     max_queued_per_client: int = 512  # unfinished sentence pieces one client (its address) may have: 429
-    max_preparing_per_client: int = 16  # requests one client may have in text work (and refine) at once: 429
+    max_preparing_per_client: int = 64  # requests one client may have in text work (and refine) at once: 429
     body_budget_bytes: int = 128 << 20  # request bodies held at once, all connections; past it a new body gets 503
     strict_instructions: bool = False  # `instructions` outside the grammar: 400 (else read as free text, reported)
 
