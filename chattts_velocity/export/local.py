@@ -27,7 +27,7 @@ CHUNK_SIZE = 256  # lines per run_each call: bounds the prompts and finished aud
 
 def timestamps_path(wav_path: Path) -> Path:
     """Where a WAV's sentence timestamps go ([{"text", "start", "end"}], seconds): NAME.timestamps.json, a name no
-    WAV's sidecar shares with manifest.json (plan._mark_finished looks for it there too)."""
+    WAV's sidecar shares with manifest.json (resume.mark_finished looks for it there too)."""
     return wav_path.with_suffix(SIDECAR_SUFFIX)
 
 

@@ -156,7 +156,7 @@ def _fill(plan: ExportPlan, rows: list[tuple[int, str]], jsonl: bool, seed: int 
     _base_seeds(plan, seed)
     for line in plan.todo:
         line.request = request_hash(line.text, line.speaker, line.seed, plan.meta["params"], plan.clip_params(line))
-    mark_finished(plan)
+    mark_finished(plan.out_dir, plan.todo, plan.timestamps)
     _draw_seeds(plan)
 
 

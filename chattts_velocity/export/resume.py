@@ -6,27 +6,25 @@ line with a message saying so (opening a FIFO would wait forever), and is never 
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from pathlib import Path
 
+from .line import ExportLine
 from .manifest import file_digest, wav_seconds
 from .names import SIDECAR_SUFFIX
 from .record import read_record
 from .safe_files import UnsafeFile, check_inside, file_kind, unsafe
 
-if TYPE_CHECKING:
-    from .plan import ExportPlan
-
 REGULAR = "a regular file"
 
 
-def mark_finished(plan: ExportPlan) -> None:
+def mark_finished(out_dir: Path, todo: list[ExportLine], timestamps: bool) -> None:
     """Skip lines whose WAV is complete, recorded for the same request, unchanged since (its digest) and with every
     sidecar the run asks for; any other WAV is made again; a line whose output is not a regular file fails."""
-    record = read_record(plan.out_dir)
-    for line in plan.todo:
-        path = plan.out_dir / line.file
+    record = read_record(out_dir)
+    for line in todo:
+        path = out_dir / line.file
         try:
-            _check_output(plan, line.file)
+            _check_output(out_dir, line.file)
         except UnsafeFile as exc:
             line.status, line.error = "error", str(exc)
             continue
@@ -36,17 +34,17 @@ def mark_finished(plan: ExportPlan) -> None:
             continue
         if before.get("audio") is not None and file_digest(path) != before["audio"]:
             continue  # another run's audio under this name
-        if plan.timestamps and file_kind(path.with_suffix(SIDECAR_SUFFIX)) != REGULAR:
+        if timestamps and file_kind(path.with_suffix(SIDECAR_SUFFIX)) != REGULAR:
             continue
         line.status, line.reason, line.duration = "skipped", "already exported", round(seconds, 3)
         line.seed, line.audio = before.get("seed"), before.get("audio")  # what made the file on disk
 
 
-def _check_output(plan: ExportPlan, name: str) -> None:
+def _check_output(out_dir: Path, name: str) -> None:
     """UnsafeFile unless the output's folder stays inside the output folder and its WAV and sidecar names hold
     nothing or a regular file."""
-    path = plan.out_dir / name
-    check_inside(plan.out_dir, path)
+    path = out_dir / name
+    check_inside(out_dir, path)
     for target in (path, path.with_suffix(SIDECAR_SUFFIX)):
         kind = file_kind(target)
         if kind not in (None, REGULAR):
