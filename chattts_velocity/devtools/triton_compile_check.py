@@ -2,7 +2,10 @@
 
 No GPU is needed: Triton compiles for a named target (`GPUTarget("cuda", cc, 32)`) with its bundled ptxas, and
 cuobjdump reads the registers, shared memory and local (spilled) memory of each cubin. This runs the code paths the
-CPU interpreter never takes (the bf16/fp16 tensor-core tl.dot of the prefill kernel, the real register allocator).
+CPU interpreter never takes (the bf16/fp16 tensor-core tl.dot of the prefill kernel, the real register allocator),
+and each result names what the PTX uses (`instructions`): the tensor-core MMA (wgmma / mma.sync), the async copies
+that feed it, and whether the weights' L2 prefetch precedes the PDL wait. Arguments are specialised as a launch
+specialises them (16-byte aligned pointers, integers divisible by 16), so the loads vectorise as on a GPU.
 
 What is compiled is recorded, not listed by hand: a child process runs TritonBackend steps (decode, prefill) and
 the device sampler (code and text vocabularies) under TRITON_INTERPRET=1 with each launch captured instead of run,
@@ -35,7 +38,7 @@ TYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "int64": "i64
          "uint8": "u8", "int8": "i8"}
 PACKAGE = Path(__file__).parents[1]
 KERNELS = PACKAGE / "model" / "kernels" / "triton"
-ENGINE = PACKAGE / "engine"
+ENGINE = PACKAGE / "engine" / "worker"
 MODULE = "chattts_velocity.devtools.triton_compile_check"
 Spec = dict[str, Any]  # one launch: kernel, signature, constexprs, options (JSON)
 
@@ -70,13 +73,14 @@ def _spec(kernel: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Spec:
     names = list(params)
     values = dict(zip(names, args, strict=False)) | {k: v for k, v in kwargs.items() if k in params}
     skip = set(kernel.kwargs.get("do_not_specialize") or ()) if hasattr(kernel, "kwargs") else set()
-    signature, constexprs = {}, {}
+    signature, constexprs, aligned = {}, {}, []
     for name in names:
         value = values[name]
         if "constexpr" in str(params[name].annotation):
             signature[name], constexprs[name] = "constexpr", value
         elif hasattr(value, "dtype") and hasattr(value, "data_ptr"):
             signature[name] = "*" + TYPES[str(value.dtype).removeprefix("torch.")]
+            aligned += [name] if value.data_ptr() % 16 == 0 else []
         elif isinstance(value, bool):
             signature[name] = "i1"
         elif isinstance(value, int):
@@ -84,11 +88,14 @@ def _spec(kernel: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Spec:
                 signature[name], constexprs[name] = "constexpr", 1
             else:
                 signature[name] = "i32" if -2**31 <= value < 2**31 else "i64"
+                aligned += [name] if value % 16 == 0 and name not in skip else []
         else:
             signature[name] = "fp32"
     options = {k: v for k, v in kwargs.items() if k not in params}
+    # aligned: the pointers and integers a launch specialises as divisible by 16, as Triton's launcher does; without
+    # them the loads compile scalar and never become async copies
     return {"kernel": f"{fn.__module__}:{fn.__name__}", "signature": signature, "constexprs": constexprs,
-            "options": options}
+            "options": options, "aligned": aligned}
 
 
 def _drive_backend(hidden: int, heads: int, inter: int, dtype: Any, block_size: int) -> None:
@@ -135,7 +142,8 @@ def compile_all(specs: list[Spec], targets: list[int]) -> list[dict[str, Any]]:
             row = {"kernel": name, "target": f"sm_{cc}", "constexprs": constexprs,
                    "pointers": {k: v for k, v in spec["signature"].items() if v.startswith("*")}}
             try:
-                compiled = triton.compile(ASTSource(fn, spec["signature"], constexprs),
+                attrs = {(fn.arg_names.index(name),): [["tt.divisibility", 16]] for name in spec["aligned"]}
+                compiled = triton.compile(ASTSource(fn, spec["signature"], constexprs, attrs),
                                           target=GPUTarget("cuda", cc, 32), options=options)
                 row |= _resources(compiled, cc)
             except Exception as exc:  # noqa: BLE001 -- a compile error is a result here
@@ -182,7 +190,19 @@ def _resources(compiled: Any, cc: int) -> dict[str, Any]:
         problems.append("register spills")
     if shared > TARGETS[cc]:
         problems.append(f"shared memory {shared} B above sm_{cc}'s {TARGETS[cc]} B")
-    return out | ({"error": "; ".join(problems)} if problems else {})
+    return out | instructions(compiled.asm["ptx"]) | ({"error": "; ".join(problems)} if problems else {})
+
+
+def instructions(ptx: str) -> dict[str, Any]:
+    """What the PTX shows of the GEMM path: the tensor-core instruction (`wgmma` on sm_90, `mma` the mma.sync of
+    sm_80+, None: FMA products or no tl.dot), the async copies feeding it (`tma`: cp.async.bulk, `cp.async`, None)
+    and, for kernels launched with PDL, whether an L2 prefetch precedes the wait for the previous kernel
+    (`prefetch_before_wait`; None without a griddepcontrol.wait)."""
+    mma = "wgmma" if re.search(r"\bwgmma\.mma_async", ptx) else "mma" if re.search(r"\bmma\.sync", ptx) else None
+    copy = ("tma" if "cp.async.bulk" in ptx else "cp.async" if re.search(r"\bcp\.async\.c[ag]\b", ptx) else None)
+    wait, prefetch = ptx.find("griddepcontrol.wait"), ptx.find("prefetch.global.L2")
+    return {"mma": mma, "async_copy": copy,
+            "prefetch_before_wait": None if wait < 0 else 0 <= prefetch < wait}
 
 
 def source_key(targets: list[int]) -> str:

@@ -1,5 +1,7 @@
 """Every Triton kernel the engine launches compiles for sm_80, sm_89 and sm_90 without a GPU, with no register
-spills and within each target's shared memory (devtools/triton_compile_check.py).
+spills and within each target's shared memory (devtools/triton_compile_check.py); every layer GEMM with bf16/fp16
+weights multiplies on the tensor cores (wgmma on sm_90, mma.sync on sm_80/89) fed by async copies, and with PDL
+prefetches its weights before it waits for the previous kernel.
 
 The launches are recorded under Triton's interpreter, then compiled with Triton's bundled ptxas. Results are cached
 by a hash of the kernels' sources under the test cache directory: the first run compiles (minutes), later runs read.
@@ -24,6 +26,8 @@ KERNELS = {"_norm_qkv_rope_kernel", "_decode_kernel", "_residual_linear_kernel",
            "_prefill_kernel", "_rms_norm_kernel", "_temperature_penalty_kernel", "_top_p_top_k_kernel",
            "_sample_kernel", "_decode_inputs_kernel"}
 FUSED = {"_norm_qkv_rope_kernel", "_decode_kernel", "_residual_linear_kernel", "_norm_gate_up_kernel"}
+GEMMS = {"_norm_qkv_rope_kernel", "_residual_linear_kernel", "_norm_gate_up_kernel"}
+TENSOR_CORE = {"sm_80": "mma", "sm_89": "mma", "sm_90": "wgmma"}
 
 
 def test_every_engine_kernel_compiles_for_ampere_ada_and_hopper(tmp_path_factory) -> None:
@@ -44,3 +48,11 @@ def test_every_engine_kernel_compiles_for_ampere_ada_and_hopper(tmp_path_factory
         assert {p for r in rows for p in r["pointers"].values()} >= {"*bf16", "*fp16", "*fp32"}
         assert {(r["target"], r["constexprs"]["USE_PDL"]) for r in rows} == {
             ("sm_80", False), ("sm_89", False), ("sm_90", True)}
+    for row in (r for r in results if r["kernel"] in GEMMS):
+        name = f"{row['kernel']} {row['target']} {row['constexprs']}"
+        if row["pointers"]["w_ptr"] in {"*bf16", "*fp16"}:
+            assert row["mma"] == TENSOR_CORE[row["target"]], name
+            assert row["async_copy"] in {"cp.async", "tma"}, name
+        assert row["prefetch_before_wait"] is (True if row["target"] == "sm_90" else None), name
+    half = {r["pointers"]["w_ptr"] for r in results if r["kernel"] in GEMMS and r["mma"] is not None}
+    assert half == {"*bf16", "*fp16"}

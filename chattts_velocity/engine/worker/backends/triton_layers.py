@@ -109,12 +109,19 @@ class FusedLayers:
         activations' dtype, if given)."""
         gemm, pdl, eps, space = self.gemm, self.pdl, self.eps, self.workspace
         residual = x.contiguous()
+        # the residual stream's row statistics, written by o and down, read by the next norm (gemm.py's note);
+        # None: the first layer's norm sums its input itself
+        stats: torch.Tensor | None = None
         for packed, (k_cache, v_cache) in zip(self.layers, self.kv.pairs, strict=True):
             q = self.qkv.norm_qkv_rope(residual, packed.input_norm, packed.qkv, positions, slots, self.cos, self.sin,
-                                       k_cache, v_cache, eps, pdl=pdl, workspace=space)
+                                       k_cache, v_cache, eps, pdl=pdl, workspace=space, stats=stats)
             attended = attend(q, k_cache, v_cache)  # [N, heads, head_dim]
-            residual = gemm.residual_linear(attended.flatten(1), packed.o, residual, pdl=pdl, workspace=space)
-            act = gemm.norm_gate_up(residual, packed.post_norm, packed.gate_up, eps, pdl=pdl, workspace=space)
-            residual = gemm.residual_linear(act, packed.down, residual, pdl=pdl, workspace=space)
+            if stats is None:
+                stats = gemm.stats_buffer(residual.shape[0], packed.o)
+            residual = gemm.residual_linear(attended.flatten(1), packed.o, residual, pdl=pdl, workspace=space,
+                                            stats=stats)
+            act = gemm.norm_gate_up(residual, packed.post_norm, packed.gate_up, eps, pdl=pdl, workspace=space,
+                                    stats=stats)
+            residual = gemm.residual_linear(act, packed.down, residual, pdl=pdl, workspace=space, stats=stats)
         hidden: torch.Tensor = self.norm.rms_norm(residual, self.final_norm, eps, out=out)
         return hidden

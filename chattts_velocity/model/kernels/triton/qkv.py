@@ -14,14 +14,12 @@ import torch
 import triton
 import triton.language as tl
 
-from chattts_velocity.model.kernels.triton.gemm import (
-    Tile,
+from chattts_velocity.model.kernels.triton.gemm import Tile, check_stats, options, tile_for, upcast
+from chattts_velocity.model.kernels.triton.gemm_loop import (
     normed_pair_dots,
-    options,
+    prefetch_weights,
     release_next,
-    rms_scale,
-    tile_for,
-    upcast,
+    row_scale,
     wait_previous,
 )
 from chattts_velocity.model.kernels.triton.rounding import to_dtype
@@ -29,25 +27,29 @@ from chattts_velocity.model.kernels.triton.split_k import Split, SplitWorkspace,
 
 
 @triton.jit
-def _norm_qkv_rope_kernel(x_ptr, norm_ptr, w_ptr, positions_ptr, slots_ptr, cos_ptr, sin_ptr, q_ptr, k_cache_ptr,
-                          v_cache_ptr, part_ptr, count_ptr, M, x_stride, table_stride, eps,
+def _norm_qkv_rope_kernel(x_ptr, stats_ptr, norm_ptr, w_ptr, positions_ptr, slots_ptr, cos_ptr, sin_ptr, q_ptr,
+                          k_cache_ptr, v_cache_ptr, part_ptr, count_ptr, M, x_stride, table_stride, eps,
                           HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HALF: tl.constexpr, PAIRS: tl.constexpr,
                           K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                          SPLITS: tl.constexpr, K_SPLIT: tl.constexpr, UPCAST: tl.constexpr, USE_PDL: tl.constexpr):
+                          SPLITS: tl.constexpr, K_SPLIT: tl.constexpr, STAT_TILES: tl.constexpr,
+                          UPCAST: tl.constexpr, USE_PDL: tl.constexpr):
     # one program per (tile of BLOCK_M rows, tile of BLOCK_N column pairs, K range); pair p: head p // HALF of
     # q|k|v, columns j = p % HALF and j + HALF of that head; partials [SPLITS, M, 2 PAIRS]: first columns at p,
-    # second at PAIRS + p
-    wait_previous(USE_PDL)
+    # second at PAIRS + p. STAT_TILES: gemm_loop.row_scale's
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     rows_ok = rows < M
     p = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     head, j = p // HALF, p % HALF
     p_ok = head < HEADS + 2 * KV_HEADS
     first = head * (2 * HALF) + j  # the pair's rows of W
+    k_begin = tl.program_id(2) * K_SPLIT
+    prefetch_weights(w_ptr, first, p_ok, k_begin, K, K_SPLIT, BLOCK_K, USE_PDL)  # the weights do not wait for x
+    prefetch_weights(w_ptr, first + HALF, p_ok, k_begin, K, K_SPLIT, BLOCK_K, USE_PDL)
+    wait_previous(USE_PDL)
     w_dtype = w_ptr.dtype.element_ty
-    scale = rms_scale(x_ptr, rows, rows_ok, x_stride, eps, K, BLOCK_M, BLOCK_K)
+    scale = row_scale(x_ptr, stats_ptr, rows, rows_ok, x_stride, eps, K, BLOCK_M, BLOCK_K, STAT_TILES)
     acc1, acc2 = normed_pair_dots(x_ptr, rows, rows_ok, x_stride, scale, norm_ptr, w_ptr, first, first + HALF, p_ok,
-                                  tl.program_id(2) * K_SPLIT, K, K_SPLIT, BLOCK_M, BLOCK_N, BLOCK_K, UPCAST)
+                                  k_begin, K, K_SPLIT, BLOCK_M, BLOCK_N, BLOCK_K, UPCAST)
     release_next(USE_PDL)
     acc1, acc2, last = reduce_pair(part_ptr, count_ptr, acc1, acc2, rows, rows_ok, p, p_ok, M, PAIRS, SPLITS,
                                    BLOCK_M, BLOCK_N)
@@ -94,17 +96,19 @@ def norm_qkv_rope(
     x: torch.Tensor, norm_weight: torch.Tensor, qkv: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
     cos_cache: torch.Tensor, sin_cache: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, eps: float,
     tile: Tile | None = None, pdl: bool = False, workspace: SplitWorkspace | None = None, splits: int | None = None,
+    stats: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """RMSNorm(x) @ qkv.T, RoPE at `positions` on q and k, k and v stored at `slots` -> q [M, heads, head_dim].
 
     x [M, H]; norm_weight [H]; qkv [(heads + 2 kv_heads) * head_dim, H]; positions, slots [M] int;
     cos_cache, sin_cache [max_positions, head_dim] fp32 (RotaryEmbedding's); pools
     [num_blocks, block_size, kv_heads, head_dim] of one dtype, which q also takes. tile, splits, workspace: as
-    gemm.residual_linear's.
+    gemm.residual_linear's; stats: as gemm.norm_gate_up's.
     """
     kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
     heads = qkv.shape[0] // head_dim - 2 * kv_heads
     _check(x, norm_weight, qkv, positions, slots, cos_cache, sin_cache, k_cache, v_cache, heads)
+    check_stats(x, stats)
     q = x.new_empty(x.shape[0], heads, head_dim, dtype=k_cache.dtype)
     pairs, chosen = qkv.shape[0] // 2, tile or tile_for(qkv)
     cos_cache, sin_cache = cos_cache.contiguous(), sin_cache.contiguous()
@@ -112,11 +116,12 @@ def norm_qkv_rope(
     def launch(grid: tuple[int, int, int], rows: slice, partials: torch.Tensor, counters: torch.Tensor,
                split: Split) -> None:
         _norm_qkv_rope_kernel[grid](
-            x[rows], norm_weight, qkv, positions[rows], slots[rows], cos_cache, sin_cache, q[rows], k_cache, v_cache,
-            partials, counters, rows.stop - rows.start, x.stride(0), cos_cache.stride(0), eps, HEADS=heads,
-            KV_HEADS=kv_heads, HALF=head_dim // 2, PAIRS=pairs, K=x.shape[1], BLOCK_M=chosen.block_m,
-            BLOCK_N=chosen.block_n, BLOCK_K=chosen.block_k, SPLITS=split.splits, K_SPLIT=split.k_split,
-            UPCAST=upcast(qkv), USE_PDL=pdl, **options(chosen, pdl))
+            x[rows], partials if stats is None else stats[rows], norm_weight, qkv, positions[rows], slots[rows],
+            cos_cache, sin_cache, q[rows], k_cache, v_cache, partials, counters, rows.stop - rows.start, x.stride(0),
+            cos_cache.stride(0), eps, HEADS=heads, KV_HEADS=kv_heads, HALF=head_dim // 2, PAIRS=pairs, K=x.shape[1],
+            BLOCK_M=chosen.block_m, BLOCK_N=chosen.block_n, BLOCK_K=chosen.block_k, SPLITS=split.splits,
+            K_SPLIT=split.k_split, STAT_TILES=0 if stats is None else stats.shape[1], UPCAST=upcast(qkv),
+            USE_PDL=pdl, **options(chosen, pdl))
 
     launch_split(x.shape[0], pairs, 2 * pairs, x.shape[1], chosen.blocks, workspace, splits, x.device, launch)
     return q
