@@ -28,8 +28,10 @@ if str(REPO) not in sys.path:
 
 from benchmarks import gpu_check_parts as parts  # noqa: E402 (needs REPO on sys.path)
 
-TILES = [(16, 16, 64, 4, 3), (16, 16, 128, 4, 3), (16, 32, 64, 4, 3), (16, 16, 64, 4, 4)]
-TARGETS = (0, 192, 384, 768, 1536)  # split-K program targets (0: one K range)
+# (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages): gemm.HALF_TILE first, its neighbours, and the former 16 x 16 tile
+TILES = [(64, 32, 64, 4, 4), (64, 32, 64, 4, 3), (64, 64, 64, 4, 4), (64, 32, 128, 4, 3), (64, 16, 64, 4, 4),
+         (16, 16, 64, 4, 3)]
+TARGETS = (0, 132, 264, 528)  # split-K program targets (0: one K range; 264: split_k.TARGET_PROGRAMS)
 ROWS = (1, 16, 64, 256)
 
 

@@ -36,11 +36,11 @@ from chattts_velocity.model.kernels.triton.gemm_loop import (
     linear_dots,
     normed_pair_dots,
     prefetch_weights,
-    release_next,
     row_scale,
     store_row_stats,
-    wait_previous,
 )
+from chattts_velocity.model.kernels.triton.gemm_loop import release_next as release_next  # the attention's too
+from chattts_velocity.model.kernels.triton.gemm_loop import wait_previous as wait_previous
 from chattts_velocity.model.kernels.triton.rounding import to_dtype
 from chattts_velocity.model.kernels.triton.split_k import Split, SplitWorkspace, launch_split, reduce_one, reduce_pair
 
