@@ -52,7 +52,8 @@ def test_every_engine_kernel_compiles_for_ampere_ada_and_hopper(tmp_path_factory
         name = f"{row['kernel']} {row['target']} {row['constexprs']}"
         if row["pointers"]["w_ptr"] in {"*bf16", "*fp16"}:
             assert row["mma"] == TENSOR_CORE[row["target"]], name
-            assert row["async_copy"] in {"cp.async", "tma"}, name
+            if row["constexprs"]["K_SPLIT"] > row["constexprs"]["BLOCK_K"]:  # a loop of one chunk has no next one
+                assert row["async_copy"] in {"cp.async", "tma"}, name
         assert row["prefetch_before_wait"] is (True if row["target"] == "sm_90" else None), name
-    half = {r["pointers"]["w_ptr"] for r in results if r["kernel"] in GEMMS and r["mma"] is not None}
-    assert half == {"*bf16", "*fp16"}
+    half = {r["pointers"]["w_ptr"] for r in results if r["kernel"] in GEMMS and r["async_copy"] is not None}
+    assert half >= {"*bf16", "*fp16"}  # ChatTTS's widths: every K loop of several chunks, pipelined

@@ -56,6 +56,7 @@ class Tile(NamedTuple):
     block_k: int = 64
     num_warps: int = 4
     num_stages: int = 3  # software pipelining of the K loop's loads (Triton's default)
+    maxnreg: int | None = None  # registers a thread may use (None: ptxas's choice)
 
     @property
     def blocks(self) -> tuple[int, int, int]:
@@ -74,9 +75,11 @@ class Tile(NamedTuple):
 # - 32 columns, not 64: one row tile of ChatTTS's GEMMs still has 24-96 column tiles for split-K to fill the card
 #   with (split_k.py), and the two-output kernels' accumulators stay at ~130 registers without spills.
 # - one shape for every M: a row's K order and MMA shape, and so its bits, are the same alone and among 256.
+# - at most 168 registers: left to itself ptxas held the first layer's q|k|v kernel (which sums its rows' squares
+#   too) at 128 on sm_80 and spilled; it needs ~162 (three programs an SM).
 # fp32 weights (IEEE FMA products, no TF32: their bits must match the fp32 reference) keep 16 x 16 tiles with K
 # chunks of 32; wider ones spilled registers (compile_check).
-HALF_TILE = Tile(block_m=64, block_n=32, block_k=64, num_warps=4, num_stages=4)
+HALF_TILE = Tile(block_m=64, block_n=32, block_k=64, num_warps=4, num_stages=4, maxnreg=168)
 FP32_TILE = Tile(block_n=16, block_k=32)
 
 
@@ -87,6 +90,8 @@ def tile_for(weight: torch.Tensor) -> Tile:
 def options(tile: Tile, pdl: bool) -> dict[str, object]:
     """Launch options every fused kernel takes: FMA contraction on, warps, and Programmatic Dependent Launch."""
     extra: dict[str, object] = {"launch_pdl": True} if pdl else {}
+    if tile.maxnreg is not None:
+        extra["maxnreg"] = tile.maxnreg
     return {"enable_fp_fusion": True, "num_warps": tile.num_warps, "num_stages": tile.num_stages, **extra}
 
 
