@@ -9,10 +9,10 @@ specialises them (16-byte aligned pointers, integers divisible by 16), so the lo
 
 What is compiled is recorded, not listed by hand: a child process runs TritonBackend steps (decode, prefill) and
 the device sampler (code and text vocabularies) under TRITON_INTERPRET=1 with each launch captured instead of run,
-for ChatTTS's widths and the tests' sizes, fp32/bf16/fp16 weights and pools and block sizes 4 and 16, as a GPU
-launches them (the interpreter's fp32 upcast off), and a steady step's own kernels (its inputs, the final norm into
-fp32, the heads' GEMM). Kernels with a USE_PDL switch compile for sm_90 as Hopper
-launches them: with Programmatic Dependent Launch.
+for ChatTTS's widths and the tests' sizes (two layers: the second's norms read the statistics the first left),
+fp32/bf16/fp16 weights and pools and block sizes 4 and 16, as a GPU launches them (the interpreter's fp32 upcast
+off), and a steady step's own kernels (its inputs, the final norm into fp32, the heads' GEMM). Kernels with a
+USE_PDL switch compile for sm_90 as Hopper launches them: with Programmatic Dependent Launch.
 
     python -m chattts_velocity.devtools.triton_compile_check --out benchmarks/results/triton_compile.json
 """
@@ -106,10 +106,10 @@ def _drive_backend(hidden: int, heads: int, inter: int, dtype: Any, block_size: 
     from chattts_velocity.engine.worker.step_inputs import PagedKV, StepTensors
     from chattts_velocity.model import ChatTTSLlama, allocate_kv_pairs
     from chattts_velocity.model.kernels.triton import embedding, gemm
-    config = ModelConfig(hidden_size=hidden, intermediate_size=inter, num_hidden_layers=1, num_attention_heads=heads,
+    config = ModelConfig(hidden_size=hidden, intermediate_size=inter, num_hidden_layers=2, num_attention_heads=heads,
                          num_key_value_heads=heads, max_position_embeddings=256)
     model = ChatTTSLlama(config).to(dtype).eval()
-    pairs = allocate_kv_pairs(1, 9, block_size, heads, hidden // heads, dtype)
+    pairs = allocate_kv_pairs(2, 9, block_size, heads, hidden // heads, dtype)
     backend = TritonBackend(model, PagedKV(pairs, block_size, 8, torch.device("cpu")), dtype, 4, 64)
     prefill = StepTensors.from_lists([5, 1], [5, 9], [[0, 1, 2], [3, 4, 5]], block_size, torch.device("cpu"))
     backend.run(torch.zeros(6, hidden, dtype=dtype), prefill)
