@@ -14,7 +14,6 @@ from ..demo import uses_demo_weights
 from .common import (
     add_model_flags,
     add_step_cap_flag,
-    check_writable,
     engine_options,
     load_chat,
     max_new_token,
@@ -24,6 +23,7 @@ from .common import (
     seed_speakers,
 )
 from .env_config import resolve_env
+from .say import add_say_flags, cmd_say
 from .serve import add_serve_parser
 from .webui import add_webui_parser
 
@@ -45,24 +45,6 @@ def cmd_demo_assets(args: argparse.Namespace) -> None:
     check_demo_target(args.dir, args.force)
     paths = write_demo_assets(args.dir, seed=args.seed, tiny=args.tiny)
     print(f"demo assets written to {paths.root}")
-
-
-def cmd_say(args: argparse.Namespace) -> None:
-    from ..audio import write_wav
-
-    if not args.text.strip():
-        raise ValueError("text: empty; give the words to say, e.g. chattts-velocity say \"Hello.\" -o hello.wav")
-    out = Path(args.output)
-    if not out.parent.is_dir() or out.is_dir():
-        raise ValueError(f"--output: {out} cannot be written (is {out.parent} an existing folder?); nothing was "
-                         "synthesised")
-    check_writable(out, "--output")
-    chat = load_chat(args, use_vllm=not args.plain)
-    params = chat.InferCodeParams(manual_seed=args.seed, spk_emb=args.speaker or None,
-                                  max_new_token=max_new_token(args))
-    wav = chat.infer(args.text, skip_refine_text=not args.refine, params_infer_code=params)[0]
-    write_wav(args.output, wav)
-    print(f"wrote {args.output} ({len(wav) / SAMPLE_RATE:.2f} s of audio)")
 
 
 def cmd_demo(args: argparse.Namespace) -> None:
@@ -216,12 +198,7 @@ def build_parser() -> argparse.ArgumentParser:
                               ("demo", cmd_demo, "synthesise the example texts with demo weights")):
         p = sub.add_parser(name, help=help_)
         if name == "say":
-            p.add_argument("text", help="the text to speak (Chinese and/or English)")
-            p.add_argument("-o", "--output", required=True, metavar="FILE.wav",
-                           help="the WAV file to write (its folder must exist)")
-            p.add_argument("--speaker", default="", help="speaker string from sample_random_speaker()")
-            p.add_argument("--refine", action="store_true", help="run the refine-text pass first")
-            p.add_argument("--plain", action="store_true", help="use the plain transformers path")
+            add_say_flags(p)
         else:
             p.add_argument("--out", default="out/demo", metavar="DIR",
                            help="folder for the WAVs, created if missing (default out/demo)")
