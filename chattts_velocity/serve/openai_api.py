@@ -29,6 +29,7 @@ from ..chat import Chat, pipeline_of
 from ..engine.async_engine import AsyncLLMEngine
 from ..params import InferCodeParams
 from ..speech.pipeline import SpeechPipeline
+from ..speech.script_audio import scripted
 from ..text.voices import VoiceLibrary
 from . import metrics
 from .audio_stream import StreamedAudio, encoded_chunks
@@ -54,7 +55,7 @@ from .request import (
 from .request_id import RequestId
 from .server_config import API_KEY_ENV, ServerConfig  # noqa: F401 -- the names this module has always offered
 from .service import SpeechService, SpeechStream
-from .sse import sse_events
+from .sse import caption_field, sse_events
 from .text_work import TextWorker
 from .voice_fields import VoiceBook
 from .voice_routes import VOICES_PATH, add_voice_routes
@@ -128,16 +129,17 @@ class ServerState:
                           request: Request) -> tuple[SpeechInput, SpeechStream | Response, str | None]:
         """(plan, its stream or cached response, its cache key): text work, refine pass, first pieces."""
         plan, params, kind = await self.service.text.run(self.speech, body)
+        script, turns = await self.service.text.run(scripted, plan.text, params, self.voices.params)
         request.state.labels = labels = metrics.Labels(fmt, kind)
-        key, data = self.cached(body, plan, params, fmt, streamed)
+        key, data = self.cached(body, plan, params, fmt, streamed) if script is None else (None, None)
         if data is not None:
             self.metrics.outcome("ok", labels)
             return plan, Response(data, media_type=FORMATS[fmt].media_type), key
         c = self.config
         first = FORMATS[fmt].first_chunk_samples if streamed else 0  # the encoder's first bytes leave with it
-        stream = await self.service.open(plan.text, params, refine=plan.refine, split=c.split_text,
+        stream = await self.service.open(plan.text, turns, refine=plan.refine, split=c.split_text,
                                          max_pieces=c.max_pieces, first_chunk_samples=first,
-                                         window=c.stream_window_pieces if streamed else None)
+                                         window=c.stream_window_pieces if streamed else None, script=script)
         return plan, stream, key
 
     def cached(self, body: SpeechBody, plan: SpeechInput, params: InferCodeParams, fmt: str,
@@ -241,7 +243,7 @@ def _add_speech_route(app: FastAPI, config: ServerConfig) -> None:
             chunks = state.audio_bytes(stream, labels)
             if body.stream_format == "sse":
                 timeline = stream.timeline if body.timestamps else None
-                events = sse_events(chunks, timeline, stream.usage)
+                events = sse_events(chunks, timeline, stream.usage, caption_field(stream.timeline, body.captions))
                 return state.reported(StreamedAudio(events, stream.close, media_type="text/event-stream"), plan,
                                       request)
             return state.reported(StreamedAudio(recorded(chunks, partial(state.cache.put, key)), stream.close,

@@ -16,7 +16,7 @@ import numpy as np
 from ..audio.timestamps import Spoken, Timeline, sample_span
 from ..audio.wav import SAMPLE_RATE
 from ..params import InferCodeParams, RefineTextParams
-from ..text.script import Script, Turn
+from ..text.script import Script, Turn, parse_script
 from ..text.voices import VoiceFields
 from .calls import Stop
 from .job import SynthesisJob
@@ -43,6 +43,13 @@ def turn_params(script: Script, params: InferCodeParams, voice_fields: Callable[
         except ValueError as exc:
             raise ValueError(f"{field}: [voice: {voice[:40]}]: {str(exc).split(': ', 1)[-1]}") from None
     return [params if turn.voice is None else resolved[turn.voice] for turn in script.turns]
+
+
+def scripted(text: str, params: InferCodeParams, voice_fields: Callable[[str], VoiceFields],
+             field: str = "input") -> tuple[Script | None, list[InferCodeParams]]:
+    """(the text's script or None for a plain text, one params per turn or [params]); ValueError naming `field`."""
+    script = parse_script(text, SAMPLE_RATE, field)
+    return script, [params] if script is None else turn_params(script, params, voice_fields, field)
 
 
 def piece_silences(script: Script, owner: Sequence[int]) -> dict[int, int]:
