@@ -84,7 +84,8 @@ def cmd_export(args: argparse.Namespace) -> None:
                          "file, or '-' for stdin")
     plan = plan_export(args.input, args.output_dir, seed=args.seed, speaker=args.speaker or None, params=params,
                        voice=args.voice, voices=VoiceLibrary(args.voices) if args.voices else None,
-                       loudness=args.loudness, timestamps=args.timestamps, speaker_for_seed=seed_speakers(args))
+                       loudness=args.loudness, timestamps=args.timestamps, speaker_for_seed=seed_speakers(args),
+                       captions=args.captions)
     signal.signal(signal.SIGTERM, _interrupt)  # a kill ends like Ctrl-C: finished lines stay on record
     try:
         if args.ray:
@@ -169,13 +170,16 @@ def _add_export(sub: Subparsers) -> None:
     p.add_argument("--speaker", default="", help="speaker string for lines without their own")
     p.add_argument("--voice", default=None,
                    help="the voice of lines without their own, as the server takes it: a saved voice (POST "
-                        "/v1/audio/voices), a preset name, an integer seed or a speaker string")
+                        "/v1/audio/voices), a preset name, an integer seed, a speaker string or a blend such as "
+                        "'alloy(2)+1234(1)'")
     p.add_argument("--voices", metavar="DIR", default=None,
                    help="the voice library folder (default $CHATTTS_VELOCITY_VOICES or "
                         "~/.cache/chattts_velocity/voices)")
     add_step_cap_flag(p)
     p.add_argument("--timestamps", action="store_true",
                    help="also write each WAV's sentence spans to NAME.timestamps.json ([{text, start, end}], seconds)")
+    p.add_argument("--captions", choices=("srt", "vtt"), default=None,
+                   help="also write each WAV's sentence captions beside it (NAME.srt or NAME.vtt)")
     p.add_argument("--loudness", type=float, default=None, metavar="LUFS",
                    help="normalise every WAV to this integrated loudness (e.g. -16; peak-limited, length unchanged)")
     _add_export_ray_flags(p)
