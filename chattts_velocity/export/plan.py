@@ -127,11 +127,10 @@ def plan_export(input_path: str | Path, out_dir: str | Path, seed: int | None = 
     model's sample_random_speaker(seed=...); None: a line naming one fails). `params` is the sampling
     template the run will use (part of each line's request hash), and so is `loudness`, the LUFS target every WAV
     is normalised to (None: as generated).
-    With `timestamps` (or `captions`, "srt" or "vtt"), a finished WAV without its timestamps (captions) file is made
-    again. A line with [voice: ...] / [pause: ...] tags is a script (text/script.py): its tags are checked and its
-    turn voices resolved here, so a bad one fails its line before the model loads. The output folder is created and
-    locked first (export/lock.py): an unwritable folder or another export into it is a ValueError before any work.
-    Bad lines get status "error"; a bad argument raises ValueError.
+    With `timestamps` (`captions`: "srt" or "vtt"), a finished WAV without that file is made again. A line with
+    [voice]/[pause] tags is a script (export/scripts.py): a bad tag or turn voice fails its line here. The output
+    folder is created and locked first (export/lock.py): an unwritable folder or another export into it is a
+    ValueError before any work. Bad lines get status "error"; a bad argument raises ValueError.
     """
     speakers: set[str] = set()
     if speaker is not None and voice is not None:
@@ -160,12 +159,12 @@ def _fill(plan: ExportPlan, rows: list[tuple[int, str]], jsonl: bool, seed: int 
           voice: str | None, voices: VoiceLibrary | None, speaker_for_seed: Callable[[int], str] | None) -> None:
     plan.lines = [_parse(n, raw, jsonl, speaker, plan) for n, raw in rows]
     resolve_voices(plan, voice, voices, speaker_for_seed)
-    resolve_scripts(plan, voices, speaker_for_seed or _needs_the_model)
+    resolve_scripts(plan.lines, plan.turn_voices, voices, speaker_for_seed or _needs_the_model)
     _reject_duplicates(plan.lines)
     _base_seeds(plan, seed)
     for line in plan.todo:
-        line.request = request_hash(line.text, line.speaker, line.seed, plan.meta["params"],
-                                    {**plan.clip_params(line), **script_record(plan, line)})
+        asked = {**plan.clip_params(line), **script_record(plan.turn_voices, line)}
+        line.request = request_hash(line.text, line.speaker, line.seed, plan.meta["params"], asked)
     mark_finished(plan.out_dir, plan.todo, plan.timestamps, plan.captions)
     _draw_seeds(plan)
 
