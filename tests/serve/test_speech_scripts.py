@@ -43,6 +43,20 @@ def test_a_blend_is_one_reproducible_voice_and_its_weights_matter(client: TestCl
     assert speech(client, input="Hello there.", voice=mixed) == first  # the blend is an ordinary speaker string
 
 
+def test_a_blends_speaker_string_can_be_fetched_and_saved_under_a_name(client: TestClient) -> None:
+    from urllib.parse import quote
+
+    got = client.get("/v1/audio/voices/" + quote("alloy(2)+1234(1)"))
+    assert got.status_code == 200 and got.json()["kind"] == "blend"
+    assert got.json()["speaker"] == client.app.state.server.voices.resolve("alloy(2)+1234(1)")
+    saved = client.post("/v1/audio/voices", json={"name": "Mixed", "speaker": got.json()["speaker"]})
+    assert saved.status_code == 201
+    assert speech(client, input="Hello there.", voice="Mixed") == speech(client, input="Hello there.",
+                                                                         voice="alloy(2)+1234(1)")
+    bad = client.get("/v1/audio/voices/" + quote("alloy(0)+echo"))
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "voice"
+
+
 @pytest.mark.parametrize("voice, says", [("alloy(0)+echo", "weight"), ("alloy+nobody", "blend part 'nobody'"),
                                          ("a+b+c+d+e", "at most 4 parts"), ("alloy(2", "not a blend part")])
 def test_a_bad_blend_is_a_400_naming_voice(client: TestClient, voice: str, says: str) -> None:
