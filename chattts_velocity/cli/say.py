@@ -47,7 +47,8 @@ def cmd_say(args: argparse.Namespace) -> None:
         raise ValueError("--voice: given with --speaker; choose one")
     chat = load_chat(args, use_vllm=not args.plain)
     library = VoiceLibrary(args.voices)
-    fields = _voice(args.voice or args.speaker or None, library, chat.pipeline.sample_random_speaker)
+    flag = "--voice" if args.voice is not None else "--speaker"
+    fields = _voice(args.voice or args.speaker or None, library, chat.pipeline.sample_random_speaker, flag)
     params = chat.InferCodeParams(manual_seed=args.seed, max_new_token=max_new_token(args), **fields)
     if script is None and fmt is None:
         wav = chat.infer(args.text, skip_refine_text=not args.refine, params_infer_code=params)[0]
@@ -64,11 +65,11 @@ def cmd_say(args: argparse.Namespace) -> None:
           + (f" and {out.with_suffix(f'.{fmt}')}" if fmt else ""))
 
 
-def _voice(voice: str | None, library: VoiceLibrary, draw: Callable[[int], str]) -> VoiceFields:
-    """--voice / --speaker as InferCodeParams keywords (none given: the model's own default)."""
+def _voice(voice: str | None, library: VoiceLibrary, draw: Callable[[int], str], flag: str) -> VoiceFields:
+    """--voice / --speaker as InferCodeParams keywords (none given: the model's own default); errors name `flag`."""
     if voice is None:
         return {"spk_emb": None, "spk_smp": None, "txt_smp": None}
     try:
         return voice_params(voice, library, draw)
     except ValueError as exc:
-        raise ValueError(f"--voice: {str(exc).split(': ', 1)[-1]}") from None
+        raise ValueError(f"{flag}: {str(exc).split(': ', 1)[-1]}") from None

@@ -57,3 +57,11 @@ def test_bad_tags_and_voices_fail_in_one_line_naming_them(tmp_path: Path, monkey
         cli.main(["say", "Hi [pause: soon] there.", "-o", str(tmp_path / "x.wav")])
     with pytest.raises(SystemExit, match="^error: --voice: given with --speaker"):
         cli.main(["say", "Hi.", "-o", str(tmp_path / "x.wav"), "--voice", "echo", "--speaker", "x"])
+
+
+def test_an_unknown_voice_names_the_flag_it_came_from(tiny_assets: Path, tmp_path: Path) -> None:
+    for flag in ("--voice", "--speaker"):
+        with pytest.raises(SystemExit, match=f"^error: {flag}: unknown voice 'nobody'"):
+            say(tiny_assets, tmp_path, "Hi.", "x", flag, "nobody")
+    with pytest.raises(SystemExit, match=r"^error: --voice: blend part 'nobody'"):
+        say(tiny_assets, tmp_path, "Hi.", "x", "--voice", "alloy+nobody")
