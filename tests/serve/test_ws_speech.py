@@ -60,3 +60,21 @@ def test_text_waiting_too_long_for_a_sentence_end_ends_the_session(client: TestC
         ws.send_text(json.dumps({"type": "text", "text": "x" * (limit + 1)}))
         error = json.loads(ws.receive()["text"])
     assert error["error"]["param"] == "text" and error["error"]["code"] == "input_too_long"
+
+
+def test_an_idle_session_is_closed_and_a_speaking_one_is_not(tiny_assets) -> None:
+    from chattts_velocity import Chat
+    from chattts_velocity.serve import ServerConfig, create_app
+
+    chat = Chat()
+    chat.load(source="custom", custom_path=tiny_assets, verify=False, use_vllm=True)
+    config = ServerConfig(warmup_steps=0, max_new_token=400, ws_idle_timeout_s=0.3)
+    with TestClient(create_app(chat, config)) as idle_client:
+        with idle_client.websocket_connect("/v1/audio/speech/ws") as ws:
+            ws.send_text(json.dumps({**CONFIG, "max_new_tokens": 400, "min_new_tokens": 400}))
+            ws.send_text(json.dumps({"type": "text", "text": "A long one. Another long one. "}))
+            ws.send_text(json.dumps({"type": "flush"}))
+            events, _ = until_done(ws)  # silent client, but sentences to speak: not idle
+            assert [e["type"] for e in events].count("sentence.end") == 2 and events[-1]["type"] == "done"
+            error = json.loads(ws.receive()["text"])  # then nothing to speak and nothing sent: closed
+            assert error["error"]["code"] == "idle_timeout" and ws.receive()["code"] == 1000
