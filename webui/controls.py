@@ -49,6 +49,7 @@ class Request:
     split_text: bool
     batch_size: float
     fmt: str  # the download's format, a name from audio.formats.available_formats()
+    captions: str = "none"  # "srt" or "vtt": the caption file beside the download (webui/scripts.py)
 
 
 def whole(value: float | None, field: str, low: int, high: int) -> int:

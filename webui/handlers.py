@@ -39,6 +39,7 @@ from .controls import (
     whole,
     write_download,
 )
+from .scripts import ScriptRuns, page_script
 from .sessions import Run, SessionRuns
 from .voice_check import VoiceCheck
 from .worker import batches, outcome
@@ -66,7 +67,7 @@ def random_seed() -> int:
     return random.randint(1, VOICE_SEED_MAX)
 
 
-class Handlers:
+class Handlers(ScriptRuns):
     """The callbacks of one UI; one SpeechPipeline is shared by every browser session.
 
     Every model call goes through the pipeline's call gate (an abandoned stream's engine thread must end before the
@@ -153,6 +154,9 @@ class Handlers:
             self._check_text(r.text)
             params, options = self._code_params(r), self._split_options(r)
             options["stop"] = run.stop
+            if (script := page_script(r)) is not None:  # [voice]/[pause] tags or captions: webui/scripts.py
+                yield from self._script_run(r, script, params, options, stats, run)
+                return
             spoken = r.text
             if r.refine:
                 spoken = yield from self._wait(lambda: self._refine(r, options), stats, "refining the text",

@@ -143,6 +143,8 @@ def run_controls(can_stream: bool) -> Controls:
         c["top_k"] = gr.Slider(1, 20, 20, step=1, label="top_K", elem_id="top-k")
         c["fmt"] = gr.Dropdown(list(available_formats()), value=WAV.name, label="Download format",
                                elem_id="format")
+        c["captions"] = gr.Dropdown(["none", "srt", "vtt"], value="none", label="Captions",
+                                    info="a subtitle file of the sentences beside the download", elem_id="captions")
     return c
 
 
@@ -155,7 +157,8 @@ def output_controls() -> Controls:
     c["audio"] = gr.Audio(label=f"Audio ({SAMPLE_RATE // 1000} kHz {WAV.name.upper()})", type="numpy",
                           format=WAV.name, interactive=False, buttons=["download"],
                           elem_id="output-audio")
-    c["download"] = gr.File(label="Download (the chosen format)", interactive=False, elem_id="download")
+    c["download"] = gr.File(label="Download (the chosen format, and the captions when asked)", interactive=False,
+                            elem_id="download")
     c["refined"] = gr.Textbox(label="Spoken text (after refine)", lines=2, interactive=False, elem_id="refined")
     c["stats"] = gr.Textbox(label="Run stats", lines=5, interactive=False, elem_id="stats")
     return c

@@ -1,7 +1,8 @@
 """Audio stage: sentence timestamps — where each sentence piece starts and ends in a text's audio.
 
-A text's audio is its pieces' audio back to back (no gap is inserted), so a piece's span follows from the sample
-counts of the pieces before it. The server's SSE events and the export's JSON sidecar both count here.
+A text's audio is its pieces' audio back to back (a script's pauses are the only gaps: Timeline.pause), so a piece's
+span follows from the sample counts before it. The server's SSE events, the export's JSON sidecar and the captions
+(audio/captions.py) all count here.
 """
 from __future__ import annotations
 
@@ -42,6 +43,16 @@ class Timeline:
         stamp = Timestamp(text, start / self.sample_rate, self.samples / self.sample_rate)
         self.stamps.append(stamp)
         return stamp
+
+    def pause(self, samples: int) -> None:
+        """`samples` of silence between pieces: no stamp, the next piece starts later."""
+        self.samples += samples
+
+
+def sample_span(stamp: Timestamp, sample_rate: int = SAMPLE_RATE) -> tuple[int, int]:
+    """A stamp's [start, end) in samples: the integers its seconds were made from (exact: a float holds
+    n / 24000 closer than half a sample for any n below 2**40)."""
+    return round(stamp.start * sample_rate), round(stamp.end * sample_rate)
 
 
 def piece_timestamps(texts: list[str], sample_counts: list[int], sample_rate: int = SAMPLE_RATE) -> list[Timestamp]:

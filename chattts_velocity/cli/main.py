@@ -14,7 +14,6 @@ from ..demo import uses_demo_weights
 from .common import (
     add_model_flags,
     add_step_cap_flag,
-    check_writable,
     engine_options,
     load_chat,
     max_new_token,
@@ -24,6 +23,7 @@ from .common import (
     seed_speakers,
 )
 from .env_config import resolve_env
+from .say import add_say_flags, cmd_say
 from .serve import add_serve_parser
 from .webui import add_webui_parser
 
@@ -45,24 +45,6 @@ def cmd_demo_assets(args: argparse.Namespace) -> None:
     check_demo_target(args.dir, args.force)
     paths = write_demo_assets(args.dir, seed=args.seed, tiny=args.tiny)
     print(f"demo assets written to {paths.root}")
-
-
-def cmd_say(args: argparse.Namespace) -> None:
-    from ..audio import write_wav
-
-    if not args.text.strip():
-        raise ValueError("text: empty; give the words to say, e.g. chattts-velocity say \"Hello.\" -o hello.wav")
-    out = Path(args.output)
-    if not out.parent.is_dir() or out.is_dir():
-        raise ValueError(f"--output: {out} cannot be written (is {out.parent} an existing folder?); nothing was "
-                         "synthesised")
-    check_writable(out, "--output")
-    chat = load_chat(args, use_vllm=not args.plain)
-    params = chat.InferCodeParams(manual_seed=args.seed, spk_emb=args.speaker or None,
-                                  max_new_token=max_new_token(args))
-    wav = chat.infer(args.text, skip_refine_text=not args.refine, params_infer_code=params)[0]
-    write_wav(args.output, wav)
-    print(f"wrote {args.output} ({len(wav) / SAMPLE_RATE:.2f} s of audio)")
 
 
 def cmd_demo(args: argparse.Namespace) -> None:
@@ -102,7 +84,8 @@ def cmd_export(args: argparse.Namespace) -> None:
                          "file, or '-' for stdin")
     plan = plan_export(args.input, args.output_dir, seed=args.seed, speaker=args.speaker or None, params=params,
                        voice=args.voice, voices=VoiceLibrary(args.voices) if args.voices else None,
-                       loudness=args.loudness, timestamps=args.timestamps, speaker_for_seed=seed_speakers(args))
+                       loudness=args.loudness, timestamps=args.timestamps, speaker_for_seed=seed_speakers(args),
+                       captions=args.captions)
     signal.signal(signal.SIGTERM, _interrupt)  # a kill ends like Ctrl-C: finished lines stay on record
     try:
         if args.ray:
@@ -187,13 +170,16 @@ def _add_export(sub: Subparsers) -> None:
     p.add_argument("--speaker", default="", help="speaker string for lines without their own")
     p.add_argument("--voice", default=None,
                    help="the voice of lines without their own, as the server takes it: a saved voice (POST "
-                        "/v1/audio/voices), a preset name, an integer seed or a speaker string")
+                        "/v1/audio/voices), a preset name, an integer seed, a speaker string or a blend such as "
+                        "'alloy(2)+1234(1)'")
     p.add_argument("--voices", metavar="DIR", default=None,
                    help="the voice library folder (default $CHATTTS_VELOCITY_VOICES or "
                         "~/.cache/chattts_velocity/voices)")
     add_step_cap_flag(p)
     p.add_argument("--timestamps", action="store_true",
                    help="also write each WAV's sentence spans to NAME.timestamps.json ([{text, start, end}], seconds)")
+    p.add_argument("--captions", choices=("srt", "vtt"), default=None,
+                   help="also write each WAV's sentence captions beside it (NAME.srt or NAME.vtt)")
     p.add_argument("--loudness", type=float, default=None, metavar="LUFS",
                    help="normalise every WAV to this integrated loudness (e.g. -16; peak-limited, length unchanged)")
     _add_export_ray_flags(p)
@@ -216,12 +202,7 @@ def build_parser() -> argparse.ArgumentParser:
                               ("demo", cmd_demo, "synthesise the example texts with demo weights")):
         p = sub.add_parser(name, help=help_)
         if name == "say":
-            p.add_argument("text", help="the text to speak (Chinese and/or English)")
-            p.add_argument("-o", "--output", required=True, metavar="FILE.wav",
-                           help="the WAV file to write (its folder must exist)")
-            p.add_argument("--speaker", default="", help="speaker string from sample_random_speaker()")
-            p.add_argument("--refine", action="store_true", help="run the refine-text pass first")
-            p.add_argument("--plain", action="store_true", help="use the plain transformers path")
+            add_say_flags(p)
         else:
             p.add_argument("--out", default="out/demo", metavar="DIR",
                            help="folder for the WAVs, created if missing (default out/demo)")

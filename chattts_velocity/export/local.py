@@ -70,12 +70,14 @@ def store(plan: ExportPlan, result: LineResult, log: Log) -> None:
     line = plan.lines[result.key]
     if result.error is not None:
         return fail(plan, result.key, result.error, log)
-    path, wav, stamps = plan.out_dir / line.file, result.wav, result.timestamps
+    path, wav, stamps, cues = plan.out_dir / line.file, result.wav, result.timestamps, result.captions
     try:
         check_inside(plan.out_dir, path)  # a folder on the way swapped for a link since the plan: never followed
         replace_atomically(path, lambda tmp: tmp.write_bytes(wav))
         if stamps is not None:
             replace_atomically(timestamps_path(path), lambda tmp: tmp.write_bytes(stamps))
+        if cues is not None and plan.captions is not None:  # NAME.srt / NAME.vtt beside NAME.wav
+            replace_atomically(path.with_suffix(f".{plan.captions}"), lambda tmp: tmp.write_bytes(cues))
     except Exception as exc:  # noqa: BLE001 - a full disk or a blocked path fails this line only
         return fail(plan, result.key, f"could not write {line.output}: {exc}", log)
     line.status, line.error, line.duration = "ok", None, result.seconds

@@ -13,12 +13,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypedDict
 
+from ..audio.captions import check_captions
 from ..audio.loudness import check_loudness
 from ..params import InferCodeParams
 from ..schema import check_sampling
 from ..text import decode_spk_emb
 from ..text.pieces import check_texts, split_pieces
-from ..text.voices import VoiceLibrary, voice_params
+from ..text.voices import VoiceFields, VoiceLibrary, voice_params
 from .encoding import check_encodable, make_encodable
 from .line import ExportLine
 from .lock import lock_folder
@@ -26,6 +27,7 @@ from .manifest import MANIFEST, Json, now, params_record, request_hash, text_dig
 from .names import output_name
 from .record import append_journal, line_entry, write_record
 from .resume import mark_finished
+from .scripts import resolve_scripts, script_record
 
 FIELDS = ("text", "id", "speaker", "voice", "seed", "output")
 TEXT_FIELDS = ("text", "id", "output", "speaker", "voice", "error")  # what the manifest records of a line as text
@@ -48,6 +50,8 @@ class ExportPlan:
     meta: Json = field(default_factory=dict)  # the run's model, precision, sampling parameters and times
     voice_clips: dict[str, ClipPrompt] = field(default_factory=dict, repr=False)  # by voice name
     timestamps: bool = False  # also write each WAV's spans to <output>.timestamps.json (not kept in the manifest)
+    captions: str | None = None  # also write each WAV's captions to <output>.srt / .vtt (audio/captions.py)
+    turn_voices: dict[str, VoiceFields] = field(default_factory=dict, repr=False)  # a script's [voice: X] -> X's
     release: Callable[[], None] = field(default=lambda: None, repr=False)  # drops the output folder's lock
 
     @property
@@ -112,7 +116,8 @@ def read_input(path: str | Path) -> tuple[list[tuple[int, str]], bool]:
 def plan_export(input_path: str | Path, out_dir: str | Path, seed: int | None = None,
                 speaker: str | None = None, params: InferCodeParams | None = None, voice: str | None = None,
                 voices: VoiceLibrary | None = None, loudness: float | None = None,
-                timestamps: bool = False, speaker_for_seed: Callable[[int], str] | None = None) -> ExportPlan:
+                timestamps: bool = False, speaker_for_seed: Callable[[int], str] | None = None,
+                captions: str | None = None) -> ExportPlan:
     """Parse and name every line, skip the outputs an earlier run made for the same request, fix seeds.
 
     With `seed` S, line k uses S + k - 1 unless it gives its own; without, each line to run draws a
@@ -122,9 +127,10 @@ def plan_export(input_path: str | Path, out_dir: str | Path, seed: int | None = 
     model's sample_random_speaker(seed=...); None: a line naming one fails). `params` is the sampling
     template the run will use (part of each line's request hash), and so is `loudness`, the LUFS target every WAV
     is normalised to (None: as generated).
-    With `timestamps`, a finished WAV without its timestamps file is made again. The output folder is created and
-    locked first (export/lock.py): an unwritable folder or another export into it is a ValueError before any work.
-    Bad lines get status "error"; a bad argument raises ValueError.
+    With `timestamps` (`captions`: "srt" or "vtt"), a finished WAV without that file is made again. A line with
+    [voice]/[pause] tags is a script (export/scripts.py): a bad tag or turn voice fails its line here. The output
+    folder is created and locked first (export/lock.py): an unwritable folder or another export into it is a
+    ValueError before any work. Bad lines get status "error"; a bad argument raises ValueError.
     """
     speakers: set[str] = set()
     if speaker is not None and voice is not None:
@@ -136,10 +142,11 @@ def plan_export(input_path: str | Path, out_dir: str | Path, seed: int | None = 
     record = params_record(params or InferCodeParams())
     if loudness is not None:
         record["loudness"] = check_loudness(loudness)
+    captions = check_captions(captions, "--captions")
     rows, jsonl = read_input(input_path)
     release = lock_folder(Path(out_dir))
     plan = ExportPlan(str(input_path), Path(out_dir), [], speakers, {"params": record}, timestamps=timestamps,
-                      release=release)
+                      captions=captions, release=release)
     try:
         _fill(plan, rows, jsonl, seed, speaker, voice, voices, speaker_for_seed)
     except BaseException:
@@ -152,11 +159,13 @@ def _fill(plan: ExportPlan, rows: list[tuple[int, str]], jsonl: bool, seed: int 
           voice: str | None, voices: VoiceLibrary | None, speaker_for_seed: Callable[[int], str] | None) -> None:
     plan.lines = [_parse(n, raw, jsonl, speaker, plan) for n, raw in rows]
     resolve_voices(plan, voice, voices, speaker_for_seed)
+    resolve_scripts(plan.lines, plan.turn_voices, voices, speaker_for_seed or _needs_the_model)
     _reject_duplicates(plan.lines)
     _base_seeds(plan, seed)
     for line in plan.todo:
-        line.request = request_hash(line.text, line.speaker, line.seed, plan.meta["params"], plan.clip_params(line))
-    mark_finished(plan.out_dir, plan.todo, plan.timestamps)
+        asked = {**plan.clip_params(line), **script_record(plan.turn_voices, line)}
+        line.request = request_hash(line.text, line.speaker, line.seed, plan.meta["params"], asked)
+    mark_finished(plan.out_dir, plan.todo, plan.timestamps, plan.captions)
     _draw_seeds(plan)
 
 

@@ -17,14 +17,15 @@ from .safe_files import UnsafeFile, check_inside, file_kind, unsafe
 REGULAR = "a regular file"
 
 
-def mark_finished(out_dir: Path, todo: list[ExportLine], timestamps: bool) -> None:
+def mark_finished(out_dir: Path, todo: list[ExportLine], timestamps: bool, captions: str | None = None) -> None:
     """Skip lines whose WAV is complete, recorded for the same request, unchanged since (its digest) and with every
-    sidecar the run asks for; any other WAV is made again; a line whose output is not a regular file fails."""
+    sidecar the run asks for (timestamps, captions "srt"/"vtt"); any other WAV is made again; a line whose output is not
+    a regular file fails."""
     record = read_record(out_dir)
     for line in todo:
         path = out_dir / line.file
         try:
-            _check_output(out_dir, line.file)
+            _check_output(out_dir, line.file, captions)
         except UnsafeFile as exc:
             line.status, line.error = "error", str(exc)
             continue
@@ -36,16 +37,19 @@ def mark_finished(out_dir: Path, todo: list[ExportLine], timestamps: bool) -> No
             continue  # another run's audio under this name
         if timestamps and file_kind(path.with_suffix(SIDECAR_SUFFIX)) != REGULAR:
             continue
+        if captions and file_kind(path.with_suffix(f".{captions}")) != REGULAR:
+            continue
         line.status, line.reason, line.duration = "skipped", "already exported", round(seconds, 3)
         line.seed, line.audio = before.get("seed"), before.get("audio")  # what made the file on disk
 
 
-def _check_output(out_dir: Path, name: str) -> None:
+def _check_output(out_dir: Path, name: str, captions: str | None) -> None:
     """UnsafeFile unless the output's folder stays inside the output folder and its WAV and sidecar names hold
     nothing or a regular file."""
     path = out_dir / name
     check_inside(out_dir, path)
-    for target in (path, path.with_suffix(SIDECAR_SUFFIX)):
+    sidecars = [path.with_suffix(f".{captions}")] if captions else []
+    for target in (path, path.with_suffix(SIDECAR_SUFFIX), *sidecars):
         kind = file_kind(target)
         if kind not in (None, REGULAR):
             raise unsafe(target, kind, "output")

@@ -15,10 +15,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..audio import Spoken, wav_bytes
+from ..audio.captions import captions
 from ..audio.loudness import normalize_loudness
 from ..audio.wav import SAMPLE_RATE
 from ..params import InferCodeParams
 from ..speech.job import SynthesisJob
+from ..speech.script_audio import join_script, turn_params
+from ..text.script import Script, parse_script
 from .plan import ExportPlan
 
 if TYPE_CHECKING:
@@ -33,6 +36,14 @@ class LineJob:
     key: int  # the line's index in plan.lines
     text: str
     params: InferCodeParams  # the run's template with this line's speaker, seed and cloned clip
+    script: Script | None = None  # a line with [voice: ...] / [pause: ...] tags: its turns
+    turns: tuple[InferCodeParams, ...] = ()  # a script's params, one per turn
+
+    def texts(self) -> list[str]:
+        return [self.text] if self.script is None else self.script.texts
+
+    def params_list(self) -> list[InferCodeParams]:
+        return [self.params] if self.script is None else list(self.turns)
 
 
 @dataclass(frozen=True)
@@ -42,6 +53,7 @@ class Shard:
     jobs: list[LineJob]
     timestamps: bool = False  # also make each WAV's sentence spans
     loudness: float | None = None  # LUFS target, or None: as generated
+    captions: str | None = None  # also make each WAV's caption file: "srt" or "vtt"
 
 
 @dataclass
@@ -52,15 +64,26 @@ class LineResult:
     error: str | None = None
     wav: bytes = field(default=b"", repr=False)  # the complete WAV file
     timestamps: bytes | None = field(default=None, repr=False)  # NAME.timestamps.json, when the shard asks for it
+    captions: bytes | None = field(default=None, repr=False)  # NAME.srt / NAME.vtt, when the shard asks for it
     seconds: float = 0.0  # length of the audio
 
 
 def shards_of(plan: ExportPlan, params: InferCodeParams, size: int) -> list[Shard]:
     """The plan's pending lines, in order, as shards of at most `size` lines."""
-    jobs = [LineJob(key, line.text, dataclasses.replace(params, spk_emb=line.speaker, manual_seed=line.seed,
-                                                        **plan.clip_params(line)))
+    jobs = [line_job(plan, key, dataclasses.replace(params, spk_emb=line.speaker, manual_seed=line.seed,
+                                                    **plan.clip_params(line)))
             for key, line in enumerate(plan.lines) if line.status == "pending"]
-    return [Shard(jobs[start : start + size], plan.timestamps, plan.loudness) for start in range(0, len(jobs), size)]
+    return [Shard(jobs[start : start + size], plan.timestamps, plan.loudness, plan.captions)
+            for start in range(0, len(jobs), size)]
+
+
+def line_job(plan: ExportPlan, key: int, params: InferCodeParams) -> LineJob:
+    """A pending line's job; a script's turn voices were resolved by plan_export (plan.turn_voices)."""
+    text = plan.lines[key].text
+    script = parse_script(text, SAMPLE_RATE, "text")
+    if script is None:
+        return LineJob(key, text, params)
+    return LineJob(key, text, params, script, tuple(turn_params(script, params, plan.turn_voices.__getitem__)))
 
 
 def run_shard(pipeline: SpeechPipeline, shard: Shard, done: Callable[[LineResult], None], log: Log) -> None:
@@ -76,13 +99,22 @@ def run_shard(pipeline: SpeechPipeline, shard: Shard, done: Callable[[LineResult
 
     try:
         jobs = shard.jobs
-        synthesis = SynthesisJob([job.text for job in jobs], [job.params for job in jobs],
-                                 timestamps=shard.timestamps)
+        owner = [k for k, job in enumerate(jobs) for _ in job.texts()]  # flat text -> its line's job
+        first = {k: owner.index(k) for k in range(len(jobs))}
+        turns: dict[int, dict[int, np.ndarray | Spoken]] = {k: {} for k in range(len(jobs))}
+        timestamps = shard.timestamps or shard.captions is not None or any(job.script for job in jobs)
+        synthesis = SynthesisJob([text for job in jobs for text in job.texts()],
+                                 [p for job in jobs for p in job.params_list()], timestamps=timestamps)
         for i, result in pipeline.run_each(synthesis):
+            k = owner[i]
+            if jobs[k].key in finished:
+                continue  # another turn of this line failed already
             if isinstance(result, Exception):
-                finish(LineResult(jobs[i].key, error=f"synthesis failed: {type(result).__name__}: {result}"))
-            else:
-                finish(encode(jobs[i].key, result, shard.loudness))
+                finish(LineResult(jobs[k].key, error=f"synthesis failed: {type(result).__name__}: {result}"))
+                continue
+            turns[k][i - first[k]] = result
+            if len(turns[k]) == len(jobs[k].texts()):
+                finish(encode(jobs[k].key, _joined(jobs[k], turns[k], result), shard))
     except Exception as exc:  # noqa: BLE001 - one line's failure must not cost the others
         rest = [job for job in shard.jobs if job.key not in finished]
         if len(shard.jobs) == 1:
@@ -96,15 +128,29 @@ def run_shard(pipeline: SpeechPipeline, shard: Shard, done: Callable[[LineResult
                 run_shard(pipeline, dataclasses.replace(shard, jobs=part), finish, log)
 
 
-def encode(key: int, result: np.ndarray | Spoken, loudness: float | None) -> LineResult:
-    """One line's audio -> its WAV bytes (normalised to `loudness`) and, for a Spoken, its timestamps' bytes."""
+def _joined(job: LineJob, turns: dict[int, np.ndarray | Spoken], last: np.ndarray | Spoken) -> np.ndarray | Spoken:
+    """A line's audio: its one text's result, or its script's turns joined with their pauses."""
+    if job.script is None:
+        return last
+    spoken = [turns[t] for t in range(len(job.script.turns))]
+    if not all(isinstance(s, Spoken) for s in spoken):
+        raise RuntimeError("run_shard: a script's turns came without their timestamps")
+    return join_script(job.script, [s for s in spoken if isinstance(s, Spoken)])
+
+
+def encode(key: int, result: np.ndarray | Spoken, shard: Shard) -> LineResult:
+    """One line's audio -> its WAV bytes (normalised to the shard's loudness) and, for a Spoken, the timestamps' and
+    captions' bytes the shard asks for."""
     wav = result.wav if isinstance(result, Spoken) else result
     if len(wav) == 0:
         return LineResult(key, error=NO_AUDIO)
-    if loudness is not None:
-        wav = normalize_loudness(wav, loudness)  # a gain only: the length and the timestamps hold
-    stamps = None
-    if isinstance(result, Spoken):
+    if shard.loudness is not None:
+        wav = normalize_loudness(wav, shard.loudness)  # a gain only: the length and the timestamps hold
+    stamps = cues = None
+    if isinstance(result, Spoken) and shard.timestamps:
         spans = [stamp.as_dict() for stamp in result.timestamps]
         stamps = json.dumps(spans, ensure_ascii=False, indent=1).encode("utf-8")
-    return LineResult(key, wav=wav_bytes(wav), timestamps=stamps, seconds=round(len(wav) / SAMPLE_RATE, 3))
+    if isinstance(result, Spoken) and shard.captions is not None:
+        cues = captions(result.timestamps, shard.captions).encode("utf-8")
+    return LineResult(key, wav=wav_bytes(wav), timestamps=stamps, captions=cues,
+                      seconds=round(len(wav) / SAMPLE_RATE, 3))

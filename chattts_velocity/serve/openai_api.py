@@ -1,8 +1,8 @@
 """Serving stage: the OpenAI-compatible speech API (FastAPI) over one SpeechService.
 
-POST /v1/audio/speech, /v1/models, /health, /metrics, and /v1/audio/voices (serve/voice_routes.py). The speech
-pipeline (or a loaded Chat's) and the AsyncLLMEngine are built in the app's lifespan, so the same app object runs
-under uvicorn and under Ray Serve (one engine per replica).
+POST /v1/audio/speech, its WebSocket (serve/ws_speech.py), /v1/models, /health, /metrics, and /v1/audio/voices; errors
+in OpenAI's shape (serve/errors.py). The speech pipeline (or a loaded Chat's) and the AsyncLLMEngine are built in the
+app's lifespan, so the same app object runs under uvicorn and under Ray Serve (one engine per replica).
 """
 from __future__ import annotations
 
@@ -17,9 +17,7 @@ from functools import partial
 
 import numpy as np
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
-from starlette.exceptions import HTTPException
+from fastapi.responses import Response
 
 from ..audio.encode import wav_bytes
 from ..audio.formats import FORMATS, available_formats
@@ -29,12 +27,14 @@ from ..chat import Chat, pipeline_of
 from ..engine.async_engine import AsyncLLMEngine
 from ..params import InferCodeParams
 from ..speech.pipeline import SpeechPipeline
+from ..speech.script_audio import scripted
 from ..text.voices import VoiceLibrary
 from . import metrics
 from .audio_stream import StreamedAudio, encoded_chunks
 from .cache import AudioCache, recorded
 from .clients import Clients
 from .edge import Edge
+from .errors import add_error_handlers, count_error
 from .free_text import report_headers
 from .info_routes import add_info_routes
 from .instructions import SpeechInput, code_params, speech_input
@@ -46,18 +46,17 @@ from .request import (
     api_error,
     bad_request,
     check_body,
-    error_detail,
     sampling_kwargs,
     streamed_response,
-    validation_detail,
 )
 from .request_id import RequestId
 from .server_config import API_KEY_ENV, ServerConfig  # noqa: F401 -- the names this module has always offered
 from .service import SpeechService, SpeechStream
-from .sse import sse_events
+from .sse import caption_field, sse_events
 from .text_work import TextWorker
 from .voice_fields import VoiceBook
 from .voice_routes import VOICES_PATH, add_voice_routes
+from .ws_speech import add_speech_ws_route
 
 logger = logging.getLogger("chattts_velocity.serve")
 Speech = SpeechPipeline | Chat  # what the app serves: a pipeline, or a loaded Chat's
@@ -128,16 +127,17 @@ class ServerState:
                           request: Request) -> tuple[SpeechInput, SpeechStream | Response, str | None]:
         """(plan, its stream or cached response, its cache key): text work, refine pass, first pieces."""
         plan, params, kind = await self.service.text.run(self.speech, body)
+        script, turns = await self.service.text.run(scripted, plan.text, params, self.voices.params)
         request.state.labels = labels = metrics.Labels(fmt, kind)
-        key, data = self.cached(body, plan, params, fmt, streamed)
+        key, data = self.cached(body, plan, params, fmt, streamed) if script is None else (None, None)
         if data is not None:
             self.metrics.outcome("ok", labels)
             return plan, Response(data, media_type=FORMATS[fmt].media_type), key
         c = self.config
         first = FORMATS[fmt].first_chunk_samples if streamed else 0  # the encoder's first bytes leave with it
-        stream = await self.service.open(plan.text, params, refine=plan.refine, split=c.split_text,
+        stream = await self.service.open(plan.text, turns, refine=plan.refine, split=c.split_text,
                                          max_pieces=c.max_pieces, first_chunk_samples=first,
-                                         window=c.stream_window_pieces if streamed else None)
+                                         window=c.stream_window_pieces if streamed else None, script=script)
         return plan, stream, key
 
     def cached(self, body: SpeechBody, plan: SpeechInput, params: InferCodeParams, fmt: str,
@@ -200,17 +200,18 @@ def create_app(speech: Speech | Callable[[], Speech], config: ServerConfig | Non
             app.state.server.shutdown()
 
     app = FastAPI(title="chattts_velocity speech API", lifespan=lifespan)
-    _add_error_handlers(app)
+    add_error_handlers(app)
     _add_speech_route(app, config)
     add_info_routes(app, config)
     add_voice_routes(app)
     clients = Clients(config.api_keys(), config.max_queued_per_client, config.trusted_proxies)
+    add_speech_ws_route(app, config, clients)  # identified and authorized as the HTTP routes are
     app.add_middleware(Edge, api_key=None, clients=clients, max_body_bytes=config.max_body_bytes,
-                       on_refuse=lambda: _count_error(app, 400), path_limits={VOICES_PATH: config.max_upload_bytes},
+                       on_refuse=lambda: count_error(app, 400), path_limits={VOICES_PATH: config.max_upload_bytes},
                        body_timeout=config.body_timeout_s, body_budget=config.body_budget_bytes,
                        send_timeout=config.send_timeout_s)
     app.add_middleware(BrowserGuard, allowed_origins=config.allowed_origins, form_paths=(VOICES_PATH,),
-                       on_refuse=lambda: _count_error(app, 403))
+                       on_refuse=lambda: count_error(app, 403))
     app.add_middleware(RequestId)  # added last: the outermost, so every response carries x-request-id
     return app
 
@@ -241,7 +242,7 @@ def _add_speech_route(app: FastAPI, config: ServerConfig) -> None:
             chunks = state.audio_bytes(stream, labels)
             if body.stream_format == "sse":
                 timeline = stream.timeline if body.timestamps else None
-                events = sse_events(chunks, timeline, stream.usage)
+                events = sse_events(chunks, timeline, stream.usage, caption_field(stream.timeline, body.captions))
                 return state.reported(StreamedAudio(events, stream.close, media_type="text/event-stream"), plan,
                                       request)
             return state.reported(StreamedAudio(recorded(chunks, partial(state.cache.put, key)), stream.close,
@@ -250,36 +251,6 @@ def _add_speech_route(app: FastAPI, config: ServerConfig) -> None:
         data = b"" if wav is None else await asyncio.to_thread(state.encode, wav, fmt, body.loudness)
         state.cache.put(key if wav is not None else None, data)
         return state.reported(Response(data, media_type=FORMATS[fmt].media_type), plan, request)
-
-
-def _count_error(app: FastAPI, status: int, request: Request | None = None) -> None:
-    """An error response, counted under the labels its request reached (none before the body was read)."""
-    state = getattr(app.state, "server", None)
-    if state is not None and not (request is not None and getattr(request.state, "counted", False)):
-        labels = getattr(request.state, "labels", metrics.Labels()) if request is not None else metrics.Labels()
-        state.metrics.outcome("server_error" if status >= 500 else "client_error", labels)
-
-
-def _add_error_handlers(app: FastAPI) -> None:
-    """Every error in OpenAI's shape: {"error": {"message", "type", "param", "code"}}."""
-    @app.exception_handler(HTTPException)
-    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
-        _count_error(request.app, exc.status_code, request)
-        detail = exc.detail if isinstance(exc.detail, dict) else {
-            "message": str(exc.detail), "type": "invalid_request_error", "param": None, "code": None}
-        return JSONResponse({"error": detail}, status_code=exc.status_code, headers=getattr(exc, "headers", None))
-
-    @app.exception_handler(Exception)
-    async def server_error(request: Request, exc: Exception) -> JSONResponse:
-        _count_error(request.app, 500, request)
-        logger.error("speech request failed: %r", exc)
-        return JSONResponse({"error": error_detail(f"the server failed on this request: {exc}", kind="server_error",
-                                                   code="internal_error")}, status_code=500)
-
-    @app.exception_handler(RequestValidationError)
-    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        _count_error(request.app, 400, request)
-        return JSONResponse({"error": validation_detail(list(exc.errors()))}, status_code=400)
 
 
 def run_server(speech: Speech | Callable[[], Speech], config: ServerConfig | None = None, host: str = "127.0.0.1",

@@ -12,6 +12,7 @@ from typing import Any, TypedDict, cast
 from fastapi import HTTPException  # starlette's, with its detail typed as any JSON (ours is a dict)
 from pydantic import BaseModel, ConfigDict, SkipValidation
 
+from ..audio.captions import check_captions
 from ..params import UPSTREAM_NAMES
 from ..schema import check_sampling
 
@@ -31,6 +32,7 @@ class SpeechBody(BaseModel):
     stream: bool = False  # not given: streamed (see streamed_response); `false` given: the whole body at once
     stream_format: str = "audio"
     timestamps: bool = False  # with stream_format "sse": a speech.audio.timestamp event per sentence piece
+    captions: SkipValidation[str | None] = None  # with stream_format "sse": "srt" or "vtt" text in the done event
     instructions: str | None = None  # free text; what serve/instructions.py reads in it is applied
     # typed for the API docs; checked by the one sampling validator only (sampling_kwargs), not coerced
     seed: SkipValidation[int | None] = None
@@ -94,7 +96,19 @@ def check_body(body: SpeechBody, max_input_chars: int, formats: Collection[str])
     if body.timestamps and body.stream_format != "sse":
         raise api_error(400, "timestamps: sentence timestamps come as SSE events; set stream_format to 'sse'",
                         "timestamps")
+    check_caption_field(body.captions, body.stream_format)
     return fmt
+
+
+def check_caption_field(captions: object, stream_format: str) -> None:
+    """`captions` is "srt" or "vtt" and comes with SSE (the done event carries it); a 400 naming it otherwise."""
+    try:
+        check_captions(captions)
+    except ValueError as exc:
+        raise api_error(400, str(exc), "captions") from None
+    if captions is not None and stream_format != "sse":
+        raise api_error(400, "captions: the caption file comes in the SSE done event; set stream_format to 'sse'",
+                        "captions")
 
 
 def api_error(status: int, message: str, param: str | None = None, code: str | None = None,

@@ -41,11 +41,15 @@ class ServerConfig:
     max_preparing_per_client: int = 64  # requests one client may have in text work (and refine) at once: 429
     body_budget_bytes: int = 128 << 20  # request bodies held at once, all connections; past it a new body gets 503
     strict_instructions: bool = False  # `instructions` outside the grammar: 400 (else read as free text, reported)
+    ws_max_session_chars: int = 100_000  # text one speech WebSocket session may send in all (serve/ws_speech.py)
+    ws_sessions_per_client: int = 64  # speech WebSocket sessions one client (API key, else address) may hold at once
+    ws_idle_timeout_s: float = 60.0  # a session with nothing to speak that sends nothing this long is closed
 
     def __post_init__(self) -> None:
         for name in ("max_input_chars", "max_body_bytes", "max_pieces", "max_new_token", "max_voices",
                      "max_upload_bytes", "text_workers", "body_budget_bytes",
-                     "max_queued_per_client", "max_preparing_per_client", "stream_window_pieces"):
+                     "max_queued_per_client", "max_preparing_per_client", "stream_window_pieces",
+                     "ws_max_session_chars", "ws_sessions_per_client"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}: must be an integer >= 1, got {value!r}")
@@ -53,7 +57,8 @@ class ServerConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name}: must be an integer >= 0 (0 turns it off), got {value!r}")
-        for name in ("text_budget_s", "header_timeout_s", "body_timeout_s", "send_timeout_s", "shutdown_grace_s"):
+        for name in ("text_budget_s", "header_timeout_s", "body_timeout_s", "send_timeout_s", "shutdown_grace_s",
+                     "ws_idle_timeout_s"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
                 raise ValueError(f"{name}: must be a number of seconds > 0, got {value!r}")

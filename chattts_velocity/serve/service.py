@@ -11,7 +11,7 @@ import asyncio
 import itertools
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -25,7 +25,9 @@ from ..speech.job import SynthesisJob, TextOptions
 from ..speech.mel_source import MelSource
 from ..speech.pipeline import SpeechPipeline
 from ..speech.prepare import PreparedJob, TextGeneration
+from ..speech.script_audio import piece_silences, silence_chunks
 from ..speech.streams import EMPTY, StreamOptions, StreamSet
+from ..text.script import Script
 from .decode_worker import END, DecodeWorker, Item, sink_to
 from .text_work import PieceOptions, TextWorker
 
@@ -45,12 +47,14 @@ class SpeechService:
         self.worker = DecodeWorker(StreamSet(self.options))
         self._keys = itertools.count()
 
-    def job(self, text: str, params: InferCodeParams, mel: str = "decoder", refine: RefineTextParams | None = None,
-            **text_options: Unpack[PieceOptions]) -> SynthesisJob:
-        """One request's text as a pipeline job: on the velocity engine, its steps capped by the request's params
-        (ServerConfig.max_new_token), homophones replaced when the text is normalised."""
+    def job(self, text: str | list[str], params: InferCodeParams | list[InferCodeParams], mel: str = "decoder",
+            refine: RefineTextParams | None = None, **text_options: Unpack[PieceOptions]) -> SynthesisJob:
+        """One request's text (or a script's turns, each with its params) as a pipeline job: on the velocity engine,
+        its steps capped by the request's params (ServerConfig.max_new_token), homophones replaced when the text is
+        normalised."""
         normalize = text_options.get("normalize", True)
-        return SynthesisJob([text], params, mel=mel, refine=refine, use_vllm=True, weights_step_cap=False,
+        texts = [text] if isinstance(text, str) else text
+        return SynthesisJob(texts, params, mel=mel, refine=refine, use_vllm=True, weights_step_cap=False,
                             text=TextOptions(text_options.get("lang"), normalize, normalize,
                                              text_options.get("split", True)),
                             max_pieces=text_options.get("max_pieces"))
@@ -81,21 +85,25 @@ class SpeechService:
         rows = [delta.token_ids async for delta in self.engine.generate(prompt, sampling)]
         return torch.cat(rows) if rows else torch.zeros(0, 1, dtype=torch.long)  # [T, 1]
 
-    async def open(self, text: str, params: InferCodeParams, mel: str = "decoder",
+    async def open(self, text: str, params: InferCodeParams | list[InferCodeParams], mel: str = "decoder",
                    refine: RefineTextParams | None = None, first_chunk_samples: int = 0, window: int | None = None,
-                   **text_options: Unpack[PieceOptions]) -> SpeechStream:
+                   script: Script | None = None, **text_options: Unpack[PieceOptions]) -> SpeechStream:
         """Queue the pieces of text on the engine (after the refine pass if `refine`; all, or `window` at a time as
         SpeechStream reads), audio from the mel source named `mel`, each piece's first chunk at least
-        first_chunk_samples long (StreamSet.open); text_options are job()'s. Bad input: ValueError, here."""
+        first_chunk_samples long (StreamSet.open); text_options are job()'s. With a `script`, its turns are the
+        texts (params: one per turn) and its pauses stream as silence between them. Bad input: ValueError, here."""
         stream = SpeechStream(self, time.perf_counter(), first_chunk_samples, window)
         try:
-            prepared = await self.prepare(self.job(text, params, mel, refine, **text_options))
+            texts = text if script is None else script.texts
+            prepared = await self.prepare(self.job(texts, params, mel, refine, **text_options))
             if prepared.requests is None:
                 raise RuntimeError("open: a prepared job without code requests")
             requests = prepared.requests
             for piece, prompt, sampling in zip(requests.pieces.texts, requests.prompts, requests.sampling,
                                                strict=True):
                 stream.add(piece, prompt, sampling, prepared.mel)
+            if script is not None:
+                stream.silences = piece_silences(script, requests.pieces.owner)
             await stream.start_window(0)
         except BaseException:
             stream.close()
@@ -137,6 +145,7 @@ class SpeechStream:
         self._queues: list[asyncio.Queue[Item]] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._closed = False
+        self.silences: dict[int, int] = {}  # piece index -> samples of silence before it (a script's pauses)
 
     def add(self, text: str, prompt: Prompt, sampling: SamplingParams, mel: MelSource) -> None:
         self.service.engine.check(prompt, sampling)  # a piece too long for the engine: a ValueError before any audio
@@ -173,6 +182,8 @@ class SpeechStream:
     async def __aiter__(self) -> AsyncIterator[np.ndarray]:
         try:
             for reading, (text, *_) in enumerate(self._pieces):
+                for silence in self._silence(reading):
+                    yield silence
                 await self.start_window(reading)
                 if reading == len(self._queues):
                     return  # closed meanwhile
@@ -185,8 +196,16 @@ class SpeechStream:
                     samples += len(item)
                     yield item
                 self.timeline.add(text, samples)
+            for silence in self._silence(len(self._pieces)):
+                yield silence
         finally:
             self.close()
+
+    def _silence(self, before: int) -> Iterator[np.ndarray]:
+        """The pause before piece `before` (len(pieces): after the last), counted into the timeline."""
+        samples = self.silences.get(before, 0)
+        self.timeline.pause(samples)
+        yield from silence_chunks(samples)
 
     def close(self) -> None:
         """Abort the pieces still generating (cancelling a feeder aborts its engine request); start no more."""

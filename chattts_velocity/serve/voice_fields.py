@@ -1,9 +1,9 @@
 """Serving stage: OpenAI `voice` and `speed` fields -> ChatTTS speaker strings and `[speed_N]` prompts.
 
-A voice is a preset name (a bookmark for an audio seed), an integer seed, a saved voice (text.voices.VoiceLibrary)
-or a speaker string from `Chat.sample_random_speaker()`. The same name or seed gives the same voice on every run
-and machine; text.voices.voice_params decides which is which. Whether a speaker string fits the model is the
-pipeline's text front end's check, made when the request is built.
+A voice is a preset name (a bookmark for an audio seed), an integer seed, a saved voice (text.voices.VoiceLibrary),
+a speaker string from `Chat.sample_random_speaker()`, or a blend of those (text/blend.py). The same name, seed or
+blend gives the same voice on every run and machine; text.voices.voice_params decides which is which. Whether a
+speaker string fits the model is the pipeline's text front end's check, made when the request is built.
 """
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable
 
+from ..text.blend import is_blend
 from ..text.controls import CONTROL_LEVELS, DEFAULT_LEVELS, control_token
 from ..text.voices import PRESET_SEEDS, VoiceFields, VoiceLibrary, check_voice_seed, is_seed_text, voice_params
 
@@ -49,8 +50,11 @@ class VoiceBook:
         return voice_params(voice, self.library, self.for_seed)
 
     def kind(self, voice: object) -> str:
-        """The metrics label of a voice params() accepted: preset, seed, saved, clone (a saved clip) or speaker."""
+        """The metrics label of a voice params() accepted: preset, seed, saved, clone (a saved clip), blend or
+        speaker."""
         voice = voice.get("id") if isinstance(voice, dict) else voice
+        if isinstance(voice, str) and is_blend(voice):
+            return "blend"
         if voice is None or (isinstance(voice, str) and voice.strip().lower() in self.presets):
             return "preset"
         if isinstance(voice, int) or (isinstance(voice, str) and is_seed_text(voice)):

@@ -3,7 +3,8 @@
 POST   /v1/audio/voices         JSON {name, speaker | clip_code + transcript, overwrite?}
                                 or multipart {name, file (any audio soundfile reads), transcript, speaker?, overwrite?}
 GET    /v1/audio/voices         presets and saved voices, each with its speaker string where it has one
-GET    /v1/audio/voices/{name}  one voice (a saved one with its clip code)
+GET    /v1/audio/voices/{name}  one voice (a saved one with its clip code; a blend such as alloy(2)+echo, URL-encoded,
+                                with the speaker string it mixes to)
 DELETE /v1/audio/voices/{name}
 Errors in OpenAI's shape: 400 bad field, 404 unknown voice, 409 name taken, 413 upload or clip too large.
 """
@@ -22,6 +23,7 @@ from ..audio.wav import NO_LENGTH_HINT, SAMPLE_RATE, UNKNOWN_FRAMES
 from ..engine.async_engine import AsyncLLMEngine
 from ..speech.pipeline import SpeechPipeline
 from ..text import decode_prompt
+from ..text.blend import is_blend
 from ..text.voices import UnknownVoice, Voice, VoiceExists, VoiceLibrary, check_voice_fields
 from .edge import is_json_type
 from .request import api_error
@@ -62,6 +64,8 @@ def add_voice_routes(app: FastAPI) -> None:
         state: VoiceServer = request.app.state.server
         if name.lower() in state.voices.presets:
             return _preset(state, name.lower())
+        if is_blend(name):  # its speaker string, to save under a name (text/blend.py)
+            return await asyncio.to_thread(_blend, state, name)
         return _saved(await _known(state.library.get, name), with_clip=True)
 
     @app.delete(VOICES_PATH + "/{name}")
@@ -122,6 +126,14 @@ def _preset(state: VoiceServer, name: str) -> dict[str, object]:
     seed = state.voices.presets[name]
     return {"id": name, "object": "voice", "name": name, "kind": "preset", "seed": seed,
             "speaker": state.voices.for_seed(seed)}
+
+
+def _blend(state: VoiceServer, name: str) -> dict[str, object]:
+    try:
+        speaker = state.voices.resolve(name)
+    except ValueError as exc:
+        raise api_error(400, str(exc), "voice") from None
+    return {"id": name, "object": "voice", "name": name, "kind": "blend", "speaker": speaker}
 
 
 def _saved(voice: Voice, with_clip: bool) -> dict[str, object]:

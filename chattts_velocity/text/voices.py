@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TypedDict
 
+from chattts_velocity.text.blend import blend_speaker, is_blend
 from chattts_velocity.text.speaker import (
     MAX_CLIP_CHARS,
     MAX_SPEAKER_CHARS,
@@ -213,7 +214,8 @@ def voice_params(voice: object, library: VoiceLibrary | None,
     """A voice as users give it -> InferCodeParams keywords {spk_emb, spk_smp, txt_smp}.
 
     Accepted: None (the "default" preset), {"id": name} (OpenAI's object form), a preset name or an integer seed
-    (speaker_for_seed draws its speaker), a saved voice's name, or a speaker string. ValueError naming `voice`.
+    (speaker_for_seed draws its speaker), a saved voice's name, a speaker string, or a blend of those
+    (text/blend.py: "alloy(2)+1234(1)"). ValueError naming `voice`.
     """
     if isinstance(voice, dict):
         voice = voice.get("id") if set(voice) == {"id"} else None
@@ -224,6 +226,9 @@ def voice_params(voice: object, library: VoiceLibrary | None,
         raise ValueError(f"voice: expected a voice name, a seed or a speaker string, got {voice!r}")
     if isinstance(voice, int) or is_seed_text(voice):
         return _speaker_only(speaker_for_seed(_seed(voice)))
+    if is_blend(voice):
+        return _speaker_only(blend_speaker(voice, lambda part: voice_params(part, library,
+                                                                            speaker_for_seed)["spk_emb"]))
     if voice.strip().lower() in PRESET_SEEDS:
         return _speaker_only(speaker_for_seed(PRESET_SEEDS[voice.strip().lower()]))
     if library is not None and voice in library:
@@ -231,7 +236,8 @@ def voice_params(voice: object, library: VoiceLibrary | None,
     if _is_speaker(voice):
         return _speaker_only(voice)
     raise ValueError(f"voice: unknown voice {voice[:40]!r}; use a saved voice, one of {sorted(PRESET_SEEDS)}, an "
-                     "integer seed, or a speaker string from sample_random_speaker() (GET /v1/audio/voices)")
+                     "integer seed, a speaker string from sample_random_speaker() (GET /v1/audio/voices), or a blend "
+                     "of those such as alloy(2)+1234(1)")
 
 
 def check_voice_seed(seed: int) -> int:
