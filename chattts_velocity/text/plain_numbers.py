@@ -46,15 +46,14 @@ def read_plain_numbers(text: str) -> str:
     for i, m in enumerate(words):
         reading = plain_reading(m.group(0))
         near = company[max(0, i - REACH): i] + company[i + 1: i + REACH + 1]
-        if reading is not None and min(near, default=_WORDS) >= (_WORDS if _is_year(m.group(0)) else _NUMBERS):
+        if reading is not None and min(near, default=_WORDS) >= _company_needed(m.group(0)):
             out += [text[start:m.start()], reading]
             start = m.end()
     return "".join(out) + text[start:]
 
 
 def _company(word: str) -> int:
-    """_WORDS: a neutral word or a plain integer (no reading changes beside it); _NUMBERS: a percentage or a time
-    (a year beside one reads as a cardinal: "336% 2295"); 0: anything else."""
+    """_WORDS: a neutral word or a plain integer; _NUMBERS: a percentage or a time; 0: anything else."""
     m = _NEUTRAL_WORD.fullmatch(word)
     if m is not None:
         letters = m.group(1)
@@ -62,6 +61,13 @@ def _company(word: str) -> int:
     if _INTEGER_WORD.fullmatch(word):
         return _WORDS
     return _NUMBERS if plain_reading(word) is not None else 0
+
+
+def _company_needed(word: str) -> int:
+    """An integer other than a year reads the same beside percentages and times; a year, a percentage and a time
+    may not ("336% 2295": a cardinal; "158% to 620%": "one hundred and fifty eight to six hundred and twenty
+    percent")."""
+    return _NUMBERS if _INTEGER_WORD.fullmatch(word) and not _is_year(word) else _WORDS
 
 
 def _is_year(word: str) -> bool:

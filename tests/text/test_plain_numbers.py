@@ -19,7 +19,7 @@ EDGES = ["0", "1", "2", "9", "10", "11", "12", "13", "19", "20", "21", "99", "10
          "7:05", "12:30", "13:45", "23:59", "7:43."]
 NOT_PLAIN = ["007", "00", "-5", "+5", "5.5", "1,000", "1000000000", "07:30", "24:00", "7:60", "5th", "1/2", "$5",
              "42;", "42..", "1990s", "x42", "42x"]
-OTHER_WORDS = "Anna Paris May may no No kg pm am km ft x Mon March june".split()
+OTHER_WORDS = "Anna Paris May may no No kg pm am km ft x Mon March june o'clock million half point to".split()
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +69,9 @@ def test_neutral_words_never_change_a_numbers_reading(wetext_en) -> None:
 def test_a_number_beside_a_word_that_joins_it_is_left_for_wetext() -> None:
     assert read_plain_numbers("the 5 kg of the 42 the") == "the 5 kg of the forty two the"
     assert read_plain_numbers("on 5 may") == "on 5 may" and read_plain_numbers("at 7 pm") == "at 7 pm"
-    assert read_plain_numbers("the 336% 2295 of the") == "the three hundred and thirty six percent 2295 of the"
+    assert read_plain_numbers("the 336% 2295 of") == "the three hundred and thirty six percent 2295 of"  # a cardinal
+    assert read_plain_numbers("the 158% to 620% of") == "the 158% to 620% of"  # wetext: a range of percentages
+    assert read_plain_numbers("the 5% to 7 of") == "the five percent to seven of"
 
 
 def sentences(rng: random.Random, count: int) -> list[str]:
