@@ -6,8 +6,9 @@ clock time ("7:43"), with at most one of , . ! ? after it. Its reading is wetext
 integer from 1000 to 2999 is read as a year, any other integer (and a percentage's) as a cardinal.
 Context can change a reading ("5 kg", "5 may", "7:43 pm", "no 5"), so a plain number is read here only when every
 word within `REACH` words of it is another plain number or a word of `NEUTRAL`: words wetext was measured never to
-join with a number (tests/text/test_plain_numbers.py compares every one against wetext itself). Anything else is
-left for wetext.
+join with a number (tests/text/test_plain_numbers.py compares every one against wetext itself), and a year, a
+percentage or a time followed by "to" and a percentage (a range: "5% to 7%" -> "five to seven percent") is not.
+Anything else is left for wetext.
 """
 from __future__ import annotations
 
@@ -23,8 +24,7 @@ _SCALES = ("", " thousand", " million")
 _MARK = r"[,.!?]?"
 _INTEGER = re.compile(rf"(0|[1-9]\d{{0,{MAX_DIGITS - 1}}})(%?)({_MARK})")
 _INTEGER_WORD = re.compile(rf"(?:0|[1-9]\d{{0,{MAX_DIGITS - 1}}}){_MARK}")
-_YEAR_WORD = re.compile(rf"[12]\d\d\d{_MARK}")  # read as a year alone, as a cardinal beside some company
-_NUMBERS, _WORDS = 1, 2  # how neutral a word is as company (_company)
+_YEAR_WORD = re.compile(rf"[12]\d\d\d{_MARK}")  # read as a year
 _TIME = re.compile(rf"(1?\d|2[0-3]):([0-5]\d)({_MARK})")
 _WORD = re.compile(r"\S+")
 _NEUTRAL_WORD = re.compile(rf"([A-Za-z]+){_MARK}")
@@ -40,38 +40,26 @@ NEUTRAL = frozenset(
 
 def read_plain_numbers(text: str) -> str:
     """`text` with each plain number in neutral company replaced by wetext's reading of it."""
-    words = list(_WORD.finditer(text))
-    company = [_company(m.group(0)) for m in words]
+    words = [m.group(0) for m in _WORD.finditer(text)]
+    spans = [m.span() for m in _WORD.finditer(text)]
+    neutral = [_is_neutral(word) or plain_reading(word) is not None for word in words]
     out, start = [], 0
-    for i, m in enumerate(words):
-        reading = plain_reading(m.group(0))
-        near = company[max(0, i - REACH): i] + company[i + 1: i + REACH + 1]
-        if reading is not None and min(near, default=_WORDS) >= _company_needed(m.group(0)):
-            out += [text[start:m.start()], reading]
-            start = m.end()
+    for i, word in enumerate(words):
+        reading = plain_reading(word)
+        if reading is None or not all(neutral[max(0, i - REACH): i] + neutral[i + 1: i + REACH + 1]):
+            continue
+        if not _INTEGER_WORD.fullmatch(word) or _YEAR_WORD.fullmatch(word):
+            # wetext reads "X to Y%" as a range: X loses its own "percent" or its year or time reading
+            if words[i + 1: i + 2] in (["to"], ["To"]) and words[i + 2: i + 3] and "%" in words[i + 2]:
+                continue
+        out += [text[start:spans[i][0]], reading]
+        start = spans[i][1]
     return "".join(out) + text[start:]
 
 
-def _company(word: str) -> int:
-    """_WORDS: a neutral word or a plain integer; _NUMBERS: a percentage or a time; 0: anything else."""
+def _is_neutral(word: str) -> bool:
     m = _NEUTRAL_WORD.fullmatch(word)
-    if m is not None:
-        letters = m.group(1)
-        return _WORDS if (letters.islower() or letters.istitle()) and letters.lower() in NEUTRAL else 0
-    if _INTEGER_WORD.fullmatch(word):
-        return _WORDS
-    return _NUMBERS if plain_reading(word) is not None else 0
-
-
-def _company_needed(word: str) -> int:
-    """An integer other than a year reads the same beside percentages and times; a year, a percentage and a time
-    may not ("336% 2295": a cardinal; "158% to 620%": "one hundred and fifty eight to six hundred and twenty
-    percent")."""
-    return _NUMBERS if _INTEGER_WORD.fullmatch(word) and not _is_year(word) else _WORDS
-
-
-def _is_year(word: str) -> bool:
-    return _YEAR_WORD.fullmatch(word) is not None
+    return m is not None and (m.group(1).islower() or m.group(1).istitle()) and m.group(1).lower() in NEUTRAL
 
 
 def plain_reading(word: str) -> str | None:
@@ -81,7 +69,7 @@ def plain_reading(word: str) -> str | None:
         digits, percent, mark = m.groups()
         if percent:
             return f"{cardinal(int(digits))} percent{mark}"
-        return (year(int(digits)) if _is_year(digits) else cardinal(int(digits))) + mark
+        return (year(int(digits)) if _YEAR_WORD.fullmatch(digits) else cardinal(int(digits))) + mark
     m = _TIME.fullmatch(word)
     if m is None or (len(m.group(1)) == 2 and m.group(1)[0] == "0"):
         return None

@@ -69,15 +69,18 @@ def test_neutral_words_never_change_a_numbers_reading(wetext_en) -> None:
 def test_a_number_beside_a_word_that_joins_it_is_left_for_wetext() -> None:
     assert read_plain_numbers("the 5 kg of the 42 the") == "the 5 kg of the forty two the"
     assert read_plain_numbers("on 5 may") == "on 5 may" and read_plain_numbers("at 7 pm") == "at 7 pm"
-    assert read_plain_numbers("the 336% 2295 of") == "the three hundred and thirty six percent 2295 of"  # a cardinal
-    assert read_plain_numbers("the 158% to 620% of") == "the 158% to 620% of"  # wetext: a range of percentages
-    assert read_plain_numbers("the 5% to 7 of") == "the five percent to seven of"
+    # wetext reads "X to Y%" as a range: "158% to 620%" -> "one hundred and fifty eight to six hundred and twenty
+    # percent", "2295 to 207%" -> "two thousand two hundred and ninety five to ..."; an integer reads the same
+    assert read_plain_numbers("the 158% to 620% of") == "the 158% to six hundred and twenty percent of"
+    assert read_plain_numbers("the 2295 to 7% of") == "the 2295 to seven percent of"
+    assert read_plain_numbers("the 7:30 To 7% of") == "the 7:30 To seven percent of"
+    assert read_plain_numbers("the 5 to 7% of") == "the five to seven percent of"
 
 
 def sentences(rng: random.Random, count: int) -> list[str]:
     """Short sentences (one wetext call in either path) of neutral words, numbers and words that join numbers."""
     pool = sorted(NEUTRAL) + OTHER_WORDS
-    odd = ["007", "-5", "5.5", "1,000", "$3.50", "5th", "1/2", "07:30", "1990s", "2024"]
+    odd = ["007", "-5", "5.5", "1,000", "5th", "1/2", "07:30", "1990s", "2024"]  # "$3.50" grows past 64
     out = []
     while len(out) < count:
         words = [rng.choice(numbers(rng, 1) + odd[rng.randrange(len(odd)):][:1]) if rng.random() < 0.35
