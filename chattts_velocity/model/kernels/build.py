@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 DRIVERS = [Path(__file__).parent / f"cpu_{name}.cpp" for name in ("linear", "attention", "decode_layer", "heads",
-                                                                     "sampling", "audio", "register")]
+                                                                     "sampling", "audio", "audio_linear", "register")]
 HEADERS = sorted(Path(__file__).parent.glob("*.h"))
 BASE_FLAGS = ["-O3", "-std=c++17", "-shared", "-fPIC", "-fopenmp", "-fvisibility=hidden"]
 

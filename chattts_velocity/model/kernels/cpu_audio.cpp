@@ -11,8 +11,10 @@
 // Every output frame is computed from its own input window alone, in one fixed order (taps in kernel order, then
 // the norm's sums in 16 fixed lanes), so a frame's bits do not depend on T, on threads or on other rows: the same
 // row decoded alone or with others gets the same bits. Plain loops the compiler vectorises (any ISA, no intrinsics).
+// dwconv_norm_frames: the same per row of a concatenation, float32 out (cpu_audio_linear.cpp's dwconv_norm_rows).
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -51,8 +53,13 @@ void conv_frame(const float* x, const float* weight, const float* bias, int64_t 
   }
 }
 
-// LayerNorm of acc [C] into out [C] bf16: mean and variance summed in kLanes fixed lanes (channel c in lane c % 16).
-void norm_frame(const float* acc, const float* gamma, const float* beta, int64_t C, double eps, uint16_t* out) {
+inline void store(float value, uint16_t* out) { *out = to_bf16(value); }
+inline void store(float value, float* out) { *out = value; }
+
+// LayerNorm of acc [C] into out [C] (bf16 or float32): mean and variance summed in kLanes fixed lanes (channel c in
+// lane c % 16).
+template <typename Out>
+void norm_frame(const float* acc, const float* gamma, const float* beta, int64_t C, double eps, Out* out) {
   const int64_t full = C - C % kLanes;
   float lanes[kLanes] = {};
   for (int64_t c0 = 0; c0 < full; c0 += kLanes)
@@ -67,7 +74,34 @@ void norm_frame(const float* acc, const float* gamma, const float* beta, int64_t
     }
   for (int64_t c = full; c < C; ++c) squares[c - full] += (acc[c] - mean) * (acc[c] - mean);
   const float rstd = 1.f / std::sqrt(lane_sum(squares) / static_cast<float>(C) + static_cast<float>(eps));
-  for (int64_t c = 0; c < C; ++c) out[c] = to_bf16((acc[c] - mean) * rstd * gamma[c] + beta[c]);
+  for (int64_t c = 0; c < C; ++c) store((acc[c] - mean) * rstd * gamma[c] + beta[c], out + c);
+}
+
+// Every frame of x [M, C], each row [offsets[r], offsets[r + 1]) convolved alone (zero padding at its own ends).
+template <typename Out>
+void frames(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, int64_t dilation,
+            const at::Tensor& norm_weight, const at::Tensor& norm_bias, double eps, const int64_t* offsets,
+            int64_t rows, Out* yp) {
+  const int64_t M = x.size(0), C = x.size(1);
+  TORCH_CHECK(weight.dim() == 2 && weight.size(1) == C && weight.scalar_type() == at::kFloat &&
+                  weight.is_contiguous() && weight.size(0) % 2 == 1, "weight must be contiguous float32 [k odd, C]");
+  TORCH_CHECK(dilation >= 1, "dilation must be >= 1");
+  for (const at::Tensor* v : {&bias, &norm_weight, &norm_bias})
+    TORCH_CHECK(v->dim() == 1 && v->size(0) == C && v->scalar_type() == at::kFloat && v->is_contiguous(),
+                "bias, norm_weight and norm_bias must be contiguous float32 [C]");
+  const float* xp = x.data_ptr<float>();
+  const float* wp = weight.data_ptr<float>();
+  const float *bp = bias.data_ptr<float>(), *gp = norm_weight.data_ptr<float>(), *np = norm_bias.data_ptr<float>();
+  const int64_t k = weight.size(0);
+  at::parallel_for(0, M, 16, [&](int64_t t0, int64_t t1) {
+    std::vector<float> acc(static_cast<size_t>(C));
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t r = std::upper_bound(offsets, offsets + rows + 1, t) - offsets - 1;  // the row of frame t
+      const int64_t a = offsets[r];
+      conv_frame(xp + a * C, wp, bp, t - a, offsets[r + 1] - a, C, k, dilation, acc.data());
+      norm_frame(acc.data(), gp, np, C, eps, yp + t * C);
+    }
+  });
 }
 
 }  // namespace
@@ -75,27 +109,16 @@ void norm_frame(const float* acc, const float* gamma, const float* beta, int64_t
 at::Tensor dwconv_norm(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, int64_t dilation,
                        const at::Tensor& norm_weight, const at::Tensor& norm_bias, double eps) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "x must be contiguous float32 [T, C]");
-  const int64_t T = x.size(0), C = x.size(1);
-  TORCH_CHECK(weight.dim() == 2 && weight.size(1) == C && weight.scalar_type() == at::kFloat &&
-                  weight.is_contiguous() && weight.size(0) % 2 == 1, "weight must be contiguous float32 [k odd, C]");
-  TORCH_CHECK(dilation >= 1, "dilation must be >= 1");
-  for (const at::Tensor* v : {&bias, &norm_weight, &norm_bias})
-    TORCH_CHECK(v->dim() == 1 && v->size(0) == C && v->scalar_type() == at::kFloat && v->is_contiguous(),
-                "bias, norm_weight and norm_bias must be contiguous float32 [C]");
-  auto y = at::empty({T, C}, x.options().dtype(at::kBFloat16));
-  const float* xp = x.data_ptr<float>();
-  const float* wp = weight.data_ptr<float>();
-  const float *bp = bias.data_ptr<float>(), *gp = norm_weight.data_ptr<float>(), *np = norm_bias.data_ptr<float>();
-  auto* yp = reinterpret_cast<uint16_t*>(y.data_ptr());
-  const int64_t k = weight.size(0);
-  at::parallel_for(0, T, 16, [&](int64_t t0, int64_t t1) {
-    std::vector<float> acc(static_cast<size_t>(C));
-    for (int64_t t = t0; t < t1; ++t) {
-      conv_frame(xp, wp, bp, t, T, C, k, dilation, acc.data());
-      norm_frame(acc.data(), gp, np, C, eps, yp + t * C);
-    }
-  });
+  auto y = at::empty({x.size(0), x.size(1)}, x.options().dtype(at::kBFloat16));
+  const int64_t whole[2] = {0, x.size(0)};
+  frames(x, weight, bias, dilation, norm_weight, norm_bias, eps, whole, 1, reinterpret_cast<uint16_t*>(y.data_ptr()));
   return y;
+}
+
+void dwconv_norm_frames(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, int64_t dilation,
+                        const at::Tensor& norm_weight, const at::Tensor& norm_bias, double eps, const int64_t* offsets,
+                        int64_t rows, float* y) {
+  frames(x, weight, bias, dilation, norm_weight, norm_bias, eps, offsets, rows, y);
 }
 
 at::Tensor scale_add_(const at::Tensor& x, const at::Tensor& y, const at::Tensor& gamma) {

@@ -75,6 +75,17 @@ at::Tensor head_linear(const at::Tensor& x, const at::Tensor& weight);
 at::Tensor dwconv_norm(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, int64_t dilation,
                        const at::Tensor& norm_weight, const at::Tensor& norm_bias, double eps);
 at::Tensor scale_add_(const at::Tensor& x, const at::Tensor& y, const at::Tensor& gamma);
+void dwconv_norm_frames(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, int64_t dilation,
+                        const at::Tensor& norm_weight, const at::Tensor& norm_bias, double eps, const int64_t* offsets,
+                        int64_t rows, float* y);
+
+// cpu_audio_linear.cpp: the audio linears on 16-bit weights in fp32 arithmetic, and dwconv_norm per row, float32 out.
+at::Tensor audio_linear(const at::Tensor& x, const at::Tensor& panels, const at::Tensor& bias, int64_t n, bool gelu);
+at::Tensor audio_linear_add_(const at::Tensor& residual, const at::Tensor& x, const at::Tensor& panels,
+                             const at::Tensor& bias, const at::Tensor& gamma);
+at::Tensor dwconv_norm_rows(const at::Tensor& x, const at::Tensor& offsets, const at::Tensor& weight,
+                            const at::Tensor& bias, int64_t dilation, const at::Tensor& norm_weight,
+                            const at::Tensor& norm_bias, double eps);
 
 // cpu_sampling.cpp: penalties, temperature, top-p / top-k and the seeded draw, one row per sequence and code.
 at::Tensor sample_rows(const at::Tensor& logits, const at::Tensor& temperatures, const at::Tensor& penalties,

@@ -21,6 +21,10 @@ CV_LIBRARY(CV_OPS, m) {
   m.def("dwconv_norm(Tensor x, Tensor weight, Tensor bias, int dilation, Tensor norm_weight, Tensor norm_bias, "
         "float eps) -> Tensor");
   m.def("scale_add_(Tensor(a!) x, Tensor y, Tensor gamma) -> Tensor(a!)");
+  m.def("audio_linear(Tensor x, Tensor panels, Tensor bias, int n, bool gelu) -> Tensor");
+  m.def("audio_linear_add_(Tensor(a!) residual, Tensor x, Tensor panels, Tensor bias, Tensor gamma) -> Tensor(a!)");
+  m.def("dwconv_norm_rows(Tensor x, Tensor offsets, Tensor weight, Tensor bias, int dilation, Tensor norm_weight, "
+        "Tensor norm_bias, float eps) -> Tensor");
   m.def("sample_rows(Tensor logits, Tensor temperatures, Tensor penalties, Tensor history, Tensor top_p, "
         "Tensor top_k, Tensor mask_eos, Tensor eos_ids, Tensor seeds, int rows_per_seq) -> Tensor");
 #if CV_HAS_AMX
@@ -38,5 +42,8 @@ CV_LIBRARY_IMPL(CV_OPS, CPU, m) {
   m.impl("head_linear", &chattts_velocity_cpu::head_linear);
   m.impl("dwconv_norm", &chattts_velocity_cpu::dwconv_norm);
   m.impl("scale_add_", &chattts_velocity_cpu::scale_add_);
+  m.impl("audio_linear", &chattts_velocity_cpu::audio_linear);
+  m.impl("audio_linear_add_", &chattts_velocity_cpu::audio_linear_add_);
+  m.impl("dwconv_norm_rows", &chattts_velocity_cpu::dwconv_norm_rows);
   m.impl("sample_rows", &chattts_velocity_cpu::sample_rows);
 }
