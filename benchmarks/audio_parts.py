@@ -1,5 +1,7 @@
-"""The audio stage alone and its share of Chat.infer: bf16 channels-last (audio/cpu_decode.py) against autocast's
-module path and float32, interleaved in one process, process CPU time (bench_audio_dtype.py --parts)."""
+"""The audio stage alone and its share of Chat.infer: bf16 on its C++ path (audio/cpu_decode.py: oneDNN bf16 where
+the CPU computes bf16, else audio/cpu_panels.py's 16-bit weights; "bf16_path" in the report) against autocast's
+module path and float32, interleaved in one process, process CPU time, and the waveform's SNR against float32
+(bench_audio_dtype.py --parts)."""
 from __future__ import annotations
 
 import time
@@ -8,6 +10,7 @@ from contextlib import contextmanager
 from types import SimpleNamespace
 from typing import Any
 
+import numpy as np
 import torch
 
 VARIANTS = ("bf16_channels_last", "bf16_autocast", "float32")
@@ -34,30 +37,61 @@ def _timed(run: Callable[[], Any]) -> tuple[float, float]:
     return time.process_time() - cpu, time.perf_counter() - wall
 
 
+def snr_db(reference: list[np.ndarray], other: list[np.ndarray]) -> float:
+    """The waveforms' signal-to-noise ratio against the reference, all rows together, in dB."""
+    ref, got = np.concatenate(reference).astype(np.float64), np.concatenate(other).astype(np.float64)
+    return float(10 * np.log10((ref ** 2).sum() / max(((ref - got) ** 2).sum(), 1e-30)))
+
+
+def random_full_audio() -> tuple[Any, Any]:
+    """A Decoder and Vocos of the real sizes with the demo's well-scaled random weights (chattts_velocity/demo)."""
+    from chattts_velocity.audio import Decoder, Vocos
+    from chattts_velocity.demo.random_weights import FULL_DIMS, asset_shapes, build_file
+
+    shapes = asset_shapes(FULL_DIMS)
+    made = [build_file(f"asset/{name}.safetensors", shapes[f"asset/{name}.safetensors"], 1, FULL_DIMS, lambda n: None)
+            for name in ("Decoder", "Vocos")]
+    return Decoder.from_state_dict(made[0]).eval(), Vocos.from_state_dict(made[1]).eval()
+
+
 def decode_parts(model: str, counts: list[int], steps: int, rounds: int) -> dict:
     """Decoder + Vocos of `count` rows of `steps` GPT steps (2 * steps mel frames) per variant, min over rounds."""
     from chattts_velocity.assets import AssetPaths
-    from chattts_velocity.audio import Decoder, Vocos, cast_for_autocast, decode_hidden_batch, load_safetensors
+    from chattts_velocity.audio import (
+        Decoder,
+        Vocos,
+        cast_for_autocast,
+        cpu_decode,
+        decode_hidden_batch,
+        load_safetensors,
+    )
 
-    paths = AssetPaths.from_root(model)
-    decoder = Decoder.from_state_dict(load_safetensors(paths.decoder))
-    vocos = Vocos.from_state_dict(load_safetensors(paths.vocos))
+    if model == "random":  # full-size random audio weights made here (no 1 GB asset folder)
+        decoder, vocos = random_full_audio()
+    else:
+        paths = AssetPaths.from_root(model)
+        decoder = Decoder.from_state_dict(load_safetensors(paths.decoder))
+        vocos = Vocos.from_state_dict(load_safetensors(paths.vocos))
     cast = cast_for_autocast(decoder, torch.bfloat16), cast_for_autocast(vocos, torch.bfloat16)
     g = torch.Generator().manual_seed(0)
-    out: dict[str, Any] = {"steps": steps, "mel_frames": 2 * steps, "clock": "process CPU time (min of rounds)"}
+    out: dict[str, Any] = {"steps": steps, "mel_frames": 2 * steps, "clock": "process CPU time (min of rounds)",
+                           "bf16_path": cpu_decode.path()}
     for count in counts:
-        rows = [torch.randn(steps, 768, generator=g) for _ in range(count)]
+        rows = [torch.randn(steps, 2 * decoder.decoder.idim, generator=g) for _ in range(count)]
         seen: dict[str, list[tuple[float, float]]] = {v: [] for v in VARIANTS}
+        wavs: dict[str, list[np.ndarray]] = {}
         for r in range(rounds + 1):  # round 0 warms up (packing, oneDNN's kernels)
             for variant in VARIANTS:
                 modules, dtype = (cast, torch.bfloat16) if variant != "float32" else ((decoder, vocos), None)
                 with autocast_path(variant == "bf16_autocast"):
-                    took = _timed(lambda: decode_hidden_batch(*modules, rows, dtype))  # noqa: B023  # called here
+                    took = _timed(lambda: wavs.__setitem__(variant, decode_hidden_batch(*modules, rows, dtype)))  # noqa: B023
                 if r:
                     seen[variant].append(took)
         best = {v: min(c for c, _ in t) for v, t in seen.items()}
         out[str(count)] = {"cpu_s": best, "wall_s": {v: min(w for _, w in t) for v, t in seen.items()},
                            "speedup_vs_autocast": best["bf16_autocast"] / best["bf16_channels_last"],
+                           "speedup_vs_float32": best["float32"] / best["bf16_channels_last"],
+                           "snr_db_vs_float32": snr_db(wavs["float32"], wavs["bf16_channels_last"]),
                            "gflop_per_cpu_s": {v: 150e-3 * steps * count / s for v, s in best.items()}}
     return out
 

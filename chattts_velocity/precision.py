@@ -14,9 +14,11 @@ nothing else derives a dtype from these strings.
 
 Off CPU the activations are the weights' dtype. kv_cache_dtype "int8" (one fp32 scale per slot and head) runs on
 the cpu backend with the bf16 / int8 / int4 precisions only. The heads and the sampler always run in float32. The
-audio decode (Decoder + Vocos) runs bfloat16 under autocast on CUDA, or with a bf16 / int8 / int4 GPT on a CPU that
-computes bf16 natively (AVX-512 BF16, AMX: 8 texts decode ~5 % faster than in float32); exact float32 otherwise (on
-AVX2 CPUs bf16 is emulated: 1.7x float32's time; benchmarks/bench_audio_dtype.py), unless decode_dtype says.
+audio decode (Decoder + Vocos) runs bfloat16 under autocast on CUDA, or with a bf16 / int8 / int4 GPT on a CPU where
+our C++ kernels run: bf16 arithmetic where the CPU computes bf16 natively (AVX-512 BF16, AMX), elsewhere (AVX2, NEON)
+bf16 weights in fp32 arithmetic (audio/cpu_panels.py: waveform SNR ~35 dB against float32, 1.05-1.6x its speed;
+autocast's emulated bf16 would be 1.7x slower than float32: benchmarks/bench_audio_dtype.py); exact float32
+otherwise, unless decode_dtype says.
 """
 from __future__ import annotations
 
@@ -57,8 +59,8 @@ class Precision:
                cpu_bf16: bool = False) -> Precision:
         """The precision of these choices; a ValueError naming the field for a choice that cannot be.
 
-        cpu_kernels (whether our C++ CPU kernels run here) is read by dtype "auto" only, which needs it; cpu_bf16
-        (whether this CPU computes bf16 natively) by the audio decode's default on CPU."""
+        cpu_kernels (whether our C++ CPU kernels run here) is read by dtype "auto", which needs it, and with cpu_bf16
+        (whether this CPU computes bf16 natively) by the audio decode's default on CPU (bf16 where either holds)."""
         on = torch.device(device).type
         if dtype == "auto" and cpu_kernels is None:
             raise ValueError("dtype: 'auto' is resolved where the kernels are known: Precision.decide(dtype='auto', "
@@ -73,7 +75,7 @@ class Precision:
             dtype=name, weights=weights, packing=packing,
             kv_cache=_kv_cache(kv_cache_dtype, name, weights, str(device), backend),
             activations=torch.float32 if on == "cpu" else weights,
-            audio=_audio(decode_dtype, name, on, cpu_bf16),
+            audio=_audio(decode_dtype, name, on, bool(cpu_bf16 or cpu_kernels)),
         )
 
     @property
@@ -117,9 +119,9 @@ def _kv_cache(choice: str, dtype: str, weights: torch.dtype, device: str, backen
     return torch.int8
 
 
-def _audio(choice: str | None, dtype: str, device_type: str, cpu_bf16: bool) -> torch.dtype | None:
-    if choice is None:
-        native = device_type == "cuda" or (device_type == "cpu" and cpu_bf16 and dtype in REDUCED)
+def _audio(choice: str | None, dtype: str, device_type: str, cpu_path: bool) -> torch.dtype | None:
+    if choice is None:  # cpu_path: a C++ bf16 audio path runs on this CPU (audio/cpu_decode.path())
+        native = device_type == "cuda" or (device_type == "cpu" and cpu_path and dtype in REDUCED)
         choice = "bfloat16" if native else "float32"
     if choice not in DECODE_DTYPES:
         raise ValueError(f"decode_dtype: must be 'bfloat16', 'float32' or None, got {choice!r}")

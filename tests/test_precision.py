@@ -12,7 +12,7 @@ BF16, F16, F32, I8 = torch.bfloat16, torch.float16, torch.float32, torch.int8
 # (device, dtype, kv_cache_dtype) -> (weights, packing, kv_cache, activations, audio decode by default)
 DECISIONS = [
     ("cpu", "float32", "auto", F32, None, F32, F32, None),
-    ("cpu", "bfloat16", "auto", BF16, "bfloat16", BF16, F32, None),  # audio: bf16 only where the CPU has it natively
+    ("cpu", "bfloat16", "auto", BF16, "bfloat16", BF16, F32, None),  # audio: bf16 only where a C++ path runs
     ("cpu", "bfloat16", "int8", BF16, "bfloat16", I8, F32, None),
     ("cpu", "float16", "auto", F16, "float16", F16, F32, None),
     ("cpu", "int8", "auto", BF16, "int8", BF16, F32, None),
@@ -43,10 +43,11 @@ def test_decode_dtype_overrides_the_audio_default(device: str, dtype: str) -> No
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "int8", "int4"])
-def test_a_cpu_with_native_bf16_decodes_audio_in_bf16_with_a_reduced_gpt(dtype: str) -> None:
-    audio = Precision.decide(dtype, device="cpu", cpu_bf16=True).audio
-    assert audio == (BF16 if dtype in ("bfloat16", "int8", "int4") else None)
-    assert Precision.decide(dtype, device="cpu", cpu_bf16=False).audio is None  # AVX2, NEON: exact float32
+def test_a_cpu_with_a_bf16_audio_path_decodes_audio_in_bf16_with_a_reduced_gpt(dtype: str) -> None:
+    reduced = BF16 if dtype in ("bfloat16", "int8", "int4") else None
+    assert Precision.decide(dtype, device="cpu", cpu_bf16=True).audio == reduced  # bf16 arithmetic
+    assert Precision.decide(dtype, device="cpu", cpu_kernels=True).audio == reduced  # AVX2, NEON: bf16 weights
+    assert Precision.decide(dtype, device="cpu", cpu_kernels=False).audio is None  # no C++ path: exact float32
     assert Precision.decide(dtype, device="cuda", cpu_bf16=False).audio == BF16
 
 

@@ -10,7 +10,8 @@ Batch invariance: each row runs alone, a pass of its own shape, so its bits neve
 its kernels from the shape); within a pass the C++ op computes every frame from its own window in one fixed order.
 Numbers: bf16 products and activations, float32 sums, norms, residuals and iSTFT; the same precision as autocast's
 bf16 path (tests/audio/test_cpu_decode.py bounds the difference to float32), about 2x faster (benchmarks/
-bench_audio_dtype.py --parts). `available()` says whether it runs here (the C++ kernels and oneDNN bf16).
+bench_audio_dtype.py --parts). `path()` says which bf16 path runs here: this one where the CPU computes bf16
+natively, audio/cpu_panels.py (16-bit weights, fp32 arithmetic, rows batched) on other CPUs with our kernels.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from chattts_velocity.audio import cpu_panels
 from chattts_velocity.audio.convnext import ConvNeXtBlock, ConvNeXtStack
 from chattts_velocity.audio.dvae import DVAE, Decoder
 from chattts_velocity.audio.vocos import Vocos
@@ -29,15 +31,35 @@ from chattts_velocity.model import kernels
 
 
 def runs(device: torch.device, dtype: torch.dtype | None) -> bool:
-    """Whether a decode in dtype on device takes this path: bf16 on a CPU where it is available()."""
+    """Whether a decode in dtype on device takes a C++ path: bf16 on a CPU where it is available()."""
     return device.type == "cpu" and dtype == torch.bfloat16 and available()
 
 
 def available() -> bool:
-    """Whether this process can run the bf16 channels-last path (the C++ kernels loaded, oneDNN with bf16)."""
-    return (torch.backends.mkldnn.is_available()  # type: ignore[no-untyped-call]  # unannotated in torch
-            and torch.ops.mkldnn._is_mkldnn_bf16_supported()
-            and kernels.isa() is not None and kernels.load())
+    """Whether this process runs bf16 decodes on a C++ path (path() is not None)."""
+    return path() is not None
+
+
+def path() -> str | None:
+    """The bf16 decode's path here: "onednn" (this module: bf16 arithmetic, where the CPU computes bf16 natively and
+    oneDNN has bf16), "panels" (audio/cpu_panels.py: 16-bit weights in fp32 arithmetic, every other CPU our kernels
+    run on, AVX2 among them), None without the C++ kernels."""
+    if kernels.isa() is None or not kernels.load():
+        return None
+    native = (kernels.native_bf16() and torch.backends.mkldnn.is_available()  # type: ignore[no-untyped-call]
+              and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    return "onednn" if native else "panels"
+
+
+def decode(model: Decoder | DVAE, vocos: Vocos, rows: list[torch.Tensor],
+           crop: tuple[int, int] | None = None) -> list[torch.Tensor]:
+    """Rows [T_i, C] (T_i >= 1) of hidden states (Decoder) or codes (DVAE) -> waveforms float32; crop: the mel
+    frames [a, b) of each row that Vocos reads (a stream's window), else all. On the panels path every row's frames
+    go through each linear at once; on oneDNN each row runs alone (its kernels depend on the shape)."""
+    a, b = crop or (0, None)
+    if path() == "panels":
+        return cpu_panels.wavs(vocos, [mel[a:b] for mel in cpu_panels.mels(model, rows)])
+    return [vocos_wav(vocos, mel_frames(model, row)[a:b]) for row in rows]
 
 
 @dataclass(frozen=True)

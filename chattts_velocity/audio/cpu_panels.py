@@ -116,7 +116,8 @@ class PanelStack:
     def of(cls, stack: ConvNeXtStack, out_conv: nn.Conv1d, coef: torch.Tensor) -> PanelStack:
         conv0, conv1 = stack.conv_in[0], stack.conv_in[2]
         assert isinstance(conv0, nn.Conv1d) and isinstance(conv1, nn.Conv1d)
-        return cls((PanelLinear.of_conv(conv0), PanelLinear.of_conv(conv1)), (conv0.kernel_size[0], conv1.kernel_size[0]),
+        return cls((PanelLinear.of_conv(conv0), PanelLinear.of_conv(conv1)),
+                   (conv0.kernel_size[0], conv1.kernel_size[0]),
                    tuple(PanelBlock.of(b) for b in stack.decoder_block),  # type: ignore[arg-type]  # ModuleList
                    PanelLinear.of_conv(stack.conv_out), PanelLinear.of_conv(out_conv), out_conv.kernel_size[0],
                    coef.detach().float().reshape(-1))
@@ -204,7 +205,7 @@ def mels(model: Decoder | DVAE, rows: list[torch.Tensor]) -> list[torch.Tensor]:
         with torch.autocast("cpu", enabled=False):
             frames = torch.cat([f.reshape(2 * f.shape[0], f.shape[1] // 2) for f in feats])  # step t -> 2t, 2t + 1
             offsets = offsets_of([2 * f.shape[0] for f in feats])
-            return list(_stack(model)(frames, offsets).split([2 * f.shape[0] for f in feats]))
+            return list(torch.split(_stack(model)(frames, offsets), [2 * f.shape[0] for f in feats]))
 
 
 def wavs(vocos: Vocos, mel_rows: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -213,7 +214,7 @@ def wavs(vocos: Vocos, mel_rows: list[torch.Tensor]) -> list[torch.Tensor]:
         lengths = [m.shape[0] for m in mel_rows]
         out = _vocos(vocos)(torch.cat(mel_rows).float().contiguous(), offsets_of(lengths))  # [sum F, n_fft + 2]
         result = []
-        for part in out.split(lengths):
+        for part in torch.split(out, lengths):
             spec = vocos.head.polar(part.T[None])  # [1, n_fft // 2 + 1, F] complex
             result.append(vocos.head.istft(spec)[0])
         return result

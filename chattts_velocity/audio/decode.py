@@ -4,8 +4,9 @@ Every row runs its own Decoder + Vocos pass, of its own shape: exactly (2*T_i - 
 whatever other rows are decoded with it (oneDNN and BLAS choose their convolution and GEMM kernels, and so their
 summation order, from the batch's shape; upstream's one padded batch also changes a shorter row's last ~100
 frames). The cost of giving up the shared batch is in docs/fidelity.md.
-`dtype=torch.bfloat16` runs bf16 products with float32 sums: on a CPU with oneDNN bf16 and the C++ kernels the
-channels-last path of audio/cpu_decode.py, elsewhere the modules under autocast (the iSTFT and the output stay
+`dtype=torch.bfloat16` runs bf16 products with float32 sums: on a CPU with the C++ kernels audio/cpu_decode.py's
+paths (oneDNN bf16 where the CPU computes bf16, else 16-bit weights in fp32 arithmetic, every row's frames in one
+batch-invariant pass), elsewhere the modules under autocast (the iSTFT and the output stay
 float32); the default None is the exact float32 path. Everything stays on
 the modules' device until the final waveforms, copied to the host once per batch.
 """
@@ -65,8 +66,8 @@ def _decode_rows(
         raise ValueError(f"rows: every item must have the same channel count, got {sorted(widths)}")
     device = mel_model.coef.device
     if cpu_decode.runs(device, dtype) and vocos.head.istft.window.device == device:
-        wavs = [cpu_decode.vocos_wav(vocos, cpu_decode.mel_frames(mel_model, r)) if r.shape[0] else None
-                for r in rows]
+        decoded = iter(cpu_decode.decode(mel_model, vocos, [r for r in rows if r.shape[0]]))
+        wavs = [next(decoded) if r.shape[0] else None for r in rows]
     else:
         with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype not in (None, torch.float32)):
             wavs = [_decode_alone(mel_model, vocos, r) if r.shape[0] else None for r in rows]

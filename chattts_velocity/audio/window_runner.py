@@ -60,9 +60,9 @@ def autocast_dtype(device: torch.device) -> torch.dtype | None:
 def decode_batch(mel_model: Decoder | DVAE, vocos: Vocos, shape: WindowShape,
                  batch: torch.Tensor) -> torch.Tensor:  # [B, C, W] -> [B, s1 - s0] float32
     (a, b), (s0, s1) = shape.crop, shape.keep
-    if cpu_decode.runs(mel_model.coef.device, autocast_dtype(mel_model.coef.device)):  # each window alone
-        mels = [cpu_decode.mel_frames(mel_model, rows.T) for rows in batch]  # [2 W, n_mels] each
-        return torch.stack([cpu_decode.vocos_wav(vocos, mel[a:b])[s0:s1] for mel in mels])
+    if cpu_decode.runs(mel_model.coef.device, autocast_dtype(mel_model.coef.device)):  # batch-invariant C++ paths
+        return torch.stack([wav[s0:s1] for wav in cpu_decode.decode(mel_model, vocos, list(batch.transpose(1, 2)),
+                                                                    (a, b))])
     mel = mel_model(batch)  # [B, n_mels, 2 W]
     wav: torch.Tensor = vocos(mel[:, :, a:b])
     return wav.float()[:, s0:s1]
