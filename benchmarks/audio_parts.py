@@ -115,14 +115,19 @@ def infer_shares(chat: Any, texts: int, steps: int) -> dict:
 
 
 def parts_table(report: dict) -> str:
-    """Markdown: Decoder + Vocos process CPU seconds per variant and row count (render_docs.py)."""
+    """Markdown: Decoder + Vocos process CPU seconds per variant and row count, the bf16 path's speed-ups and its
+    waveform's SNR against float32 (render_docs.py)."""
     decode = report["decode"]
-    lines = [f"| rows of {decode['mel_frames']} mel frames | bf16 channels-last | bf16 autocast (before) | float32 "
-             "| speed-up | bf16 channels-last GFLOP per CPU-s |", "|---|---|---|---|---|---|"]
+    path = {"onednn": "oneDNN bf16", "panels": "bf16 weights, fp32 arithmetic"}.get(decode.get("bf16_path", "onednn"))
+    lines = [f"| rows of {decode['mel_frames']} mel frames | bf16 C++ path ({path}) | bf16 autocast (before) | float32 "
+             "| vs autocast | vs float32 | SNR vs float32 | bf16 C++ path GFLOP per CPU-s |",
+             "|---|---|---|---|---|---|---|---|"]
     for count, row in ((k, v) for k, v in decode.items() if isinstance(v, dict)):
         cpu = row["cpu_s"]
+        snr = f"{row['snr_db_vs_float32']:.1f} dB" if "snr_db_vs_float32" in row else "not measured"
         lines.append(f"| {count} | {cpu['bf16_channels_last']:.3f} s | {cpu['bf16_autocast']:.3f} s | "
                      f"{cpu['float32']:.3f} s | {row['speedup_vs_autocast']:.2f}x | "
+                     f"{cpu['float32'] / cpu['bf16_channels_last']:.2f}x | {snr} | "
                      f"{row['gflop_per_cpu_s']['bf16_channels_last']:.0f} |")
     return "\n".join(lines) + "\n"
 

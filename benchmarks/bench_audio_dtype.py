@@ -6,10 +6,13 @@ only where the CPU computes it natively: docs/performance.md).
     CHATTTS_VELOCITY_CPU_KERNELS=avx2 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 \\
         python benchmarks/bench_audio_dtype.py --model .pytest-assets/full --texts 3 --name x86-avx2-emulated
     python benchmarks/bench_audio_dtype.py --parts 1,64 --profile-texts 64 --name zen4-avx512bf16
+    CHATTTS_VELOCITY_CPU_KERNELS=avx2 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 \
+        python benchmarks/bench_audio_dtype.py --model random --parts 1,8 --threads 1 --name zen4-avx512bf16-as-avx2
 
---parts: Decoder + Vocos alone (bf16 channels-last against autocast's module path and float32) at those row
-counts, and with --profile-texts Chat.infer's stage shares before and after (benchmarks/audio_parts.py);
-written to audio_parts_<name>.json.
+--parts: Decoder + Vocos alone (the bf16 C++ path against autocast's module path and float32, and its waveform's SNR
+against float32) at those row counts, and with --profile-texts Chat.infer's stage shares before and after
+(benchmarks/audio_parts.py); written to audio_parts_<name>.json. --model random: full-size random audio weights made
+in the process (no asset folder).
 """
 from __future__ import annotations
 
@@ -44,6 +47,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--parts", default="", help="row counts for the audio-stage A/B (skips the dtype A/B)")
     parser.add_argument("--part-steps", type=int, default=64, help="GPT steps per row (2x mel frames)")
     parser.add_argument("--profile-texts", type=int, default=0, help="with --parts: Chat.infer's stage shares")
+    parser.add_argument("--note", default="", help="kept in the report, e.g. 'shared host, load 8-16 on 2 vCPUs'")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     if args.parts:
@@ -76,7 +80,7 @@ def parts(args: argparse.Namespace) -> dict:
     from benchmarks.lib.probe import cpu_identity
     from benchmarks.lib.public import load_chat
 
-    report: dict = {"host": cpu_identity(), "threads": args.threads,
+    report: dict = {"host": cpu_identity(), "note": args.note, "threads": args.threads,
                     "decode": decode_parts(args.model, [int(n) for n in args.parts.split(",")], args.part_steps,
                                            args.rounds)}
     if args.profile_texts:

@@ -10,8 +10,9 @@ to AVX2 by ONEDNN_MAX_CPU_ISA and ATEN_CPU_CAPABILITY, with this host's memory a
 flags, the kernel path in use, the host's own ceilings (streaming read GB/s and bf16 GEMM GFLOP/s on the
 benchmark's threads), the weight bytes a decode step reads per precision, the raw measurements (bf16, int8, int4;
 each with "stages": Chat.infer end to end at 1 and 64 texts split into GPT prefill, GPT decode, planning,
-Decoder, Vocos and the Python around them: lib/public.py's profile_infer) and every target as
-{"target", "measured", "met"}.
+Decoder, Vocos and the Python around them: lib/public.py's profile_infer), the audio decode's dtype per precision
+and its bf16 path ("audio": oneDNN bf16 or bf16 weights in fp32 arithmetic, audio/cpu_decode.path()) and every
+target as {"target", "measured", "met"}.
 llama.cpp's ratios need the `bench` extra (bench_llamacpp.py); without it their targets are recorded as skipped
 with the reason.
 """
@@ -213,10 +214,13 @@ def run(args: argparse.Namespace) -> dict:
     plan = QUICK if args.quick else FULL
     torch.set_num_threads(args.threads)
     start = time.perf_counter()
+    from chattts_velocity.audio import cpu_decode
     from chattts_velocity.model import kernels
 
     chats = {dtype: load_chat(args.model, dtype, args.threads) for dtype in DTYPES}
     report = {"cpu": cpu_identity(), "kernel_path": kernels.kernel_path(), "emulated_isa": args.isa,
+              "audio": {dtype: chat.pipeline.precision.describe().rpartition("audio decode ")[2]
+                        for dtype, chat in chats.items()} | {"bf16_path": cpu_decode.path()},
               "torch": torch.__version__, "quick": args.quick, "model": args.model,
               "plan": plan, "thread_settings": thread_settings(), "probes": probes(args.threads, plan),
               "weight_bytes_per_step": weight_bytes_per_step(chats["bfloat16"].config)}

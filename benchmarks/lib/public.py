@@ -204,10 +204,12 @@ def attach(clock: StageClock, chat: Any) -> None:
     clock.wrap(source.model, "forward", "decoder")
     for name in ("forward", "decode_rows"):
         clock.wrap(source.vocos, name, "vocos")
-    from chattts_velocity.audio import cpu_decode  # the CPU's bf16 path calls no module forward
+    from chattts_velocity.audio import cpu_decode, cpu_panels  # the CPU's bf16 paths call no module forward
 
     clock.wrap(cpu_decode, "mel_frames", "decoder")
     clock.wrap(cpu_decode, "vocos_wav", "vocos")
+    clock.wrap(cpu_panels, "mels", "decoder")
+    clock.wrap(cpu_panels, "wavs", "vocos")
 
 
 def profile_infer(chat: Any, n: int, steps: int) -> dict:
