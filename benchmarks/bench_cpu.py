@@ -218,7 +218,7 @@ def run(args: argparse.Namespace) -> dict:
     from chattts_velocity.model import kernels
 
     chats = {dtype: load_chat(args.model, dtype, args.threads) for dtype in DTYPES}
-    report = {"cpu": cpu_identity(), "kernel_path": kernels.kernel_path(), "emulated_isa": args.isa,
+    report = {"cpu": cpu_identity(), "note": args.note, "kernel_path": kernels.kernel_path(), "emulated_isa": args.isa,
               "audio": {dtype: chat.pipeline.precision.describe().rpartition("audio decode ")[2]
                         for dtype, chat in chats.items()} | {"bf16_path": cpu_decode.path()},
               "torch": torch.__version__, "quick": args.quick, "model": args.model,
@@ -256,6 +256,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--isa", choices=["avx2"], help="emulate an AVX2-only host on a bigger x86 CPU (set before "
                                                         "torch loads)")
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "results"))
+    parser.add_argument("--note", default="", help="kept in the JSON, e.g. 'shared host, load 8-16 on 2 vCPUs'")
     args = parser.parse_args(argv)
     if args.isa:
         if "torch" in sys.modules:
