@@ -16,8 +16,9 @@ kernels on any x86 CPU with AVX2 + FMA, "noamx" the AVX-512 tiles on an AMX CPU,
 `ops()` (torch.ops.chattts_velocity_<isa>) is ready. It never raises: without a supported ISA, without g++, or
 with the switch at 0, callers keep torch's own kernels (PackedLinear warns once per precision, naming it and the
 reason). A build (one g++ process per source, all at once; MAX_JOBS caps them) takes about 60 CPU-seconds on a
-Zen 4 core (30-40 s on an idle 2-core host), announces its estimate for this host first (build.py, build_clock.py)
-and a line per finished source, and is cached per ISA, source, flags, torch and Python version in
+Zen 4 vCPU (so about 30 s on an idle 2-core host, an estimate), announces its estimate for this host first
+(build.py, build_clock.py) and a line per finished source, and is cached per ISA, source, flags, torch and Python
+version in
 $CHATTTS_VELOCITY_CACHE/kernels (default ~/.cache/chattts_velocity/kernels): once per install, not per process.
 cpu_audio_linear.cpp: the audio linears on bf16 weights in fp32 arithmetic where the CPU has no bf16 arithmetic
 (audio/cpu_panels.py).
