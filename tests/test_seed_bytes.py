@@ -1,7 +1,8 @@
 """The seed contract at the bytes of a WAV: one seeded text gives the same WAV bytes alone, among 8 and among 32 texts
 (Chat.infer), in float32 and bf16, on every CPU kernel ISA this host can force (CHATTTS_VELOCITY_CPU_KERNELS). The
 tiny checkpoint runs the torch backend (batch-invariant GEMM tiles and per-sequence attention) and the per-row audio
-decode; the full-size checkpoint (slow) runs the cpu backend in bf16 and int8, the torch backend in float32."""
+decode; the full-size checkpoint (slow) runs the cpu backend in bf16 and int8, the torch backend in float32; with the
+default audio decode of an int8 GPT (bf16 on the ISA's C++ path) too."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -38,10 +39,10 @@ def _target_bytes_among(chat: Chat, sizes: tuple[int, ...], steps: int) -> list[
     return out
 
 
-def _chat(assets: Path, dtype: str) -> Chat:
+def _chat(assets: Path, dtype: str, decode_dtype: str | None = "float32") -> Chat:
     chat = Chat()
     assert chat.load(source="custom", custom_path=assets, verify=False, dtype=dtype, use_vllm=True,
-                     decode_dtype="float32")
+                     decode_dtype=decode_dtype)
     return chat
 
 
@@ -56,6 +57,19 @@ def test_a_seeded_text_gives_the_same_wav_bytes_alone_among_8_and_again(tiny_ass
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_a_seeded_text_gives_the_same_wav_bytes_alone_among_8_and_among_32(tiny_assets: Path, dtype: str) -> None:
     alone, among8, among32 = _target_bytes_among(_chat(tiny_assets, dtype), (1, 8, 32), steps=16)
+    assert among8 == alone and among32 == alone
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("isa", FORCED_ISAS)
+def test_the_same_wav_bytes_with_the_default_audio_decode_on_every_forced_kernel_isa(
+        tiny_assets: Path, isa: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """int8 GPT, the audio decode's default there: bf16 on the ISA's C++ path (oneDNN bf16, or bf16 weights in fp32
+    arithmetic with the rows batched on AVX2)."""
+    _force(isa, monkeypatch)
+    chat = _chat(tiny_assets, "int8", decode_dtype=None)
+    assert "audio decode bfloat16" in chat.pipeline.precision.describe()
+    alone, among8, among32 = _target_bytes_among(chat, (1, 8, 32), steps=16)
     assert among8 == alone and among32 == alone
 
 
