@@ -63,7 +63,8 @@ def test_audio_linear_add_is_the_layer_scale_and_residual(panels_isa: str) -> No
     residual = torch.randn(9, 20, generator=g)
     linear = cpu_panels.PanelLinear.of(w, b)
     expected = residual + gamma * linear(x)
-    out = kernels.ops().audio_linear_add_(residual, x, linear.panels, linear.bias, cpu_panels._padded(gamma, 20))
+    padded_gamma = F.pad(gamma, (0, -20 % cpu_panels.PANEL))  # zero-padded to the panels, as the bias
+    out = kernels.ops().audio_linear_add_(residual, x, linear.panels, linear.bias, padded_gamma)
     assert out.data_ptr() == residual.data_ptr()
     torch.testing.assert_close(residual, expected, rtol=1e-6, atol=1e-6)
 
