@@ -16,7 +16,7 @@ Off CPU the activations are the weights' dtype. kv_cache_dtype "int8" (one fp32 
 the cpu backend with the bf16 / int8 / int4 precisions only. The heads and the sampler always run in float32. The
 audio decode (Decoder + Vocos) runs bfloat16 under autocast on CUDA, or with a bf16 / int8 / int4 GPT on a CPU where
 our C++ kernels run: bf16 arithmetic where the CPU computes bf16 natively (AVX-512 BF16, AMX), elsewhere (AVX2, NEON)
-bf16 weights in fp32 arithmetic (audio/cpu_panels.py: waveform SNR ~35 dB against float32, 1.05-1.6x its speed;
+bf16 weights in fp32 arithmetic (audio/cpu_panels.py: waveform SNR ~35 dB against float32, ~1.2-1.35x its speed;
 autocast's emulated bf16 would be 1.7x slower than float32: benchmarks/bench_audio_dtype.py); exact float32
 otherwise, unless decode_dtype says.
 """

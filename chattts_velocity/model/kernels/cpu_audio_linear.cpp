@@ -25,8 +25,9 @@ namespace {
 
 constexpr int64_t kPanel = 16;       // outputs per panel: one V16
 constexpr int kRows = 6;             // rows per pass: 6 x 2 accumulators, 2 weight vectors, 1 broadcast: 15 of 16 ymm
-constexpr int64_t kChunkRows = 40;   // rows of x per work item (kept in L2 while 4 panels pass over them)
+constexpr int64_t kChunkRows = 48;   // rows of x per work item, a multiple of kRows (in L2 while 4 panels pass)
 constexpr int64_t kChunkPanels = 4;  // panels per work item
+static_assert(kChunkRows % kRows == 0, "a chunk is whole passes of kRows rows");
 
 // 0.5 x (1 + erf(x / sqrt 2)) = 0.5 (x + |x|) - |x| q, q = 0.5 erfc(|x| / sqrt 2), erfc by Abramowitz and Stegun
 // 7.1.26 (absolute error <= 1.5e-7): the tail is computed directly, so no cancellation for negative x.
@@ -112,7 +113,14 @@ void run(const at::Tensor& x, const at::Tensor& panels, const at::Tensor& bias, 
         const uint16_t* panel = wp + p * K * kPanel;
         int64_t m = r0;
         for (; m + kRows <= r1; m += kRows) rows_times_panel<kRows>(xp, K, panel, m, p, e);
-        for (; m < r1; ++m) rows_times_panel<1>(xp, K, panel, m, p, e);
+        switch (r1 - m) {  // the last rows in one pass too (a row's chain of FMAs is the same at any R)
+          case 5: rows_times_panel<5>(xp, K, panel, m, p, e); break;
+          case 4: rows_times_panel<4>(xp, K, panel, m, p, e); break;
+          case 3: rows_times_panel<3>(xp, K, panel, m, p, e); break;
+          case 2: rows_times_panel<2>(xp, K, panel, m, p, e); break;
+          case 1: rows_times_panel<1>(xp, K, panel, m, p, e); break;
+          default: break;
+        }
       }
     }
   });
