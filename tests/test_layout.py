@@ -248,3 +248,12 @@ def test_engine_rooms_import_in_the_direction_the_data_flows() -> None:
             if target.startswith(ENGINE) and (target == ENGINE or target.split(".")[2] not in ENGINE_ROOMS[room]):
                 found.append(f"{module} -> {target}")
     assert found == []
+
+
+def test_no_test_file_name_repeats_across_test_folders() -> None:
+    """The test folders are not packages, so pytest imports each file by its base name: two `test_x.py` in two
+    folders make the second one a collection error."""
+    by_name: dict[str, list[str]] = {}
+    for path in (REPO / "tests").rglob("test_*.py"):
+        by_name.setdefault(path.name, []).append(str(path.relative_to(REPO)))
+    assert {name: sorted(paths) for name, paths in by_name.items() if len(paths) > 1} == {}
