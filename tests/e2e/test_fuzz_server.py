@@ -103,7 +103,7 @@ def test_the_server_is_whole_after_the_fuzzing(url: str) -> None:
                     json={"input": "A normal request.", "voice": "alloy", "response_format": "wav"})
     assert ok.status_code == 200 and ok.content[:4] == b"RIFF"
     assert httpx.get(url + "/health", timeout=30).json() == {"status": "ok"}
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 120  # a deadline for a hung test only: the blocks must come back, at any speed
     while True:
         lines = httpx.get(url + "/metrics", timeout=30).text.splitlines()
         used = next(float(line.split()[-1]) for line in lines if line.startswith("chattts_kv_cache_blocks_used "))

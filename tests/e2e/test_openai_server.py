@@ -107,7 +107,7 @@ def metric(server: Server, name: str, **labels: str) -> float:
     return sum(values)
 
 
-def wait_until(condition, timeout: float = 60.0) -> None:
+def wait_until(condition, timeout: float = 180.0) -> None:  # a deadline for a hung test only
     deadline = time.monotonic() + timeout
     while not condition():
         assert time.monotonic() < deadline, "condition not reached in time"

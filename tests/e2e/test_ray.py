@@ -56,7 +56,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_until(condition, timeout: float = 60.0, what: str = "condition") -> None:
+def wait_until(condition, timeout: float = 180.0, what: str = "condition") -> None:  # a hung test's deadline only
     deadline = time.monotonic() + timeout
     while not condition():
         assert time.monotonic() < deadline, f"{what} not reached in {timeout:.0f} s"
@@ -186,7 +186,7 @@ class TestServe:
             requests = SPEECH_METRICS["requests"].sample
             return set(re.findall(rf'^{requests}\{{replica="([^"]+)"\}} \d', text, re.MULTILINE))
 
-        wait_until(lambda: labelled() == names, timeout=60, what="both replicas on one /metrics page")
+        wait_until(lambda: labelled() == names, what="both replicas on one /metrics page")
         text = httpx.get(url + "/metrics", timeout=30).text
         assert text.count(f"# TYPE {SPEECH_METRICS['requests'].sample} counter") == 1  # one family, two samples
 

@@ -87,7 +87,7 @@ def test_refine_levels_change_the_refined_text(webui_page) -> None:
     assert len(set(refined.values())) == 2, refined
     page.locator("#refine input").uncheck()
     # levels only matter to the refine pass; the page disables them after a server round trip, so wait for it
-    page.wait_for_function("() => document.querySelector('#oral input[type=range]').disabled", timeout=10_000)
+    page.wait_for_function("() => document.querySelector('#oral input[type=range]').disabled")
     page.locator("#refine input").check()
 
 
@@ -121,7 +121,7 @@ def test_autoplay_follows_its_checkbox(webui_page) -> None:
     assert page.locator("#output-audio button[aria-label=Play]").count() == 1
     page.locator("#autoplay input").check()
     assert generate(page).startswith("audio:")
-    page.locator("#output-audio button[aria-label=Pause]").wait_for(timeout=10_000)  # playing
+    page.locator("#output-audio button[aria-label=Pause]").wait_for()  # playing (the page's 120 s deadline)
 
 
 def test_interrupt_is_enabled_only_while_generating(webui_page, webui_server) -> None:

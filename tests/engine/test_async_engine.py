@@ -38,7 +38,7 @@ async def collect(engine: AsyncLLMEngine, prompt: Prompt, params: SamplingParams
     return [delta async for delta in engine.generate(prompt, params)]
 
 
-async def wait_for(condition, timeout: float = 30.0) -> None:
+async def wait_for(condition, timeout: float = 120.0) -> None:  # a deadline for a hung test only
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline:

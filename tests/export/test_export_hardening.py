@@ -6,7 +6,6 @@ import shutil
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import numpy as np
@@ -38,7 +37,7 @@ def test_a_second_export_into_a_folder_in_use_refuses(tmp_path: Path) -> None:
     out = tmp_path / "out"
     holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from pathlib import Path; "
                                "from chattts_velocity.export.lock import lock_folder; lock_folder(Path(sys.argv[1])); "
-                               "print('locked', flush=True); time.sleep(60)", str(out)], stdout=subprocess.PIPE,
+                               "print('locked', flush=True); time.sleep(3600)", str(out)], stdout=subprocess.PIPE,
                               text=True)
     try:
         assert holder.stdout.readline().strip() == "locked"
@@ -57,7 +56,7 @@ def test_temp_names_are_unique_per_write(tmp_path: Path) -> None:
 
     def write(tmp: Path) -> None:
         seen.append(tmp.name)
-        started.wait(5)
+        started.wait(120)  # only so that a lost thread fails the test instead of hanging it
         tmp.write_bytes(b"x")
 
     threads = [threading.Thread(target=replace_atomically, args=(tmp_path / "a.wav", write)) for _ in range(2)]
@@ -92,16 +91,24 @@ def test_timestamps_asked_on_a_finished_export_or_deleted_are_written(chat: Chat
     assert statuses(export_lines(chat, tmp_path, out)) == ["skipped"] * 3  # without the option nothing is redone
 
 
-def test_an_unwritable_output_is_refused_before_any_work(tmp_path: Path) -> None:
+def test_an_unwritable_output_is_refused_before_any_work(tmp_path: Path, monkeypatch) -> None:
+    """Before any work: no line is named, hashed or given its voice (plan._fill, watched, is never called for the
+    refused folders, and is for a writable one, so the watch is on the path)."""
+    from chattts_velocity.export import plan as plan_module
+
     src = tmp_path / "lines.txt"
     src.write_text(LINES, encoding="utf-8")
     (tmp_path / "a file").write_text("not a folder")
-    started = time.monotonic()
+    filled: list[Path] = []
+    fill = plan_module._fill
+    monkeypatch.setattr(plan_module, "_fill", lambda plan, *a: filled.append(plan.out_dir) or fill(plan, *a))
     with pytest.raises(ValueError, match="^output_dir: .* is a file, not a folder"):
         plan_export(src, tmp_path / "a file", seed=1)
     with pytest.raises(ValueError, match="^output_dir: cannot create"):
         plan_export(src, tmp_path / "a file" / "sub", seed=1)
-    assert time.monotonic() - started < 5
+    assert filled == []
+    plan_export(src, tmp_path / "out", seed=1).release()
+    assert filled == [tmp_path / "out"]
 
 
 def test_the_cli_refuses_an_unwritable_output_without_loading_the_model(tmp_path: Path, monkeypatch) -> None:

@@ -30,7 +30,7 @@ def params() -> InferCodeParams:
     return InferCodeParams(manual_seed=5, max_new_token=12, min_new_token=12, show_tqdm=False)
 
 
-async def wait_for(done: Callable[[], bool], timeout: float = 30.0) -> None:
+async def wait_for(done: Callable[[], bool], timeout: float = 120.0) -> None:  # a deadline for a hung test only
     deadline = time.monotonic() + timeout
     while not done():
         assert time.monotonic() < deadline, "timed out"

@@ -21,17 +21,22 @@ from webui.handlers import Handlers  # noqa: E402 (after the importorskip above)
 from webui.library import LibraryHandlers  # noqa: E402 (after the importorskip above)
 from webui.voice_check import VoiceCheck  # noqa: E402 (after the importorskip above)
 
+HANG_S = 120.0  # a deadline that only stops a hung test: a run that is never stopped, a thread that never starts
+
 
 class WaitingPipeline(RecordingPipeline):
-    """The code pass runs until its run's stop flag is set (10 s at most); `started` is set when it begins."""
+    """The code pass runs until its run's stop flag is set (HANG_S at most, only so that a run nobody stops ends);
+    `started` is set when it begins, and `stop` is the run's flag."""
 
     def __init__(self) -> None:
         super().__init__()
         self.started = threading.Event()
+        self.stop = lambda: False
 
     def generate(self, requests, *, stop, **options):
+        self.stop = stop
         self.started.set()
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + HANG_S
         while not stop() and time.monotonic() < deadline:
             time.sleep(0.01)
         return super().generate(requests, **options)
@@ -51,13 +56,13 @@ def test_interrupt_stops_only_the_callers_run() -> None:
     result: list[str] = []
     run = threading.Thread(target=lambda: result.append(_last_stats(handlers, "visitor-a", refine=False)))
     run.start()
-    assert pipeline.started.wait(10)
+    assert pipeline.started.wait(HANG_S)
     handlers.interrupt("visitor-b")  # another visitor's button, or a call of the interrupt endpoint
     handlers.interrupt("")
-    run.join(0.5)
-    assert run.is_alive(), "another session's Interrupt stopped this run"
+    run.join(0.5)  # time for a wrongly stopped run to end; its stop flag says so whatever the host's speed
+    assert not pipeline.stop() and run.is_alive(), "another session's Interrupt stopped this run"
     handlers.interrupt("visitor-a")
-    run.join(10)
+    run.join(HANG_S)
     assert result and result[0].startswith("interrupted:")
 
 
