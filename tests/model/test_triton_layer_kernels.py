@@ -175,3 +175,30 @@ def test_decode_attention_is_batch_invariant_and_ignores_the_table_width(dtype):
     torch.testing.assert_close(full.float(), expected, **TOLERANCE[dtype])
     rows_are_batch_invariant(run, torch.arange(64))
     assert torch.equal(run(torch.tensor([3]), extra_columns=20), full[3:4])
+
+
+def test_split_programs_follow_the_rows_and_the_longest_context():
+    assert da.split_programs(1, 12, 32) == 32  # alone: every split of a 4096-position table has its program
+    assert da.split_programs(64, 12, 32) == 4 and da.split_programs(256, 12, 32) == 1
+    assert da.split_programs(1, 12, 32, max_context=600) == 8  # 5 splits of 128, bucketed to a power of two
+    assert da.split_programs(1, 12, 5) == 8 and da.split_programs(1, 12, 32, max_context=0) == 1
+
+
+def test_decode_attention_bits_do_not_depend_on_its_grid(monkeypatch):
+    # a row's bits alone (4 split programs) and among 64 (1 program looping over its splits) and with any
+    # max_context (even one below the true longest context: programs then loop over more splits)
+    monkeypatch.setattr(da, "PROGRAM_TARGET", 64)
+    q, k_pool, v_pool, tables, lens = decode_case(torch.float32, seed=5)
+    workspace = da.Workspace.allocate(64, HEADS, 200, HEAD_DIM, torch.device(DEVICE), split_len=32)
+
+    def run(idx, max_context=None):
+        return da.paged_decode_attention(q[idx], k_pool, v_pool, tables[idx], lens[idx], workspace, split_len=32,
+                                         max_context=max_context)
+
+    assert da.split_programs(64, HEADS, 4) == 1 and da.split_programs(1, HEADS, 4) == 4
+    full = run(torch.arange(64))
+    rows_are_batch_invariant(run, torch.arange(64))
+    for max_context in (1, 40, 100):
+        assert torch.equal(run(torch.arange(64), max_context), full), max_context
+        assert torch.equal(run(torch.tensor([3, 40]), max_context), full[[3, 40]]), max_context
+    assert not workspace.counters.any()

@@ -138,7 +138,8 @@ class TritonBackend:
             if generated is not None:  # their prefill-kernel results are replaced by the decode kernel's
                 rows, meta = generated
                 out[rows] = self.decode_attention.paged_decode_attention(
-                    q[rows], k_cache, v_cache, meta.block_tables, meta.context_lens, self.workspace, pdl=self.pdl)
+                    q[rows], k_cache, v_cache, meta.block_tables, meta.context_lens, self.workspace, pdl=self.pdl,
+                    max_context=max(step.k_lens))
             return out
 
         return self.layers(embeds, step.positions, step.slots, attend)
