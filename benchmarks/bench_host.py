@@ -17,7 +17,10 @@ inflate it far less than wall time):
 - launches_per_step[N] (the last tree only): the kernels one steady decode step of N sequences launches on a GPU, the
   captured graph's and the eager ones (chattts_velocity/devtools/launch_counter.py: Triton launches and aten ops
   that run a kernel), counted with the triton backend under the interpreter at ChatTTS's depth (20 layers, a small
-  width; Triton kernels counted, not run).
+  width; Triton kernels counted, not run);
+- cuda_calls_per_step[N] (the last tree only): the CUDA API calls the next steady step makes on a GPU, by kind
+  (graph replays, host-to-device and device-to-host copies, event records and synchronizes, launches outside the
+  graph, allocations) and their total (chattts_velocity/devtools/cuda_calls.py, counted the same way).
 
     python benchmarks/bench_host.py                          # this tree, triton backend
     python benchmarks/bench_host.py --trees OLD_CHECKOUT .   # two trees in one run, interleaved
@@ -237,6 +240,14 @@ for n in json.loads(sys.argv[2]):
         engine.step()
     assert engine.stats.num_steady_steps == steady + 1, "the counted step was not a steady decode step"
     out[str(n)] = {"count": launches.count, "triton": launches.triton, "ops": dict(launches.ops)}
+    try:  # the CUDA API calls of the next steady step (where the tree has the counter)
+        from chattts_velocity.devtools.cuda_calls import CudaCalls
+    except ImportError:
+        continue
+    with CudaCalls(skip_kernels=True) as calls:
+        engine.step()
+    assert engine.stats.num_steady_steps == steady + 2, "the step counted for CUDA calls was not a steady step"
+    out[str(n)]["cuda_calls"] = dict(calls.counts, total=calls.total)
 print(json.dumps(out))
 """
 
@@ -293,8 +304,11 @@ def main(argv: list[str] | None = None) -> None:
     rounds = {str(tree): results for tree, results in zip(trees, runs, strict=True)}
     summary = {tree: medians(r) for tree, r in rounds.items()}
     launches = {} if args.model_work else count_launches(trees[-1])
-    if launches:  # the last tree's: what one steady decode step launches on a GPU (graph + eager)
+    if launches:  # the last tree's: what one steady decode step launches on a GPU (graph + eager), its CUDA calls
         summary[str(trees[-1])]["launches_per_step"] = {n: v["count"] for n, v in launches.items()}
+        calls = {n: v["cuda_calls"] for n, v in launches.items() if "cuda_calls" in v}
+        if calls:
+            summary[str(trees[-1])]["cuda_calls_per_step"] = calls
     report = {"backend": args.backend, "model_work": args.model_work, "context": CONTEXT,
               "running_for_admission": 15 if args.model_work else RUNNING, "steps": args.steps,
               "trees": summary, "rounds": rounds, "launches": launches}

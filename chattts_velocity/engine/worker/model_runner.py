@@ -121,14 +121,15 @@ class ModelRunner:
         device), positions advance on the device, the sampler's inputs come from the batch's arrays; on the triton
         backend the whole step is one graph (engine/worker/backends/step_graph.py), the only path that runs a step ahead
         -> tokens [B, rows] and hidden [B, H] on the device."""
-        fresh = state.steps == 0 or self._positions is None or self._positions[0] is not state
-        ids = to_device(state.last_tokens, self.device) if fresh else state.last_tokens
         tables = self.block_tables.steady_rows(state, ahead)
         if self.step_graphs is not None and self.step_graphs.covers(len(state)):
-            tokens, last = self.step_graphs.run(state, self.sampler, ids, tables, ahead)
+            # the graph's buffers hold the last replay's tokens: the host's go up only when it takes a new batch
+            tokens, last = self.step_graphs.run(state, self.sampler, state.last_tokens, tables, ahead)
         elif ahead:
             raise RuntimeError("ModelRunner: a step ahead of the host runs only as a step graph")
         else:
+            fresh = state.steps == 0 or self._positions is None or self._positions[0] is not state
+            ids = to_device(state.last_tokens, self.device) if fresh else state.last_tokens
             # mypy silenced below: not fresh means a previous step of this batch left its positions
             positions = (to_device(torch.from_numpy(state.lengths - 1), self.device) if fresh
                          else self._positions[1] + 1)  # type: ignore[index]

@@ -24,6 +24,7 @@ from chattts_velocity.engine.worker.hidden_log import HiddenLog
 from chattts_velocity.engine.worker.sampling import logits_processors as lp
 from chattts_velocity.engine.worker.sampling.device_sampler import DeviceSampler
 from chattts_velocity.engine.worker.sampling.sampler import Sampler
+from chattts_velocity.engine.worker.step_inputs import to_device
 from chattts_velocity.model import DecodeMetadata, Embed
 from chattts_velocity.model.embed import BLAS_MIN_ROWS
 
@@ -151,15 +152,15 @@ class StepGraphs:
     def run(self, state: DecodeBatch, sampler: Sampler, ids: torch.Tensor, tables: torch.Tensor, ahead: int = 0,
             ) -> tuple[torch.Tensor, torch.Tensor]:
         """-> tokens [B, rows] (a view, valid until the next replay) and hidden [B, H] (a copy: a HiddenLog row).
-        ahead 1: the step after one whose tokens the host has not read (its ids are that step's tokens, already in
-        the buffer)."""
+        ids [B, rows] (host or device) are read only when the buffers take a new batch. ahead 1: the step after one
+        whose tokens the host has not read (its ids are that step's tokens, already in the buffer)."""
         num, size = len(state), bucket(len(state), self.sizes)
         if size is None:
             raise ValueError(f"StepGraphs.run: {num} sequences, more than the largest graph; see covers()")
         inputs = self._buffers(size, state)
         if self.filled.get(size) is not state:  # a new batch: its fixed parameters, tables and ids
             self._fill_fixed(inputs, state, sampler)
-            inputs.ids[:num].copy_(ids)
+            inputs.ids[:num].copy_(to_device(ids, self.device))
             inputs.tables[:num, : tables.shape[1]].copy_(tables)
             self.filled[size] = state
         elif len(state.grown):  # the ids are the last replay's tokens already
@@ -255,10 +256,10 @@ class StepGraphs:
 
 def steady_step(embed: Embed, layers: Callable[..., torch.Tensor], sampler: DeviceSampler, act_dtype: torch.dtype,
                 block_size: int, rows: int) -> StepFn:
-    """The device work of a steady decode step on StepInputs, device tensors only (what one graph captures), ten
+    """The device work of a steady decode step on StepInputs, device tensors only (what one graph captures), seven
     launches and five a layer: the embedding gather with the slots and context lengths (one kernel), the layers
-    (the final norm writing fp32), the code heads (one GEMM), the sampler's chain (a kernel, a sort, a softmax, a
-    kernel) and the draw (one kernel, which also writes the next step's ids)."""
+    (the final norm writing fp32), the code heads (one GEMM), temperature + penalty (one kernel) and top-p + top-k
+    with the draw (one kernel, which also writes the next step's ids)."""
     from chattts_velocity.model.kernels.triton import embedding  # imports triton: only when chosen
 
     def step(inputs: StepInputs) -> tuple[torch.Tensor, torch.Tensor]:
@@ -269,9 +270,9 @@ def steady_step(embed: Embed, layers: Callable[..., torch.Tensor], sampler: Devi
                                                          block_size, act_dtype, ring=(inputs.history, inputs.ring_cols))
         last = layers(embeds, positions, DecodeMetadata(slots, tables, context), out=inputs.hidden[:size])
         logits = embed.logits_rowwise(inputs.hidden, "code")[:size]  # [size, rows, V]
-        processed = sampler.chain(logits.reshape(-1, logits.shape[-1]), inputs.row_params(rows))
+        processed, top = sampler.draw_inputs(logits.reshape(-1, logits.shape[-1]), inputs.row_params(rows))
         tokens: torch.Tensor = sampler.ops.sample(processed, inputs.seeds, rows, inputs.mask_eos, inputs.eos_ids,
-                                                  ids_out=inputs.ids)  # the next step's embedding ids
+                                                  inputs.ids, **top)  # ids: the next step's embedding ids
         return tokens, last
 
     return step

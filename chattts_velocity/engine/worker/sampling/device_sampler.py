@@ -5,8 +5,8 @@ the device; the model runner's copy of them is the step's only device-to-host tr
 built on the host (Sampler.prepare, as for every backend) and sent with pinned, non-blocking copies; the chain is
 engine/worker/sampling/logits_processors.py's, in its order, through the ops of model/kernels/triton/sampling.py:
     temperature + penalty -> top-p + top-k -> custom processors -> EOS mask + softmax + Philox Exp(1) noise + argmax
-(a kernel, a sort, a softmax and a kernel, then one kernel for the draw; five launches a step without custom
-processors).
+Without custom processors, two kernels: temperature + penalty, then one for top-p + top-k (no sort) and the draw.
+With them, top-p + top-k is a kernel of its own before them (three launches and theirs).
 NOTE (noise): keyed by (seed, step) like Sampler's, so a request's tokens never depend on its batch; but it is
 Philox in Triton, not torch's CPU generator: the same distribution, a different stream (a seed's audio differs from
 the other backends'). Custom processors are user code: they may sync, and get their history with a blocking copy.
@@ -52,20 +52,22 @@ class DeviceSampler(Sampler):
                       else torch.from_numpy(bits.view(np.int64)))  # [S] int64, the seeds' bits
         device = logits.device
         params = batch.params
-        processed = self.chain(logits, params)
+        processed, top = self.draw_inputs(logits, params)
         return self.ops.sample(processed, to_device(host_seeds, device), params.rows_per_seq,
-                               to_device(params.mask_eos, device), self._send(params.eos_ids, device))
+                               to_device(params.mask_eos, device), self._send(params.eos_ids, device), **top)
 
     @torch.inference_mode()
     def warm_up(self, num_vq: int, audio_vocab: int, text_vocab: int, device: torch.device) -> None:
         """Sample once in code mode (num_vq rows of audio_vocab) and once in text mode (one row of text_vocab),
-        penalty and top-p/top-k on: every sampling kernel variant is compiled before the first request."""
+        penalty and top-p/top-k on, and run the chain alone (top-p + top-k as its own kernel, as with custom
+        processors): every sampling kernel variant is compiled before the first request."""
         for rows, vocab in ((num_vq, audio_vocab), (1, text_vocab)):
             params = lp.RowParams(rows, torch.ones(rows), torch.zeros(rows, dtype=torch.int64),
                                   torch.zeros(rows, dtype=torch.bool), torch.full((rows,), 1.05),
                                   torch.zeros(rows, 1, dtype=torch.int64), torch.full((rows,), 0.7),
                                   torch.full((rows,), 20, dtype=torch.int64))
             self.sample(torch.zeros(rows, vocab, device=device), SamplingBatch(params, [0]))
+            self.process(torch.zeros(rows, vocab, device=device), SamplingBatch(params, [0]))
 
     @torch.inference_mode()
     def process(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
@@ -77,18 +79,28 @@ class DeviceSampler(Sampler):
         return masked
 
     def chain(self, logits: torch.Tensor, params: lp.RowParams) -> torch.Tensor:
-        """The chain but the EOS mask (sample() applies it in its kernel, after the custom processors): logits [R, V]
-        (any float dtype; not modified) -> a processed fp32 copy [R, V]. Without custom processors, no host sync:
-        what a captured step runs."""
+        """The chain but the EOS mask (the draw applies it, after the custom processors): logits [R, V] (any float
+        dtype; not modified) -> a processed fp32 copy [R, V]."""
+        return self.draw_inputs(logits, params, defer_top=False)[0]
+
+    def draw_inputs(self, logits: torch.Tensor, params: lp.RowParams, defer_top: bool = True,
+                    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """(the chain's fp32 copy of logits [R, V], the top_p / top_k arguments left for the draw's kernel or {}).
+        top-p + top-k is deferred to the draw where asked and no custom processor needs its output. Without custom
+        processors, no host sync: what a captured step runs."""
         ops, device = self.ops, logits.device
         temperatures, history, penalties = _temperature_penalty_args(params)
         processed = ops.apply_temperature_and_penalty(
             logits, self._send(temperatures, device), to_device(history, device), self._send(penalties, device),
             out=torch.empty(logits.shape, dtype=torch.float32, device=device))
-        if params.top_p is not None or params.top_k is not None:
-            top_p, top_k = _top_p_top_k_args(params)
-            ops.apply_top_p_top_k(processed, self._send(top_p, device), self._send(top_k, device))
-        return lp.apply_custom(processed, params.custom, params.rows_per_seq, params.failures)
+        if params.top_p is None and params.top_k is None:
+            return lp.apply_custom(processed, params.custom, params.rows_per_seq, params.failures), {}
+        top_p, top_k = _top_p_top_k_args(params)
+        top = {"top_p": self._send(top_p, device), "top_k": self._send(top_k, device)}
+        if defer_top and not params.custom:
+            return processed, top
+        ops.apply_top_p_top_k(processed, top["top_p"], top["top_k"])
+        return lp.apply_custom(processed, params.custom, params.rows_per_seq, params.failures), {}
 
 
 def _temperature_penalty_args(params: lp.RowParams) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -46,9 +46,10 @@ def split_programs(rows: int, heads: int, table_splits: int, max_context: int | 
     """Programs per (sequence, head) of a launch: the largest power of two that keeps rows x heads x programs
     within PROGRAM_TARGET (at least 1), at most the power of two >= the table's splits, or >= the splits of
     `max_context` (the step's longest context, where the caller knows it)."""
-    wanted = table_splits if max_context is None else min(table_splits, max(1, triton.cdiv(max_context, split_len)))
+    wanted = table_splits if max_context is None else min(table_splits, max(1, -(-max_context // split_len)))
     by_rows = 1 << max(0, (PROGRAM_TARGET // max(1, rows * heads)).bit_length() - 1)  # a power of two <= the target
-    return max(1, min(by_rows, triton.next_power_of_2(max(1, wanted))))
+    bucket = 1 << max(0, wanted - 1).bit_length()  # the power of two >= wanted
+    return max(1, min(by_rows, bucket))
 
 
 class Workspace(NamedTuple):

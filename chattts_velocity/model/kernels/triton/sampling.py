@@ -4,11 +4,12 @@ Rows are (sequence, codebook) pairs, logits [R, V] fp32, per-row parameters [R],
 engine/worker/sampling/logits_processors.py, whose semantics these ops keep (HF top-p / top-k with 3 tokens kept, the
 reference's asymmetric penalty).
 The caller applies them in engine's sampling/sampler.py order: temperature + penalty (one kernel, which also makes
-the fp32 copy), top-p + top-k (a sort, torch's softmax of the sorted rows, one kernel), custom processors, then
-`sample`: EOS mask, softmax, noise and argmax in one kernel (`mask_eos` alone where the chain's output is wanted).
-The top-p cumulative sums are fp64, as torch's CPU cumsum; the draw's softmax is the kernel's own, so a row's token
-can differ from torch's softmax / noise / argmax only where two scores tie to the last bit, or where torch would pick
-a dropped column (probability 0 over noise 0 is NaN, which torch's argmax takes for the maximum; the kernel never).
+the fp32 copy), top-p + top-k (top_p_top_k.py: no sort), custom processors, then `sample`: EOS mask, softmax, noise
+and argmax in one kernel (`mask_eos` alone where the chain's output is wanted). Without custom processors `sample`
+also runs top-p + top-k (top_p / top_k given): the whole chain is two kernels. The draw's softmax is the kernel's
+own, so a row's token can differ from torch's softmax / noise / argmax only where two scores tie to the last bit, or
+where torch would pick a dropped column (probability 0 over noise 0 is NaN, which torch's argmax takes for the
+maximum; the kernel never).
 
 NOTE (noise): `sample` draws its Exp(1) noise with Philox in Triton, keyed by the request's step seed
 (engine's sampling/sampler.step_seed) and the element's index inside the request's [rows, V] block. Like the CPU path it
@@ -21,9 +22,18 @@ import torch
 import triton
 import triton.language as tl
 
-MIN_KEEP = 3  # tokens top-p and top-k always keep, as logits_processors
+from chattts_velocity.model.kernels.triton.top_p_top_k import (
+    COLUMN_BITS,
+    EAGER,
+    MIN_KEEP,
+    apply_top_p_top_k,
+    search_for,
+    top_p_top_k_cut,
+)
+
+__all__ = ["MIN_KEEP", "apply_temperature_and_penalty", "apply_top_p_top_k", "exponential_noise", "mask_eos",
+           "noise_seeds", "sample"]
 NOISE_BLOCK = 1024  # vocabulary entries per noise program
-EAGER = {"enable_fp_fusion": False}  # no fused multiply-adds, as torch's eager ops
 HISTORY_TILE = 16  # history ids per tile of the penalty (the default penalty window)
 FLOAT32_MAX = tl.constexpr(3.4028234663852886e38)  # torch.finfo(torch.float32).max
 
@@ -91,70 +101,45 @@ def _noise_kernel(seeds_ptr, out_ptr, num_rows, vocab, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _top_p_top_k_kernel(logits_ptr, ascending_ptr, order_ptr, probs_ptr, top_p_ptr, top_k_ptr, logits_stride,
-                        vocab, MIN_KEEP: tl.constexpr, BLOCK: tl.constexpr):
-    # one program per row over its stable ascending sort (values, their columns, their softmax): top-p drops the
-    # columns whose cumulative probability (summed in fp64, as torch's CPU cumsum) is <= 1 - top_p but the MIN_KEEP
-    # last; top-k then drops what lies below the survivor at column V - k. Two identical scans: the first finds
-    # that survivor, the second writes -inf into the logits at the dropped columns.
-    row = tl.program_id(0).to(tl.int64)
-    top_p = tl.load(top_p_ptr + row)
-    top_k = tl.load(top_k_ptr + row)
-    threshold = tl.where(top_p < 1.0, 1.0 - top_p, -1.0)  # top_p >= 1: no cumulative sum is <= -1
-    # top_k <= 0: no column is the k-th, which stays -inf and drops nothing
-    kth_col = tl.where(top_k > 0, vocab - tl.minimum(tl.maximum(top_k, MIN_KEEP), vocab), -1)
-    kth = tl.full([], float("-inf"), tl.float32)
-    for scan in tl.static_range(2):
-        carry = tl.zeros([1], dtype=tl.float64)
-        for start in range(0, vocab, BLOCK):
-            cols = start + tl.arange(0, BLOCK)
-            ok = cols < vocab
-            p = tl.load(probs_ptr + row * vocab + cols, mask=ok, other=0.0).to(tl.float64)
-            cumulative = tl.cumsum(p, 0)
-            below = (carry + cumulative).to(tl.float32) <= threshold
-            carry += tl.sum(p, 0)
-            drop = below & (cols < vocab - MIN_KEEP)
-            x = tl.load(ascending_ptr + row * vocab + cols, mask=ok, other=0.0)
-            if scan == 0:
-                hit = ok & (cols == kth_col)
-                kth = tl.maximum(kth, tl.max(tl.where(hit & ~drop, x, float("-inf")), 0))  # one tile hits
-            else:
-                drop = drop | (x < kth)
-                column = tl.load(order_ptr + row * vocab + cols, mask=ok, other=0)
-                tl.store(logits_ptr + row * logits_stride + column, float("-inf"), mask=ok & drop)
-
-
-@triton.jit
-def _sample_kernel(logits_ptr, seeds_ptr, mask_eos_ptr, eos_ids_ptr, tokens_ptr, ids_ptr, logits_stride, num_rows,
-                   vocab, WRITE_IDS: tl.constexpr, BLOCK: tl.constexpr):
-    # one program per row: EOS masked where asked, softmax, then argmax(p / E), E ~ Exp(1) (one multinomial draw),
-    # the first column on ties as torch's argmax
+def _sample_kernel(logits_ptr, seeds_ptr, mask_eos_ptr, eos_ids_ptr, top_p_ptr, top_k_ptr, tokens_ptr, ids_ptr,
+                   logits_stride, num_rows, vocab, WRITE_IDS: tl.constexpr, TOP: tl.constexpr, MIN_KEEP: tl.constexpr,
+                   COLUMN_BITS: tl.constexpr, PROBES: tl.constexpr, ROUNDS: tl.constexpr, TOP_BLOCK: tl.constexpr,
+                   ONE_TILE: tl.constexpr, BLOCK: tl.constexpr):
+    # one program per row: top-p + top-k where TOP, EOS masked where asked, softmax, then argmax(p / E),
+    # E ~ Exp(1) (one multinomial draw), the first column on ties as torch's argmax
     row = tl.program_id(0)
     row_ptr = logits_ptr + row.to(tl.int64) * logits_stride
     eos = tl.where(tl.load(mask_eos_ptr + row) != 0, tl.load(eos_ids_ptr + row), -1)
+    cut = tl.full([], -2**62, tl.int64)  # no key is <= cut, no value < kth: nothing dropped
+    kth = tl.full([], float("-inf"), tl.float32)
+    if TOP:
+        cut, kth = top_p_top_k_cut(row_ptr, vocab, tl.load(top_p_ptr + row), tl.load(top_k_ptr + row), MIN_KEEP,
+                                   COLUMN_BITS, PROBES, ROUNDS, TOP_BLOCK, ONE_TILE)
     peak = tl.full([], float("-inf"), tl.float32)
-    for start in range(0, vocab, BLOCK):
-        cols = start + tl.arange(0, BLOCK)
-        x = tl.load(row_ptr + cols, mask=cols < vocab, other=float("-inf"))
-        peak = tl.maximum(peak, tl.max(tl.where(cols == eos, float("-inf"), x), 0))
     total = tl.full([], 0.0, tl.float32)
-    for start in range(0, vocab, BLOCK):
-        cols = start + tl.arange(0, BLOCK)
-        x = tl.load(row_ptr + cols, mask=cols < vocab, other=float("-inf"))
-        total += tl.sum(tl.exp(tl.where(cols == eos, float("-inf"), x) - peak), 0)
     best, token = tl.full([], -1.0, tl.float32), tl.full([], 0, tl.int32)
-    for start in range(0, vocab, BLOCK):
-        cols = start + tl.arange(0, BLOCK)
-        x = tl.load(row_ptr + cols, mask=cols < vocab, other=float("-inf"))
-        p = tl.div_rn(tl.exp(tl.where(cols == eos, float("-inf"), x) - peak), total)
-        score = tl.div_rn(p, _exp_noise(seeds_ptr, row, cols, num_rows, vocab))
-        # the noise is 0 where u rounds to 1 (2^-24 of the draws): a column the chain dropped (p = 0) gets 0 / 0, NaN,
-        # and must not win (torch's argmax would pick it); p / 0 for a kept column is -inf (-log(1) = -0), as torch
-        score = tl.where((cols < vocab) & (score == score), score, -1.0)
-        tile_best = tl.max(score, 0)
-        tile_token = start + tl.argmax(score, 0, tie_break_left=True)
-        token = tl.where(tile_best > best, tile_token, token)
-        best = tl.maximum(tile_best, best)
+    for scan in tl.static_range(3):  # the peak, the sum, the draw: each reads the row once
+        for start in range(0, vocab, BLOCK):
+            cols = start + tl.arange(0, BLOCK)
+            x = tl.load(row_ptr + cols, mask=cols < vocab, other=float("-inf"))
+            bits = (x + 0.0).to(tl.int32, bitcast=True)  # top_p_top_k.dropped, inline (a call costs the interpreter)
+            keys = ((bits ^ ((bits >> 31) & 0x7FFFFFFF)).to(tl.int64) << COLUMN_BITS) + cols
+            x = tl.where((cols == eos) | (keys <= cut) | (x < kth), float("-inf"), x)
+            if scan == 0:
+                peak = tl.maximum(peak, tl.reduce(x, 0, tl.standard._elementwise_max))
+            elif scan == 1:
+                total += tl.reduce(tl.exp(x - peak), 0, tl.standard._sum_combine)
+            else:
+                p = tl.div_rn(tl.exp(x - peak), total)
+                score = tl.div_rn(p, _exp_noise(seeds_ptr, row, cols, num_rows, vocab))
+                # the noise is 0 where u rounds to 1 (2^-24 of the draws): a dropped column (p = 0) gets 0 / 0,
+                # NaN, and must not win (torch's argmax would pick it); p / 0 for a kept column is -inf
+                # (-log(1) = -0), as torch
+                score = tl.where((cols < vocab) & (score == score), score, -1.0)
+                tile_best = tl.max(score, 0)
+                tile_token = start + tl.argmax(score, 0, tie_break_left=True)
+                token = tl.where(tile_best > best, tile_token, token)
+                best = tl.maximum(tile_best, best)
     tl.store(tokens_ptr + row, token.to(tl.int64))
     if WRITE_IDS:
         tl.store(ids_ptr + row, token.to(tl.int64))
@@ -187,28 +172,6 @@ def apply_temperature_and_penalty(
     return out
 
 
-def apply_top_p_top_k(
-    logits: torch.Tensor, top_p: torch.Tensor, top_k: torch.Tensor, min_keep: int = MIN_KEEP
-) -> torch.Tensor:
-    """HF top-p then HF top-k over one stable ascending sort of logits [R, V] (modified in place and returned).
-
-    top_p [R] float (>= 1 = off), top_k [R] int (<= 0 = off). Top-p drops a prefix of the ascending order, so
-    after it the sorted row is still sorted, and the k-th largest survivor is at column V - k: one sort, no
-    host sync (logits_processors.apply_top_k reads max(k) on the host). Three launches: the sort, the softmax of
-    the sorted rows (torch's, so the cumulative sums are the CPU chain's) and one kernel for both masks.
-    """
-    rows, vocab = _check_logits(logits)
-    if top_p.shape != (rows,) or top_k.shape != (rows,):
-        raise ValueError(f"apply_top_p_top_k: top_p and top_k must be [{rows}], got "
-                         f"{tuple(top_p.shape)} and {tuple(top_k.shape)}")
-    ascending, order = torch.sort(logits, dim=-1, stable=True)
-    probs = ascending.softmax(dim=-1)
-    _top_p_top_k_kernel[(rows,)](logits, ascending, order, probs, top_p.float().contiguous(),
-                                 top_k.long().contiguous(), logits.stride(0), vocab, MIN_KEEP=min_keep,
-                                 BLOCK=min(2048, triton.next_power_of_2(vocab)), num_warps=4, **EAGER)
-    return logits
-
-
 def mask_eos(logits: torch.Tensor, rows: torch.Tensor, eos_ids: torch.Tensor) -> torch.Tensor:
     """logits[r, eos_ids[r]] = -inf where rows[r] (rows [R] bool, eos_ids [R] int); in place, no host sync."""
     num_rows, _ = _check_logits(logits)
@@ -238,10 +201,12 @@ def exponential_noise(seeds: torch.Tensor, num_rows: int, vocab: int) -> torch.T
 
 
 def sample(logits: torch.Tensor, seeds: torch.Tensor, num_rows: int, mask_eos: torch.Tensor | None = None,
-           eos_ids: torch.Tensor | None = None, ids_out: torch.Tensor | None = None) -> torch.Tensor:
+           eos_ids: torch.Tensor | None = None, ids_out: torch.Tensor | None = None,
+           top_p: torch.Tensor | None = None, top_k: torch.Tensor | None = None) -> torch.Tensor:
     """argmax(softmax(logits) / E), E ~ Exp(1) (one multinomial draw per row): logits [S*rows, V] -> [S, rows], in
-    one launch. With mask_eos [S*rows] (bool or int, nonzero = forbid) and eos_ids [S*rows], EOS is masked first
-    (as mask_eos). ids_out [S, rows] int64, if given, receives the tokens too."""
+    one launch; logits are not modified. With top_p [S*rows] float and top_k [S*rows] int, top-p + top-k first (as
+    apply_top_p_top_k). With mask_eos [S*rows] (bool or int, nonzero = forbid) and eos_ids [S*rows], EOS is masked
+    next (as mask_eos). ids_out [S, rows] int64, if given, receives the tokens too."""
     rows, vocab = _check_logits(logits)
     if rows != seeds.shape[0] * num_rows:
         raise ValueError(f"sample: logits need {seeds.shape[0]} * {num_rows} rows, got {rows}")
@@ -253,11 +218,20 @@ def sample(logits: torch.Tensor, seeds: torch.Tensor, num_rows: int, mask_eos: t
     elif mask_eos.shape != (rows,) or eos_ids.shape != (rows,):
         raise ValueError(f"sample: mask_eos and eos_ids must be [{rows}], got {tuple(mask_eos.shape)} and "
                          f"{tuple(eos_ids.shape)}")
+    top = (seeds, seeds)  # unread: no top-p / top-k
+    if top_p is not None and top_k is not None:
+        if top_p.shape != (rows,) or top_k.shape != (rows,):
+            raise ValueError(f"sample: top_p and top_k must be [{rows}], got {tuple(top_p.shape)} and "
+                             f"{tuple(top_k.shape)}")
+        top = (top_p.float().contiguous(), top_k.long().contiguous())
+    search = search_for(logits.device, vocab)
     tokens = torch.empty(seeds.shape[0], num_rows, dtype=torch.int64, device=logits.device)
-    _sample_kernel[(rows,)](logits, seeds, mask_eos.contiguous(), eos_ids.contiguous(), tokens,
+    _sample_kernel[(rows,)](logits, seeds, mask_eos.contiguous(), eos_ids.contiguous(), *top, tokens,
                             tokens if ids_out is None else ids_out, logits.stride(0), num_rows, vocab,
-                            WRITE_IDS=ids_out is not None, BLOCK=min(2048, triton.next_power_of_2(vocab)),
-                            num_warps=4, **EAGER)
+                            WRITE_IDS=ids_out is not None, TOP=top[0] is not seeds, MIN_KEEP=MIN_KEEP,
+                            COLUMN_BITS=COLUMN_BITS, PROBES=search["PROBES"], ROUNDS=search["ROUNDS"],
+                            TOP_BLOCK=search["BLOCK"], ONE_TILE=search["ONE_TILE"],
+                            BLOCK=min(2048, triton.next_power_of_2(vocab)), num_warps=4, **EAGER)
     return tokens
 
 
