@@ -3,6 +3,8 @@ short, on a CPU (the dry run the default suite runs).
 
 Steady decode is timed over engine.step() calls once every request has its first token and `warm` more steps
 (prefill and warm-up excluded, no profiler attached); end to end is submission to the last token, prefill included.
+Prompts have a TTS request's length (`prompt_rows`: 100 to 300 positions on a GPU), so with the warm-up the timed
+steps run at contexts of ~300 to ~600 positions (`steady_decode` reports the range it saw).
 """
 from __future__ import annotations
 
@@ -19,8 +21,11 @@ from chattts_velocity.engine.worker.step_inputs import PagedKV, StepTensors
 from chattts_velocity.schema import Prompt, SamplingParams
 
 OVERLAP_OPTIONS = ("async_scheduling", "overlap_scheduling", "overlap")  # the engine option, by any of its names
-PROMPT_ROWS = 20
+PROMPT_POSITIONS = (100, 300)  # a TTS request's prompt: text and speaker rows
 SAMPLE_RATE, HOP = 24_000, 256
+# HBM bandwidth by card name (TB/s); another card's is measured with a large device copy
+BANDWIDTH_TBS = {"H100 80GB HBM3": 3.35, "H100 SXM": 3.35, "H200": 4.8}
+GEMM_ROWS = (1, 16, 64, 256)
 
 
 def overlap_option() -> str | None:
@@ -34,22 +39,30 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def prompt(engine, i: int) -> Prompt:
-    ids = torch.full((PROMPT_ROWS, engine.config.num_vq), 7 + i % 50, dtype=torch.int64)
-    return Prompt(ids, torch.zeros(PROMPT_ROWS, dtype=torch.bool))
+def prompt_rows(i: int, positions: tuple[int, int] | None = None) -> int:
+    """Request i's prompt length: spread evenly over [low, high] (default PROMPT_POSITIONS, read at the call: the
+    dry run sets a tiny model's)."""
+    low, high = positions or PROMPT_POSITIONS
+    return low + (i * 37) % (high - low + 1)
+
+
+def prompt(engine, i: int, positions: tuple[int, int] | None = None) -> Prompt:
+    rows = prompt_rows(i, positions)
+    ids = torch.full((rows, engine.config.num_vq), 7 + i % 50, dtype=torch.int64)
+    return Prompt(ids, torch.zeros(rows, dtype=torch.bool))
 
 
 def forced(steps: int, seed: int, **kw) -> SamplingParams:
     return SamplingParams(max_new_token=steps, min_new_token=steps, seed=seed, **kw)
 
 
-def steady_decode(engine, n: int, warm: int, steps: int) -> dict:
-    """n forced requests at once: steady sequence-steps/s (timed steps only) and end to end (submission to finish)."""
+def steady_decode(engine, n: int, warm: int, steps: int, positions: tuple[int, int] | None = None) -> dict:
+    """n forced requests at once: steady sequence-steps/s (timed steps only) and end to end (submission to finish);
+    `contexts`: the shortest context when timing starts and the longest when it ends."""
     device = engine.runner.device
     total = warm + steps + 8  # requests admitted in an earlier prefill chunk are a few steps ahead
     start = time.perf_counter()
-    for i in range(n):
-        engine.add_request(f"steady{n}-{i}", prompt(engine, i), forced(total, i))
+    rids = [engine.add_request(f"steady{n}-{i}", prompt(engine, i, positions), forced(total, i)) for i in range(n)]
     started: set[str] = set()
     widest = 0
     while len(started) < n:  # prefill (maybe chunked) until every request has its first token
@@ -58,6 +71,7 @@ def steady_decode(engine, n: int, warm: int, steps: int) -> dict:
     for _ in range(warm):
         engine.step()
     sync(device)
+    first = _contexts(engine, rids)
     walls = []
     for _ in range(steps):
         t0 = time.perf_counter()
@@ -65,11 +79,27 @@ def steady_decode(engine, n: int, warm: int, steps: int) -> dict:
         walls.append(time.perf_counter() - t0)
         widest = max(widest, engine.stats.last_batch_size)
     sync(device)
+    last = _contexts(engine, rids)
     while engine.has_unfinished_requests():
         engine.step()
     end_to_end = time.perf_counter() - start
     return {"steady_steps_per_s": n * steps / sum(walls), "step_ms_median": 1e3 * statistics.median(walls),
-            "end_to_end_steps_per_s": n * total / end_to_end, "max_concurrent": widest}
+            "end_to_end_steps_per_s": n * total / end_to_end, "max_concurrent": widest,
+            "contexts": [min(first, default=0), max(last, default=0)]}
+
+
+def _contexts(engine, rids: list[str]) -> list[int]:
+    """The running sequences' lengths (positions), those of `rids` only."""
+    wanted = set(rids)
+    return [len(seq) for seq in engine.scheduler.running if seq.request_id in wanted]
+
+
+def drain(engine) -> None:
+    """Abort whatever a part left running or waiting (a part cut short by its time limit), then step until idle."""
+    for seq in [*engine.scheduler.running, *engine.scheduler.waiting]:
+        engine.abort_request(seq.request_id)
+    while engine.has_unfinished_requests():
+        engine.step()
 
 
 def paged_kv(runner) -> PagedKV:
@@ -158,14 +188,6 @@ def invariant_alone_vs_others(engine, others: int, steps: int) -> bool:
     return alone.shape == among.shape and bool(torch.equal(alone, among))
 
 
-def greedy_match(new_engine, old_engine, n: int, steps: int) -> float:
-    """Fraction of near-greedy codes (temperature 1e-5) that the new backend and the old one agree on."""
-    requests = {f"g{i}": (prompt(new_engine, i), forced(steps, i, temperature=1e-5)) for i in range(n)}
-    a, b = codes(new_engine, requests), codes(old_engine, requests)
-    same = sum(int((a[r] == b[r]).all(dim=1).sum()) for r in requests if a[r].shape == b[r].shape)
-    return same / sum(a[r].shape[0] for r in requests)
-
-
 def streaming_clients(engine, mel, n: int, steps: int) -> dict:
     """n clients streamed as the server streams them (StreamSet, default StreamOptions): aggregate seconds of audio
     per wall second and each client's time to first audio."""
@@ -194,3 +216,70 @@ def streaming_clients(engine, mel, n: int, steps: int) -> dict:
     return {"audio_s_per_s": sum(samples) / SAMPLE_RATE / wall, "ttfa_s": max(first.values()),
             "ttfa_median_s": statistics.median(first.values()), "wall_s": wall,
             "complete": all(s == (2 * steps - 1) * HOP for s in samples)}
+
+
+def bandwidth_tbs(device: torch.device) -> tuple[float, str]:
+    """The card's HBM bandwidth in TB/s and where it comes from: its name (H100 SXM 3.35, H200 4.8), else a
+    1 GiB device-to-device copy (read + write) timed with CUDA events; on a CPU the same copy in host memory."""
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else ""
+    for key, tbs in BANDWIDTH_TBS.items():
+        if key in name:
+            return tbs, f"card name ({name})"
+    src = torch.empty(1 << 30, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    ms = statistics.median(_timed(lambda: dst.copy_(src), device) for _ in range(5))
+    return 2 * src.numel() / (ms * 1e-3) / 1e12, "measured: 1 GiB device copy"
+
+
+def layer_gemms(device: torch.device, hidden: int = 768, inter: int = 3072, heads: int = 12, head_dim: int = 64):
+    """name -> (weight bytes, call(M) -> a callable running that layer GEMM at M rows, default tiles, bf16)."""
+    from chattts_velocity.model.kernels.triton import gemm, qkv
+
+    def w(n: int, k: int) -> torch.Tensor:
+        return torch.randn(n, k, device=device, dtype=torch.bfloat16) * 0.02
+
+    weights = {"qkv": w(3 * hidden, hidden), "o": w(hidden, hidden), "gate_up": w(2 * inter, hidden),
+               "down": w(hidden, inter)}
+    norm = torch.ones(hidden, device=device, dtype=torch.bfloat16)
+    pool = torch.zeros(64, 16, heads, head_dim, device=device, dtype=torch.bfloat16)
+    cos, sin = torch.ones(4096, head_dim, device=device), torch.zeros(4096, head_dim, device=device)
+
+    def call(name: str, m: int) -> Callable[[], object]:
+        weight = weights[name]
+        x = torch.randn(m, weight.shape[1], device=device, dtype=torch.bfloat16)
+        if name == "qkv":
+            pos = torch.arange(m, device=device)
+            return lambda: qkv.norm_qkv_rope(x, norm, weight, pos, pos % (64 * 16), cos, sin, pool, pool, 1e-6)
+        if name == "gate_up":
+            return lambda: gemm.norm_gate_up(x, norm, weight, 1e-6)
+        residual = torch.randn(m, weight.shape[0], device=device, dtype=torch.bfloat16)
+        return lambda: gemm.residual_linear(x, weight, residual)
+
+    return {name: t.numel() * t.element_size() for name, t in weights.items()}, call
+
+
+def gemm_tbs(device: torch.device, rows: tuple[int, ...] = GEMM_ROWS, repeats: int = 25,
+             shape: tuple[int, int, int, int] = (768, 3072, 12, 64)) -> dict:
+    """name -> {M: achieved TB/s} for each layer GEMM (shape: hidden, intermediate, heads, head_dim): its weight's
+    bytes over its median time (CUDA events, the weights read from HBM: a 256 MB write between runs flushes L2; on
+    a CPU, wall time)."""
+    sizes, call = layer_gemms(device, *shape)
+    flush = torch.empty(256 << 20 if device.type == "cuda" else 1 << 20, dtype=torch.uint8, device=device)
+    out: dict = {}
+    for name, nbytes in sizes.items():
+        out[name] = {}
+        for m in rows:
+            run = call(name, m)
+            run()  # compile
+            times = []
+            for _ in range(repeats):
+                flush.zero_()
+                times.append(_timed(run, device))
+            out[name][str(m)] = round(nbytes / (statistics.median(times) * 1e-3) / 1e12, 4)
+    return out
+
+
+def hbm_fraction(tbs: dict, bandwidth: float, m: int) -> float:
+    """The slowest layer GEMM's achieved fraction of the card's bandwidth at M rows."""
+    return round(min(per_m[str(m)] for per_m in tbs.values()) / bandwidth, 4)

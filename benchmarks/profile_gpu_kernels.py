@@ -1,15 +1,21 @@
 """Where a GPU decode step's device time goes, kernel by kernel, and what other GEMM tiles would give.
 
-1. `kernels`: a steady decode step of N sequences on the triton backend (bf16, random demo weights) under
-   torch.profiler: per kernel name, launches and microseconds per step (graph replays included), largest first.
+1. `kernels`: a steady decode step of N sequences on the triton backend (bf16, random demo weights, the default
+   max_model_len, prompts of 100-300 positions and 150 warm steps: contexts of ~300-450, as gpu_check.py's steady
+   decode) under torch.profiler: per kernel name, launches and microseconds per step (graph replays included),
+   largest first.
+1b. `gemm_tbs`: each layer GEMM alone (default tiles) at 1/16/64/256 rows, achieved TB/s (gpu_check_parts.gemm_tbs),
+   beside `bandwidth_tbs`, the card's.
 2. `tiles`: each fused GEMM kernel alone (the decode layer's q|k|v, o, gate|up and down in bf16, the code heads in
    fp32 as a step runs them) at M rows, median of triton.testing.do_bench (L2 flushed between runs, so the weights
    come from HBM as in a step) for tiles x split-K targets (split_k.splits_for's program target; 0: no split);
    `hbm_us` is the weight's bytes at the card's bandwidth. A tile and a split depend on the weight only, never on M
    (the batch-invariance rule), so one choice per kernel must serve every M.
 3. `attention`: the decode attention alone (12 heads of 64, bf16 pools of 16-position blocks) at 1/16/64 sequences
-   and contexts 100/500 for each split length (positions per split: a constant, so the split count depends on a
+   and contexts 300/600 for each split length (positions per split: a constant, so the split count depends on a
    sequence's own context only).
+Each part runs under its own time limit (PART_SECONDS, gpu_check.timed_part) and is saved as it ends; one that
+fails or runs out of time is recorded under `errors`.
 
     python benchmarks/profile_gpu_kernels.py --out benchmarks/results/profile_gpu_kernels.json
 """
@@ -27,6 +33,10 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from benchmarks import gpu_check_parts as parts  # noqa: E402 (needs REPO on sys.path)
+from benchmarks.gpu_check import timed_part  # noqa: E402
+
+PART_SECONDS = {"kernels": 40, "gemm": 15, "attention": 15, "tiles": 25}  # 95 s, inside gpu_check.sh's limit
+WARM_STEPS = 150  # decode steps before the profile: contexts from the prompts' 100-300 to ~250-450
 
 # (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages, maxnreg): gemm.HALF_TILE first, its neighbours, the former 16 x 16 tile
 TILES = [(64, 32, 64, 4, 4, 168), (64, 32, 64, 4, 3, 168), (64, 64, 64, 4, 4, 168), (64, 32, 128, 4, 3, 168),
@@ -39,9 +49,9 @@ def kernel_table(engine, n: int, steps: int) -> list[dict]:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    ids = [engine.add_request(f"prof{n}-{i}", parts.prompt(engine, i), parts.forced(steps + 16, i))
+    ids = [engine.add_request(f"prof{n}-{i}", parts.prompt(engine, i), parts.forced(WARM_STEPS + steps + 16, i))
            for i in range(n)]
-    for _ in range(6):
+    for _ in range(WARM_STEPS):
         engine.step()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -153,7 +163,7 @@ def attention_sweep(device) -> dict:
     for split_len in SPLIT_LENS:
         row = out[str(split_len)] = {}
         for batch in (1, 16, 64):
-            for context in (100, 500):
+            for context in (300, 600):
                 row[f"{batch}x{context}"] = _attention_us(da, device, batch, context, split_len)
     return out
 
@@ -164,45 +174,67 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="1,64")
     parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--bandwidth-tbs", type=float, default=4.8, help="the card's HBM bandwidth (H200: 4.8)")
+    parser.add_argument("--bandwidth-tbs", type=float, default=None,
+                        help="the card's HBM bandwidth (default: from its name, else measured)")
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "profile_gpu_kernels.json"))
     args = parser.parse_args()
-    report: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "kernels": {},
-                    "attention": None, "tiles": None, "seconds": {}}
+    device = torch.device("cuda")
+    report: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda,
+                    "kernels": {}, "gemm_tbs": None, "attention": None, "tiles": None, "errors": {}, "seconds": {}}
     out = Path(args.out)
     start = time.perf_counter()
+
+    def save(report: dict) -> None:
+        out.write_text(json.dumps(report, indent=1), encoding="utf-8")
+
     with torch.inference_mode():
+        import triton
+
         from chattts_velocity import load_pretrained
         from chattts_velocity.demo import ensure_model
 
+        report["triton"] = triton.__version__
+        if args.bandwidth_tbs:
+            report["bandwidth_tbs"], report["bandwidth_from"] = args.bandwidth_tbs, "--bandwidth-tbs"
+        else:
+            report["bandwidth_tbs"], report["bandwidth_from"] = parts.bandwidth_tbs(device)
         llm = load_pretrained(ensure_model("demo")[0], is_vllm=True, device="cuda", dtype="bfloat16",
-                              backend="triton", max_num_seqs=256, max_model_len=1024)
-        for n in (int(s) for s in args.sizes.split(",")):
-            try:
+                              backend="triton", max_num_seqs=256)
+        report["max_model_len"] = llm.engine.engine_config.max_model_len
+
+        def kernels() -> None:
+            for n in (int(s) for s in args.sizes.split(",")):
                 report["kernels"][str(n)] = kernel_table(llm.engine, n, args.steps)
-            except Exception as error:  # noqa: BLE001 -- keep the other figures
-                report["kernels"][str(n)] = f"{type(error).__name__}: {error}"
+
+        def gemms() -> None:
+            report["gemm_tbs"] = parts.gemm_tbs(device)
+
+        def attention() -> None:
+            report["attention"] = attention_sweep(device)
+
+        def tiles() -> None:
+            def partial(tiles: dict) -> None:
+                report["tiles"] = tiles
+                save(report)
+
+            report["tiles"] = tile_sweep(device, report["bandwidth_tbs"], partial)
+
+        timed_part(report, "kernels", kernels, PART_SECONDS["kernels"], save, lambda: parts.drain(llm.engine))
         llm.shutdown()
-        report["seconds"]["kernels"] = round(time.perf_counter() - start, 1)
-        out.write_text(json.dumps(report, indent=1), encoding="utf-8")
-        report["attention"] = attention_sweep(torch.device("cuda"))
-        out.write_text(json.dumps(report, indent=1), encoding="utf-8")
-
-        def save(tiles: dict) -> None:
-            report["tiles"] = tiles
-            out.write_text(json.dumps(report, indent=1), encoding="utf-8")
-
-        report["tiles"] = tile_sweep(torch.device("cuda"), args.bandwidth_tbs, save)
+        for name, fn in (("gemm", gemms), ("attention", attention), ("tiles", tiles)):
+            timed_part(report, name, fn, PART_SECONDS[name], save)
     report["seconds"]["total"] = round(time.perf_counter() - start, 1)
-    out.write_text(json.dumps(report, indent=1), encoding="utf-8")
+    save(report)
     for n, rows in report["kernels"].items():
         if isinstance(rows, str):
             print(f"n={n}: {rows}")
             continue
         print(f"n={n}: {sum(r['us_per_step'] for r in rows):.0f} us/step", *rows[:12], sep="\n  ")
-    for split_len, times in report["attention"].items():
+    for name, per_m in (report["gemm_tbs"] or {}).items():
+        print("gemm", name, "TB/s by rows:", per_m)
+    for split_len, times in (report["attention"] or {}).items():
         print("attention split", split_len, times)
-    for name, entry in report["tiles"].items():
+    for name, entry in (report["tiles"] or {}).items():
         print(name, entry["weight_mb"], "MB, HBM", entry["hbm_us"], "us; best at 1:", entry["best_at_1"],
               "best over M:", entry["best_sum"])
         for label, times in entry["tiles"].items():
