@@ -24,7 +24,7 @@ if available() is not None:
 
 from sort_top_p_reference import sorted_top_p_top_k
 
-from chattts_velocity.model.kernels.triton import sampling, top_p_top_k
+from chattts_velocity.model.kernels.triton import prefill_attention, sampling, top_p_top_k
 
 pytestmark = pytest.mark.triton
 DEVICE = "cuda" if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1" else "cpu"
@@ -45,14 +45,16 @@ def varied_rows(rows: int, vocab: int, seed: int) -> tuple[torch.Tensor, torch.T
     return logits.to(DEVICE), top_p.to(DEVICE), top_k.to(DEVICE)
 
 
-def test_search_constants_close_every_key_range():
-    for device in ("cpu", "cuda"):
-        search = top_p_top_k.search_for(torch.device(device), VOCAB)
+def test_search_constants_close_every_key_range(monkeypatch):
+    for interpreted in (True, False):  # 16 probes a round under the interpreter, a bisection on a GPU
+        monkeypatch.setattr(prefill_attention, "INTERPRETED", interpreted)
+        search = top_p_top_k.search_for(VOCAB)
+        assert search["PROBES"] == (16 if interpreted else 1)
         assert (search["PROBES"] + 1) ** search["ROUNDS"] > 2 ** top_p_top_k.KEY_BITS
         assert search["ONE_TILE"] and search["BLOCK"] == 1024
-    assert not top_p_top_k.search_for(torch.device("cpu"), 21178)["ONE_TILE"]  # the text rows: tiles
+    assert not top_p_top_k.search_for(21178)["ONE_TILE"]  # the text rows: tiles
     with pytest.raises(ValueError, match="vocab"):
-        top_p_top_k.search_for(torch.device("cpu"), 1 << 17)
+        top_p_top_k.search_for(1 << 17)
 
 
 def test_masks_equal_the_sort_and_the_cpu_chain():

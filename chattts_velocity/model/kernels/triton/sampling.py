@@ -224,7 +224,7 @@ def sample(logits: torch.Tensor, seeds: torch.Tensor, num_rows: int, mask_eos: t
             raise ValueError(f"sample: top_p and top_k must be [{rows}], got {tuple(top_p.shape)} and "
                              f"{tuple(top_k.shape)}")
         top = (top_p.float().contiguous(), top_k.long().contiguous())
-    search = search_for(logits.device, vocab)
+    search = search_for(vocab)
     tokens = torch.empty(seeds.shape[0], num_rows, dtype=torch.int64, device=logits.device)
     _sample_kernel[(rows,)](logits, seeds, mask_eos.contiguous(), eos_ids.contiguous(), *top, tokens,
                             tokens if ids_out is None else ids_out, logits.stride(0), num_rows, vocab,

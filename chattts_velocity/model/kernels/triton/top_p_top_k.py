@@ -19,6 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
+from chattts_velocity.model.kernels.triton import prefill_attention
+
 MIN_KEEP = 3  # tokens top-p and top-k always keep, as logits_processors
 COLUMN_BITS = 16  # a key's low bits: vocabularies up to 65536 columns
 KEY_BITS = 32 + COLUMN_BITS + 1  # halvings that close any key range (signed 32-bit values x 2^COLUMN_BITS)
@@ -135,14 +137,15 @@ def _top_p_top_k_kernel(logits_ptr, top_p_ptr, top_k_ptr, logits_stride, vocab, 
         tl.store(row_ptr + cols, float("-inf"), mask=ok & dropped(x, cols, cut, kth, COLUMN_BITS))
 
 
-def search_for(device: torch.device, vocab: int) -> dict[str, int]:
-    """The search's constexprs for rows of `vocab` on `device`: BLOCK (columns a tile, a power of two <= TILE),
-    ONE_TILE, PROBES a round and ROUNDS: a bisection on a GPU (the fewest registers); 16 probes a round in Triton's
-    interpreter on a CPU (a quarter of the rounds, where each interpreted op costs the same)."""
+def search_for(vocab: int) -> dict[str, int]:
+    """The search's constexprs for rows of `vocab`: BLOCK (columns a tile, a power of two <= TILE), ONE_TILE,
+    PROBES a round and ROUNDS: a bisection on a GPU (the fewest registers); 16 probes a round in Triton's
+    interpreter (a quarter of the rounds, where each interpreted op costs the same). Whether kernels are
+    interpreted is prefill_attention.INTERPRETED (the compile check records GPU launches by clearing it)."""
     if not 1 <= vocab <= 1 << COLUMN_BITS:
         raise ValueError(f"vocab: top-p / top-k take 1 to {1 << COLUMN_BITS} columns, got {vocab}")
     block = min(TILE, triton.next_power_of_2(vocab))
-    probes = 16 if device.type == "cpu" else 1
+    probes = 16 if prefill_attention.INTERPRETED else 1
     halvings = (probes + 1).bit_length() - 1  # a round divides the range by probes + 1 >= 2 ** halvings
     return {"BLOCK": block, "ONE_TILE": vocab <= block, "PROBES": probes, "ROUNDS": -(-KEY_BITS // halvings) + 1}
 
@@ -160,5 +163,5 @@ def apply_top_p_top_k(
                          f"{tuple(top_p.shape)} and {tuple(top_k.shape)}")
     _top_p_top_k_kernel[(rows,)](logits, top_p.float().contiguous(), top_k.long().contiguous(), logits.stride(0),
                                  vocab, MIN_KEEP=min_keep, COLUMN_BITS=COLUMN_BITS,
-                                 **search_for(logits.device, vocab), num_warps=4, **EAGER)
+                                 **search_for(vocab), num_warps=4, **EAGER)
     return logits
