@@ -18,9 +18,9 @@ inflate it far less than wall time):
   captured graph's and the eager ones (chattts_velocity/devtools/launch_counter.py: Triton launches and aten ops
   that run a kernel), counted with the triton backend under the interpreter at ChatTTS's depth (20 layers, a small
   width; Triton kernels counted, not run);
-- cuda_calls_per_step[N] (the last tree only): the CUDA API calls the next steady step makes on a GPU, by kind
-  (graph replays, host-to-device and device-to-host copies, event records and synchronizes, launches outside the
-  graph, allocations) and their total (chattts_velocity/devtools/cuda_calls.py, counted the same way).
+- cuda_calls_per_step[N] (the last tree only): the CUDA API calls a steady step of the overlapped loop makes on a
+  GPU, by kind (graph replays, host-to-device and device-to-host copies, event records and synchronizes, launches
+  outside the graph, allocations) and their total (chattts_velocity/devtools/cuda_calls.py, counted the same way).
 
     python benchmarks/bench_host.py                          # this tree, triton backend
     python benchmarks/bench_host.py --trees OLD_CHECKOUT .   # two trees in one run, interleaved
@@ -240,16 +240,56 @@ for n in json.loads(sys.argv[2]):
         engine.step()
     assert engine.stats.num_steady_steps == steady + 1, "the counted step was not a steady decode step"
     out[str(n)] = {"count": launches.count, "triton": launches.triton, "ops": dict(launches.ops)}
-    try:  # the CUDA API calls of the next steady step (where the tree has the counter)
-        from chattts_velocity.devtools.cuda_calls import CudaCalls
-    except ImportError:
-        continue
-    with CudaCalls(skip_kernels=True) as calls:
-        engine.step()
-    assert engine.stats.num_steady_steps == steady + 2, "the step counted for CUDA calls was not a steady step"
-    out[str(n)]["cuda_calls"] = dict(calls.counts, total=calls.total)
 print(json.dumps(out))
 """
+
+
+CUDA_CALLS = r"""
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import torch
+torch.set_num_threads(1)
+from chattts_velocity.config import EngineConfig, ModelConfig
+from chattts_velocity.devtools.cuda_calls import CudaCalls
+from chattts_velocity.devtools.launch_counter import LaunchCounter
+from chattts_velocity.engine.llm_engine import LLMEngine
+from chattts_velocity.model import ChatTTSLlama, Embed
+from chattts_velocity.schema import Prompt, SamplingParams
+
+# the loop a GPU runs: steady steps a step ahead of the host (overlap on), 2 layers (the calls do not depend on depth)
+cfg = ModelConfig(hidden_size=128, intermediate_size=256, num_attention_heads=2, num_key_value_heads=2,
+                  num_hidden_layers=2, max_position_embeddings=512)
+out = {}
+for n in json.loads(sys.argv[2]):
+    engine = LLMEngine(ChatTTSLlama(cfg), Embed(cfg.hidden_size, cfg.num_audio_tokens, cfg.num_text_tokens, cfg.num_vq),
+                       cfg, EngineConfig(backend="triton", dtype="float32", max_num_seqs=n, max_model_len=64,
+                                         kv_cache_memory=1 << 26, overlap=True))
+    for i in range(n):
+        engine.add_request(None, Prompt(torch.full((4, cfg.num_vq), i % 500), torch.ones(4, dtype=torch.bool)),
+                           SamplingParams(max_new_token=9, min_new_token=9, seed=i))
+    with LaunchCounter(skip_kernels=True):
+        for _ in range(3):
+            engine.step()
+    steady = engine.stats.num_steady_steps
+    with CudaCalls(skip_kernels=True) as calls:
+        engine.step()
+    assert engine.stats.num_steady_steps == steady + 1, "the counted step was not a steady decode step"
+    out[str(n)] = dict(calls.counts, total=calls.total)
+print(json.dumps(out))
+"""
+
+
+def count_cuda_calls(tree: Path, sizes: tuple[int, ...] = (1, 64)) -> dict:
+    """The CUDA API calls of one steady decode step (overlapped loop) under the interpreter, by kind; {} for a tree
+    without devtools/cuda_calls.py."""
+    if not (tree / "chattts_velocity" / "devtools" / "cuda_calls.py").is_file():
+        return {}
+    env = {**os.environ, "PYTHONPATH": str(tree), "TRITON_INTERPRET": "1"}
+    done = subprocess.run([sys.executable, "-c", CUDA_CALLS, str(tree), json.dumps(sizes)], capture_output=True,
+                          text=True, timeout=1800, env=env, cwd=str(tree))
+    if done.returncode != 0:
+        raise RuntimeError(f"bench_host CUDA call count failed for {tree}:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def count_launches(tree: Path, sizes: tuple[int, ...] = (1, 64)) -> dict:
@@ -306,7 +346,7 @@ def main(argv: list[str] | None = None) -> None:
     launches = {} if args.model_work else count_launches(trees[-1])
     if launches:  # the last tree's: what one steady decode step launches on a GPU (graph + eager), its CUDA calls
         summary[str(trees[-1])]["launches_per_step"] = {n: v["count"] for n, v in launches.items()}
-        calls = {n: v["cuda_calls"] for n, v in launches.items() if "cuda_calls" in v}
+        calls = count_cuda_calls(trees[-1])
         if calls:
             summary[str(trees[-1])]["cuda_calls_per_step"] = calls
     report = {"backend": args.backend, "model_work": args.model_work, "context": CONTEXT,
