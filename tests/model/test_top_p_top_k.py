@@ -73,7 +73,10 @@ def test_masks_equal_the_sort_and_the_cpu_chain():
 def test_masks_of_rows_wider_than_a_tile():
     logits, top_p, top_k = varied_rows(12, 2500, seed=1)  # three tiles of 1024
     new = sampling.apply_top_p_top_k(logits.clone(), top_p, top_k)
-    assert torch.equal(new, sorted_top_p_top_k(logits.clone(), top_p, top_k))
+    old = sorted_top_p_top_k(logits.clone(), top_p, top_k)
+    assert torch.equal(new, old)
+    seeds = sampling.noise_seeds([step_seed(s, 3) for s in range(12)], DEVICE)  # a text row per sequence
+    assert torch.equal(sampling.sample(logits, seeds, 1, top_p=top_p, top_k=top_k), sampling.sample(old, seeds, 1))
 
 
 def test_the_fused_draw_gives_the_old_chains_tokens():
