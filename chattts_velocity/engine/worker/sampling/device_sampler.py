@@ -13,6 +13,8 @@ the other backends'). Custom processors are user code: they may sync, and get th
 """
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import torch
 
@@ -59,14 +61,17 @@ class DeviceSampler(Sampler):
     @torch.inference_mode()
     def warm_up(self, num_vq: int, audio_vocab: int, text_vocab: int, device: torch.device) -> None:
         """Sample once in code mode (num_vq rows of audio_vocab) and once in text mode (one row of text_vocab),
-        penalty and top-p/top-k on, and run the chain alone (top-p + top-k as its own kernel, as with custom
-        processors): every sampling kernel variant is compiled before the first request."""
+        penalty and top-p/top-k on, then off (the draw without them), and run the chain alone (top-p + top-k as its
+        own kernel, as with custom processors): every sampling kernel variant is compiled before the first
+        request."""
         for rows, vocab in ((num_vq, audio_vocab), (1, text_vocab)):
             params = lp.RowParams(rows, torch.ones(rows), torch.zeros(rows, dtype=torch.int64),
                                   torch.zeros(rows, dtype=torch.bool), torch.full((rows,), 1.05),
                                   torch.zeros(rows, 1, dtype=torch.int64), torch.full((rows,), 0.7),
                                   torch.full((rows,), 20, dtype=torch.int64))
-            self.sample(torch.zeros(rows, vocab, device=device), SamplingBatch(params, [0]))
+            plain = dataclasses.replace(params, top_p=None, top_k=None)
+            for each in (params, plain):
+                self.sample(torch.zeros(rows, vocab, device=device), SamplingBatch(each, [0]))
             self.process(torch.zeros(rows, vocab, device=device), SamplingBatch(params, [0]))
 
     @torch.inference_mode()
