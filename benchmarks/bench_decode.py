@@ -31,7 +31,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 STEPS_PER_TURN = 8
-KV_DTYPES = ("auto", "int8")  # EngineConfig.kv_cache_dtype; "auto" is the weights' bf16
+KV_DTYPES = ("auto", "int8")  # kv_cache_dtype; "auto" is the weights' bf16
 
 
 def alternate(turns: dict[str, Callable[[], None]], rounds: int,

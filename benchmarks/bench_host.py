@@ -72,8 +72,9 @@ pool = -(-positions // 16) * kv_cache_bytes_per_block(cfg.num_hidden_layers, 16,
                                                      torch.bfloat16)
 # the step loop a GPU runs: steady steps a step ahead of the host on the triton backend (where the tree has it)
 ahead = {"overlap": True} if backend == "triton" and "overlap" in EngineConfig.__dataclass_fields__ else {}
-engine_config = EngineConfig(backend=backend, dtype="bfloat16", max_num_seqs=max(sizes), max_num_batched_tokens=4096,
-                             max_model_len=4096, kv_cache_memory=pool, **ahead)
+engine_config = EngineConfig.from_kwargs(backend=backend, dtype="bfloat16", max_num_seqs=max(sizes),
+                                         max_num_batched_tokens=4096, max_model_len=4096, kv_cache_memory=pool,
+                                         **ahead)
 model = ChatTTSLlama(cfg)
 for weight in model.parameters():  # weights in bf16, RoPE tables (buffers) stay fp32, as load_gpt leaves them
     weight.data = weight.data.to(torch.bfloat16)
@@ -221,7 +222,8 @@ cfg = ModelConfig(hidden_size=128, intermediate_size=256, num_attention_heads=2,
 out = {}
 for n in json.loads(sys.argv[2]):
     engine = LLMEngine(ChatTTSLlama(cfg), Embed(cfg.hidden_size, cfg.num_audio_tokens, cfg.num_text_tokens, cfg.num_vq),
-                       cfg, EngineConfig(backend="triton", dtype="float32", max_num_seqs=n, max_model_len=64,
+                       cfg, EngineConfig.from_kwargs(backend="triton", dtype="float32", max_num_seqs=n,
+                                                max_model_len=64,
                                          kv_cache_memory=1 << 26))
     for i in range(n):
         ids = torch.full((4, cfg.num_vq), i % 500)

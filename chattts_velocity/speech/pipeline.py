@@ -2,8 +2,9 @@
 
 texts -> TextFrontEnd (normalise, split, voice, prompts) -> GPTBackend (refine pass, then code pass)
       -> MelSource (Decoder on hidden states or DVAE on codes; Vocos) -> float32 24 kHz waveforms.
-`Chat` (upstream's facade), the server's SpeechService, the export and the web UI all hold one. Precision is
-decided here once (`self.precision`, precision.py): the engine derives the same GPT dtypes from the same choices.
+`Chat` (upstream's facade), the server's SpeechService, the export and the web UI all hold one. Precision and
+device are decided here once (`self.precision`, precision.py) and handed to the engine, the plain path and the audio
+stage as that one object.
 """
 from __future__ import annotations
 
@@ -16,30 +17,21 @@ import numpy as np
 import torch
 
 from ..assets import AssetPaths
-from ..audio import (
-    DVAE,
-    Decoder,
-    Spoken,
-    Vocos,
-    cast_for_autocast,
-    load_clip,
-    load_safetensors,
-    piece_timestamps,
-)
+from ..audio import DVAE, Decoder, Spoken, Vocos, load_clip, load_safetensors, piece_timestamps
 from ..audio.wav import SAMPLE_RATE
-from ..config import ModelConfig, resolve_device
+from ..config import ModelConfig
 from ..demo import default_max_new_token
 from ..engine.gpt import GPTBackend, load_pretrained
 from ..engine.llm_engine import LLMEngine
-from ..model import kernels
+from ..engine.loading.host import decide_here
 from ..params import InferCodeParams
-from ..precision import Precision, fastest_dtype
+from ..precision import Precision
 from ..schema import SpeechRequests, TextPieces
 from ..text import Normalizer, Tokenizer, empty_text, encode_prompt, sample_random_speaker
 from .calls import CallGate, Jobs, Stop
 from .frontend import TextFrontEnd
 from .job import SynthesisJob
-from .mel_source import MEL_SOURCES, DecoderSource, DVAESource, MelSource
+from .mel_source import MEL_SOURCES, MelSource, mel_sources
 from .prepare import PreparedJob, Preparer, check_piece_count, step_capped
 from .streams import StreamOptions, StreamSet, stream_texts
 
@@ -48,39 +40,22 @@ def _never() -> bool:
     return False
 
 
-def auto_dtype(device: torch.device) -> str:
-    """dtype "auto" on this device: the fastest accepted precision (precision.fastest_dtype), knowing whether our
-    CPU kernels run here."""
-    return fastest_dtype(device.type, kernels.unsupported() is None)
-
-
 class SpeechPipeline:
     """Text front end + GPT backend(s) + mel sources + Vocos, for one asset folder on one device."""
 
-    def __init__(self, paths: AssetPaths, *, device: torch.device, dtype: str, decode_dtype: str | None,
-                 use_vllm: bool, normalizer: Normalizer | None, gpt_options: dict[str, object]) -> None:
-        kv_cache_dtype, backend = gpt_options.get("kv_cache_dtype", "auto"), gpt_options.get("backend", "auto")
-        self.precision = Precision.decide(dtype, str(kv_cache_dtype), decode_dtype, device, str(backend),
-                                          cpu_kernels=kernels.unsupported() is None,
-                                          cpu_bf16=kernels.native_bf16())
-        self.paths, self.device, self.default_use_vllm = paths, device, use_vllm
+    def __init__(self, paths: AssetPaths, *, precision: Precision, use_vllm: bool, normalizer: Normalizer | None,
+                 gpt_options: dict[str, object]) -> None:
+        self.precision, self.paths, self.default_use_vllm = precision, paths, use_vllm
         self.step_cap = default_max_new_token(paths.root)  # these weights' default cap (demo weights: the CLI's)
-        self.dtype = self.precision.dtype  # "auto" resolved
-        # load_pretrained's keywords, passed through as given: EngineConfig checks them
-        self._gpt_options: dict[str, Any] = dict(device=str(device), **gpt_options, dtype=self.dtype)
+        self._gpt_options: dict[str, Any] = dict(gpt_options)  # load_pretrained's keywords: EngineConfig checks them
         self._gpts: dict[bool, GPTBackend] = {}  # use_vllm -> the backend load_pretrained chose
         self._loading = threading.Lock()
         self.gate = CallGate()  # one call at a time through the model (run, run_each, stream)
         tokenizer = Tokenizer(paths.tokenizer_dir)
-        self.dvae = DVAE.from_state_dict(load_safetensors(paths.dvae)).to(device).eval()
-        self.decoder = Decoder.from_state_dict(load_safetensors(paths.decoder)).to(device).eval()
-        self.vocos = Vocos.from_state_dict(load_safetensors(paths.vocos)).to(device).eval()
-        self.decode_dtype = self.precision.audio  # None: exact float32
-        vocos = cast_for_autocast(self.vocos, self.decode_dtype)
-        self.mel_sources: dict[str, MelSource] = {
-            "decoder": DecoderSource(cast_for_autocast(self.decoder, self.decode_dtype), vocos, self.decode_dtype),
-            "dvae": DVAESource(cast_for_autocast(self.dvae, self.decode_dtype), vocos, self.decode_dtype),
-        }
+        self.dvae = DVAE.from_state_dict(load_safetensors(paths.dvae)).to(self.device).eval()
+        self.decoder = Decoder.from_state_dict(load_safetensors(paths.decoder)).to(self.device).eval()
+        self.vocos = Vocos.from_state_dict(load_safetensors(paths.vocos)).to(self.device).eval()
+        self.mel_sources = mel_sources(self.decoder, self.dvae, self.vocos, precision)
         config = self.gpt().config
         self.frontend = TextFrontEnd(tokenizer, config.hidden_size, config.audio_eos_id, normalizer)
         self.preparer = Preparer(self.frontend, self.step_cap)
@@ -88,20 +63,35 @@ class SpeechPipeline:
     @classmethod
     def load(cls, paths: AssetPaths | str | Path, *, device: str | torch.device | None = None,
              use_vllm: bool = False, dtype: str = "float32", decode_dtype: str | None = None,
-             normalizer: Normalizer | None = None, **gpt_options: object) -> SpeechPipeline:
+             kv_cache_dtype: str = "auto", normalizer: Normalizer | None = None,
+             **gpt_options: object) -> SpeechPipeline:
         """Load every module from an asset folder (verified or not: that is the caller's choice).
 
         use_vllm: the GPT backend loaded now (the other loads on first use). dtype: the GPT's weights ("float32",
-        "bfloat16", "int8", "int4"; "auto": auto_dtype); decode_dtype: the
-        Decoder's and Vocos's ("bfloat16" or "float32"; None picks bfloat16 on CUDA, or with a reduced-precision GPT
-        on a CPU with native bf16). gpt_options: load_pretrained's (compile, kv_cache_dtype, EngineConfig fields).
-        device None: CUDA when available, else the CPU. Device and precision are decided here, once, and passed
-        down to the engine.
+        "bfloat16", "int8", "int4"; "auto": the fastest accepted here); decode_dtype: the Decoder's and Vocos's
+        ("bfloat16" or "float32"; None picks bfloat16 on CUDA, or with a reduced-precision GPT on a CPU with native
+        bf16); kv_cache_dtype: "auto" or "int8". gpt_options: load_pretrained's (compile, EngineConfig fields).
+        device None: CUDA when available, else the CPU. Device and precision are decided here, once, into one
+        `Precision` that the engine, the plain path and the audio stage read.
         """
         paths = paths if isinstance(paths, AssetPaths) else AssetPaths.from_root(paths)
-        device = resolve_device(device)
-        return cls(paths, device=device, dtype=dtype, decode_dtype=decode_dtype, use_vllm=use_vllm,
-                   normalizer=normalizer, gpt_options=gpt_options)
+        precision = decide_here(dtype, kv_cache_dtype, decode_dtype, device, str(gpt_options.get("backend", "auto")))
+        return cls(paths, precision=precision, use_vllm=use_vllm, normalizer=normalizer, gpt_options=gpt_options)
+
+    @property
+    def device(self) -> torch.device:
+        """Where every stage runs (the precision's device)."""
+        return self.precision.device
+
+    @property
+    def dtype(self) -> str:
+        """The precision's name ("auto" resolved)."""
+        return self.precision.dtype
+
+    @property
+    def decode_dtype(self) -> torch.dtype | None:
+        """The audio decode's autocast dtype (None: exact float32)."""
+        return self.precision.audio
 
     # ---- the stages ------------------------------------------------------------------------------
     def gpt(self, use_vllm: bool | None = None) -> GPTBackend:
@@ -109,8 +99,8 @@ class SpeechPipeline:
         is_vllm = self.default_use_vllm if use_vllm is None else bool(use_vllm)
         with self._loading:  # two threads asking for a backend not loaded yet load it once
             if is_vllm not in self._gpts:
-                engine_only: dict[str, Any] = {"precision": self.precision} if is_vllm else {}  # the engine's too
-                self._gpts[is_vllm] = load_pretrained(self.paths, is_vllm=is_vllm, **self._gpt_options, **engine_only)
+                self._gpts[is_vllm] = load_pretrained(self.paths, is_vllm=is_vllm, precision=self.precision,
+                                                      **self._gpt_options)
         return self._gpts[is_vllm]
 
     def engine(self) -> LLMEngine:
