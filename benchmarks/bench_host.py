@@ -19,12 +19,12 @@ inflate it far less than wall time):
   that run a kernel), counted with the triton backend under the interpreter at ChatTTS's depth (20 layers, a small
   width; Triton kernels counted, not run).
 
-    python benchmarks/bench_host.py                          # this tree, triton backend
-    python benchmarks/bench_host.py --trees OLD_CHECKOUT .   # two trees in one run, interleaved
-    python benchmarks/bench_host.py --json                   # one line: this tree's numbers
+    python -m benchmarks.bench_host                          # this tree, triton backend
+    python -m benchmarks.bench_host --trees OLD_CHECKOUT .   # two trees in one run, interleaved
+    python -m benchmarks.bench_host --json                   # one line: this tree's numbers
 
 --model-work keeps the model (20 layers, cpu backend): the same loop as a CPU speed A/B of the two trees.
-Each (tree, backend) is a fresh process with the tree first on sys.path; trees alternate per round (tree_ab.py's
+Each (tree, backend) is a fresh process with the tree first on its path; trees alternate per round (tree_ab.py's
 interleaved, the harness every tree comparison shares). Writes
 results/host_<backend>.json with every tree's rounds and medians.
 """
@@ -38,14 +38,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tree_ab import interleaved
+from benchmarks.lib.ab import interleaved
 
 REPO = Path(__file__).resolve().parents[1]
 CONTEXT, RUNNING, DECODE_SIZES, PROMPTS = 300, 63, (1, 64, 256), (200, 2048)
 
 CHILD = r"""
 import ctypes, gc, json, statistics, sys, time
-sys.path.insert(0, sys.argv[1])
 import torch
 torch.set_num_threads(1)
 # The triton backend's device memory is host memory here. A GPU's caching allocator hands out memory that costs the
@@ -206,7 +205,6 @@ print(json.dumps(out))
 
 LAUNCHES = r"""
 import json, sys
-sys.path.insert(0, sys.argv[1])
 import torch
 torch.set_num_threads(1)
 from chattts_velocity.config import EngineConfig, ModelConfig
@@ -223,8 +221,7 @@ out = {}
 for n in json.loads(sys.argv[2]):
     engine = LLMEngine(ChatTTSLlama(cfg), Embed(cfg.hidden_size, cfg.num_audio_tokens, cfg.num_text_tokens, cfg.num_vq),
                        cfg, EngineConfig.from_kwargs(backend="triton", dtype="float32", max_num_seqs=n,
-                                                max_model_len=64,
-                                         kv_cache_memory=1 << 26))
+                                                max_model_len=64, kv_cache_memory=1 << 26))
     for i in range(n):
         ids = torch.full((4, cfg.num_vq), i % 500)
         engine.add_request(None, Prompt(ids, torch.ones(4, dtype=torch.bool)),
@@ -277,7 +274,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--trees", nargs="+", default=[str(REPO)], help="checkouts of this repository (last = new)")
     parser.add_argument("--backend", default="triton", choices=["triton", "cpu"])
     parser.add_argument("--steps", type=int, default=30, help="timed decode steps per size")
-    parser.add_argument("--rounds", type=int, default=1, help="interleaved rounds per tree (tree_ab.interleaved)")
+    parser.add_argument("--rounds", type=int, default=1, help="interleaved rounds per tree (benchmarks/lib/ab.py)")
     parser.add_argument("--json", action="store_true", help="print only the last tree's one-line JSON")
     parser.add_argument("--model-work", action="store_true",
                         help="keep the model work (all 20 layers, heads, sampling; cpu backend): the CPU speed A/B, "

@@ -5,7 +5,7 @@
 # near-greedy codes new vs old backend, 64 streaming clients; then benchmarks/profile_gpu_kernels.py (<= 120 s):
 # device time per kernel, decode attention per split length, GEMM tiles x split-K targets (each part saved as it
 # ends). Writes gpu_check.json and profile_gpu_kernels.json into $RESULTS (default benchmarks/results; docs/gpu.md).
-#   bash benchmarks/gpu_check.sh [gpu_check.py options]      # python benchmarks/gpu_check.py --help
+#   bash benchmarks/gpu_check.sh [gpu_check.py options]      # python -m benchmarks.gpu_check --help
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python}"
@@ -18,7 +18,7 @@ timeout 150 "$PYTHON" -m pytest -q -p no:cacheprovider -m "gpu or triton" --juni
     tests/model/test_triton_kernels.py tests/engine/test_triton_backend.py tests/engine/test_device_sampler.py \
     tests/engine/test_sync.py tests/engine/test_warm_up.py tests/audio/test_gpu_decode.py \
     tests/audio/test_chunk_plan.py tests/model/test_triton_layer_kernels.py tests/model/test_split_k.py || true
-timeout 200 "$PYTHON" benchmarks/gpu_check.py --device cuda --model demo --tests "$JUNIT" \
+timeout 200 "$PYTHON" -m benchmarks.gpu_check --device cuda --model demo --tests "$JUNIT" \
     --out "$RESULTS/gpu_check.json" "$@" || true
 rm -f "$JUNIT"
-timeout 120 "$PYTHON" benchmarks/profile_gpu_kernels.py --out "$RESULTS/profile_gpu_kernels.json"
+timeout 120 "$PYTHON" -m benchmarks.profile_gpu_kernels --out "$RESULTS/profile_gpu_kernels.json"

@@ -11,22 +11,19 @@
    and contexts 100/500 for each split length (positions per split: a constant, so the split count depends on a
    sequence's own context only).
 
-    python benchmarks/profile_gpu_kernels.py --out benchmarks/results/profile_gpu_kernels.json
+    python -m benchmarks.profile_gpu_kernels --out benchmarks/results/profile_gpu_kernels.json
 """
 from __future__ import annotations
 
 import argparse
 import collections
 import json
-import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+from benchmarks import gpu_check_parts as parts
 
-from benchmarks import gpu_check_parts as parts  # noqa: E402 (needs REPO on sys.path)
+REPO = Path(__file__).resolve().parents[1]
 
 # (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages, maxnreg): gemm.HALF_TILE first, its neighbours, the former 16 x 16 tile
 TILES = [(64, 32, 64, 4, 4, 168), (64, 32, 64, 4, 3, 168), (64, 64, 64, 4, 4, 168), (64, 32, 128, 4, 3, 168),
