@@ -8,6 +8,7 @@ stage as that one object.
 """
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,7 +34,8 @@ from .frontend import TextFrontEnd
 from .job import SynthesisJob
 from .mel_source import MEL_SOURCES, MelSource, mel_sources
 from .prepare import PreparedJob, Preparer, check_piece_count, step_capped
-from .streams import StreamOptions, StreamSet, stream_texts
+from .streams import StreamOptions
+from .synthesis import Synthesis
 
 
 def _never() -> bool:
@@ -146,15 +148,6 @@ class SpeechPipeline:
         return self.preparer.refined(prepared, token_ids)
 
     # ---- requests -> audio ---------------------------------------------------------------------------
-    def generate(self, requests: SpeechRequests, mel: MelSource | None = None, *, use_vllm: bool | None = None,
-                 stop: Stop = _never, max_batch: int | None = None, progress: bool = True) -> list[np.ndarray]:
-        """The code pass and its audio: one float32 24 kHz waveform per text (its pieces joined in order)."""
-        mel = mel or self.mel()
-        outputs = self.gpt(use_vllm).generate(requests.prompts, requests.sampling, progress, stop,
-                                              max_batch=max_batch)
-        return [np.concatenate(g).astype(np.float32) if g else np.zeros(0, np.float32)
-                for g in requests.pieces.group(mel.decode(outputs))]
-
     def jobs(self, pieces: TextPieces, params: list[InferCodeParams], mel: MelSource | None = None) -> Jobs:
         """Each text's requests with its own params, in one flat list; a text that cannot be made (no piece, a bad
         speaker) is recorded in Jobs.failed with its ValueError, and the others go on."""
@@ -187,16 +180,15 @@ class SpeechPipeline:
                     else wav
 
     # ---- use cases: what Chat, the page and the export call ------------------------------------------
+    def synthesis(self, job: SynthesisJob, chunking: StreamOptions | None = None) -> Synthesis:
+        """The job with its two verbs (speech/synthesis.py): run() the whole audio, stream() chunks as made (in the
+        job's shape), arun()/astream() for an event loop, cancel(). Texts are checked now."""
+        return Synthesis(self, job, chunking)
+
     def run(self, job: SynthesisJob) -> list[np.ndarray] | list[str]:
         """The whole job: one float32 24 kHz waveform per text (its pieces joined in order), or with `refine_only`
-        one refined string per text. Texts are checked before the call waits for its turn."""
-        prepared = self.prepare(job)
-        with self.gate.call(job.stop) as stop:
-            prepared = self._ready(prepared, stop)
-            if prepared.requests is None:
-                return prepared.refined_texts()
-            return self.generate(prepared.requests, prepared.mel, use_vllm=job.use_vllm, stop=stop,
-                                 max_batch=job.max_batch, progress=job.shows_progress())
+        one refined string per text (synthesis(job).run())."""
+        return self.synthesis(job).run()
 
     def run_each(self, job: SynthesisJob) -> Iterator[tuple[int, np.ndarray | Spoken | Exception]]:
         """Each text on its own params, all in one batch: (index, waveform) as texts finish (with `timestamps`,
@@ -214,13 +206,11 @@ class SpeechPipeline:
 
     def stream(self, job: SynthesisJob, options: StreamOptions | None = None) -> Iterator[list[np.ndarray]]:
         """Audio as the GPT generates it: each yield holds one new (maybe empty) chunk per text; a text's chunks
-        concatenate to its run() waveform, its pieces in order (speech/streams.py). Texts are checked now; the
-        call holds the model from its first chunk until the iterator is exhausted or closed."""
+        concatenate to its run() waveform, its pieces in order (synthesis(job, shape "chunks").stream()). Texts
+        are checked now; the call holds the model from its first chunk until the iterator is exhausted or closed."""
         if job.refine_only:
             raise ValueError("refine_only: a stream is audio; refine the texts with run(refine_only=True)")
-        prepared = self.prepare(job)
-        chunking = options or StreamOptions(chunk_steps=job.params_list()[0].stream_batch)
-        return self._stream(prepared, chunking)
+        return self.synthesis(dataclasses.replace(job, shape="chunks"), options).stream()
 
     def interrupt(self) -> None:
         """Stop every call in flight (running or waiting for its turn) after its current step; each returns what it
@@ -231,23 +221,6 @@ class SpeechPipeline:
         """Each params with the loaded weights' default step cap (step_cap, decided at load) where max_new_token
         was left at InferCodeParams' default; an explicit max_new_token is kept."""
         return step_capped(params, self.step_cap)
-
-    def _ready(self, prepared: PreparedJob, stop: Stop) -> PreparedJob:
-        """prepared with its pending text generation run on its GPT backend, in the call's turn."""
-        job = prepared.job
-        while (work := prepared.pending) is not None:
-            outputs = self.gpt(job.use_vllm).generate(work.prompts, work.sampling, work.progress, stop,
-                                                      max_batch=job.max_batch)
-            prepared = self.refined(prepared, [o.token_ids for o in outputs])
-        return prepared
-
-    def _stream(self, prepared: PreparedJob, options: StreamOptions) -> Iterator[list[np.ndarray]]:
-        job = prepared.job
-        with self.gate.call(job.stop) as stop:
-            prepared = self._ready(prepared, stop)
-            if prepared.requests is None:
-                raise RuntimeError("stream: a prepared job without code requests (refine_only)")
-            yield from stream_texts(StreamSet(options), self.gpt(job.use_vllm), prepared.requests, prepared.mel, stop)
 
     # ---- speakers ------------------------------------------------------------------------------------
     def sample_random_speaker(self, seed: int | None = None) -> str:
