@@ -29,7 +29,7 @@ from ..params import InferCodeParams
 from ..precision import Precision
 from ..schema import SpeechRequests, TextPieces
 from ..text import Normalizer, Tokenizer, empty_text, encode_prompt, sample_random_speaker
-from .calls import CallGate, Jobs, Stop
+from .calls import CallGate, PerTextRequests, Stop
 from .frontend import TextFrontEnd
 from .job import SynthesisJob
 from .mel_source import MEL_SOURCES, MelSource, mel_sources
@@ -148,12 +148,13 @@ class SpeechPipeline:
         return self.preparer.refined(prepared, token_ids)
 
     # ---- requests -> audio ---------------------------------------------------------------------------
-    def jobs(self, pieces: TextPieces, params: list[InferCodeParams], mel: MelSource | None = None) -> Jobs:
+    def per_text(self, pieces: TextPieces, params: list[InferCodeParams],
+                 mel: MelSource | None = None) -> PerTextRequests:
         """Each text's requests with its own params, in one flat list; a text that cannot be made (no piece, a bad
-        speaker) is recorded in Jobs.failed with its ValueError, and the others go on."""
+        speaker) is recorded in PerTextRequests.failed with its ValueError, and the others go on."""
         if not isinstance(params, (list, tuple)) or len(params) != pieces.num_texts:
             raise ValueError(f"params: expected one InferCodeParams per text ({pieces.num_texts})")
-        jobs = Jobs(pieces, mel or self.mel())
+        jobs = PerTextRequests(pieces, mel or self.mel())
         for i, item_params in enumerate(params):
             try:
                 if not pieces.of_text(i).texts:
@@ -163,7 +164,7 @@ class SpeechPipeline:
                 jobs.failed.append((i, exc))
         return jobs
 
-    def _run_jobs(self, jobs: Jobs, *, use_vllm: bool | None = None, progress: bool = False,
+    def _run_jobs(self, jobs: PerTextRequests, *, use_vllm: bool | None = None, progress: bool = False,
                  timestamps: bool = False, stop: Stop = _never,
                  ) -> Iterator[tuple[int, np.ndarray | Spoken | Exception]]:
         """(text index, its waveform) as each text finishes (with `timestamps`, a Spoken with each piece's span);
@@ -198,7 +199,7 @@ class SpeechPipeline:
             raise ValueError("refine: run_each has no refine pass (refine the texts with run(refine_only=True))")
         pieces = self.pieces(job, allow_empty=True)
         check_piece_count(job, pieces)
-        jobs = self.jobs(pieces, self.preparer.params(job), self.mel(job.mel))
+        jobs = self.per_text(pieces, self.preparer.params(job), self.mel(job.mel))
         yield from jobs.failed
         with self.gate.call(job.stop) as stop:
             yield from self._run_jobs(jobs, use_vllm=job.use_vllm, progress=bool(job.progress),

@@ -96,9 +96,10 @@ def test_the_server_and_the_pipeline_prepare_the_same_code_requests_for_the_same
 
 
 # ---- serve/ drives the preparation; it composes none of its steps ------------------------------------------
-STEP_ATTRIBUTES = {"code_requests", "refine_requests", "refined_text", "step_capped", "preparer", "jobs",
+STEP_ATTRIBUTES = {"code_requests", "refine_requests", "refined_text", "step_capped", "preparer", "per_text",
                    "generate_iter", "_ready", "_stream"}
-STEP_NAMES = {"Preparer", "step_capped", "check_piece_count", "stream_texts", "Jobs", "CallGate", "normalized_pieces"}
+STEP_NAMES = {"Preparer", "step_capped", "check_piece_count", "stream_texts", "PerTextRequests", "CallGate",
+              "normalized_pieces"}
 
 
 def serve_step_uses(path: Path) -> list[str]:
