@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from chattts_velocity.model.kernels.triton.dots import dot
+from chattts_velocity.model.kernels.triton.gemm_loop import dot
 from chattts_velocity.model.kernels.triton.rounding import to_dtype
 
 LOG2E = 1.4426950408889634  # softmax runs in base 2: exp(x) = exp2(x * log2(e))
