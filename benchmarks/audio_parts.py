@@ -13,6 +13,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from benchmarks.lib.ab import by_name, interleaved
+
 VARIANTS = ("bf16_channels_last", "bf16_autocast", "float32")
 
 
@@ -78,15 +80,16 @@ def decode_parts(model: str, counts: list[int], steps: int, rounds: int) -> dict
                            "bf16_path": cpu_decode.path()}
     for count in counts:
         rows = [torch.randn(steps, 2 * decoder.decoder.idim, generator=g) for _ in range(count)]
-        seen: dict[str, list[tuple[float, float]]] = {v: [] for v in VARIANTS}
         wavs: dict[str, list[np.ndarray]] = {}
-        for r in range(rounds + 1):  # round 0 warms up (packing, oneDNN's kernels)
-            for variant in VARIANTS:
-                modules, dtype = (cast, torch.bfloat16) if variant != "float32" else ((decoder, vocos), None)
-                with autocast_path(variant == "bf16_autocast"):
-                    took = _timed(lambda: wavs.__setitem__(variant, decode_hidden_batch(*modules, rows, dtype)))  # noqa: B023
-                if r:
-                    seen[variant].append(took)
+
+        def measure(variant: str, rows: list[torch.Tensor] = rows,
+                    wavs: dict[str, list[np.ndarray]] = wavs) -> tuple[float, float]:
+            modules, dtype = (cast, torch.bfloat16) if variant != "float32" else ((decoder, vocos), None)
+            with autocast_path(variant == "bf16_autocast"):
+                return _timed(lambda: wavs.__setitem__(variant, decode_hidden_batch(*modules, rows, dtype)))
+
+        # a warm-up round first (packing, oneDNN's kernels)
+        seen = by_name(VARIANTS, interleaved(VARIANTS, rounds, measure, warm_up=True))
         best = {v: min(c for c, _ in t) for v, t in seen.items()}
         out[str(count)] = {"cpu_s": best, "wall_s": {v: min(w for _, w in t) for v, t in seen.items()},
                            "speedup_vs_autocast": best["bf16_autocast"] / best["bf16_channels_last"],

@@ -2,12 +2,12 @@
 GPT (int8), same texts and seed, interleaved rounds in one process. What precision.py's CPU default rests on (bf16
 only where the CPU computes it natively: docs/performance.md).
 
-    python benchmarks/bench_audio_dtype.py --model .pytest-assets/full --texts 3,8 --name spr-amx
+    python -m benchmarks.bench_audio_dtype --model .pytest-assets/full --texts 3,8 --name spr-amx
     CHATTTS_VELOCITY_CPU_KERNELS=avx2 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 \\
-        python benchmarks/bench_audio_dtype.py --model .pytest-assets/full --texts 3 --name x86-avx2-emulated
-    python benchmarks/bench_audio_dtype.py --parts 1,64 --profile-texts 64 --name zen4-avx512bf16
+        python -m benchmarks.bench_audio_dtype --model .pytest-assets/full --texts 3 --name x86-avx2-emulated
+    python -m benchmarks.bench_audio_dtype --parts 1,64 --profile-texts 64 --name zen4-avx512bf16
     CHATTTS_VELOCITY_CPU_KERNELS=avx2 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 \
-        python benchmarks/bench_audio_dtype.py --model random --parts 1,8 --threads 1 --name zen4-avx512bf16-as-avx2
+        python -m benchmarks.bench_audio_dtype --model random --parts 1,8 --threads 1 --name zen4-avx512bf16-as-avx2
 
 --parts: Decoder + Vocos alone (the bf16 C++ path against autocast's module path and float32, and its waveform's SNR
 against float32) at those row counts, and with --profile-texts Chat.infer's stage shares before and after
@@ -18,15 +18,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
 import torch
 
+from benchmarks.lib.ab import by_name, interleaved
+
 REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
 
 DTYPES = ("bfloat16", "float32")
 
@@ -61,11 +60,13 @@ def main(argv: list[str] | None = None) -> dict:
     seconds: dict[str, dict[str, list[float]]] = {}
     for count in (int(n) for n in args.texts.split(",")):
         texts = [f"Sentence number {i}, spoken by the same voice at a steady pace." for i in range(count)]
-        for _ in range(args.rounds):
-            for dtype, chat in chats.items():
-                start = time.perf_counter()
-                chat.infer(texts, skip_refine_text=True, params_infer_code=params)
-                seconds.setdefault(str(count), {}).setdefault(dtype, []).append(time.perf_counter() - start)
+
+        def measure(dtype: str, texts: list[str] = texts) -> float:
+            start = time.perf_counter()
+            chats[dtype].infer(texts, skip_refine_text=True, params_infer_code=params)
+            return time.perf_counter() - start
+
+        seconds[str(count)] = by_name(list(chats), interleaved(list(chats), args.rounds, measure))
     report = {"kernels": kernels.kernel_path(), "native_bf16": kernels.native_bf16(), "steps": args.steps,
               "seconds": seconds,
               "bf16_over_float32": {n: min(s["bfloat16"]) / min(s["float32"]) for n, s in seconds.items()}}

@@ -1,8 +1,8 @@
 """One command for every per-host performance target on this CPU, through the public API; one JSON per host kind.
 
-    python benchmarks/bench_cpu.py --model .pytest-assets/full     # ~11 min; run it ALONE
-    python benchmarks/bench_cpu.py --model .pytest-assets/tiny --quick --no-llamacpp   # smoke run, seconds
-    python benchmarks/bench_cpu.py --model .pytest-assets/full --isa avx2   # an AVX2-only host, emulated
+    python -m benchmarks.bench_cpu --model .pytest-assets/full     # ~11 min; run it ALONE
+    python -m benchmarks.bench_cpu --model .pytest-assets/tiny --quick --no-llamacpp   # smoke run, seconds
+    python -m benchmarks.bench_cpu --model .pytest-assets/full --isa avx2   # an AVX2-only host, emulated
 
 Writes results/cpu_<hostkind>.json (hostkind from the CPU family and its best matmul ISA, e.g. zen4-avx512bf16,
 spr-amx, zen3-avx2; with --isa avx2 on a bigger CPU, <hostkind>-as-avx2: our AVX2 kernels, and torch / oneDNN held
@@ -26,8 +26,6 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
 
 FULL = {"steps": 128, "batch_steps": 64, "stream_steps": 96, "sizes": [1, 16, 32, 64], "repeats": 2,
         "seed_steps": 48, "kv_seqs": 32, "kv_context": 300, "gemm_size": 2048, "read_mb": 400,

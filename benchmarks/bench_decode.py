@@ -11,44 +11,39 @@
 Every variant runs one untimed turn first; the figures are median ms per step. Full-size random weights
 (`.pytest-assets/full` or --model DIR); both need the cpu backend's kernels.
 
-    python benchmarks/bench_decode.py backends --dtype bfloat16 --batches 1,8,32      # and --dtype int8
-    python benchmarks/bench_decode.py kv --model .pytest-assets/full --threads 1,2
+    python -m benchmarks.bench_decode backends --dtype bfloat16 --batches 1,8,32      # and --dtype int8
+    python -m benchmarks.bench_decode kv --model .pytest-assets/full --threads 1,2
 """
 from __future__ import annotations
 
 import argparse
 import json
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
+from benchmarks.lib.ab import by_name, interleaved
+
 REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
 
 STEPS_PER_TURN = 8
-KV_DTYPES = ("auto", "int8")  # EngineConfig.kv_cache_dtype; "auto" is the weights' bf16
+KV_DTYPES = ("auto", "int8")  # kv_cache_dtype; "auto" is the weights' bf16
 
 
 def alternate(turns: dict[str, Callable[[], None]], rounds: int,
               switch: Callable[[str], None] = lambda name: None) -> dict[str, list[float]]:
-    """ms per step of each variant's turns: a warm-up round, then `rounds` rounds of every turn (switch(name) before
-    each, untimed)."""
-    for name, turn in turns.items():
+    """ms per step of each variant's turns (benchmarks/lib/ab.py): a warm-up round, then `rounds` rounds of every
+    turn (switch(name) before each, untimed)."""
+    def measure(name: str) -> float:
         switch(name)
-        turn()
-    ms: dict[str, list[float]] = {name: [] for name in turns}
-    for _ in range(rounds):
-        for name, turn in turns.items():
-            switch(name)
-            start = time.perf_counter()
-            turn()
-            ms[name].append((time.perf_counter() - start) / STEPS_PER_TURN * 1e3)
-    return ms
+        start = time.perf_counter()
+        turns[name]()
+        return (time.perf_counter() - start) / STEPS_PER_TURN * 1e3
+
+    return by_name(list(turns), interleaved(list(turns), rounds, measure, warm_up=True))
 
 
 def load(model: str, dtype: str, **engine_options):

@@ -9,9 +9,9 @@ the host grants. Each repeat then streams --ttfa-sizes requests through a Stream
 for the real time to first audio; the "first token" column is only the time to the first code step.
 Usage (from a checkout):
 
-    python benchmarks/bench_engine.py --model demo --dtype bfloat16 --concurrency 1,16,32
-    python benchmarks/bench_engine.py --quick
-    python benchmarks/bench_engine.py --device cuda --backend triton --dtype bfloat16 --concurrency 1,16,64,256
+    python -m benchmarks.bench_engine --model demo --dtype bfloat16 --concurrency 1,16,32
+    python -m benchmarks.bench_engine --quick
+    python -m benchmarks.bench_engine --device cuda --backend triton --dtype bfloat16 --concurrency 1,16,64,256
 
 With --device cuda the engine, the plain path and the Decoder+Vocos run on the GPU; the CPU-only parts are skipped
 (the CPU contention probe, the reference package, torch.compile of the decode step: the triton backend replays CUDA
@@ -22,13 +22,10 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))  # runnable from a checkout without installing
 
 # torch and the package load lazily in run(), so `chattts-velocity bench --help` stays instant
 
@@ -40,7 +37,7 @@ TARGETS = (  # (label, velocity concurrency, plain concurrency, metric, target r
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The options of `python benchmarks/bench_engine.py` and of `chattts-velocity bench`."""
+    """The options of `python -m benchmarks.bench_engine` and of `chattts-velocity bench`."""
     parser.add_argument("--model", default="demo", help="asset folder, or 'demo' (random full-size weights)")
     parser.add_argument("--no-verify", action="store_true",
                         help="load custom or fine-tuned weights without the official sha256 check")

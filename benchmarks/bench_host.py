@@ -22,12 +22,12 @@ inflate it far less than wall time):
   GPU, by kind (graph replays, host-to-device and device-to-host copies, event records and synchronizes, launches
   outside the graph, allocations) and their total (chattts_velocity/devtools/cuda_calls.py, counted the same way).
 
-    python benchmarks/bench_host.py                          # this tree, triton backend
-    python benchmarks/bench_host.py --trees OLD_CHECKOUT .   # two trees in one run, interleaved
-    python benchmarks/bench_host.py --json                   # one line: this tree's numbers
+    python -m benchmarks.bench_host                          # this tree, triton backend
+    python -m benchmarks.bench_host --trees OLD_CHECKOUT .   # two trees in one run, interleaved
+    python -m benchmarks.bench_host --json                   # one line: this tree's numbers
 
 --model-work keeps the model (20 layers, cpu backend): the same loop as a CPU speed A/B of the two trees.
-Each (tree, backend) is a fresh process with the tree first on sys.path; trees alternate per round (tree_ab.py's
+Each (tree, backend) is a fresh process with the tree first on its path; trees alternate per round (tree_ab.py's
 interleaved, the harness every tree comparison shares). Writes
 results/host_<backend>.json with every tree's rounds and medians.
 """
@@ -41,14 +41,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tree_ab import interleaved
+from benchmarks.lib.ab import interleaved
 
 REPO = Path(__file__).resolve().parents[1]
 CONTEXT, RUNNING, DECODE_SIZES, PROMPTS = 300, 63, (1, 64, 256), (200, 2048)
 
 CHILD = r"""
 import ctypes, gc, json, statistics, sys, time
-sys.path.insert(0, sys.argv[1])
 import torch
 torch.set_num_threads(1)
 # The triton backend's device memory is host memory here. A GPU's caching allocator hands out memory that costs the
@@ -75,8 +74,9 @@ pool = -(-positions // 16) * kv_cache_bytes_per_block(cfg.num_hidden_layers, 16,
                                                      torch.bfloat16)
 # the step loop a GPU runs: steady steps a step ahead of the host on the triton backend (where the tree has it)
 ahead = {"overlap": True} if backend == "triton" and "overlap" in EngineConfig.__dataclass_fields__ else {}
-engine_config = EngineConfig(backend=backend, dtype="bfloat16", max_num_seqs=max(sizes), max_num_batched_tokens=4096,
-                             max_model_len=4096, kv_cache_memory=pool, **ahead)
+engine_config = EngineConfig.from_kwargs(backend=backend, dtype="bfloat16", max_num_seqs=max(sizes),
+                                         max_num_batched_tokens=4096, max_model_len=4096, kv_cache_memory=pool,
+                                         **ahead)
 model = ChatTTSLlama(cfg)
 for weight in model.parameters():  # weights in bf16, RoPE tables (buffers) stay fp32, as load_gpt leaves them
     weight.data = weight.data.to(torch.bfloat16)
@@ -208,7 +208,6 @@ print(json.dumps(out))
 
 LAUNCHES = r"""
 import json, sys
-sys.path.insert(0, sys.argv[1])
 import torch
 torch.set_num_threads(1)
 from chattts_velocity.config import EngineConfig, ModelConfig
@@ -224,8 +223,8 @@ cfg = ModelConfig(hidden_size=128, intermediate_size=256, num_attention_heads=2,
 out = {}
 for n in json.loads(sys.argv[2]):
     engine = LLMEngine(ChatTTSLlama(cfg), Embed(cfg.hidden_size, cfg.num_audio_tokens, cfg.num_text_tokens, cfg.num_vq),
-                       cfg, EngineConfig(backend="triton", dtype="float32", max_num_seqs=n, max_model_len=64,
-                                         kv_cache_memory=1 << 26))
+                       cfg, EngineConfig.from_kwargs(backend="triton", dtype="float32", max_num_seqs=n,
+                                                max_model_len=64, kv_cache_memory=1 << 26))
     for i in range(n):
         ids = torch.full((4, cfg.num_vq), i % 500)
         engine.add_request(None, Prompt(ids, torch.ones(4, dtype=torch.bool)),
@@ -246,7 +245,6 @@ print(json.dumps(out))
 
 CUDA_CALLS = r"""
 import json, sys
-sys.path.insert(0, sys.argv[1])
 import torch
 torch.set_num_threads(1)
 from chattts_velocity.config import EngineConfig, ModelConfig
@@ -262,7 +260,7 @@ cfg = ModelConfig(hidden_size=128, intermediate_size=256, num_attention_heads=2,
 out = {}
 for n in json.loads(sys.argv[2]):
     engine = LLMEngine(ChatTTSLlama(cfg), Embed(cfg.hidden_size, cfg.num_audio_tokens, cfg.num_text_tokens, cfg.num_vq),
-                       cfg, EngineConfig(backend="triton", dtype="float32", max_num_seqs=n, max_model_len=64,
+                       cfg, EngineConfig.from_kwargs(backend="triton", dtype="float32", max_num_seqs=n, max_model_len=64,
                                          kv_cache_memory=1 << 26, overlap=True))
     for i in range(n):
         engine.add_request(None, Prompt(torch.full((4, cfg.num_vq), i % 500), torch.ones(4, dtype=torch.bool)),
@@ -326,7 +324,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--trees", nargs="+", default=[str(REPO)], help="checkouts of this repository (last = new)")
     parser.add_argument("--backend", default="triton", choices=["triton", "cpu"])
     parser.add_argument("--steps", type=int, default=30, help="timed decode steps per size")
-    parser.add_argument("--rounds", type=int, default=1, help="interleaved rounds per tree (tree_ab.interleaved)")
+    parser.add_argument("--rounds", type=int, default=1, help="interleaved rounds per tree (benchmarks/lib/ab.py)")
     parser.add_argument("--json", action="store_true", help="print only the last tree's one-line JSON")
     parser.add_argument("--model-work", action="store_true",
                         help="keep the model work (all 20 layers, heads, sampling; cpu backend): the CPU speed A/B, "

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -28,16 +27,14 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from chattts_velocity import load_pretrained  # noqa: E402 (imported once REPO is on sys.path)
+from chattts_velocity import load_pretrained
 from chattts_velocity.engine.worker.step_inputs import StepTensors  # noqa: E402
 from chattts_velocity.model import build_attention_metadata, kernels  # noqa: E402
 from chattts_velocity.model.packed import fuse_rows  # noqa: E402
 from chattts_velocity.params import InferCodeParams  # noqa: E402
 from chattts_velocity.text import Tokenizer, sample_random_speaker  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
 
 BLOCK = 32  # columns per scale in every 4-bit and 8-bit scheme here
 ENGINE_SCHEMES = ("int8", "int4")

@@ -11,8 +11,8 @@ processes are interleaved over the repeats and each cell keeps its best. On a sh
 with the neighbours' load, so the run also times the 80 linears of one step on each ISA's kernels in one process
 (one thread, CPU time, interleaved, best of 7): the steadier same-run ratio of the kernels themselves.
 
-    python benchmarks/bench_isa.py --model .pytest-assets/full          # ~10 min on 2 threads; run it ALONE
-    python benchmarks/bench_isa.py --table benchmarks/results/isa_spr-amx.json   # the markdown table of a run
+    python -m benchmarks.bench_isa --model .pytest-assets/full          # ~10 min on 2 threads; run it ALONE
+    python -m benchmarks.bench_isa --table benchmarks/results/isa_spr-amx.json   # the markdown table of a run
 
 Writes results/isa_<hostkind>.json: the CPU, the plan, every repeat's figures and each cell's best.
 """
@@ -26,9 +26,9 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks.lib.ab import by_name, interleaved
+
 REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
 
 AVX2_ONLY = {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
 PATHS = {  # label -> (environment, precisions, CPU flags it needs)
@@ -79,13 +79,14 @@ def linears(layers: int = 10, repeats: int = 7) -> dict:
                 op = getattr(kernels.ops(which), names[dtype])
                 variants[f"{which} {dtype}"] = lambda op=op, tensors=tensors, x=x: [
                     op(x[k_of(w)], w, *rest) for w, *rest in tensors]
-        times: dict[str, list[float]] = {name: [] for name in variants}
+
+        def measure(name: str, variants: dict = variants) -> float:
+            start = time.process_time()
+            variants[name]()
+            return (time.process_time() - start) * 1e3
+
         with torch.inference_mode():
-            for _ in range(repeats):
-                for name, call in variants.items():
-                    start = time.process_time()
-                    call()
-                    times[name].append((time.process_time() - start) * 1e3)
+            times = by_name(list(variants), interleaved(list(variants), repeats, measure))
         out[str(rows)] = {name: min(t) for name, t in times.items()}
     return {"layers": layers, "repeats": repeats, "threads": 1, "cpu_ms_best": out}
 
@@ -104,18 +105,22 @@ def run(args: argparse.Namespace) -> dict:
              for dtype in dtypes]
     runs: dict[str, list] = {f"{label} | {dtype}": [] for label, dtype in cells}
     start = time.perf_counter()
-    for repeat in range(args.repeats):
-        for label, dtype in cells:
-            env = {**os.environ, **PATHS[label][0], "PYTHONPATH": str(REPO)}
-            command = [sys.executable, __file__, "--child", "--model", args.model, "--dtype", dtype,
-                       "--steps", str(args.steps), "--threads", str(args.threads)]
-            done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1200)
-            if done.returncode != 0:
-                raise RuntimeError(f"{label} {dtype}: {done.stderr[-2000:]}")
-            result = json.loads(done.stdout.strip().splitlines()[-1])
-            runs[f"{label} | {dtype}"].append(result)
-            print(f"repeat {repeat}: {label:12s} {dtype:9s} {result}", flush=True)
-            save(report(args, cpu, runs, None, start))  # a partial file after every cell
+
+    def measure(cell: tuple[str, str]) -> dict:
+        label, dtype = cell
+        env = {**os.environ, **PATHS[label][0], "PYTHONPATH": str(REPO)}
+        command = [sys.executable, "-m", "benchmarks.bench_isa", "--child", "--model", args.model, "--dtype", dtype,
+                   "--steps", str(args.steps), "--threads", str(args.threads)]
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1200, cwd=str(REPO))
+        if done.returncode != 0:
+            raise RuntimeError(f"{label} {dtype}: {done.stderr[-2000:]}")
+        result: dict = json.loads(done.stdout.strip().splitlines()[-1])
+        runs[f"{label} | {dtype}"].append(result)
+        print(f"{label:12s} {dtype:9s} {result}", flush=True)
+        save(report(args, cpu, runs, None, start))  # a partial file after every cell
+        return result
+
+    interleaved(cells, args.repeats, measure)
     return report(args, cpu, runs, linears(), start)
 
 

@@ -4,27 +4,25 @@ Linears: the 80 projections of one full-size step (20 layers x q/k/v, o, gate/up
 call reads DRAM like a real step) at M rows: oneDNN's prepacked bf16 GEMM, our bf16 tiles, our AMX panels (CPUs
 with AMX-BF16), our int8 tiles and int8 AMX panels.
 Attention: 20 layers of paged decode attention over bf16 caches: our kernel against torch.compile's fused gather.
-Usage: python benchmarks/bench_kernels.py [--threads 2] [--repeats 6] [--rows 1,4,16] [--name kernels]
+Usage: python -m benchmarks.bench_kernels [--threads 2] [--repeats 6] [--rows 1,4,16] [--name kernels]
 """
 from __future__ import annotations
 
 import argparse
 import json
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+from benchmarks.lib.ab import by_name, interleaved
+from chattts_velocity.model import DecodeMetadata, kernels
+from chattts_velocity.model.attention import paged_decode_attention
+from chattts_velocity.model.packed import _quantize_int8
 
-from chattts_velocity.model import DecodeMetadata, kernels  # noqa: E402 (imported once REPO is on sys.path)
-from chattts_velocity.model.attention import paged_decode_attention  # noqa: E402 (imported once REPO is on sys.path)
-from chattts_velocity.model.packed import _quantize_int8  # noqa: E402 (imported once REPO is on sys.path)
+REPO = Path(__file__).resolve().parents[1]
 
 SHAPES = [(2304, 768), (768, 768), (6144, 768), (768, 3072)]  # fused q/k/v, o, fused gate/up, down
 LAYERS, HEADS, HEAD_DIM, BLOCK = 20, 12, 64, 16
@@ -32,14 +30,12 @@ LAYERS, HEADS, HEAD_DIM, BLOCK = 20, 12, 64, 16
 
 def timed(variants: dict[str, Callable[[], object]], repeats: int) -> dict[str, dict[str, float]]:
     """Best and median milliseconds per variant, the variants interleaved in every repeat."""
-    for run in variants.values():
-        run()
-    times: dict[str, list[float]] = {name: [] for name in variants}
-    for _ in range(repeats):
-        for name, run in variants.items():
-            start = time.perf_counter()
-            run()
-            times[name].append((time.perf_counter() - start) * 1e3)
+    def measure(name: str) -> float:
+        start = time.perf_counter()
+        variants[name]()
+        return (time.perf_counter() - start) * 1e3
+
+    times = by_name(list(variants), interleaved(list(variants), repeats, measure, warm_up=True))
     return {name: {"best_ms": min(t), "median_ms": statistics.median(t)} for name, t in times.items()}
 
 

@@ -9,8 +9,8 @@ the ratios to
 results/llamacpp_<hostkind>.json. Needs the `bench` extra, built with native CPU flags:
 
     CMAKE_ARGS="-DGGML_NATIVE=ON" pip install -e '.[bench]'
-    python benchmarks/bench_llamacpp.py --model .pytest-assets/full          # ~5 minutes
-    python benchmarks/bench_llamacpp.py --model .pytest-assets/tiny --quick  # smoke run
+    python -m benchmarks.bench_llamacpp --model .pytest-assets/full          # ~5 minutes
+    python -m benchmarks.bench_llamacpp --model .pytest-assets/tiny --quick  # smoke run
 
 GGUF files go to ~/.cache/chattts_velocity/llamacpp (never into the repository).
 """
@@ -29,8 +29,6 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
 
 CACHE = Path.home() / ".cache" / "chattts_velocity" / "llamacpp"
 PROMPT_TOKENS = 22
@@ -171,9 +169,10 @@ def check_decodes(path: Path, threads: int) -> None:
     """llama.cpp's first decodes of `path` in a child process, so that a crash inside llama.cpp (0.3.36 built with
     GGML_NATIVE on a Sapphire Rapids guest segfaults in its AMX int8 path) is a RuntimeError here, not the end of
     the benchmark and of everything it measured before."""
-    code = (f"import sys; sys.path.insert(0, {str(REPO)!r}); from pathlib import Path; "
+    code = (f"from pathlib import Path; "
             f"from benchmarks.bench_llamacpp import llama_rate; llama_rate(Path({str(path)!r}), 1, 4, {threads})")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
     if done.returncode != 0:
         raise RuntimeError(f"llama.cpp fails on its first decode of {path.name} (exit {done.returncode}: "
                            f"{done.stderr.strip()[-300:] or 'no message'}); try a build without -march=native, "

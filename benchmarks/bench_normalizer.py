@@ -7,9 +7,9 @@ measurement starts with wetext's memo emptied (numbers.SpokenText), so a kind pa
 figure is the median of --rounds of process CPU time (a busy host inflates it less than wall time). Target: at most
 20 ms per 1,000 characters for every kind.
 
-    python benchmarks/bench_normalizer.py                 # 4,096 characters a kind, 3 rounds
-    python benchmarks/bench_normalizer.py --quick         # 1,024 characters, 1 round: a smoke run
-    python benchmarks/bench_normalizer.py --out results/normalizer.json
+    python -m benchmarks.bench_normalizer                 # 4,096 characters a kind, 3 rounds
+    python -m benchmarks.bench_normalizer --quick         # 1,024 characters, 1 round: a smoke run
+    python -m benchmarks.bench_normalizer --out results/normalizer.json
 """
 from __future__ import annotations
 
@@ -23,10 +23,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from chattts_velocity.text import Normalizer  # noqa: E402 (after the path above)
-from chattts_velocity.text.numbers import SpokenText  # noqa: E402
+from chattts_velocity.text import Normalizer
+from chattts_velocity.text.numbers import SpokenText
 
 TARGET_MS = 20.0
 WORDS = ("the of and to in a is that for it as was with be by on not he this are or his from at which but have an "

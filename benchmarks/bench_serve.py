@@ -6,8 +6,8 @@ precision, stream options and steps, interleaved in one run.
 Reported per N: audio seconds per wall second and mean time to first audio on each side, and their ratios
 (server / engine: 1.0 = no tax). Usage (from a checkout; run it alone on the machine):
 
-    python benchmarks/bench_serve.py --model .pytest-assets/full --sizes 1,16,64 --steps 100
-    python benchmarks/bench_serve.py --model .pytest-assets/tiny --sizes 1,4 --steps 30 --json   # smoke run
+    python -m benchmarks.bench_serve --model .pytest-assets/full --sizes 1,16,64 --steps 100
+    python -m benchmarks.bench_serve --model .pytest-assets/tiny --sizes 1,4 --steps 30 --json   # smoke run
 """
 from __future__ import annotations
 
@@ -24,16 +24,14 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+from benchmarks.lib import runs
+from chattts_velocity import Chat, InferCodeParams
+from chattts_velocity.audio import SAMPLE_RATE
+from chattts_velocity.engine.async_engine import AsyncLLMEngine
+from chattts_velocity.serve.service import SpeechService
+from chattts_velocity.speech import StreamOptions
 
-from benchmarks.lib import runs  # noqa: E402 (imported once REPO is on sys.path)
-from chattts_velocity import Chat, InferCodeParams  # noqa: E402 (imported once REPO is on sys.path)
-from chattts_velocity.audio import SAMPLE_RATE  # noqa: E402 (imported once REPO is on sys.path)
-from chattts_velocity.engine.async_engine import AsyncLLMEngine  # noqa: E402 (imported once REPO is on sys.path)
-from chattts_velocity.serve.service import SpeechService  # noqa: E402 (imported once REPO is on sys.path)
-from chattts_velocity.speech import StreamOptions  # noqa: E402 (imported once REPO is on sys.path)
+REPO = Path(__file__).resolve().parents[1]
 
 RESULTS = REPO / "benchmarks" / "results"
 

@@ -4,8 +4,8 @@ the text frame that completes the first sentence, its end mark's space included,
 beside the HTTP streaming figure of the same first sentence (POST with stream: true, to its first audio byte), both
 against one `chattts-velocity serve` process (loopback, pcm, forced steps per sentence), interleaved in one run.
 
-    python benchmarks/bench_ws.py --model .pytest-assets/full --sizes 1,32 --steps 100        # run alone on the host
-    python benchmarks/bench_ws.py --model .pytest-assets/tiny --dtype float32 --sizes 1,4 --steps 20 --repeats 1 \\
+    python -m benchmarks.bench_ws --model .pytest-assets/full --sizes 1,32 --steps 100        # run alone on the host
+    python -m benchmarks.bench_ws --model .pytest-assets/tiny --dtype float32 --sizes 1,4 --steps 20 --repeats 1 \\
         --name smoke --json                                                                  # quick mode
 """
 from __future__ import annotations
@@ -14,16 +14,13 @@ import argparse
 import asyncio
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+from benchmarks import bench_serve
 
-from benchmarks import bench_serve  # noqa: E402 (imported once REPO is on sys.path)
+REPO = Path(__file__).resolve().parents[1]
 
 RESULTS = REPO / "benchmarks" / "results"
 FIRST = "Here is the answer you asked for. "  # the first sentence, sent token by token

@@ -22,8 +22,8 @@ against torch by the tests).
 Each part runs under its own time limit (`PART_SECONDS`); a part that fails or runs out of time records it under
 `errors`, its requests are aborted and the rest still runs. The JSON names the card, torch, Triton and CUDA.
 
-    python benchmarks/gpu_check.py --device cuda --model demo          # writes benchmarks/results/gpu_check.json
-    python benchmarks/gpu_check.py --dry-run --model .pytest-assets/tiny   # CPU, tiny, seconds; JSON to a tmp path
+    python -m benchmarks.gpu_check --device cuda --model demo          # writes benchmarks/results/gpu_check.json
+    python -m benchmarks.gpu_check --dry-run --model .pytest-assets/tiny   # CPU, tiny, seconds; JSON to a tmp path
 """
 from __future__ import annotations
 
@@ -32,17 +32,14 @@ import json
 import os
 import platform
 import signal
-import sys
 import tempfile
 import time
 import traceback
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+from benchmarks import gpu_check_parts as parts
 
-from benchmarks import gpu_check_parts as parts  # noqa: E402 (needs REPO on sys.path)
+REPO = Path(__file__).resolve().parents[1]
 
 SIZES = (1, 16, 64, 256)
 # prompts of 100-300 positions, 150 warm steps: the timed 150 steps run at contexts of ~250-450 up to ~400-600
@@ -103,6 +100,7 @@ def mel_source(args: argparse.Namespace, device: str):
     from chattts_velocity import audio
     from chattts_velocity.assets import AssetPaths
     from chattts_velocity.demo import ensure_model
+    from chattts_velocity.precision import Precision
     from chattts_velocity.speech import DecoderSource
 
     paths = AssetPaths.from_root(ensure_model(args.model)[0])
@@ -110,7 +108,8 @@ def mel_source(args: argparse.Namespace, device: str):
     vocos = audio.Vocos.from_state_dict(audio.load_safetensors(paths.vocos)).to(device).eval()
     dtype = torch.bfloat16 if args.dtype == "bfloat16" else None
     decoder, vocos = audio.cast_for_autocast(decoder, dtype), audio.cast_for_autocast(vocos, dtype)
-    return DecoderSource(decoder, vocos, dtype)
+    audio_dtype = "bfloat16" if dtype else "float32"
+    return DecoderSource(decoder, vocos, Precision.decide(device=device, decode_dtype=audio_dtype))
 
 
 def measure(args: argparse.Namespace, plan: dict, report: dict, save) -> None:

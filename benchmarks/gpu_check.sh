@@ -8,7 +8,7 @@
 # length, GEMM tiles x split-K targets. Every part has its own time limit and is saved as it ends; a step that fails
 # or times out never stops the next. Writes gpu_check.json and profile_gpu_kernels.json into $RESULTS (default
 # benchmarks/results; docs/gpu.md).
-#   bash benchmarks/gpu_check.sh [gpu_check.py options]      # python benchmarks/gpu_check.py --help
+#   bash benchmarks/gpu_check.sh [gpu_check.py options]      # python -m benchmarks.gpu_check --help
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python}"
@@ -22,7 +22,7 @@ timeout 140 "$PYTHON" -m pytest -q -p no:cacheprovider -m "gpu or triton" --juni
     tests/engine/test_sync.py tests/engine/test_warm_up.py tests/audio/test_gpu_decode.py \
     tests/audio/test_chunk_plan.py tests/model/test_triton_layer_kernels.py tests/model/test_split_k.py \
     tests/model/test_top_p_top_k.py || true
-timeout 230 "$PYTHON" benchmarks/gpu_check.py --device cuda --model demo --tests "$JUNIT" \
+timeout 230 "$PYTHON" -m benchmarks.gpu_check --device cuda --model demo --tests "$JUNIT" \
     --out "$RESULTS/gpu_check.json" "$@" || true
 rm -f "$JUNIT"
-timeout 100 "$PYTHON" benchmarks/profile_gpu_kernels.py --out "$RESULTS/profile_gpu_kernels.json" || true
+timeout 100 "$PYTHON" -m benchmarks.profile_gpu_kernels --out "$RESULTS/profile_gpu_kernels.json" || true

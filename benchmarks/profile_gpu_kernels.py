@@ -17,26 +17,22 @@
 Each part runs under its own time limit (PART_SECONDS, gpu_check.timed_part) and is saved as it ends; one that
 fails or runs out of time is recorded under `errors`.
 
-    python benchmarks/profile_gpu_kernels.py --out benchmarks/results/profile_gpu_kernels.json
+    python -m benchmarks.profile_gpu_kernels --out benchmarks/results/profile_gpu_kernels.json
 """
 from __future__ import annotations
 
 import argparse
 import collections
 import json
-import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from benchmarks import gpu_check_parts as parts  # noqa: E402 (needs REPO on sys.path)
-from benchmarks.gpu_check import timed_part  # noqa: E402
+from benchmarks import gpu_check_parts as parts
+from benchmarks.gpu_check import timed_part
 
 PART_SECONDS = {"kernels": 40, "gemm": 15, "attention": 15, "tiles": 25}  # 95 s, inside gpu_check.sh's limit
 WARM_STEPS = 150  # decode steps before the profile: contexts from the prompts' 100-300 to ~250-450
+REPO = Path(__file__).resolve().parents[1]
 
 # (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages, maxnreg): gemm.HALF_TILE first, its neighbours, the former 16 x 16 tile
 TILES = [(64, 32, 64, 4, 4, 168), (64, 32, 64, 4, 3, 168), (64, 64, 64, 4, 4, 168), (64, 32, 128, 4, 3, 168),

@@ -6,7 +6,7 @@ and, over further steps of their own, a cProfile of the host work (the functions
 time under cProfile is recorded apart, as `cprofile_step_ms_median`). The gap between the step and the replay is
 host work the GPU waits for. Writes results/profile_gpu_step.json.
 
-    python benchmarks/profile_gpu_step.py --sizes 1,64 --steps 100
+    python -m benchmarks.profile_gpu_step --sizes 1,64 --steps 100
 """
 from __future__ import annotations
 
@@ -16,13 +16,10 @@ import io
 import json
 import pstats
 import statistics
-import sys
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
 
 
 def _requests(engine, n: int, steps: int) -> None:

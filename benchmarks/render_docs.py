@@ -3,8 +3,8 @@
 A doc marks a generated table as `<!-- generated: NAME -->` ... `<!-- end -->`; this script replaces what lies
 between with the table NAME renders from the JSON (benchmarks/lib/doc_tables.py): docs and results cannot drift apart.
 
-    python benchmarks/render_docs.py            # rewrite the marked blocks in README.md and docs/*.md
-    python benchmarks/render_docs.py --check    # exit 1, naming the docs, when a block differs (the test does this)
+    python -m benchmarks.render_docs            # rewrite the marked blocks in README.md and docs/*.md
+    python -m benchmarks.render_docs --check    # exit 1, naming the docs, when a block differs (the test does this)
 """
 from __future__ import annotations
 
@@ -15,13 +15,11 @@ from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from benchmarks import audio_parts  # noqa: E402 (needs REPO on sys.path)
+from benchmarks import audio_parts
 from benchmarks.lib import doc_tables as tables  # noqa: E402
 from benchmarks.lib import doc_tables_gpu as gpu_tables  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
 
 RESULTS = REPO / "benchmarks" / "results"
 BLOCK = re.compile(r"(<!-- generated: (?P<name>[\w.-]+) -->\n)(?P<body>.*?)(<!-- end -->)", re.S)
@@ -103,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         stale = stale_documents()
         for name in stale:
-            print(f"{name}: generated tables differ from benchmarks/results (run python benchmarks/render_docs.py)")
+            print(f"{name}: generated tables differ from benchmarks/results (run python -m benchmarks.render_docs)")
         return 1 if stale else 0
     for path in documents():
         path.write_text(render(path.read_text(encoding="utf-8")), encoding="utf-8")

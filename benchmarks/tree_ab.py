@@ -1,11 +1,11 @@
 """Two source trees of this package in one run, interleaved: the one harness for every "before vs after" figure.
 
-    python benchmarks/tree_ab.py --trees OLD_CHECKOUT . --model .pytest-assets/full --case chat --sizes 1,8,32
-    python benchmarks/tree_ab.py --trees OLD_CHECKOUT . --model .pytest-assets/full --case gpt --sizes 1,16,64
-    python benchmarks/tree_ab.py ... --case gpt --noamx --out /tmp/invariance_ab_noamx.json
-    python benchmarks/tree_ab.py --trees OLD_CHECKOUT . --case kernels --dtypes bfloat16,int8,int4 --sizes 1,16,64
+    python -m benchmarks.tree_ab --trees OLD_CHECKOUT . --model .pytest-assets/full --case chat --sizes 1,8,32
+    python -m benchmarks.tree_ab --trees OLD_CHECKOUT . --model .pytest-assets/full --case gpt --sizes 1,16,64
+    python -m benchmarks.tree_ab ... --case gpt --noamx --out /tmp/invariance_ab_noamx.json
+    python -m benchmarks.tree_ab --trees OLD_CHECKOUT . --case kernels --dtypes bfloat16,int8,int4 --sizes 1,16,64
 
-Cases (each measurement is a fresh process with its tree first on sys.path):
+Cases (each measurement is a fresh process with its tree first on its path):
 - `chat`: `Chat.infer` through the public API (refine off, one seeded text per size, forced to --steps code steps,
   Decoder + Vocos included), best of 2 calls, 2 threads: code steps per second end to end.
 - `gpt`: the velocity GPT alone (`load_pretrained(is_vllm=True)`, N seeded requests forced to --steps, prefill
@@ -27,13 +27,12 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+
+from benchmarks.lib.ab import interleaved
 
 PRELUDE = r"""
 import hashlib, sys, time, json
-sys.path.insert(0, sys.argv[1])
 import torch
 torch.set_num_threads(2)
 model, dtype, sizes, steps = sys.argv[2], sys.argv[3], [int(s) for s in sys.argv[4].split(",")], int(sys.argv[5])
@@ -122,13 +121,11 @@ with torch.inference_mode():
 print(json.dumps({"figures": figures, "digests": digests}))
 """,
 }
-Measured = TypeVar("Measured")
-
 
 def measure(case: str, tree: str, args: argparse.Namespace, dtype: str) -> dict[str, dict]:
     """One fresh process of `tree` -> {"figures": {key: figure}, "digests": {key: output digest}}."""
     env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"} if args.noamx else dict(os.environ)
-    env.pop("PYTHONPATH", None)  # the child puts its tree first on sys.path itself
+    env["PYTHONPATH"] = str(Path(tree).resolve())  # the child's tree first on its path
     done = subprocess.run([sys.executable, "-c", CASES[case], str(Path(tree).resolve()), str(args.model), dtype,
                            args.sizes, str(args.steps), "noamx" if args.noamx else "amx"],
                           capture_output=True, text=True, env=env, timeout=1800)
@@ -136,19 +133,6 @@ def measure(case: str, tree: str, args: argparse.Namespace, dtype: str) -> dict[
         raise SystemExit(f"error: the {case} case failed in {tree}:\n{done.stderr[-2000:]}")
     result: dict[str, dict] = json.loads(done.stdout.strip().splitlines()[-1])
     return result
-
-
-def interleaved(trees: list[str], pairs: int, measure_one: Callable[[str], Measured],
-                echo: bool = True) -> list[list[Measured]]:
-    """`pairs` rounds, each measuring every tree once in turn: per tree (in order), one result per round (each
-    printed as it comes unless echo is False). Every benchmark that compares trees runs them through this."""
-    runs: list[list[Measured]] = [[] for _ in trees]
-    for _ in range(pairs):
-        for tree, results in zip(trees, runs, strict=True):
-            results.append(measure_one(tree))
-            if echo:
-                print(tree, results[-1], flush=True)
-    return runs
 
 
 def compare(old: list[dict[str, float]], new: list[dict[str, float]]) -> dict[str, dict]:
@@ -179,7 +163,8 @@ def main(argv: list[str] | None = None) -> dict:
     results = {}
     for dtype in args.dtypes.split(","):
         print(dtype, flush=True)
-        runs = interleaved(args.trees, args.pairs, lambda tree, dtype=dtype: measure(args.case, tree, args, dtype))
+        runs = interleaved(args.trees, args.pairs, lambda tree, dtype=dtype: measure(args.case, tree, args, dtype),
+                           echo=True)
         old, new = runs
         same = same_outputs([r["digests"] for r in old + new])
         results[dtype] = {key: {**cell, "same_output": same[key]}

@@ -124,6 +124,22 @@ def read_safetensors(path: str | Path, what: str) -> dict[str, torch.Tensor]:
         raise ValueError(f"{what}: {path} is not a readable safetensors file ({exc})") from None
 
 
+def check_state_dict(what: str, state_dict: Mapping[str, torch.Tensor], expected: Mapping[str, torch.Tensor],
+                     fix: str = "") -> None:
+    """The one check of a checkpoint's tensors against a module's state dict (its keys and shapes), before a
+    strict load: a ValueError naming `what`, the first keys that differ, and `fix` (what to pass instead)."""
+    def first(keys: list[str]) -> str:
+        return f"{keys[:8]}{' ...' if len(keys) > 8 else ''}"
+
+    missing, unexpected = sorted(set(expected) - set(state_dict)), sorted(set(state_dict) - set(expected))
+    if missing or unexpected:
+        raise ValueError(f"{what}: missing keys {first(missing)}, unexpected keys {first(unexpected)}{fix}")
+    wrong = [f"{k}: file {tuple(v.shape)} vs module {tuple(expected[k].shape)}" for k, v in state_dict.items()
+             if v.shape != expected[k].shape]
+    if wrong:
+        raise ValueError(f"{what}: shapes differ from the module's {wrong[:4]}{fix}")
+
+
 def _looks_like_asset_dir(folder: Path) -> bool:
     if folder.name == "asset":
         return True

@@ -2,11 +2,13 @@
 
 Drop-in for upstream `ChatTTS.Chat` callers: same method names, parameters and defaults, but one
 waveform per input text, no mutation of params, and the velocity engine behind `use_vllm=True`.
-Everything below turns upstream's arguments into one SynthesisJob (`use_decoder` into a mel source) and hands it to
-the pipeline's `run`, `run_each` or `stream`, which take the model one call at a time, from any thread.
+Everything below turns upstream's arguments into one SynthesisJob (`use_decoder` into a mel source) and runs it
+through the pipeline: `synthesis(job).run()` or `.stream()` (speech/synthesis.py), or `run_each`, which take the
+model one call at a time, from any thread.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Iterator
 from pathlib import Path
@@ -172,8 +174,8 @@ class Chat:
                            text=TextOptions(lang, do_text_normalization, do_homophone_replacement, split_text),
                            use_vllm=use_vllm, max_batch=max_split_batch)
         if stream and not job.refine_only:
-            return self.pipeline.stream(job)
-        out = self.pipeline.run(job)
+            return self.pipeline.synthesis(dataclasses.replace(job, shape="chunks")).stream()
+        out = self.pipeline.synthesis(job).run()
         return out[0] if job.refine_only and isinstance(text, str) else out
 
     def infer_many(

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import InitVar, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -72,12 +72,7 @@ def _checked(path: Path, name: str, value: object, kind: str) -> int | float:
 
 
 BACKENDS = ("auto", "torch", "cpu", "triton")
-
-
-def resolve_device(device: str | torch.device | None) -> torch.device:
-    """The device a model loads on: the one asked for, else CUDA when there is one, else the CPU. Decided once,
-    when a pipeline loads (or the CLI, before it loads one), and passed down."""
-    return torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+PRECISION_OPTIONS = ("dtype", "kv_cache_dtype", "device")  # from_kwargs' strings, decided into EngineConfig.precision
 
 
 @dataclass
@@ -91,38 +86,43 @@ class EngineConfig:
     max_model_len: int = 4096
     enable_prefix_caching: bool = True
     scheduling: str = "fcfs"  # or "priority"
-    device: str = "cpu"
-    dtype: str = "float32"  # "float32" (exact), "bfloat16", "float16", "int8" or "int4" (precision.py)
+    # the device and every dtype (precision.py), decided once by the caller; the default: exact float32 on the CPU
+    precision: Precision = field(default_factory=Precision.decide)
     backend: str = "auto"  # decode backend: "auto", "torch", "cpu" or "triton" (engine/worker/backends/select.py)
-    kv_cache_dtype: str = "auto"  # "auto": the weights' dtype; "int8": one fp32 scale per (slot, head), cpu backend
     compile: bool = False  # torch.compile the decode step (torch backend)
     # launch steady decode step n+1 before reading step n's tokens (engine/worker/overlap.py); None: where steady steps
     # run as one CUDA graph (the triton backend on CUDA). Read once, by the model runner.
     overlap: bool | None = None
     num_threads: int | None = None
     seed: int = 0  # seeds the generator that picks seeds for unseeded requests
-    precision: Precision = field(init=False, repr=False, compare=False)  # decided from dtype, kv_cache_dtype, ...
-    decided: InitVar[Precision | None] = None  # a Precision decided by the caller (the speech pipeline's), used as is
 
-    def __post_init__(self, decided: Precision | None) -> None:
+    def __post_init__(self) -> None:
         if self.block_size < 1 or self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
             raise ValueError("block_size, max_num_seqs and max_num_batched_tokens must be >= 1")
         if self.scheduling not in ("fcfs", "priority"):
             raise ValueError(f"scheduling: must be 'fcfs' or 'priority', got {self.scheduling!r}")
         if self.backend not in BACKENDS:
             raise ValueError(f"backend: must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
-        if decided is not None:
-            self.precision, self.dtype = decided, decided.dtype
-        else:
-            self.precision = Precision.decide(self.dtype, self.kv_cache_dtype, device=self.device,
-                                              backend=self.backend)
+
+    @property
+    def device(self) -> torch.device:
+        """The precision's device: where the weights, the KV pool and every step live."""
+        return self.precision.device
 
     @classmethod
     def from_kwargs(cls, precision: Precision | None = None, **kwargs: Any) -> EngineConfig:
-        """The config of these options; `precision` (a decided Precision) overrides dtype and kv_cache_dtype."""
-        names = {f.name for f in fields(cls) if f.init}
-        unknown = set(kwargs) - names
+        """The config of these options. The engine's public edge: `precision` (a decided Precision), or its choices
+        as strings (dtype, kv_cache_dtype, device; "auto" dtype is resolved where the kernels are known:
+        engine/loading/host.decide_here, load_pretrained), decided here with the backend."""
+        names = {f.name for f in fields(cls) if f.init} - {"precision"}
+        unknown = set(kwargs) - names - set(PRECISION_OPTIONS)
         if unknown:
-            known = sorted(names | {"precision"})
+            known = sorted(names | {"precision", *PRECISION_OPTIONS})
             raise ValueError(f"EngineConfig: unknown option(s) {sorted(unknown)}; known: {known}")
-        return cls(**kwargs, decided=precision)
+        choices = {k: kwargs.pop(k) for k in PRECISION_OPTIONS if k in kwargs}
+        if precision is not None and choices:
+            raise ValueError(f"precision: decided already; {sorted(choices)} cannot change it")
+        if precision is None:
+            precision = Precision.decide(choices.get("dtype", "float32"), choices.get("kv_cache_dtype", "auto"),
+                                         device=choices.get("device", "cpu"), backend=kwargs.get("backend", "auto"))
+        return cls(**kwargs, precision=precision)

@@ -1,10 +1,12 @@
 """Precision: every dtype of a loaded model, decided once from the user's choices.
 
-In: dtype ("auto" or a precision name), kv_cache_dtype, decode_dtype, device, decode backend, whether our C++
-CPU kernels run here (model.kernels.unsupported() is None) and whether the CPU computes bf16 natively
-(model.kernels.native_bf16()); both passed in: this module imports nothing of the package.
-Out: `Precision`, read by the engine (weights, packing, KV cache, activations) and the audio stage (decode dtype);
-nothing else derives a dtype from these strings.
+In: dtype ("auto" or a precision name), kv_cache_dtype, decode_dtype, device (None: CUDA when there is one, else
+the CPU), decode backend, whether our C++ CPU kernels run here (model.kernels.unsupported() is None) and whether the
+CPU computes bf16 natively (model.kernels.native_bf16()); both passed in: this module imports nothing of the package
+(engine/loading/host.py reads them: `decide_here`).
+Out: `Precision`, the device with every dtype, read by the engine (weights, packing, KV cache, activations), the
+plain path (its device; float32 only) and the audio stage (decode dtype); nothing else derives a dtype or a device
+from these strings.
 
 | dtype | GPT weights | linears | KV cache ("auto") | activations |
 |---|---|---|---|---|
@@ -44,8 +46,9 @@ REDUCED = ("bfloat16", "int8", "int4")  # the cpu backend's precisions: int8 KV 
 
 @dataclass(frozen=True)
 class Precision:
-    """The dtypes of one loaded model. Build with `Precision.decide`."""
+    """The device and the dtypes of one loaded model. Build with `Precision.decide`."""
 
+    device: torch.device  # where every stage runs
     dtype: str  # one of DTYPES ("auto" resolved)
     weights: torch.dtype  # the GPT checkpoint's parameters as loaded
     packing: str | None  # PackedLinear mode of the GPT's linears; None: the model's own
@@ -55,13 +58,14 @@ class Precision:
 
     @classmethod
     def decide(cls, dtype: str = "float32", kv_cache_dtype: str = "auto", decode_dtype: str | None = None,
-               device: str | torch.device = "cpu", backend: str = "auto", cpu_kernels: bool | None = None,
+               device: str | torch.device | None = "cpu", backend: str = "auto", cpu_kernels: bool | None = None,
                cpu_bf16: bool = False) -> Precision:
         """The precision of these choices; a ValueError naming the field for a choice that cannot be.
 
         cpu_kernels (whether our C++ CPU kernels run here) is read by dtype "auto", which needs it, and with cpu_bf16
         (whether this CPU computes bf16 natively) by the audio decode's default on CPU (bf16 where either holds)."""
-        on = torch.device(device).type
+        where = resolve_device(device)
+        on = where.type
         if dtype == "auto" and cpu_kernels is None:
             raise ValueError("dtype: 'auto' is resolved where the kernels are known: Precision.decide(dtype='auto', "
                              "cpu_kernels=...) or the CLI's --dtype auto; the engine takes a precision name")
@@ -72,8 +76,8 @@ class Precision:
         if on == "cuda" and packing in ("bfloat16", "float16"):
             packing = None  # cuBLAS on the loaded weights: packing would add a fused copy of q/k/v and gate/up
         return cls(
-            dtype=name, weights=weights, packing=packing,
-            kv_cache=_kv_cache(kv_cache_dtype, name, weights, str(device), backend),
+            device=where, dtype=name, weights=weights, packing=packing,
+            kv_cache=_kv_cache(kv_cache_dtype, name, weights, str(where), backend),
             activations=torch.float32 if on == "cpu" else weights,
             audio=_audio(decode_dtype, name, on, bool(cpu_bf16 or cpu_kernels)),
         )
@@ -87,8 +91,15 @@ class Precision:
         """One line for the load log: what each stage runs in."""
         linears = f", packed {self.packing} linears" if self.packing else ""
         audio = _name(self.audio or torch.float32)
-        return (f"precision {self.dtype}: weights {_name(self.weights)}{linears}, KV cache {_name(self.kv_cache)}, "
+        return (f"precision {self.dtype} on {self.device}: weights {_name(self.weights)}{linears}, "
+                f"KV cache {_name(self.kv_cache)}, "
                 f"activations {_name(self.activations)}, audio decode {audio}")
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    """The device a model loads on: the one asked for, else CUDA when there is one, else the CPU. Decided once,
+    with the precision (Precision.decide), and passed down inside it."""
+    return torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
 
 
 def fastest_dtype(device_type: str, cpu_kernels: bool) -> str:

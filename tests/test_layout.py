@@ -257,3 +257,37 @@ def test_no_test_file_name_repeats_across_test_folders() -> None:
     for path in (REPO / "tests").rglob("test_*.py"):
         by_name.setdefault(path.name, []).append(str(path.relative_to(REPO)))
     assert {name: sorted(paths) for name, paths in by_name.items() if len(paths) > 1} == {}
+
+
+PKG = "chattts_velocity"
+SHARED_ROOT = {f"{PKG}.{m}" for m in ("schema", "config", "precision", "assets")}
+STAGES = ("model", "text", "audio")
+
+
+def our_imports(source: str) -> set[tuple[str, str]]:
+    """(module, target) for every import from the folder `source` (a dotted prefix) to a module outside it."""
+    return {(m, t) for m, targets in module_graph().items() if m == source or m.startswith(source + ".")
+            for t in targets if not (t == source or t.startswith(source + "."))}
+
+
+def test_the_stages_import_nothing_from_each_other_but_the_cpu_kernels() -> None:
+    """docs/architecture.md, "Boundaries": model/, text/ and audio/ import nothing from each other, except that
+    audio/'s C++ decode paths (cpu_decode.py, cpu_panels.py) run on model/kernels (the package's C++ CPU kernels)."""
+    crossing = sorted((m, t) for stage in STAGES for m, t in our_imports(f"{PKG}.{stage}")
+                      if t.split(".")[1] in STAGES)
+    assert crossing and {t for _, t in crossing} == {f"{PKG}.model.kernels"}
+    assert {m.rpartition(".")[2] for m, _ in crossing} <= {"cpu_decode", "cpu_panels"}
+
+
+def test_the_stages_and_the_engine_share_only_the_spine() -> None:
+    """model/, text/, audio/ and engine/ import from the root only schema, config, precision and assets; engine/
+    imports model/ and none of text/, audio/ or the features around them."""
+    found = sorted(f"{m} -> {t}" for stage in (*STAGES, "engine") for m, t in our_imports(f"{PKG}.{stage}")
+                   if t.split(".")[1:2] != ["model"] and t not in SHARED_ROOT)
+    assert found == []
+
+
+def test_speech_never_imports_chat_and_the_page_never_imports_the_cli() -> None:
+    found = sorted(f"{m} -> {t}" for m, t in our_imports(f"{PKG}.speech") | our_imports("webui")
+                   if t == f"{PKG}.chat" or t.startswith(f"{PKG}.cli"))
+    assert found == []

@@ -76,15 +76,30 @@ def test_a_choice_that_cannot_be_names_its_field(choices: dict, error: str) -> N
 
 def test_the_description_names_every_stage_once() -> None:
     line = Precision.decide("int8", "int8", device="cpu", cpu_bf16=True).describe()
-    assert line == ("precision int8: weights bfloat16, packed int8 linears, KV cache int8, activations float32, "
+    assert line == ("precision int8 on cpu: weights bfloat16, packed int8 linears, KV cache int8, activations float32, "
                     "audio decode bfloat16")
     assert "\n" not in line
-    assert Precision.decide("float32").describe() == ("precision float32: weights float32, KV cache float32, "
+    assert Precision.decide("float32").describe() == ("precision float32 on cpu: weights float32, KV cache float32, "
                                                       "activations float32, audio decode float32")
 
 
 def test_the_engine_config_reads_the_same_decision() -> None:
     from chattts_velocity.config import EngineConfig
 
-    config = EngineConfig(dtype="int4", kv_cache_dtype="int8")
+    config = EngineConfig.from_kwargs(dtype="int4", kv_cache_dtype="int8")
     assert config.precision == Precision.decide("int4", "int8", device="cpu")
+
+
+def test_the_device_is_part_of_the_decision() -> None:
+    import torch
+
+    assert Precision.decide(device="cpu").device == torch.device("cpu")
+    want = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    assert Precision.decide(device=None).device == want  # None: CUDA when there is one
+
+
+def test_a_decided_precision_cannot_be_changed_by_strings() -> None:
+    from chattts_velocity.config import EngineConfig
+
+    with pytest.raises(ValueError, match="^precision: decided already"):
+        EngineConfig.from_kwargs(precision=Precision.decide(), dtype="bfloat16")

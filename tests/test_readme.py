@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from chattts_velocity import demo
-from chattts_velocity.cli.common import fastest_dtype
 from chattts_velocity.demo import DEMO_MAX_NEW_TOKEN
+from chattts_velocity.engine.loading.host import decide_here
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -47,7 +47,7 @@ def check_results(namespace: dict, printed: str, cap: int = DEMO_MAX_NEW_TOKEN) 
     words = printed.split()
     assert sorted(words[0::2]) == ["0", "1"] and all(p.isdigit() for p in words)  # in the order they finish
     chat = namespace["chat"]
-    assert chat.default_use_vllm and chat.dtype == fastest_dtype()  # the fast engine, as the CLI's auto picks
+    assert chat.default_use_vllm and chat.dtype == decide_here("auto", device=None).dtype  # the fast engine, as auto
     assert all(len(w) <= cap * SAMPLES_PER_STEP for w in wavs)  # the CLI's demo step cap held
 
 

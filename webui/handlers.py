@@ -198,13 +198,14 @@ class Handlers(ScriptRuns):
         return result
 
     def _infer(self, spoken: str, params: InferCodeParams, options: dict) -> np.ndarray:
-        wav: np.ndarray = self.pipeline.run(self._job(spoken, params, options))[0]
+        wav: np.ndarray = self.pipeline.synthesis(self._job(spoken, params, options)).run()[0]
         return wav
 
-    def _job(self, text: str, params: InferCodeParams, options: dict, **refine: object) -> SynthesisJob:
-        """One run of the page: its text, its own stop flag, the page's engine and batch size."""
+    def _job(self, text: str, params: InferCodeParams, options: dict, **extra: object) -> SynthesisJob:
+        """One run of the page: its text, its own stop flag, the page's engine and batch size (extra: its refine
+        settings, its shape)."""
         return SynthesisJob([text], params, text=TextOptions(split=options["split"]), use_vllm=self.use_vllm,
-                            max_batch=options["max_batch"], progress=False, stop=options["stop"].is_set, **refine)
+                            max_batch=options["max_batch"], progress=False, stop=options["stop"].is_set, **extra)
 
     def _check_text(self, text: str | None) -> None:
         if not (text or "").strip():
@@ -257,7 +258,7 @@ class Handlers(ScriptRuns):
                  ready: queue.Queue) -> None:
         """Engine thread: puts float32 chunks, then None (done) or the exception that stopped it."""
         try:
-            for chunks in self.pipeline.stream(self._job(spoken, params, options)):
+            for chunks in self.pipeline.synthesis(self._job(spoken, params, options, shape="chunks")).stream():
                 chunk = np.asarray(chunks[0], dtype=np.float32)  # [n] new samples of text 0
                 if chunk.size:
                     stats.add(chunk.size, time.perf_counter())
@@ -273,8 +274,8 @@ class Handlers(ScriptRuns):
                                   top_P=float(r.top_p), top_K=int(r.top_k),
                                   manual_seed=check_seed(r.text_seed, "text seed"), show_tqdm=False,
                                   beam_width=whole(r.refine_beams, "refine beams", 1, SHARED_MAX_BEAMS))
-        refined: list[str] = self.pipeline.run(self._job(r.text, InferCodeParams(), options, refine=params,
-                                                         refine_only=True))
+        job = self._job(r.text, InferCodeParams(), options, refine=params, refine_only=True)
+        refined: list[str] = self.pipeline.synthesis(job).run()
         return refined[0]
 
     def _code_params(self, r: Request) -> InferCodeParams:

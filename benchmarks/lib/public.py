@@ -27,6 +27,7 @@ import torch
 
 from chattts_velocity import Chat, InferCodeParams
 from chattts_velocity.audio import decode_hidden_batch
+from chattts_velocity.precision import Precision
 from chattts_velocity.speech import DecoderSource, StreamOptions, StreamSet, stream_texts
 
 SENTENCES = [
@@ -144,7 +145,8 @@ def first_chunk_error(chat: Chat, hidden: torch.Tensor, options: StreamOptions) 
     with torch.inference_mode():
         whole = decode_hidden_batch(chat.decoder, chat.vocos, [hidden])[0]
         streams = StreamSet(options)
-        streams.open(0, DecoderSource(chat.decoder, chat.vocos, None))
+        exact = Precision.decide(device=chat.device, decode_dtype="float32")
+        streams.open(0, DecoderSource(chat.decoder, chat.vocos, exact))
         for row in hidden.split(1):
             chunk = streams.push({0: row}).get(0, np.zeros(0))
             if len(chunk):

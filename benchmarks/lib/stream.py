@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from chattts_velocity.audio import decode_hidden_batch
+from chattts_velocity.precision import Precision
 from chattts_velocity.schema import GenerationOutput
 from chattts_velocity.speech import EMPTY, DecoderSource, MelSource, StreamOptions, StreamSet
 
@@ -67,7 +68,9 @@ class StreamRun:
 def run_stream_ttfa(suite: Suite, n: int, options: StreamOptions, label: str = "") -> StreamRun:
     """n requests at once; returns each one's time to first streamed audio and the streamed clip's error."""
     engine, prompts, params = suite.llm.engine, suite.prompts(n), suite.params()
-    mel, streams = DecoderSource(suite.decoder, suite.vocos, suite.decode_dtype), StreamSet(options)
+    audio_dtype = "bfloat16" if suite.decode_dtype == torch.bfloat16 else "float32"
+    mel = DecoderSource(suite.decoder, suite.vocos, Precision.decide(device=suite.device, decode_dtype=audio_dtype))
+    streams = StreamSet(options)
     for k in range(n):
         streams.open(k, mel)
     chunks: list[list[np.ndarray]] = [[] for _ in range(n)]

@@ -10,7 +10,7 @@ from typing import TypeVar
 import torch
 from torch import nn
 
-from chattts_velocity.assets import read_safetensors
+from chattts_velocity.assets import check_state_dict, read_safetensors
 
 M = TypeVar("M", bound=nn.Module)
 
@@ -40,18 +40,6 @@ def count_indexed(sd: dict[str, torch.Tensor], prefix: str, what: str) -> int:
 
 def load_strict(module: M, sd: dict[str, torch.Tensor], what: str) -> M:
     """load_state_dict(strict=True), with missing/unexpected keys and shape mismatches as ValueError."""
-    expected = module.state_dict()
-    missing = sorted(set(expected) - set(sd))
-    unexpected = sorted(set(sd) - set(expected))
-    if missing or unexpected:
-        raise ValueError(
-            f"{what} state dict does not match the module: missing keys {missing[:8]}"
-            f"{' ...' if len(missing) > 8 else ''}, unexpected keys {unexpected[:8]}"
-            f"{' ...' if len(unexpected) > 8 else ''}; pass the official {what}.safetensors contents"
-        )
-    wrong = [f"{k}: file {tuple(sd[k].shape)} vs module {tuple(v.shape)}"
-             for k, v in expected.items() if sd[k].shape != v.shape]
-    if wrong:
-        raise ValueError(f"{what} state dict: inconsistent shapes {wrong[:4]}")
+    check_state_dict(f"{what} state dict", sd, module.state_dict(), f"; pass the official {what}.safetensors contents")
     module.load_state_dict(sd, strict=True)
     return module

@@ -24,21 +24,20 @@ PACKAGE_DIR = Path(__file__).resolve().parents[1]
 DTYPES = list(precision.DTYPE_CHOICES)
 
 
-def fastest_dtype() -> str:
-    """dtype "auto" on the device Chat.load picks by default (what Chat.load(dtype="auto") loads)."""
-    from ..config import resolve_device
-    from ..speech.pipeline import auto_dtype
-
-    return auto_dtype(resolve_device(None))
-
-
 def resolve_dtype(args: argparse.Namespace) -> str:
-    """--dtype auto -> the fastest precision here, said once on stderr."""
+    """--dtype for a load in other processes (Ray): auto -> the fastest precision on this host (decide_here, the
+    one decision of every load), said once on stderr. A load here decides it itself (load_chat)."""
+    from ..engine.loading.host import decide_here
+
     if args.dtype == "auto":
-        args.dtype = fastest_dtype()
-        print(f"precision: {args.dtype} (the fastest measured here; --dtype float32 for exact runs)", file=sys.stderr)
+        args.dtype = decide_here("auto", device=None).dtype
+        say_auto(args.dtype)
     dtype: str = args.dtype
     return dtype
+
+
+def say_auto(dtype: str) -> None:
+    print(f"precision: {dtype} (the fastest measured here; --dtype float32 for exact runs)", file=sys.stderr)
 
 
 def load_line(chat: Chat) -> str:
@@ -165,17 +164,15 @@ def model_folder(args: argparse.Namespace) -> tuple[Path, bool]:
 def seed_speakers(args: argparse.Namespace) -> Callable[[int], str]:
     """seed -> the speaker string the model of the flags draws for it (Chat.sample_random_speaker(seed=...) on the
     device Chat.load picks), read from its config alone: the export resolves presets and seeds before it loads."""
-    import torch
-
     from ..assets import AssetPaths
     from ..config import ModelConfig
+    from ..precision import resolve_device
     from ..text import sample_random_speaker
 
     def draw(seed: int) -> str:
         if not hasattr(args, "hidden_size"):
             args.hidden_size = ModelConfig.from_json(AssetPaths.from_root(model_folder(args)[0]).gpt_config).hidden_size
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-        return sample_random_speaker(args.hidden_size, device=device, seed=seed)
+        return sample_random_speaker(args.hidden_size, device=resolve_device(None), seed=seed)
 
     return draw
 
@@ -183,7 +180,6 @@ def seed_speakers(args: argparse.Namespace) -> Callable[[int], str]:
 def load_chat(args: argparse.Namespace, use_vllm: bool = True, compile: bool = False) -> Chat:
     """A loaded Chat from the model flags; a folder that is not the official files is refused in one line."""
     root, verify = model_folder(args)
-    resolve_dtype(args)
     chat = Chat()
     engine = engine_options(args) if use_vllm else EngineOptions()  # the plain path has no backends
     try:
@@ -194,6 +190,9 @@ def load_chat(args: argparse.Namespace, use_vllm: bool = True, compile: bool = F
                 f"sha256 differs for {', '.join(exc.mismatched)}")
         hint = "; for custom or fine-tuned weights add --no-verify" if not exc.missing else ""
         raise ValueError(f"--model {root}: not the official ChatTTS files ({what}){hint}") from None
+    if args.dtype == "auto":  # decided by the load, once: what it chose
+        args.dtype = chat.pipeline.precision.dtype
+        say_auto(args.dtype)
     print(load_line(chat), file=sys.stderr)
     return chat
 

@@ -129,19 +129,29 @@ def _add_export_ray_flags(p: argparse.ArgumentParser) -> None:
                    help="lines an actor synthesises together, one shard (default %(default)s)")
 
 
-def bench_module() -> ModuleType:
-    """benchmarks/bench_engine.py of a source checkout (the same code as `python benchmarks/bench_engine.py`)."""
+CHECKOUT = Path(__file__).resolve().parents[2]  # the source checkout's root, when the package runs from one
+
+
+def bench_module(root: Path = CHECKOUT) -> ModuleType:
+    """benchmarks/bench_engine.py of the source checkout at `root` (the same code as `python -m
+    benchmarks.bench_engine` there), imported with its package; an installed wheel holds no benchmarks: a one-line
+    error says the command needs the repository."""
+    import importlib
     import importlib.util
 
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_engine.py"
-    if not path.exists():
-        raise SystemExit(f"bench: {path} not found; run from a source checkout of chattts_velocity")
-    spec = importlib.util.spec_from_file_location("bench_engine", path)
-    if spec is None or spec.loader is None:
-        raise SystemExit(f"bench: {path} is not a Python module")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    folder = root / "benchmarks"
+    if not (folder / "__init__.py").is_file() or not (folder / "bench_engine.py").is_file():
+        raise SystemExit("bench: needs a source checkout of chattts_velocity (the benchmarks are not part of the "
+                         "installed package); in a clone, `pip install -e .` and run `chattts-velocity bench` or "
+                         "`python -m benchmarks.bench_engine`")
+    if "benchmarks" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("benchmarks", folder / "__init__.py",
+                                                      submodule_search_locations=[str(folder)])
+        if spec is None or spec.loader is None:
+            raise SystemExit(f"bench: {folder} is not a Python package")
+        sys.modules["benchmarks"] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules["benchmarks"])
+    return importlib.import_module("benchmarks.bench_engine")
 
 
 def bench_argv(argv: list[str]) -> list[str]:
@@ -155,7 +165,7 @@ def bench_argv(argv: list[str]) -> list[str]:
 def _add_bench(sub: Subparsers) -> None:
     # `main` hands every argument after `bench` to benchmarks/bench_engine.py unparsed.
     sub.add_parser("bench", help="velocity vs plain path (and reference) in the same run; JSON results (from a "
-                                 "source checkout: it runs benchmarks/bench_engine.py)",
+                                 "source checkout only: it runs its benchmarks/bench_engine.py)",
                    add_help=False)
 
 

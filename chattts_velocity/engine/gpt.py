@@ -8,9 +8,13 @@ from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
+import torch
+
 from chattts_velocity.assets import AssetPaths
 from chattts_velocity.config import ModelConfig
 from chattts_velocity.engine.llm_engine import LLMEngine
+from chattts_velocity.engine.loading.host import decide_here
+from chattts_velocity.precision import Precision
 from chattts_velocity.schema import GenerationOutput, Prompt, SamplingParams
 
 StopFlag = Callable[[], bool] | None
@@ -51,28 +55,38 @@ class GPTBackend(Protocol):
 def load_pretrained(
     assets: AssetPaths | str | Path,
     is_vllm: bool = False,
-    device: str = "cpu",
+    device: str | torch.device | None = "cpu",
     dtype: str = "float32",
     compile: bool = False,
     kv_cache_dtype: str = "auto",
+    precision: Precision | None = None,
     **engine_kwargs: Any,
 ) -> GPTBackend:
     """Load the GPT + Embed from an asset folder.
 
-    is_vllm=False -> `PlainGPT`: transformers `LlamaModel` and upstream's batched loop (the baseline).
+    is_vllm=False -> `PlainGPT`: transformers `LlamaModel` and upstream's batched loop (the baseline; float32 only).
     is_vllm=True  -> `LLM`: the velocity engine (paged KV cache, continuous batching, per-request sampling).
-    dtype, compile, kv_cache_dtype and engine_kwargs are EngineConfig fields (velocity engine only).
+    `precision` (decided by the caller, its device included) is used as is; else device, dtype ("auto": the
+    fastest here) and kv_cache_dtype are decided into one here (engine/loading/host.py). compile and engine_kwargs
+    are EngineConfig fields (velocity engine only).
     """
     paths = assets if isinstance(assets, AssetPaths) else AssetPaths.from_root(assets)
+    choices = {"device": device != "cpu", "dtype": dtype != "float32", "kv_cache_dtype": kv_cache_dtype != "auto"}
+    if precision is not None and any(choices.values()):
+        raise ValueError(f"precision: decided already; {[k for k, given in choices.items() if given]} cannot "
+                         "change it")
     if is_vllm:
         from chattts_velocity.engine.llm import LLM
 
-        return LLM.from_assets(paths, device=device, dtype=dtype, compile=compile, kv_cache_dtype=kv_cache_dtype,
-                               **engine_kwargs)
+        precision = precision or decide_here(dtype, kv_cache_dtype, device=device,
+                                             backend=engine_kwargs.get("backend", "auto"))
+        return LLM.from_assets(paths, precision=precision, compile=compile, **engine_kwargs)
+    if precision is not None:  # its choices, as named
+        dtype, kv_cache_dtype = precision.dtype, "int8" if precision.kv_cache == torch.int8 else "auto"
     if dtype != "float32" or kv_cache_dtype != "auto" or engine_kwargs:
         extra = (sorted(engine_kwargs) + ([f"dtype={dtype}"] if dtype != "float32" else [])
                  + ([f"kv_cache_dtype={kv_cache_dtype}"] if kv_cache_dtype != "auto" else []))
         raise ValueError(f"load_pretrained: {extra} only apply to the velocity engine (is_vllm=True)")
     from chattts_velocity.engine.plain.loop import PlainGPT
 
-    return PlainGPT.load(paths.gpt_dir, paths.embed, device=device)
+    return PlainGPT.load(paths.gpt_dir, paths.embed, precision or decide_here(device=device))

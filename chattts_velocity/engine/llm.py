@@ -12,6 +12,7 @@ from chattts_velocity.engine.collect import Collectors
 from chattts_velocity.engine.llm_engine import LLMEngine
 from chattts_velocity.engine.progress import progress_bar
 from chattts_velocity.model import Embed
+from chattts_velocity.precision import Precision
 from chattts_velocity.schema import GenerationOutput, Prompt, SamplingParams, raise_first_error
 
 
@@ -22,9 +23,10 @@ class LLM:
         self.engine = engine
 
     @classmethod
-    def from_assets(cls, paths: AssetPaths, device: str = "cpu", dtype: str = "float32", compile: bool = False,
-                    **engine_kwargs: Any) -> LLM:
-        return cls(LLMEngine.from_assets(paths, device=device, dtype=dtype, compile=compile, **engine_kwargs))
+    def from_assets(cls, paths: AssetPaths, precision: Precision | None = None, **engine_kwargs: Any) -> LLM:
+        """The engine on these weights in `precision` (its device and dtypes, decided by the caller; None: the
+        strings among engine_kwargs, else exact float32 on the CPU: EngineConfig.from_kwargs)."""
+        return cls(LLMEngine.from_assets(paths, precision=precision, **engine_kwargs))
 
     @property
     def config(self) -> ModelConfig:

@@ -56,8 +56,7 @@ class LLMEngine:
         if engine_config.max_model_len > config.max_position_embeddings:  # RoPE has no positions beyond it
             logger.info("max_model_len %d -> %d (the model's max_position_embeddings)", engine_config.max_model_len,
                         config.max_position_embeddings)
-            engine_config = dataclasses.replace(engine_config, max_model_len=config.max_position_embeddings,
-                                                decided=engine_config.precision)
+            engine_config = dataclasses.replace(engine_config, max_model_len=config.max_position_embeddings)
         self.config, self.engine_config = config, engine_config
         logger.info("%s", engine_config.precision.describe())
         pack_for(model, engine_config.precision)

@@ -32,7 +32,9 @@ Log = Callable[[str], None]
 
 
 @dataclass(frozen=True)
-class LineJob:
+class ShardLine:
+    """One line of a shard, as its synthesis takes it (the plan's ExportLine is the line's record)."""
+
     key: int  # the line's index in plan.lines
     text: str
     params: InferCodeParams  # the run's template with this line's speaker, seed and cloned clip
@@ -50,7 +52,7 @@ class LineJob:
 class Shard:
     """Lines synthesised together (one SpeechPipeline.run_each call) and what every WAV of the run gets."""
 
-    jobs: list[LineJob]
+    jobs: list[ShardLine]
     timestamps: bool = False  # also make each WAV's sentence spans
     loudness: float | None = None  # LUFS target, or None: as generated
     captions: str | None = None  # also make each WAV's caption file: "srt" or "vtt"
@@ -70,20 +72,20 @@ class LineResult:
 
 def shards_of(plan: ExportPlan, params: InferCodeParams, size: int) -> list[Shard]:
     """The plan's pending lines, in order, as shards of at most `size` lines."""
-    jobs = [line_job(plan, key, dataclasses.replace(params, spk_emb=line.speaker, manual_seed=line.seed,
+    jobs = [shard_line(plan, key, dataclasses.replace(params, spk_emb=line.speaker, manual_seed=line.seed,
                                                     **plan.clip_params(line)))
             for key, line in enumerate(plan.lines) if line.status == "pending"]
     return [Shard(jobs[start : start + size], plan.timestamps, plan.loudness, plan.captions)
             for start in range(0, len(jobs), size)]
 
 
-def line_job(plan: ExportPlan, key: int, params: InferCodeParams) -> LineJob:
-    """A pending line's job; a script's turn voices were resolved by plan_export (plan.turn_voices)."""
+def shard_line(plan: ExportPlan, key: int, params: InferCodeParams) -> ShardLine:
+    """A pending line as its shard takes it; a script's turn voices were resolved by plan_export (plan.turn_voices)."""
     text = plan.lines[key].text
     script = parse_script(text, SAMPLE_RATE, "text")
     if script is None:
-        return LineJob(key, text, params)
-    return LineJob(key, text, params, script, tuple(turn_params(script, params, plan.turn_voices.__getitem__)))
+        return ShardLine(key, text, params)
+    return ShardLine(key, text, params, script, tuple(turn_params(script, params, plan.turn_voices.__getitem__)))
 
 
 def run_shard(pipeline: SpeechPipeline, shard: Shard, done: Callable[[LineResult], None], log: Log) -> None:
@@ -128,7 +130,7 @@ def run_shard(pipeline: SpeechPipeline, shard: Shard, done: Callable[[LineResult
                 run_shard(pipeline, dataclasses.replace(shard, jobs=part), finish, log)
 
 
-def _joined(job: LineJob, turns: dict[int, np.ndarray | Spoken], last: np.ndarray | Spoken) -> np.ndarray | Spoken:
+def _joined(job: ShardLine, turns: dict[int, np.ndarray | Spoken], last: np.ndarray | Spoken) -> np.ndarray | Spoken:
     """A line's audio: its one text's result, or its script's turns joined with their pauses."""
     if job.script is None:
         return last

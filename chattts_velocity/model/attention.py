@@ -2,7 +2,7 @@
 
 In: packed q/k/v rows of the new positions of one step `[N_new, heads, head_dim]`. Out: `[N_new, heads, head_dim]`.
 KV pool layout: per layer a (K, V) pair of tensors `[num_blocks, block_size, num_heads, head_dim]`
-(allocate_kv_pairs); pool slot s = block * block_size + offset. int8 pools (EngineConfig.kv_cache_dtype) hold one
+(allocate_kv_pairs); pool slot s = block * block_size + offset. int8 pools (kv_cache_dtype "int8") hold one
 scale per (slot, head) inside the row: `[..., head_dim + KV_SCALE_BYTES]`, see quantize_kv.
 """
 from __future__ import annotations

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils.parametrizations import weight_norm
 
+from chattts_velocity.assets import check_state_dict
 from chattts_velocity.model import kernels
 
 
@@ -75,14 +76,7 @@ class Embed(nn.Module):
         with torch.device("meta"):
             embed = cls(hidden_size, num_audio_tokens, num_text_tokens, num_vq)
         expected = embed.state_dict()
-        missing = sorted(set(expected) - set(state_dict))
-        unexpected = sorted(set(state_dict) - set(expected))
-        if missing or unexpected:
-            raise ValueError(f"Embed state dict: missing keys {missing}, unexpected keys {unexpected}")
-        bad = [f"{k}: {tuple(v.shape)} != {tuple(expected[k].shape)}" for k, v in state_dict.items()
-               if v.shape != expected[k].shape]
-        if bad:
-            raise ValueError(f"Embed state dict: shape mismatch {bad}")
+        check_state_dict("Embed state dict", state_dict, expected, "; is this asset/Embed.safetensors?")
         embed.load_state_dict(state_dict, strict=True, assign=True)
         return embed
 

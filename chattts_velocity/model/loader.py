@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from chattts_velocity.assets import read_safetensors
+from chattts_velocity.assets import check_state_dict, read_safetensors
 from chattts_velocity.config import ModelConfig
 from chattts_velocity.model.embed import Embed
 from chattts_velocity.model.llama import ChatTTSLlama
@@ -17,17 +17,6 @@ from chattts_velocity.model.llama import ChatTTSLlama
 
 def _ignored(key: str) -> bool:
     return key == "embed_tokens.weight" or key.endswith("rotary_emb.inv_freq")
-
-
-def _check_keys(what: str, state_dict: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:
-    missing = sorted(set(expected) - set(state_dict))
-    unexpected = sorted(set(state_dict) - set(expected))
-    if missing or unexpected:
-        raise ValueError(f"{what}: missing keys {missing}, unexpected keys {unexpected}")
-    bad = [f"{k}: {tuple(v.shape)} != {tuple(expected[k].shape)}" for k, v in state_dict.items()
-           if v.shape != expected[k].shape]
-    if bad:
-        raise ValueError(f"{what}: shapes disagree with gpt/config.json: {bad}")
 
 
 def load_gpt(
@@ -46,7 +35,7 @@ def load_gpt(
     state_dict = {k: v for k, v in read_safetensors(file, "gpt weights").items() if not _ignored(k)}
     with torch.device("meta"):
         model = ChatTTSLlama(config)
-    _check_keys(f"gpt weights {file}", state_dict, model.state_dict())
+    check_state_dict(f"gpt weights {file}", state_dict, model.state_dict(), "; is gpt/config.json this checkpoint's?")
     model.to_empty(device=device)
     model.load_state_dict(state_dict, strict=True)
     model = model.to(dtype=dtype)

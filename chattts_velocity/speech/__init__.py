@@ -1,7 +1,8 @@
 """Speech: the pipeline built once (text front end, GPT backends, mel sources) and streaming on top of it.
 
 pipeline.py holds SpeechPipeline (what Chat, the server, the export and the web UI share) and its use cases
-(`run`, `run_each`, `stream` of a SynthesisJob, job.py); prepare.py the one preparation of a job (pieces, refine,
+(`synthesis(job)`: a SynthesisJob, job.py, with its verbs run / stream / arun / astream / cancel, synthesis.py;
+`run`, `stream` and `run_each`); prepare.py the one preparation of a job (pieces, refine,
 step caps, code requests) that `run`/`stream` and the server drive; frontend.py the text front end; mel_source.py the
 mel sources; streams.py the shared streaming pieces (StreamOptions, StreamSet). The server's SpeechService, built on
 these, lives in serve/service.py.
@@ -12,7 +13,8 @@ from chattts_velocity.speech.mel_source import MEL_SOURCES, DecoderSource, DVAES
 from chattts_velocity.speech.pipeline import SpeechPipeline
 from chattts_velocity.speech.prepare import PreparedJob, TextGeneration
 from chattts_velocity.speech.streams import EMPTY, StreamOptions, StreamSet, stream_texts
+from chattts_velocity.speech.synthesis import Synthesis
 
 __all__ = ["EMPTY", "MEL_SOURCES", "DVAESource", "DecoderSource", "MelSource", "PreparedJob", "SpeakerPrompt",
-           "SpeechPipeline", "StreamOptions", "StreamSet", "SynthesisJob", "TextFrontEnd", "TextGeneration",
-           "TextOptions", "stream_texts"]
+           "SpeechPipeline", "StreamOptions", "StreamSet", "Synthesis", "SynthesisJob", "TextFrontEnd",
+           "TextGeneration", "TextOptions", "stream_texts"]

@@ -2,7 +2,7 @@
 
 `CallGate` serialises the calls of every thread (the engine, the plain path's generator and the audio modules
 are one set of state) and lets `interrupt()` stop every call in flight when it is made, the ones still waiting
-for their turn included; a call that starts later is not affected. `Jobs` is infer_many's bookkeeping.
+for their turn included; a call that starts later is not affected. `PerTextRequests` is run_each's bookkeeping.
 """
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ class CallGate:
                 flag.set()
 
 
-class Jobs:
+class PerTextRequests:
     """infer_many's bookkeeping: every text's pieces in one flat request list, and which text is complete."""
 
     def __init__(self, pieces: TextPieces, mel: MelSource) -> None:

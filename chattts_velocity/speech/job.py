@@ -1,10 +1,10 @@
 """A synthesis job: one call's worth of speech, as every entry point (Chat, the page, the export) hands it over.
 
 In: texts, their code-pass params (one for all or one per text), the mel source, the refine settings, the front
-end's options and the GPT backend to use. Out (through SpeechPipeline.run / run_each / stream): waveforms,
-refined texts, or chunks; the server drives the same preparation (SpeechPipeline.prepare, speech/prepare.py) on
-its async engine. The pipeline owns refine, splitting, step caps, the one-call-at-a-time gate and interruption;
-callers only describe the job.
+end's options, the output shape and the GPT backend to use. Out (through SpeechPipeline.synthesis(job): its run()
+and stream(), speech/synthesis.py; or run_each): waveforms, refined texts, or chunks; the server drives the
+same preparation (SpeechPipeline.prepare, speech/prepare.py) on its async engine. The pipeline owns refine,
+splitting, step caps, the one-call-at-a-time gate and interruption; callers only describe the job.
 """
 from __future__ import annotations
 
@@ -22,6 +22,9 @@ class TextOptions:
     normalize: bool = True
     homophones: bool = True
     split: bool = True
+
+
+SHAPES = ("whole", "chunks")  # what a synthesis stream hands out: each text's whole clip, or windows as made
 
 
 @dataclass(frozen=True)
@@ -43,10 +46,13 @@ class SynthesisJob:
     stop: Stop | None = None
     max_pieces: int | None = None  # sentence pieces this caller accepts in one job (the server's limit); None: any
     weights_step_cap: bool = True  # max_new_token left at the default takes the weights' cap (False: the caller's own)
+    shape: str = "whole"  # SHAPES: a stream of whole clips (run's bytes) or of windows as the GPT makes rows
 
     def __post_init__(self) -> None:
         if isinstance(self.texts, str):
             object.__setattr__(self, "texts", [self.texts])
+        if self.shape not in SHAPES:
+            raise ValueError(f"shape: must be one of {', '.join(SHAPES)}, got {self.shape!r}")
         if self.refine_only and self.refine is None:
             raise ValueError("refine_only: needs a refine pass (refine=RefineTextParams(...))")
         if isinstance(self.params, (list, tuple)) and isinstance(self.texts, list) \

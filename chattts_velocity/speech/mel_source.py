@@ -13,21 +13,28 @@ from typing import ClassVar
 import numpy as np
 import torch
 
-from ..audio import DVAE, Decoder, StreamDecoder, Vocos, decode_codes_batch, decode_hidden_batch
+from ..audio import DVAE, Decoder, StreamDecoder, Vocos, cast_for_autocast, decode_codes_batch, decode_hidden_batch
 from ..audio.streaming import row_width
+from ..precision import Precision
 from ..schema import GenerationOutput
 
 MEL_SOURCES = ("decoder", "dvae")  # the names MelSource.name takes
 
 
 class MelSource:
-    """A mel model and Vocos, already cast for `dtype` (None: exact float32; bf16: autocast on their device)."""
+    """A mel model and Vocos, already cast for the precision's audio dtype (None: exact float32; bf16: autocast on
+    their device). Build both with `mel_sources`."""
 
     name: ClassVar[str]
     return_hidden: ClassVar[bool]  # what the GPT must return for this source
 
-    def __init__(self, model: Decoder | DVAE, vocos: Vocos, dtype: torch.dtype | None) -> None:
-        self.model, self.vocos, self.dtype = model, vocos, dtype
+    def __init__(self, model: Decoder | DVAE, vocos: Vocos, precision: Precision) -> None:
+        self.model, self.vocos, self.precision = model, vocos, precision
+
+    @property
+    def dtype(self) -> torch.dtype | None:
+        """The decode's autocast dtype (precision.audio; None: exact float32)."""
+        return self.precision.audio
 
     @property
     def row_width(self) -> int:
@@ -80,3 +87,12 @@ class DVAESource(MelSource):
 
     def decode(self, outputs: list[GenerationOutput]) -> list[np.ndarray]:
         return decode_codes_batch(self.model, self.vocos, [self.rows(o) for o in outputs], self.dtype)
+
+
+def mel_sources(decoder: Decoder, dvae: DVAE, vocos: Vocos, precision: Precision) -> dict[str, MelSource]:
+    """Both mel sources by name, their modules moved to the precision's device and cast once for its audio dtype
+    (one Vocos copy shared)."""
+    dtype = precision.audio
+    vocos = cast_for_autocast(vocos.to(precision.device), dtype)
+    return {"decoder": DecoderSource(cast_for_autocast(decoder.to(precision.device), dtype), vocos, precision),
+            "dvae": DVAESource(cast_for_autocast(dvae.to(precision.device), dtype), vocos, precision)}

@@ -2,11 +2,13 @@
 
 texts -> TextFrontEnd (normalise, split, voice, prompts) -> GPTBackend (refine pass, then code pass)
       -> MelSource (Decoder on hidden states or DVAE on codes; Vocos) -> float32 24 kHz waveforms.
-`Chat` (upstream's facade), the server's SpeechService, the export and the web UI all hold one. Precision is
-decided here once (`self.precision`, precision.py): the engine derives the same GPT dtypes from the same choices.
+`Chat` (upstream's facade), the server's SpeechService, the export and the web UI all hold one. Precision and
+device are decided here once (`self.precision`, precision.py) and handed to the engine, the plain path and the audio
+stage as that one object.
 """
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,71 +18,46 @@ import numpy as np
 import torch
 
 from ..assets import AssetPaths
-from ..audio import (
-    DVAE,
-    Decoder,
-    Spoken,
-    Vocos,
-    cast_for_autocast,
-    load_clip,
-    load_safetensors,
-    piece_timestamps,
-)
+from ..audio import DVAE, Decoder, Spoken, Vocos, load_clip, load_safetensors, piece_timestamps
 from ..audio.wav import SAMPLE_RATE
-from ..config import ModelConfig, resolve_device
+from ..config import ModelConfig
 from ..demo import default_max_new_token
 from ..engine.gpt import GPTBackend, load_pretrained
 from ..engine.llm_engine import LLMEngine
-from ..model import kernels
+from ..engine.loading.host import decide_here
 from ..params import InferCodeParams
-from ..precision import Precision, fastest_dtype
+from ..precision import Precision
 from ..schema import SpeechRequests, TextPieces
 from ..text import Normalizer, Tokenizer, empty_text, encode_prompt, sample_random_speaker
-from .calls import CallGate, Jobs, Stop
+from .calls import CallGate, PerTextRequests, Stop
 from .frontend import TextFrontEnd
 from .job import SynthesisJob
-from .mel_source import MEL_SOURCES, DecoderSource, DVAESource, MelSource
+from .mel_source import MEL_SOURCES, MelSource, mel_sources
 from .prepare import PreparedJob, Preparer, check_piece_count, step_capped
-from .streams import StreamOptions, StreamSet, stream_texts
+from .streams import StreamOptions
+from .synthesis import Synthesis
 
 
 def _never() -> bool:
     return False
 
 
-def auto_dtype(device: torch.device) -> str:
-    """dtype "auto" on this device: the fastest accepted precision (precision.fastest_dtype), knowing whether our
-    CPU kernels run here."""
-    return fastest_dtype(device.type, kernels.unsupported() is None)
-
-
 class SpeechPipeline:
     """Text front end + GPT backend(s) + mel sources + Vocos, for one asset folder on one device."""
 
-    def __init__(self, paths: AssetPaths, *, device: torch.device, dtype: str, decode_dtype: str | None,
-                 use_vllm: bool, normalizer: Normalizer | None, gpt_options: dict[str, object]) -> None:
-        kv_cache_dtype, backend = gpt_options.get("kv_cache_dtype", "auto"), gpt_options.get("backend", "auto")
-        self.precision = Precision.decide(dtype, str(kv_cache_dtype), decode_dtype, device, str(backend),
-                                          cpu_kernels=kernels.unsupported() is None,
-                                          cpu_bf16=kernels.native_bf16())
-        self.paths, self.device, self.default_use_vllm = paths, device, use_vllm
+    def __init__(self, paths: AssetPaths, *, precision: Precision, use_vllm: bool, normalizer: Normalizer | None,
+                 gpt_options: dict[str, object]) -> None:
+        self.precision, self.paths, self.default_use_vllm = precision, paths, use_vllm
         self.step_cap = default_max_new_token(paths.root)  # these weights' default cap (demo weights: the CLI's)
-        self.dtype = self.precision.dtype  # "auto" resolved
-        # load_pretrained's keywords, passed through as given: EngineConfig checks them
-        self._gpt_options: dict[str, Any] = dict(device=str(device), **gpt_options, dtype=self.dtype)
+        self._gpt_options: dict[str, Any] = dict(gpt_options)  # load_pretrained's keywords: EngineConfig checks them
         self._gpts: dict[bool, GPTBackend] = {}  # use_vllm -> the backend load_pretrained chose
         self._loading = threading.Lock()
         self.gate = CallGate()  # one call at a time through the model (run, run_each, stream)
         tokenizer = Tokenizer(paths.tokenizer_dir)
-        self.dvae = DVAE.from_state_dict(load_safetensors(paths.dvae)).to(device).eval()
-        self.decoder = Decoder.from_state_dict(load_safetensors(paths.decoder)).to(device).eval()
-        self.vocos = Vocos.from_state_dict(load_safetensors(paths.vocos)).to(device).eval()
-        self.decode_dtype = self.precision.audio  # None: exact float32
-        vocos = cast_for_autocast(self.vocos, self.decode_dtype)
-        self.mel_sources: dict[str, MelSource] = {
-            "decoder": DecoderSource(cast_for_autocast(self.decoder, self.decode_dtype), vocos, self.decode_dtype),
-            "dvae": DVAESource(cast_for_autocast(self.dvae, self.decode_dtype), vocos, self.decode_dtype),
-        }
+        self.dvae = DVAE.from_state_dict(load_safetensors(paths.dvae)).to(self.device).eval()
+        self.decoder = Decoder.from_state_dict(load_safetensors(paths.decoder)).to(self.device).eval()
+        self.vocos = Vocos.from_state_dict(load_safetensors(paths.vocos)).to(self.device).eval()
+        self.mel_sources = mel_sources(self.decoder, self.dvae, self.vocos, precision)
         config = self.gpt().config
         self.frontend = TextFrontEnd(tokenizer, config.hidden_size, config.audio_eos_id, normalizer)
         self.preparer = Preparer(self.frontend, self.step_cap)
@@ -88,20 +65,35 @@ class SpeechPipeline:
     @classmethod
     def load(cls, paths: AssetPaths | str | Path, *, device: str | torch.device | None = None,
              use_vllm: bool = False, dtype: str = "float32", decode_dtype: str | None = None,
-             normalizer: Normalizer | None = None, **gpt_options: object) -> SpeechPipeline:
+             kv_cache_dtype: str = "auto", normalizer: Normalizer | None = None,
+             **gpt_options: object) -> SpeechPipeline:
         """Load every module from an asset folder (verified or not: that is the caller's choice).
 
         use_vllm: the GPT backend loaded now (the other loads on first use). dtype: the GPT's weights ("float32",
-        "bfloat16", "int8", "int4"; "auto": auto_dtype); decode_dtype: the
-        Decoder's and Vocos's ("bfloat16" or "float32"; None picks bfloat16 on CUDA, or with a reduced-precision GPT
-        on a CPU with native bf16). gpt_options: load_pretrained's (compile, kv_cache_dtype, EngineConfig fields).
-        device None: CUDA when available, else the CPU. Device and precision are decided here, once, and passed
-        down to the engine.
+        "bfloat16", "int8", "int4"; "auto": the fastest accepted here); decode_dtype: the Decoder's and Vocos's
+        ("bfloat16" or "float32"; None picks bfloat16 on CUDA, or with a reduced-precision GPT on a CPU with native
+        bf16); kv_cache_dtype: "auto" or "int8". gpt_options: load_pretrained's (compile, EngineConfig fields).
+        device None: CUDA when available, else the CPU. Device and precision are decided here, once, into one
+        `Precision` that the engine, the plain path and the audio stage read.
         """
         paths = paths if isinstance(paths, AssetPaths) else AssetPaths.from_root(paths)
-        device = resolve_device(device)
-        return cls(paths, device=device, dtype=dtype, decode_dtype=decode_dtype, use_vllm=use_vllm,
-                   normalizer=normalizer, gpt_options=gpt_options)
+        precision = decide_here(dtype, kv_cache_dtype, decode_dtype, device, str(gpt_options.get("backend", "auto")))
+        return cls(paths, precision=precision, use_vllm=use_vllm, normalizer=normalizer, gpt_options=gpt_options)
+
+    @property
+    def device(self) -> torch.device:
+        """Where every stage runs (the precision's device)."""
+        return self.precision.device
+
+    @property
+    def dtype(self) -> str:
+        """The precision's name ("auto" resolved)."""
+        return self.precision.dtype
+
+    @property
+    def decode_dtype(self) -> torch.dtype | None:
+        """The audio decode's autocast dtype (None: exact float32)."""
+        return self.precision.audio
 
     # ---- the stages ------------------------------------------------------------------------------
     def gpt(self, use_vllm: bool | None = None) -> GPTBackend:
@@ -109,8 +101,8 @@ class SpeechPipeline:
         is_vllm = self.default_use_vllm if use_vllm is None else bool(use_vllm)
         with self._loading:  # two threads asking for a backend not loaded yet load it once
             if is_vllm not in self._gpts:
-                engine_only: dict[str, Any] = {"precision": self.precision} if is_vllm else {}  # the engine's too
-                self._gpts[is_vllm] = load_pretrained(self.paths, is_vllm=is_vllm, **self._gpt_options, **engine_only)
+                self._gpts[is_vllm] = load_pretrained(self.paths, is_vllm=is_vllm, precision=self.precision,
+                                                      **self._gpt_options)
         return self._gpts[is_vllm]
 
     def engine(self) -> LLMEngine:
@@ -156,21 +148,13 @@ class SpeechPipeline:
         return self.preparer.refined(prepared, token_ids)
 
     # ---- requests -> audio ---------------------------------------------------------------------------
-    def generate(self, requests: SpeechRequests, mel: MelSource | None = None, *, use_vllm: bool | None = None,
-                 stop: Stop = _never, max_batch: int | None = None, progress: bool = True) -> list[np.ndarray]:
-        """The code pass and its audio: one float32 24 kHz waveform per text (its pieces joined in order)."""
-        mel = mel or self.mel()
-        outputs = self.gpt(use_vllm).generate(requests.prompts, requests.sampling, progress, stop,
-                                              max_batch=max_batch)
-        return [np.concatenate(g).astype(np.float32) if g else np.zeros(0, np.float32)
-                for g in requests.pieces.group(mel.decode(outputs))]
-
-    def jobs(self, pieces: TextPieces, params: list[InferCodeParams], mel: MelSource | None = None) -> Jobs:
+    def per_text(self, pieces: TextPieces, params: list[InferCodeParams],
+                 mel: MelSource | None = None) -> PerTextRequests:
         """Each text's requests with its own params, in one flat list; a text that cannot be made (no piece, a bad
-        speaker) is recorded in Jobs.failed with its ValueError, and the others go on."""
+        speaker) is recorded in PerTextRequests.failed with its ValueError, and the others go on."""
         if not isinstance(params, (list, tuple)) or len(params) != pieces.num_texts:
             raise ValueError(f"params: expected one InferCodeParams per text ({pieces.num_texts})")
-        jobs = Jobs(pieces, mel or self.mel())
+        jobs = PerTextRequests(pieces, mel or self.mel())
         for i, item_params in enumerate(params):
             try:
                 if not pieces.of_text(i).texts:
@@ -180,7 +164,7 @@ class SpeechPipeline:
                 jobs.failed.append((i, exc))
         return jobs
 
-    def _run_jobs(self, jobs: Jobs, *, use_vllm: bool | None = None, progress: bool = False,
+    def _run_jobs(self, jobs: PerTextRequests, *, use_vllm: bool | None = None, progress: bool = False,
                  timestamps: bool = False, stop: Stop = _never,
                  ) -> Iterator[tuple[int, np.ndarray | Spoken | Exception]]:
         """(text index, its waveform) as each text finishes (with `timestamps`, a Spoken with each piece's span);
@@ -197,16 +181,15 @@ class SpeechPipeline:
                     else wav
 
     # ---- use cases: what Chat, the page and the export call ------------------------------------------
+    def synthesis(self, job: SynthesisJob, chunking: StreamOptions | None = None) -> Synthesis:
+        """The job with its two verbs (speech/synthesis.py): run() the whole audio, stream() chunks as made (in the
+        job's shape), arun()/astream() for an event loop, cancel(). Texts are checked now."""
+        return Synthesis(self, job, chunking)
+
     def run(self, job: SynthesisJob) -> list[np.ndarray] | list[str]:
         """The whole job: one float32 24 kHz waveform per text (its pieces joined in order), or with `refine_only`
-        one refined string per text. Texts are checked before the call waits for its turn."""
-        prepared = self.prepare(job)
-        with self.gate.call(job.stop) as stop:
-            prepared = self._ready(prepared, stop)
-            if prepared.requests is None:
-                return prepared.refined_texts()
-            return self.generate(prepared.requests, prepared.mel, use_vllm=job.use_vllm, stop=stop,
-                                 max_batch=job.max_batch, progress=job.shows_progress())
+        one refined string per text (synthesis(job).run())."""
+        return self.synthesis(job).run()
 
     def run_each(self, job: SynthesisJob) -> Iterator[tuple[int, np.ndarray | Spoken | Exception]]:
         """Each text on its own params, all in one batch: (index, waveform) as texts finish (with `timestamps`,
@@ -216,7 +199,7 @@ class SpeechPipeline:
             raise ValueError("refine: run_each has no refine pass (refine the texts with run(refine_only=True))")
         pieces = self.pieces(job, allow_empty=True)
         check_piece_count(job, pieces)
-        jobs = self.jobs(pieces, self.preparer.params(job), self.mel(job.mel))
+        jobs = self.per_text(pieces, self.preparer.params(job), self.mel(job.mel))
         yield from jobs.failed
         with self.gate.call(job.stop) as stop:
             yield from self._run_jobs(jobs, use_vllm=job.use_vllm, progress=bool(job.progress),
@@ -224,13 +207,11 @@ class SpeechPipeline:
 
     def stream(self, job: SynthesisJob, options: StreamOptions | None = None) -> Iterator[list[np.ndarray]]:
         """Audio as the GPT generates it: each yield holds one new (maybe empty) chunk per text; a text's chunks
-        concatenate to its run() waveform, its pieces in order (speech/streams.py). Texts are checked now; the
-        call holds the model from its first chunk until the iterator is exhausted or closed."""
+        concatenate to its run() waveform, its pieces in order (synthesis(job, shape "chunks").stream()). Texts
+        are checked now; the call holds the model from its first chunk until the iterator is exhausted or closed."""
         if job.refine_only:
             raise ValueError("refine_only: a stream is audio; refine the texts with run(refine_only=True)")
-        prepared = self.prepare(job)
-        chunking = options or StreamOptions(chunk_steps=job.params_list()[0].stream_batch)
-        return self._stream(prepared, chunking)
+        return self.synthesis(dataclasses.replace(job, shape="chunks"), options).stream()
 
     def interrupt(self) -> None:
         """Stop every call in flight (running or waiting for its turn) after its current step; each returns what it
@@ -241,23 +222,6 @@ class SpeechPipeline:
         """Each params with the loaded weights' default step cap (step_cap, decided at load) where max_new_token
         was left at InferCodeParams' default; an explicit max_new_token is kept."""
         return step_capped(params, self.step_cap)
-
-    def _ready(self, prepared: PreparedJob, stop: Stop) -> PreparedJob:
-        """prepared with its pending text generation run on its GPT backend, in the call's turn."""
-        job = prepared.job
-        while (work := prepared.pending) is not None:
-            outputs = self.gpt(job.use_vllm).generate(work.prompts, work.sampling, work.progress, stop,
-                                                      max_batch=job.max_batch)
-            prepared = self.refined(prepared, [o.token_ids for o in outputs])
-        return prepared
-
-    def _stream(self, prepared: PreparedJob, options: StreamOptions) -> Iterator[list[np.ndarray]]:
-        job = prepared.job
-        with self.gate.call(job.stop) as stop:
-            prepared = self._ready(prepared, stop)
-            if prepared.requests is None:
-                raise RuntimeError("stream: a prepared job without code requests (refine_only)")
-            yield from stream_texts(StreamSet(options), self.gpt(job.use_vllm), prepared.requests, prepared.mel, stop)
 
     # ---- speakers ------------------------------------------------------------------------------------
     def sample_random_speaker(self, seed: int | None = None) -> str:

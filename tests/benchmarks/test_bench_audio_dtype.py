@@ -2,14 +2,11 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))  # benchmarks/ is a folder of the checkout, not an installed package
+from benchmarks import bench_audio_dtype
 
-from benchmarks import bench_audio_dtype  # noqa: E402 (imported once REPO is on sys.path)
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_the_report_times_both_precisions(tiny_assets, tmp_path: Path) -> None:

@@ -4,19 +4,16 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 from pathlib import Path
 
 import pytest
 from safetensors import safe_open
 
-REPO = Path(__file__).resolve().parents[2]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))  # benchmarks/ is a folder of the checkout, not an installed package
+from benchmarks import bench_cpu
+from chattts_velocity.config import ModelConfig
+from chattts_velocity.model import kernels
 
-from benchmarks import bench_cpu  # noqa: E402 (imported once REPO is on sys.path)
-from chattts_velocity.config import ModelConfig  # noqa: E402 (imported once REPO is on sys.path)
-from chattts_velocity.model import kernels  # noqa: E402 (imported once REPO is on sys.path)
+REPO = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.slow  # one bench_cpu --quick run: about a minute on a quiet 2-core host
 

@@ -2,16 +2,13 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))  # benchmarks/ is a folder of the checkout, not an installed package
+from benchmarks import bench_decode
 
-from benchmarks import bench_decode  # noqa: E402 (imported once REPO is on sys.path)
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_every_variant_takes_a_warm_up_turn_then_one_per_round() -> None:

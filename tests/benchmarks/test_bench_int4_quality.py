@@ -3,17 +3,14 @@ weights scores every scheme against float32."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-REPO = Path(__file__).resolve().parents[2]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))  # benchmarks/ is a folder of the checkout, not an installed package
+from benchmarks import bench_int4_quality
 
-from benchmarks import bench_int4_quality  # noqa: E402 (imported once REPO is on sys.path)
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_q4_0_maps_the_signed_extreme_to_minus_8_and_clamps_the_other_side_to_7() -> None:

@@ -4,18 +4,15 @@ from __future__ import annotations
 
 import argparse
 import math
-import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))  # benchmarks/ is a folder of the checkout, not an installed package
+from benchmarks.lib.runs import load_suite
+from benchmarks.lib.stream import run_stream_ttfa, summarise
+from chattts_velocity.speech import StreamOptions
 
-from benchmarks.lib.runs import load_suite  # noqa: E402 (imported once REPO is on sys.path)
-from benchmarks.lib.stream import run_stream_ttfa, summarise  # noqa: E402 (imported once REPO is on sys.path)
-from chattts_velocity.speech import StreamOptions  # noqa: E402 (imported once REPO is on sys.path)
+REPO = Path(__file__).resolve().parents[2]
 
 STEPS = 60  # tiny exact first audio needs 24 + 13 steps: 60 leaves room for chunks before the end
 HOP = 256

@@ -1,13 +1,8 @@
 """bench_ws's simulated LLM: its tokens are the text, and the first sentence's end mark arrives with its space."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from benchmarks import bench_ws  # noqa: E402 (after the path above)
-from chattts_velocity.text.sentence_stream import SentenceStream  # noqa: E402 (after the path above)
+from benchmarks import bench_ws
+from chattts_velocity.text.sentence_stream import SentenceStream
 
 
 def test_the_last_token_of_the_first_sentence_completes_it() -> None:

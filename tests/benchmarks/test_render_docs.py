@@ -11,7 +11,7 @@ from benchmarks.render_docs import RESULTS, render, stale_documents
 
 
 def test_docs_match_the_committed_results() -> None:
-    assert stale_documents() == [], "run python benchmarks/render_docs.py and commit the docs"
+    assert stale_documents() == [], "run python -m benchmarks.render_docs and commit the docs"
 
 
 def test_a_changed_result_changes_its_table(tmp_path: Path) -> None:

@@ -2,15 +2,13 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "benchmarks"))
+from benchmarks import tree_ab
 
-import tree_ab  # noqa: E402 (benchmarks/ is not a package)
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_the_ratio_is_the_median_of_the_per_pair_ratios() -> None:

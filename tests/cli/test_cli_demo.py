@@ -49,3 +49,12 @@ def test_bench_writes_outside_the_source_tree_unless_out_says(monkeypatch, tmp_p
         assert final[-2:] == ["--out", str(tmp_path / "bench")]
     else:
         assert final == argv
+
+
+def test_bench_outside_a_checkout_says_it_needs_the_repository(tmp_path: Path) -> None:
+    """An installed wheel holds no benchmarks/: one line naming what to do, not a traceback."""
+    from chattts_velocity.cli.main import bench_module
+
+    with pytest.raises(SystemExit, match="^bench: needs a source checkout"):
+        bench_module(tmp_path)
+    assert bench_module().__name__ == "benchmarks.bench_engine"  # this checkout: the package's own module

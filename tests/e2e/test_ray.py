@@ -32,7 +32,7 @@ from chattts_velocity.audio.loudness import PEAK_LIMIT  # noqa: E402 (after the 
 from chattts_velocity.cluster import load_worker_chat  # noqa: E402 (after the importorskip above)
 from chattts_velocity.export import plan_export, run_export, wav_seconds  # noqa: E402 (after the importorskip above)
 from chattts_velocity.export.ray import RayExportOptions, ShardWorker, run_export_ray  # noqa: E402 (after the importorskip above)
-from chattts_velocity.export.runner import LineJob, LineResult, Shard, shards_of  # noqa: E402 (after the importorskip above)
+from chattts_velocity.export.runner import LineResult, Shard, ShardLine, shards_of  # noqa: E402 (after the importorskip above)
 from chattts_velocity.params import InferCodeParams  # noqa: E402 (after the importorskip above)
 from chattts_velocity.serve import ServerConfig  # noqa: E402 (after the importorskip above)
 from chattts_velocity.serve.metrics import ENGINE_METRICS, SPEECH_METRICS  # noqa: E402 (after the importorskip above)
@@ -421,7 +421,7 @@ def test_export_dispatch_reports_a_lost_actor_s_shard_and_hands_it_no_more(ray_c
                 os._exit(1)
             return [LineResult(job.key, seconds=1.0) for job in shard.jobs]
 
-    shards = [Shard([LineJob(key, text, InferCodeParams())]) for key, text in enumerate(["a", "die", "b", "c"])]
+    shards = [Shard([ShardLine(key, text, InferCodeParams())]) for key, text in enumerate(["a", "die", "b", "c"])]
     got = {result.key: (name, result.error) for name, results in dispatch({"one": Worker.remote(),
                                                                            "two": Worker.remote()}, shards, 1)
            for result in results}

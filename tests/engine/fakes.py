@@ -55,7 +55,7 @@ def make_seqs(n: int, prompt_len: int = 8, same_prompt: bool = False, **params) 
 
 def make_scheduler(num_blocks: int = 64, block_size: int = 4, enable_prefix_caching: bool = True,
                    **engine) -> Scheduler:
-    config = EngineConfig(block_size=block_size, enable_prefix_caching=enable_prefix_caching, **engine)
+    config = EngineConfig.from_kwargs(block_size=block_size, enable_prefix_caching=enable_prefix_caching, **engine)
     return Scheduler(config, BlockManager(num_blocks, block_size, enable_prefix_caching))
 
 

@@ -54,7 +54,7 @@ def _select(dtype: str, config: ModelConfig = CONFIG, **options):
     pairs = allocate_kv_pairs(config.num_hidden_layers, NUM_BLOCKS + 1, BLOCK, config.num_attention_heads,
                               config.head_dim, Precision.decide(dtype).kv_cache)
     kv = PagedKV(pairs, BLOCK, pad_block=NUM_BLOCKS, device=torch.device("cpu"))
-    return select_backend(EngineConfig(dtype=dtype, block_size=BLOCK, **options), model, kv), kv
+    return select_backend(EngineConfig.from_kwargs(dtype=dtype, block_size=BLOCK, **options), model, kv), kv
 
 
 def test_auto_runs_float32_engines_on_eager_torch() -> None:
@@ -92,7 +92,7 @@ def test_cpu_backend_needs_head_dim_a_multiple_of_32() -> None:
 
 def test_unknown_backends_are_rejected() -> None:  # triton's own errors: tests/engine/test_triton_backend.py
     with pytest.raises(ValueError, match="backend: must be one of auto, torch, cpu, triton, got 'gpu'"):
-        EngineConfig(backend="gpu")
+        EngineConfig.from_kwargs(backend="gpu")
 
 
 @pytest.mark.parametrize("options, words", [
@@ -103,7 +103,7 @@ def test_unknown_backends_are_rejected() -> None:  # triton's own errors: tests/
 ])
 def test_int8_kv_cache_outside_the_cpu_backend_is_a_clear_error(options: dict, words: str) -> None:
     with pytest.raises(ValueError, match=words):
-        EngineConfig(**options)
+        EngineConfig.from_kwargs(**options)
 
 
 def test_int8_kv_cache_without_the_kernels_says_why(monkeypatch) -> None:
@@ -111,7 +111,7 @@ def test_int8_kv_cache_without_the_kernels_says_why(monkeypatch) -> None:
     model = _model("bfloat16")
     pairs = allocate_kv_pairs(2, NUM_BLOCKS + 1, BLOCK, HEADS, HIDDEN // HEADS, torch.int8)
     kv = PagedKV(pairs, BLOCK, pad_block=NUM_BLOCKS, device=torch.device("cpu"))
-    config = EngineConfig(dtype="bfloat16", kv_cache_dtype="int8", block_size=BLOCK)
+    config = EngineConfig.from_kwargs(dtype="bfloat16", kv_cache_dtype="int8", block_size=BLOCK)
     with pytest.raises(ValueError, match=f"kv_cache_dtype: 'int8' needs the cpu backend, .*{kernels.ENV_SWITCH}=0"):
         select_backend(config, model, kv)
 

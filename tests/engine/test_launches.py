@@ -44,7 +44,7 @@ def _steady_step_launches(layers: int, batch: int, dtype: str = "float32") -> La
     cfg = ModelConfig(hidden_size=128, intermediate_size=256, num_attention_heads=2, num_key_value_heads=2,
                       num_hidden_layers=layers, max_position_embeddings=128)
     engine = LLMEngine(ChatTTSLlama(cfg), Embed(cfg.hidden_size, cfg.num_audio_tokens, cfg.num_text_tokens, 4), cfg,
-                       EngineConfig(backend="triton", dtype=dtype, max_num_seqs=batch, max_model_len=32,
+                       EngineConfig.from_kwargs(backend="triton", dtype=dtype, max_num_seqs=batch, max_model_len=32,
                                     kv_cache_memory=1 << 24))
     for i in range(batch):
         engine.add_request(None, Prompt(torch.full((3, 4), i), torch.ones(3, dtype=torch.bool)),

@@ -45,7 +45,7 @@ def _engine(overlap: bool, backend: str = "triton", blocks: int = 64) -> LLMEngi
                     else torch.randn(p.shape, generator=gen) * (0.3 if "emb" in name or "head" in name else 0.08))
     per_block = kv_cache_bytes_per_block(CONFIG.num_hidden_layers, BLOCK, HEADS, CONFIG.head_dim, torch.float32)
     return LLMEngine(model.eval(), embed.eval(), CONFIG,
-                     EngineConfig(backend=backend, dtype="float32", block_size=BLOCK, max_model_len=56,
+                     EngineConfig.from_kwargs(backend=backend, dtype="float32", block_size=BLOCK, max_model_len=56,
                                   max_num_seqs=8, kv_cache_memory=blocks * per_block, overlap=overlap))
 
 

@@ -40,7 +40,7 @@ def _engine(backend: str, blocks: int = 64, steady: bool = True) -> LLMEngine:
     per_block = kv_cache_bytes_per_block(CONFIG.num_hidden_layers, BLOCK, HEADS, CONFIG.head_dim,
                                          torch.bfloat16 if backend == "cpu" else torch.float32)
     engine = LLMEngine(model.eval(), embed.eval(), CONFIG,
-                       EngineConfig(backend=backend, dtype=dtype, block_size=BLOCK, max_model_len=56,
+                       EngineConfig.from_kwargs(backend=backend, dtype=dtype, block_size=BLOCK, max_model_len=56,
                                     max_num_seqs=8, kv_cache_memory=blocks * per_block))
     assert engine.runner.backend.name == backend
     engine.scheduler.use_steady = steady

@@ -36,7 +36,8 @@ def _engine(mode: str, **options) -> LLMEngine:
             p.copy_(torch.rand(p.shape, generator=gen) + 0.5 if "norm" in name and p.dim() == 1
                     else torch.randn(p.shape, generator=gen) * (0.3 if "emb" in name or "head" in name else 0.08))
     engine = LLMEngine(model.eval(), embed.eval(), CONFIG,
-                       EngineConfig(dtype=mode, block_size=BLOCK, **{"kv_cache_memory": 1 << 22, **options}))
+                       EngineConfig.from_kwargs(dtype=mode, block_size=BLOCK,
+                                                **{"kv_cache_memory": 1 << 22, **options}))
     assert engine.runner.backend.name == "cpu"
     return engine
 
@@ -61,7 +62,7 @@ def _run(engine: LLMEngine, which: list[int]) -> dict[int, tuple[torch.Tensor, t
 
 
 @pytest.mark.parametrize("mode,kv", [("bfloat16", "auto"), ("bfloat16", "int8"), ("int8", "auto"), ("int8", "int8"),
-                                     ("int4", "auto")])  # kv: EngineConfig.kv_cache_dtype
+                                     ("int4", "auto")])  # kv: kv_cache_dtype
 def test_a_seeded_request_is_the_same_alone_in_any_batch_and_after_preemption(isa: str, mode: str, kv: str) -> None:
     engine = _engine(mode, kv_cache_dtype=kv)
     assert engine.runner.backend.fused.layers[0].ops is kernels.ops(isa)

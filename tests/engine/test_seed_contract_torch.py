@@ -26,7 +26,7 @@ def _engine(mode: str, **config) -> LLMEngine:
             p.copy_(torch.rand(p.shape, generator=gen) + 0.5 if "norm" in name and p.dim() == 1
                     else torch.randn(p.shape, generator=gen) * (0.3 if "emb" in name or "head" in name else 0.08))
     engine = LLMEngine(model.eval(), embed.eval(), CONFIG,
-                       EngineConfig(**{"dtype": mode, "block_size": 4, "kv_cache_memory": 1 << 23,
+                       EngineConfig.from_kwargs(**{"dtype": mode, "block_size": 4, "kv_cache_memory": 1 << 23,
                                                    "backend": "torch", **config}))
     assert engine.runner.backend.name == "torch"
     return engine

@@ -61,7 +61,7 @@ def _engine() -> LLMEngine:
     cfg = ModelConfig(hidden_size=128, intermediate_size=256, num_attention_heads=2, num_key_value_heads=2,
                       num_hidden_layers=2, max_position_embeddings=128)
     engine = LLMEngine(ChatTTSLlama(cfg), Embed(cfg.hidden_size, cfg.num_audio_tokens, cfg.num_text_tokens, 4), cfg,
-                       EngineConfig(backend="triton", dtype="float32", max_num_seqs=4, max_model_len=32,
+                       EngineConfig.from_kwargs(backend="triton", dtype="float32", max_num_seqs=4, max_model_len=32,
                                     kv_cache_memory=1 << 22))
     for i in range(3):
         engine.add_request(None, Prompt(torch.full((3, 4), i), torch.ones(3, dtype=torch.bool)),
@@ -161,7 +161,7 @@ def _codes(capture: pytest.MonkeyPatch | None) -> dict[str, list[torch.Tensor]]:
                       num_hidden_layers=2, max_position_embeddings=128)
     torch.manual_seed(0)
     engine = LLMEngine(ChatTTSLlama(cfg), Embed(cfg.hidden_size, cfg.num_audio_tokens, cfg.num_text_tokens, 4), cfg,
-                       EngineConfig(backend="triton", dtype="float32", max_num_seqs=4, max_model_len=32,
+                       EngineConfig.from_kwargs(backend="triton", dtype="float32", max_num_seqs=4, max_model_len=32,
                                     kv_cache_memory=1 << 22))
     if capture is not None:
         runner = engine.runner

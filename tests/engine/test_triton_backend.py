@@ -133,7 +133,7 @@ def _kv(device: str = "cpu", allocate: bool = False) -> PagedKV:
 
 
 def _select(device: str = "cpu", **options):
-    return select_backend(EngineConfig(block_size=BLOCK, **options), _model(), _kv(device))
+    return select_backend(EngineConfig.from_kwargs(block_size=BLOCK, **options), _model(), _kv(device))
 
 
 def test_triton_on_cpu_without_the_interpreter_is_an_error_saying_why(monkeypatch) -> None:
@@ -200,7 +200,7 @@ def test_padded_decode_pads_with_rows_that_write_only_the_pad_block() -> None:
 @needs_triton
 @torch.inference_mode()
 def test_padded_graph_step_equals_the_eager_step_and_leaves_other_blocks_alone(triton_device) -> None:
-    backend = select_backend(EngineConfig(block_size=BLOCK, backend="triton"), _model().to(triton_device),
+    backend = select_backend(EngineConfig.from_kwargs(block_size=BLOCK, backend="triton"), _model().to(triton_device),
                              _kv(triton_device, allocate=True))
     kv = backend.kv
     lens, tables = [5, 9, 2], [[0, 1, 2], [3, 4, 5], [6, 7]]

@@ -15,7 +15,7 @@ from chattts_velocity.precision import Precision
 def test_the_gpt_loads_in_the_precisions_weight_dtype_and_the_embed_in_float32(tiny_assets, dtype, weights) -> None:
     paths = AssetPaths.from_root(tiny_assets)
     config = ModelConfig.from_json(paths.gpt_config)
-    model, embed = load_weights(paths, config, EngineConfig(dtype=dtype))
+    model, embed = load_weights(paths, config, EngineConfig.from_kwargs(dtype=dtype))
     assert {p.dtype for p in model.parameters()} == {weights}
     assert {p.dtype for p in embed.parameters()} == {torch.float32}
     assert model.layers[0].self_attn.qkv_packed is None  # packing is pack_for's

@@ -10,7 +10,7 @@ import numpy as np
 from chattts_velocity import Chat, InferCodeParams
 from chattts_velocity.export import plan_export, run_export
 from chattts_velocity.export.manifest import text_digest
-from chattts_velocity.export.runner import LineJob, Shard, run_shard
+from chattts_velocity.export.runner import Shard, ShardLine, run_shard
 
 STEPS = 6
 PARAMS = InferCodeParams(max_new_token=STEPS, min_new_token=STEPS, show_tqdm=False)
@@ -57,7 +57,7 @@ class FailsAfterFirst:
 
 def test_a_failed_batch_retries_only_the_lines_not_finished() -> None:
     pipeline, results = FailsAfterFirst(), {}
-    jobs = [LineJob(k, f"line {k}", PARAMS) for k in range(4)]
+    jobs = [ShardLine(k, f"line {k}", PARAMS) for k in range(4)]
     run_shard(pipeline, Shard(jobs), lambda r: results.setdefault(r.key, []).append(r), lambda _: None)
     assert sorted(results) == [0, 1, 2, 3] and all(len(r) == 1 and r[0].error is None for r in results.values())
     assert all("line 0" not in call for call in pipeline.calls[1:])  # the finished line is never made again

@@ -190,7 +190,7 @@ def _engine(mode: str, **options) -> LLMEngine:
         layer.self_attn.qkv_packed = layer.self_attn.o_packed = None
         layer.mlp.gate_up_packed = layer.mlp.down_packed = None
     options = {"kv_cache_memory": 1 << 22, **options}
-    engine_config = EngineConfig(dtype=mode, block_size=BLOCK, **options)
+    engine_config = EngineConfig.from_kwargs(dtype=mode, block_size=BLOCK, **options)
     return LLMEngine(model, embed, config, engine_config)
 
 

@@ -32,7 +32,7 @@ def test_auto_is_resolved_once_when_the_pipeline_loads(tiny_assets, monkeypatch)
     monkeypatch.setattr(kernels, "unsupported", lambda: "no kernels on this host")
     pipeline = SpeechPipeline.load(tiny_assets, device="cpu", use_vllm=True, dtype="auto")
     assert pipeline.precision.dtype == pipeline.dtype == "float32"  # no C++ kernels: exact float32
-    assert pipeline.engine().engine_config.dtype == "float32"
+    assert pipeline.engine().engine_config.precision is pipeline.precision
     pipeline.shutdown()
 
 

@@ -85,7 +85,7 @@ def test_the_server_and_the_pipeline_prepare_the_same_code_requests_for_the_same
         service.shutdown()
     assert plain.texts == [TEXT] and plain.text == TextOptions(None, True, True, True)
     with pipeline.gate.call() as stop:  # the sync path: the refine pass on GPTBackend.generate
-        own, own_refined = (pipeline._ready(pipeline.prepare(job), stop) for job in (plain, refined))
+        own, own_refined = (pipeline.synthesis(job)._ready(stop) for job in (plain, refined))
     assert served.requests is not None and own.requests is not None
     assert same_requests(served.requests, own.requests)
     assert served_refined.pieces.texts == own_refined.pieces.texts != own.pieces.texts
@@ -96,9 +96,10 @@ def test_the_server_and_the_pipeline_prepare_the_same_code_requests_for_the_same
 
 
 # ---- serve/ drives the preparation; it composes none of its steps ------------------------------------------
-STEP_ATTRIBUTES = {"code_requests", "refine_requests", "refined_text", "step_capped", "preparer", "jobs",
+STEP_ATTRIBUTES = {"code_requests", "refine_requests", "refined_text", "step_capped", "preparer", "per_text",
                    "generate_iter", "_ready", "_stream"}
-STEP_NAMES = {"Preparer", "step_capped", "check_piece_count", "stream_texts", "Jobs", "CallGate", "normalized_pieces"}
+STEP_NAMES = {"Preparer", "step_capped", "check_piece_count", "stream_texts", "PerTextRequests", "CallGate",
+              "normalized_pieces"}
 
 
 def serve_step_uses(path: Path) -> list[str]:

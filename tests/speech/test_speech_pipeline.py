@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from chattts_velocity import Chat, InferCodeParams, RefineTextParams, text
-from chattts_velocity.speech import DecoderSource, DVAESource, SpeechPipeline, frontend
+from chattts_velocity.speech import DecoderSource, DVAESource, SpeechPipeline, SynthesisJob, frontend
 from chattts_velocity.text import speaker as speaker_module
 
 STEPS = 6
@@ -102,8 +102,10 @@ def test_chat_is_the_facade_over_its_pipeline(tiny_assets) -> None:
     assert chat.pipeline.frontend.normalizer is chat.normalizer  # a normaliser registered on Chat is the one used
     params = forced(manual_seed=5)
     wav = chat.infer(["Hello there."], skip_refine_text=True, params_infer_code=params)[0]
-    requests = chat.pipeline.code_requests(chat.pipeline.frontend.pieces(["Hello there."]), params)
-    assert (wav == chat.pipeline.generate(requests, progress=False)[0]).all()
+    job = SynthesisJob(["Hello there."], params)
+    assert (wav == chat.pipeline.synthesis(job).run()[0]).all()  # Chat.infer is the job's run
+    streamed = list(chat.pipeline.synthesis(job).stream())  # the job's shape: whole clips
+    assert len(streamed) == 1 and (wav == streamed[0][0]).all()  # run is that stream collected
 
 
 def test_unreadable_characters_are_named_once_per_request_not_per_sentence(pipeline, caplog) -> None:

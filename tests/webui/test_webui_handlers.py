@@ -45,9 +45,9 @@ class RecordingFrontEnd(TextFrontEnd):
 
 
 class RecordingPipeline:
-    """SpeechPipeline's surface as the handlers use it (run, stream, gate); every pass is recorded ({"pass":
-    "refine" or "code", "text", "params", "split", "max_batch"}). The waveform's length follows the speed prompt,
-    so a test can see the prompt reached the code pass."""
+    """SpeechPipeline's surface as the handlers use it (synthesis(job).run / .stream, gate); every pass is recorded
+    ({"pass": "refine" or "code", "text", "params", "split", "max_batch"}). The waveform's length follows the speed
+    prompt, so a test can see the prompt reached the code pass."""
 
     def __init__(self) -> None:
         self.calls: list[dict] = []
@@ -61,6 +61,10 @@ class RecordingPipeline:
                 return ["\n".join(self.refine(pieces, job.refine, max_batch=job.max_batch, stop=stop).texts)]
             return self.generate(SimpleNamespace(pieces=pieces, params=job.params), max_batch=job.max_batch,
                                  stop=stop)
+
+    def synthesis(self, job: SynthesisJob) -> SimpleNamespace:
+        """The job's verbs, as SpeechPipeline.synthesis gives them."""
+        return SimpleNamespace(run=lambda: self.run(job), stream=lambda: self.stream(job))
 
     def sample_random_speaker(self, seed: int | None = None) -> str:
         return sample_random_speaker(HIDDEN, seed=seed)

@@ -46,7 +46,7 @@ def kv_cache_blocks(config: ModelConfig, engine_config: EngineConfig) -> int:
     return num_blocks
 
 
-def budget_bytes(value: float | None, device: str) -> float:
+def budget_bytes(value: float | None, device: str | torch.device) -> float:
     """Bytes for the KV pool: a number of bytes, or a fraction of the device's memory (of the FREE VRAM on CUDA,
     measured after the weights are loaded); None: 1 GiB on CPU, DEFAULT_VRAM_FRACTION of free VRAM on CUDA."""
     on_cuda = str(device).startswith("cuda")

@@ -20,6 +20,7 @@ from chattts_velocity.engine.progress import progress_bar
 from chattts_velocity.engine.worker.sampling import logits_processors as lp
 from chattts_velocity.model.embed import Embed
 from chattts_velocity.model.loader import gpt_state_dict, load_embed
+from chattts_velocity.precision import Precision
 from chattts_velocity.schema import (
     MAX_REGENERATE,
     FinishReason,
@@ -45,8 +46,9 @@ class PlainGPT:
         self.device = next(embed.parameters()).device
 
     @classmethod
-    def load(cls, gpt_dir: str | Path, embed_path: str | Path, device: str = "cpu") -> PlainGPT:
-        """transformers `LlamaModel` (SDPA, fp32) with the checkpoint's weights, loaded by key.
+    def load(cls, gpt_dir: str | Path, embed_path: str | Path, precision: Precision | None = None) -> PlainGPT:
+        """transformers `LlamaModel` (SDPA, fp32) with the checkpoint's weights, loaded by key, on the precision's
+        device (None: the CPU); the plain path runs exact float32 only.
 
         Built from config.json and filled from model.safetensors ourselves (not `from_pretrained`),
         so files written by any safetensors tool load; `embed_tokens` is dropped as upstream does.
@@ -54,6 +56,10 @@ class PlainGPT:
         from transformers import LlamaConfig, LlamaModel
         from transformers.initialization import no_init_weights
 
+        precision = precision or Precision.decide()
+        if not precision.exact:
+            raise ValueError(f"dtype: the plain path runs float32 only, got {precision.dtype!r}")
+        device = precision.device
         config = ModelConfig.from_json(Path(gpt_dir) / "config.json")
         hf_config = LlamaConfig.from_pretrained(str(gpt_dir))
         hf_config._attn_implementation = "sdpa"

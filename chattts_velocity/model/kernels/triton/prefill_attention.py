@@ -14,6 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
+from chattts_velocity.model.kernels.triton.gemm_loop import dot
 from chattts_velocity.model.kernels.triton.rounding import to_dtype
 
 LOG2E = 1.4426950408889634  # softmax runs in base 2: exp(x) = exp2(x * log2(e))
@@ -26,17 +27,6 @@ def pool_slots(table_row_ptr, t, t_ok, BLOCK_SIZE: tl.constexpr):
     # context positions t [BLOCK_N] of one sequence -> their pool slots (int64; 0 where masked)
     block = tl.load(table_row_ptr + t // BLOCK_SIZE, mask=t_ok, other=0).to(tl.int64)
     return block * BLOCK_SIZE + t % BLOCK_SIZE
-
-
-@triton.jit
-def _dot(a, b, UPCAST: tl.constexpr):
-    # UPCAST: fp32 products without TF32 (fp32 pools, as torch), and the CPU interpreter, whose tl.dot
-    # multiplies bf16 bit patterns as integers; the operands were already rounded to the pools' dtype
-    if UPCAST:
-        out = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
-    else:
-        out = tl.dot(a, b)
-    return out
 
 
 @triton.jit(do_not_specialize=["table_stride"])
@@ -72,14 +62,14 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, tables_ptr, cu_q_ptr, k_len
         offs += kv_col + d[None, :]
         tile_ok = t_ok[:, None] & d_ok[None, :]
         k = tl.load(k_cache_ptr + offs, mask=tile_ok, other=0.0)  # [BLOCK_N, BLOCK_D]
-        scores = _dot(q, tl.trans(k), UPCAST)
+        scores = dot(q, tl.trans(k), UPCAST)
         visible = (t[None, :] <= position[:, None]) & t_ok[None, :]
         scores = tl.where(visible, scores * scale_log2, -float("inf"))  # [BLOCK_M, BLOCK_N]
         m_new = tl.maximum(m_i, tl.max(scores, 1))
         p = tl.exp2(scores - m_new[:, None])
         alpha = tl.exp2(m_i - m_new)
         v = tl.load(v_cache_ptr + offs, mask=tile_ok, other=0.0)
-        acc = acc * alpha[:, None] + _dot(to_dtype(p, v.dtype), v, UPCAST)  # P in V's dtype, as tensor cores take it
+        acc = acc * alpha[:, None] + dot(to_dtype(p, v.dtype), v, UPCAST)  # P in V's dtype, as tensor cores take it
         l_i = l_i * alpha + tl.sum(p, 1)
         m_i = m_new
     out = acc / l_i[:, None]  # every row sees key 0, so l_i > 0
