@@ -260,8 +260,8 @@ cfg = ModelConfig(hidden_size=128, intermediate_size=256, num_attention_heads=2,
 out = {}
 for n in json.loads(sys.argv[2]):
     engine = LLMEngine(ChatTTSLlama(cfg), Embed(cfg.hidden_size, cfg.num_audio_tokens, cfg.num_text_tokens, cfg.num_vq),
-                       cfg, EngineConfig.from_kwargs(backend="triton", dtype="float32", max_num_seqs=n, max_model_len=64,
-                                         kv_cache_memory=1 << 26, overlap=True))
+                       cfg, EngineConfig.from_kwargs(backend="triton", dtype="float32", max_num_seqs=n,
+                                                     max_model_len=64, kv_cache_memory=1 << 26, overlap=True))
     for i in range(n):
         engine.add_request(None, Prompt(torch.full((4, cfg.num_vq), i % 500), torch.ones(4, dtype=torch.bool)),
                            SamplingParams(max_new_token=9, min_new_token=9, seed=i))
