@@ -148,15 +148,16 @@ def plan_export(input_path: str | Path, out_dir: str | Path, seed: int | None = 
     plan = ExportPlan(str(input_path), Path(out_dir), [], speakers, {"params": record}, timestamps=timestamps,
                       captions=captions, release=release)
     try:
-        _fill(plan, rows, jsonl, seed, speaker, voice, voices, speaker_for_seed)
+        fill_lines(plan, rows, jsonl, seed, speaker, voice, voices, speaker_for_seed)
     except BaseException:
         release()  # a record or folder it refuses: the lock goes with the plan
         raise
     return plan
 
 
-def _fill(plan: ExportPlan, rows: list[tuple[int, str]], jsonl: bool, seed: int | None, speaker: str | None,
-          voice: str | None, voices: VoiceLibrary | None, speaker_for_seed: Callable[[int], str] | None) -> None:
+def fill_lines(plan: ExportPlan, rows: list[tuple[int, str]], jsonl: bool, seed: int | None, speaker: str | None,
+              voice: str | None, voices: VoiceLibrary | None, speaker_for_seed: Callable[[int], str] | None) -> None:
+    """The plan's lines: each row parsed, its voice resolved and its script turns checked (before any model work)."""
     plan.lines = [_parse(n, raw, jsonl, speaker, plan) for n, raw in rows]
     resolve_voices(plan, voice, voices, speaker_for_seed)
     resolve_scripts(plan.lines, plan.turn_voices, voices, speaker_for_seed or _needs_the_model)

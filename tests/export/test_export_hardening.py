@@ -92,7 +92,7 @@ def test_timestamps_asked_on_a_finished_export_or_deleted_are_written(chat: Chat
 
 
 def test_an_unwritable_output_is_refused_before_any_work(tmp_path: Path, monkeypatch) -> None:
-    """Before any work: no line is named, hashed or given its voice (plan._fill, watched, is never called for the
+    """Before any work: no line is named, hashed or given its voice (plan.fill_lines, watched, is never called for the
     refused folders, and is for a writable one, so the watch is on the path)."""
     from chattts_velocity.export import plan as plan_module
 
@@ -100,8 +100,8 @@ def test_an_unwritable_output_is_refused_before_any_work(tmp_path: Path, monkeyp
     src.write_text(LINES, encoding="utf-8")
     (tmp_path / "a file").write_text("not a folder")
     filled: list[Path] = []
-    fill = plan_module._fill
-    monkeypatch.setattr(plan_module, "_fill", lambda plan, *a: filled.append(plan.out_dir) or fill(plan, *a))
+    fill = plan_module.fill_lines
+    monkeypatch.setattr(plan_module, "fill_lines", lambda plan, *a: filled.append(plan.out_dir) or fill(plan, *a))
     with pytest.raises(ValueError, match="^output_dir: .* is a file, not a folder"):
         plan_export(src, tmp_path / "a file", seed=1)
     with pytest.raises(ValueError, match="^output_dir: cannot create"):
