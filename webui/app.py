@@ -10,6 +10,7 @@ import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, Literal, TypedDict, cast
 
 if __name__ == "__main__":  # this checkout's package importable in the command, whatever the working folder
     _PATH = os.pathsep.join(p for p in (str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH")) if p)
@@ -24,7 +25,7 @@ from chattts_velocity.text.voices import PRESET_SEEDS, VoiceLibrary
 from webui import layout
 from webui.controls import DEFAULT_PRESET, Request, refine_prompt
 from webui.handlers import FILES_TTL_S, MAX_RUN_CHARS, Handlers, ffmpeg_available, random_seed
-from webui.layout import CSS, HIDDEN, THEME, Controls
+from webui.layout import CSS, HIDDEN, THEME, Controls, pick
 from webui.library import LibraryHandlers
 
 REQUEST_INPUTS = tuple(f.name for f in dataclasses.fields(Request))  # the controls a run reads, in Request's order
@@ -46,15 +47,26 @@ PLAY_RESULT = """async (on) => {
     }
   }
 }"""
+Switches = tuple[dict[str, Any], dict[str, Any], dict[str, Any], dict[str, Any]]  # gr.update()s, RUN_STATE's order
 
 
-def _running(streaming: bool) -> tuple:
+class _Progress(TypedDict):  # a run's own event: its progress shows on the stats box
+    show_progress: Literal["minimal"]
+    show_progress_on: gr.Textbox
+
+
+class _Switch(TypedDict):  # a run's start and end events
+    queue: bool
+    show_progress: Literal["hidden"]
+
+
+def _running(streaming: bool) -> Switches:
     """Run start -> RUN_STATE: Generate off, Interrupt on, the live player shown for a stream."""
     off, on = gr.update(interactive=False), gr.update(interactive=True)
     return off, off, on, gr.update(elem_classes=[] if streaming else [HIDDEN])
 
 
-def _stopped() -> tuple:
+def _stopped() -> Switches:
     on, off = gr.update(interactive=True), gr.update(interactive=False)
     return on, on, off, gr.update(elem_classes=[HIDDEN])
 
@@ -93,21 +105,22 @@ def _wire_runs(c: Controls, handlers: Handlers) -> None:
     # The stats box is the one progress display: the handlers write elapsed time and audio made into it, and
     # gradio's own indicator (its timer only) shows on it alone, not on every output.
     # gradio hands each event its session (gr.Request): a run, its Interrupt and its files belong to it
-    def generate(request: gr.Request, *values: object) -> Iterator[tuple[object, ...]]:
+    def generate(request: gr.Request, *values: Any) -> Iterator[tuple[object, ...]]:
         yield from handlers.generate(*values, session=request.session_hash or "")
 
-    def generate_stream(request: gr.Request, *values: object) -> Iterator[tuple[object, ...]]:
+    def generate_stream(request: gr.Request, *values: Any) -> Iterator[tuple[object, ...]]:
         yield from handlers.generate_stream(*values, session=request.session_hash or "")
 
     def interrupt(request: gr.Request) -> None:
         handlers.interrupt(request.session_hash or "")
 
-    inputs = [c[k] for k in REQUEST_INPUTS]
-    results = [c[k] for k in ("download", "refined", "stats")]
-    state, streamed = [c[k] for k in RUN_STATE], gr.State()
+    inputs = pick(c, REQUEST_INPUTS)
+    results = pick(c, ("download", "refined", "stats"))
+    state, streamed = pick(c, RUN_STATE), gr.State()
     # the stats box shows gradio's status: the queue position while a run waits, then its timer
-    progress = {"show_progress": "minimal", "show_progress_on": c["stats"]}
-    switch = {"queue": False, "show_progress": "hidden"}  # a run's start and end flip buttons and the live player
+    progress: _Progress = {"show_progress": "minimal", "show_progress_on": c["stats"]}
+    # a run's start and end flip buttons and the live player
+    switch: _Switch = {"queue": False, "show_progress": "hidden"}
     c["generate"].click(lambda: _running(False), None, state, **switch) \
         .then(generate, inputs, [c["audio"], *results], concurrency_id="tts", concurrency_limit=1,
               **progress) \
@@ -138,7 +151,8 @@ def build_ui(pipeline: SpeechPipeline, use_vllm: bool = True, max_new_token: int
     # gradio deletes the files it made for this page (the players' audio, the downloads' copies) once older than
     # files_ttl_s, looking every files_ttl_s / 4
     cleanup = (max(1, files_ttl_s // 4), files_ttl_s)
-    with gr.Blocks(title="ChatTTS velocity", analytics_enabled=False, delete_cache=cleanup) as demo:
+    demo = gr.Blocks(title="ChatTTS velocity", analytics_enabled=False, delete_cache=cleanup)
+    with demo:
         gr.Markdown("## ChatTTS velocity\nType some Chinese or English text, pick a voice and press Generate.")
         if demo_weights:
             gr.Markdown(layout.DEMO_NOTICE, elem_id="demo-notice")
@@ -146,14 +160,15 @@ def build_ui(pipeline: SpeechPipeline, use_vllm: bool = True, max_new_token: int
             with gr.Column(scale=3, min_width=300):
                 c = layout.primary_controls()
                 examples_slot = gr.Column()  # filled below: examples need the controls they set
-                c.update(layout.voice_controls(handlers.speaker_for_seed(PRESET_SEEDS[DEFAULT_PRESET])[0]))
+                preset_speaker = cast(str, handlers.speaker_for_seed(PRESET_SEEDS[DEFAULT_PRESET])[0])  # a valid seed
+                c.update(layout.voice_controls(preset_speaker))
                 c.update(layout.library_controls(library.names()))
                 c.update(layout.style_controls())
                 c.update(layout.run_controls(ffmpeg_available()))
             with gr.Column(scale=2, min_width=300):
                 c.update(layout.output_controls())
         with examples_slot:
-            gr.Examples([values for _, values in layout.EXAMPLES], [c[k] for k in layout.EXAMPLE_INPUTS],
+            gr.Examples([values for _, values in layout.EXAMPLES], pick(c, layout.EXAMPLE_INPUTS),
                         label="Examples (each sets speed, refine levels and seeds too)",
                         example_labels=[label for label, _ in layout.EXAMPLES])
         _wire_voice(c, handlers)
@@ -177,7 +192,8 @@ def launch(demo: gr.Blocks, host: str = "127.0.0.1", port: int = 7860, share: bo
     # quiet: gradio's own banner tells a user to edit launch(); ours names the command's flags
     demo.launch(server_name=host, server_port=port, share=share, theme=THEME, css=CSS, quiet=True,
                         prevent_thread_lock=True)
-    print(served_at(demo.local_url, demo.share_url), flush=True)
+    # gradio sets local_url (a str once launched) without annotating it, so it reads as None
+    print(served_at(cast(str, demo.local_url), demo.share_url), flush=True)
     demo.block_thread()
 
 

@@ -14,7 +14,8 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
+from typing import Any, TypeVar, cast
 
 import gradio as gr
 import numpy as np
@@ -42,9 +43,9 @@ from .controls import (
 from .scripts import ScriptRuns, page_script
 from .sessions import Run, SessionRuns
 from .voice_check import VoiceCheck
-from .worker import batches, outcome
+from .worker import Chunk, RunOptions, Update, batches, outcome
 
-Update = tuple  # (live chunk, full audio, download file, spoken text, stats)
+T = TypeVar("T")
 PROGRESS_EVERY_S = 0.5  # how often a run's progress line in the stats box is refreshed
 MAX_RUN_CHARS = 5000  # characters of text one run may hold: a run holds the page's one engine slot while it works
 FILES_TTL_S = 3600  # a download older than this is removed (also when its session ends)
@@ -85,7 +86,7 @@ class Handlers(ScriptRuns):
         self.sessions = SessionRuns(tempfile.mkdtemp(prefix="chattts-velocity-webui-"), files_ttl_s)
 
     # ---- small callbacks ------------------------------------------------------------------
-    def speaker_for_seed(self, seed: float | None) -> tuple:
+    def speaker_for_seed(self, seed: float | None) -> tuple[object, object, object]:
         """Seed -> (speaker string, preset name, stats line): the same seed gives the same voice on every run,
         and the preset box follows the seed (a dice roll or a typed seed shows Custom). A bad seed answers in
         the stats box and a toast."""
@@ -98,13 +99,13 @@ class Handlers(ScriptRuns):
             warn(exc)
             return gr.skip(), gr.skip(), f"error: {exc}"
 
-    def voice_for_preset(self, name: str) -> tuple:
+    def voice_for_preset(self, name: str) -> tuple[object, object]:
         """Preset -> (audio seed, speaker string); Custom keeps both (it only names a seed no preset has)."""
         if name not in PRESET_SEEDS:
             return gr.skip(), gr.skip()
         return PRESET_SEEDS[name], self.speaker_for_seed(PRESET_SEEDS[name])[0]
 
-    def encode_clip(self, path: str | None) -> tuple:
+    def encode_clip(self, path: str | None) -> tuple[object, object, object]:
         """Uploaded or recorded voice clip -> (spk_smp string, stats line, clip player); a file that is not audio
         is named in the stats and removed from the player."""
         if not path:
@@ -129,13 +130,13 @@ class Handlers(ScriptRuns):
         self.sessions.forget(session)
 
     # ---- generate -------------------------------------------------------------------------
-    def generate(self, *values: object, session: str = "") -> Iterator[tuple]:
+    def generate(self, *values: Any, session: str = "") -> Iterator[tuple[object, ...]]:
         """Stream off: Request values -> (full audio, download, spoken text, stats) updates. The stats box is
         the run's one progress display (elapsed time, audio made), refreshed every PROGRESS_EVERY_S."""
         for update in self._run(Request(*values), stream=False, session=session):
             yield update[1:]
 
-    def generate_stream(self, *values: object, session: str = "") -> Iterator[Update]:
+    def generate_stream(self, *values: Any, session: str = "") -> Iterator[Update]:
         """Stream on (same inputs as generate): -> (live chunk, full audio, download, spoken text, stats)."""
         yield from self._run(Request(*values), stream=True, session=session)
 
@@ -152,8 +153,7 @@ class Handlers(ScriptRuns):
         stats, skip = RunStats(time.perf_counter()), gr.skip()
         try:
             self._check_text(r.text)
-            params, options = self._code_params(r), self._split_options(r)
-            options["stop"] = run.stop
+            params, options = self._code_params(r), self._split_options(r, run.stop)
             if (script := page_script(r)) is not None:  # [voice]/[pause] tags or captions: webui/scripts.py
                 yield from self._script_run(r, script, params, options, stats, run)
                 return
@@ -177,10 +177,10 @@ class Handlers(ScriptRuns):
             warn(exc)
             yield skip, skip, skip, skip, f"error: {exc}"
 
-    def _wait(self, work: Callable[[], object], stats: RunStats, doing: str,
-              stop: threading.Event) -> Iterator[Update]:
+    def _wait(self, work: Callable[[], T], stats: RunStats, doing: str,
+              stop: threading.Event) -> Generator[Update, None, T]:
         """Run work() in a thread; meanwhile show the progress line every PROGRESS_EVERY_S. Returns its result."""
-        done: queue.Queue = queue.Queue()
+        done: queue.Queue[T | Exception] = queue.Queue()
         worker = threading.Thread(target=lambda: done.put(outcome(work)), daemon=True)
         worker.start()
         try:
@@ -197,11 +197,11 @@ class Handlers(ScriptRuns):
             raise result
         return result
 
-    def _infer(self, spoken: str, params: InferCodeParams, options: dict) -> np.ndarray:
-        wav: np.ndarray = self.pipeline.synthesis(self._job(spoken, params, options)).run()[0]
-        return wav
+    def _infer(self, spoken: str, params: InferCodeParams, options: RunOptions) -> np.ndarray:
+        waves = self.pipeline.synthesis(self._job(spoken, params, options)).run()
+        return cast(list[np.ndarray], waves)[0]  # run() gives waveforms without refine_only
 
-    def _job(self, text: str, params: InferCodeParams, options: dict, **extra: object) -> SynthesisJob:
+    def _job(self, text: str, params: InferCodeParams, options: RunOptions, **extra: Any) -> SynthesisJob:
         """One run of the page: its text, its own stop flag, the page's engine and batch size (extra: its refine
         settings, its shape)."""
         return SynthesisJob([text], params, text=TextOptions(split=options["split"]), use_vllm=self.use_vllm,
@@ -221,16 +221,16 @@ class Handlers(ScriptRuns):
         return stats.summary(head=head)
 
     @staticmethod
-    def _results(wav: np.ndarray, fmt: str, run: Run) -> tuple:
+    def _results(wav: np.ndarray, fmt: str, run: Run) -> tuple[tuple[int, np.ndarray], str]:
         """-> (player audio, download file): the player always gets WAV, the download the chosen format, written
         in the run's session folder."""
         return (SAMPLE_RATE, float_to_int16(wav)), str(write_download(wav, fmt, run.folder))
 
-    def _stream(self, spoken: str, params: InferCodeParams, options: dict, stats: RunStats,
+    def _stream(self, spoken: str, params: InferCodeParams, options: RunOptions, stats: RunStats,
                 fmt: str, run: Run) -> Iterator[Update]:
         # Gradio encodes every yielded chunk with ffmpeg before it resumes the generator, so the
         # engine runs in its own thread and each yield sends whatever audio is ready by then.
-        ready: queue.Queue = queue.Queue()
+        ready: queue.Queue[Chunk] = queue.Queue()
         producer = threading.Thread(target=self._produce, args=(spoken, params, options, stats, ready),
                                     daemon=True)
         producer.start()
@@ -240,7 +240,7 @@ class Handlers(ScriptRuns):
             for batch in batches(ready, PROGRESS_EVERY_S):
                 pieces += batch
                 pending += batch
-                live = gr.skip()
+                live: object = gr.skip()
                 player_open = len(pieces) > len(pending)  # an earlier chunk went out: send each one as it comes
                 if pending and (player_open or sum(map(len, pending)) >= FIRST_LIVE_SAMPLES):
                     live, pending = _live(pending), []
@@ -254,8 +254,8 @@ class Handlers(ScriptRuns):
         full = np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
         yield gr.skip(), *self._results(full, fmt, run), gr.skip(), self._final(stats, run)
 
-    def _produce(self, spoken: str, params: InferCodeParams, options: dict, stats: RunStats,
-                 ready: queue.Queue) -> None:
+    def _produce(self, spoken: str, params: InferCodeParams, options: RunOptions, stats: RunStats,
+                 ready: queue.Queue[Chunk]) -> None:
         """Engine thread: puts float32 chunks, then None (done) or the exception that stopped it."""
         try:
             for chunks in self.pipeline.synthesis(self._job(spoken, params, options, shape="chunks")).stream():
@@ -268,15 +268,15 @@ class Handlers(ScriptRuns):
         except Exception as exc:  # handed to the UI thread, which re-raises it
             ready.put(exc)
 
-    def _refine(self, r: Request, options: dict) -> str:
+    def _refine(self, r: Request, options: RunOptions) -> str:
         # Same sliders for both passes, as in the upstream web UI (users compare the two).
         params = RefineTextParams(prompt=refine_prompt(r.oral, r.laugh, r.pause), temperature=float(r.temperature),
                                   top_P=float(r.top_p), top_K=int(r.top_k),
                                   manual_seed=check_seed(r.text_seed, "text seed"), show_tqdm=False,
                                   beam_width=whole(r.refine_beams, "refine beams", 1, SHARED_MAX_BEAMS))
         job = self._job(r.text, InferCodeParams(), options, refine=params, refine_only=True)
-        refined: list[str] = self.pipeline.synthesis(job).run()
-        return refined[0]
+        refined = self.pipeline.synthesis(job).run()
+        return cast(list[str], refined)[0]  # run() gives the refined texts with refine_only
 
     def _code_params(self, r: Request) -> InferCodeParams:
         spk_emb, spk_smp, txt_smp = self.voice_check.voice(r.speaker, r.clip_code, r.transcript)
@@ -286,11 +286,12 @@ class Handlers(ScriptRuns):
                                max_new_token=self.max_new_token, show_tqdm=False)
 
     @staticmethod
-    def _split_options(r: Request) -> dict:
-        """How long text runs (split into pieces, pieces per batch); also checks the download format first."""
+    def _split_options(r: Request, stop: threading.Event) -> RunOptions:
+        """How long text runs (split into pieces, pieces per batch), stopped by `stop`; also checks the download
+        format first."""
         if r.fmt not in available_formats():
             raise ValueError(f"format: choose one of {list(available_formats())}, got {r.fmt!r}")
-        return {"split": bool(r.split_text), "max_batch": batch_size(r.batch_size)}
+        return {"split": bool(r.split_text), "max_batch": batch_size(r.batch_size), "stop": stop}
 
 
 def _live(chunks: list[np.ndarray]) -> tuple[int, np.ndarray]:

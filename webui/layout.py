@@ -6,7 +6,11 @@ first screen.
 """
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
+from typing import Literal, TypedDict, cast
+
 import gradio as gr
+from gradio.components import Component
 
 from chattts_velocity.audio import SAMPLE_RATE
 from chattts_velocity.audio.formats import WAV, available_formats
@@ -15,7 +19,55 @@ from chattts_velocity.text.voices import PRESET_SEEDS
 
 from .controls import BATCH_SIZE, CUSTOM, DEFAULT_PRESET, LEVELS, refine_prompt
 
-Controls = dict[str, gr.components.Component]
+
+class Controls(TypedDict, total=False):
+    """The page's components by name (each builder fills its own keys); typed so events (.click, .change) check."""
+
+    text: gr.Textbox
+    preset: gr.Dropdown
+    generate: gr.Button
+    generate_stream: gr.Button
+    interrupt: gr.Button
+    audio_seed: gr.Number
+    audio_dice: gr.Button
+    speaker: gr.Textbox
+    clip: gr.Audio
+    transcript: gr.Textbox
+    clip_code: gr.Textbox
+    saved: gr.Dropdown
+    voice_name: gr.Textbox
+    save_voice: gr.Button
+    delete_voice: gr.Button
+    speed: gr.Slider
+    refine: gr.Checkbox
+    oral: gr.Slider
+    laugh: gr.Slider
+    pause: gr.Slider
+    refine_beams: gr.Slider
+    refine_prompt: gr.Textbox
+    text_seed: gr.Number
+    text_dice: gr.Button
+    split_text: gr.Checkbox
+    stream: gr.Checkbox
+    autoplay: gr.Checkbox
+    batch_size: gr.Slider
+    temperature: gr.Slider
+    top_p: gr.Slider
+    top_k: gr.Slider
+    fmt: gr.Dropdown
+    captions: gr.Dropdown
+    live: gr.Audio
+    audio: gr.Audio
+    download: gr.File
+    refined: gr.Textbox
+    stats: gr.Textbox
+
+
+def pick(c: Controls, names: Iterable[str]) -> list[Component]:
+    """The components named (event inputs and outputs), in order."""
+    by_name = cast(Mapping[str, Component], c)  # a TypedDict reads as Mapping[str, object] only
+    return [by_name[name] for name in names]
+
 HIDDEN = "velocity-hidden"
 # Seed rows keep their Random button beside the box at any width; toasts sit at the bottom, clear of
 # the controls near the top; on a phone the two columns stack and nothing overflows sideways.
@@ -48,7 +100,7 @@ DEMO_NOTICE = ("**Demo weights: random audio.** These random weights make noise,
                "gibberish; start the page with `--model DIR` on the official files (models/README.md) for speech.")
 
 
-def _seed_row(value: int, label: str, button: str, box_id: str, button_id: str) -> tuple:
+def _seed_row(value: int, label: str, button: str, box_id: str, button_id: str) -> tuple[gr.Number, gr.Button]:
     with gr.Row(elem_classes=["seed-row"]):
         box = gr.Number(value, precision=0, label=label, elem_id=box_id)
         dice = gr.Button(button, size="md", scale=0, elem_id=button_id)
@@ -155,7 +207,7 @@ def output_controls() -> Controls:
     c["live"] = gr.Audio(label="Live stream", streaming=True, autoplay=True, interactive=False,
                          buttons=["download"], elem_id="live-audio", elem_classes=[HIDDEN])
     c["audio"] = gr.Audio(label=f"Audio ({SAMPLE_RATE // 1000} kHz {WAV.name.upper()})", type="numpy",
-                          format=WAV.name, interactive=False, buttons=["download"],
+                          format=cast(Literal["wav"], WAV.name), interactive=False, buttons=["download"],
                           elem_id="output-audio")
     c["download"] = gr.File(label="Download (the chosen format, and the captions when asked)", interactive=False,
                             elem_id="download")

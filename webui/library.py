@@ -4,6 +4,7 @@ string is saved only when the model can use it (`fits`: the server's own check, 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import gradio as gr
 
@@ -20,11 +21,11 @@ class LibraryHandlers:
     def names(self) -> list[str]:
         return [voice.name for voice in self.library.list()]
 
-    def refresh(self) -> dict:
+    def refresh(self) -> dict[str, Any]:
         """The dropdown's choices from disk (voices saved through the server show up on page load)."""
         return gr.update(choices=self.names())
 
-    def save(self, name: str, speaker: str, clip_code: str, transcript: str) -> tuple:
+    def save(self, name: str, speaker: str, clip_code: str, transcript: str) -> tuple[object, object, str]:
         """Save what Generate would speak with (a clip code wins over the speaker string) -> (dropdown, name box,
         stats line); the answer is a toast and a line in the stats box, success or not."""
         clip_code, speaker = (clip_code or "").strip(), (speaker or "").strip()
@@ -42,7 +43,7 @@ class LibraryHandlers:
             return gr.skip(), gr.skip(), _refused(exc)
         return gr.update(choices=self.names(), value=voice.name), "", _done(f"saved voice {voice.name!r}")
 
-    def pick(self, name: str | None) -> tuple:
+    def pick(self, name: str | None) -> tuple[object, ...]:
         """A saved voice -> (speaker, clip code, transcript, preset, audio seed, stats line). The seed box is
         cleared: a seed makes its own speaker string, which would replace the picked one."""
         if not name:
@@ -54,7 +55,7 @@ class LibraryHandlers:
         return (voice.speaker or "", voice.clip_code or "", voice.transcript or "", CUSTOM, None,
                 _done(f"voice {voice.name!r} picked; a new audio seed would replace it"))
 
-    def delete(self, name: str | None) -> tuple:
+    def delete(self, name: str | None) -> tuple[object, str]:
         """-> (dropdown, stats line)."""
         try:
             if not name:

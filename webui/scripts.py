@@ -9,9 +9,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import gradio as gr
+import numpy as np
 
 from chattts_velocity import InferCodeParams, RefineTextParams
 from chattts_velocity.audio import SAMPLE_RATE, Spoken
@@ -26,6 +26,7 @@ from .clips import RunStats
 from .controls import Request, check_seed, refine_prompt, whole
 from .sessions import Run
 from .voice_check import VoiceCheck
+from .worker import RunOptions, Update, Wait
 
 NO_CAPTIONS = "none"
 CAPTION_CHOICES = (NO_CAPTIONS, "srt", "vtt")
@@ -44,12 +45,12 @@ class ScriptRuns:
     pipeline: SpeechPipeline
     voice_check: VoiceCheck
     use_vllm: bool
-    _wait: Callable[..., Iterator[tuple[object, ...]]]
-    _results: Callable[[Any, str, Run], tuple[object, str]]
+    _wait: Wait
+    _results: Callable[[np.ndarray, str, Run], tuple[object, str]]
     _final: Callable[[RunStats, Run], str]
 
-    def _script_run(self, r: Request, script: Script, params: InferCodeParams, options: dict[str, Any],
-                    stats: RunStats, run: Run) -> Iterator[tuple[object, ...]]:
+    def _script_run(self, r: Request, script: Script, params: InferCodeParams, options: RunOptions,
+                    stats: RunStats, run: Run) -> Iterator[Update]:
         """-> the page's updates (live, audio, download, spoken text, stats) for a script or captions run."""
         skip = gr.skip()
         refine = _refine_params(r) if r.refine else None
