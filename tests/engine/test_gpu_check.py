@@ -30,6 +30,7 @@ def test_the_script_parses() -> None:
     assert done.returncode == 0, done.stderr
 
 
+@pytest.mark.slow  # several seconds: the default suite stays within its time
 def test_the_dry_run_on_cpu_writes_every_key(tiny_assets, tmp_path) -> None:
     out = tmp_path / "gpu_check.json"
     _module("gpu_check").main(["--dry-run", "--model", str(tiny_assets), "--out", str(out)])

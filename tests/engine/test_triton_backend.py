@@ -105,6 +105,7 @@ def test_a_requests_codes_on_triton_do_not_depend_on_its_batch(chat: Chat, tiny_
     assert not torch.equal(batched[0].token_ids, batched[2].token_ids)
 
 
+@pytest.mark.slow  # several seconds: the default suite stays within its time
 @needs_triton
 def test_chat_load_passes_the_backend_to_the_engine(tiny_assets) -> None:
     chat = Chat()

@@ -54,6 +54,7 @@ def test_a_blend_is_the_documented_mix_of_its_parts_vectors() -> None:
     assert not torch.equal(mixed, a) and not torch.equal(mixed, b)
 
 
+@pytest.mark.slow  # several seconds: the default suite stays within its time
 def test_a_mix_keeps_a_random_speakers_spread_around_the_mean() -> None:
     std, mean = (t.float() for t in speaker_stats(DIM))
     mixes = torch.stack([decode_spk_emb(speaker(f"{s}(1)+{s + 1000}(3)+{s + 2000}(2)")).float()
