@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 import pytest
+from health_wait import wait_healthy
 from timing import Slowness
 
 httpx = pytest.importorskip("httpx")
@@ -73,15 +74,8 @@ def _start(tiny_assets: Path, tmp: Path) -> Server:
     proc = subprocess.Popen([sys.executable, "-c", code, str(tiny_assets), str(port), str(tmp / "voices")],
                             stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 240
-    while True:
-        assert proc.poll() is None, (tmp / "server.log").read_text()[-3000:]
-        assert time.monotonic() < deadline, "the server did not start"
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return Server(url, port, proc)
-        except httpx.HTTPError:
-            time.sleep(0.5)
+    wait_healthy(proc, url, tmp / "server.log")
+    return Server(url, port, proc)
 
 
 def _stop(server: Server) -> None:

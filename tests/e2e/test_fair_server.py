@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from health_wait import wait_healthy
 from timing import Slowness
 
 httpx = pytest.importorskip("httpx")
@@ -59,15 +60,7 @@ def server(tiny_assets, tmp_path_factory) -> Iterator[tuple[str, int]]:
                             stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 240
-        while True:
-            assert proc.poll() is None, (tmp / "server.log").read_text()[-3000:]
-            assert time.monotonic() < deadline, "the server did not start"
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.5)
+        wait_healthy(proc, url, tmp / "server.log")
         yield url, port
     finally:
         proc.terminate()

@@ -25,6 +25,7 @@ from typing import NamedTuple
 
 import numpy as np
 import pytest
+from health_wait import wait_healthy
 from timing import Slowness
 
 httpx = pytest.importorskip("httpx")
@@ -79,15 +80,7 @@ def server(tiny_assets, tmp_path_factory) -> Iterator[Server]:
                              str(tmp / "voices")], stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 240
-        while True:
-            assert proc.poll() is None, (tmp / "server.log").read_text()[-3000:]
-            assert time.monotonic() < deadline, "the server did not start"
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.5)
+        wait_healthy(proc, url, tmp / "server.log")
         yield Server(url, port)
     finally:
         proc.terminate()
