@@ -171,8 +171,9 @@ def check_decodes(path: Path, threads: int) -> None:
     the benchmark and of everything it measured before."""
     code = (f"from pathlib import Path; "
             f"from benchmarks.bench_llamacpp import llama_rate; llama_rate(Path({str(path)!r}), 1, 4, {threads})")
+    path_first = os.pathsep.join(filter(None, (str(REPO), os.environ.get("PYTHONPATH"))))  # a --target build kept
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900,
-                          env={**os.environ, "PYTHONPATH": str(REPO)})
+                          env={**os.environ, "PYTHONPATH": path_first})
     if done.returncode != 0:
         raise RuntimeError(f"llama.cpp fails on its first decode of {path.name} (exit {done.returncode}: "
                            f"{done.stderr.strip()[-300:] or 'no message'}); try a build without -march=native, "
