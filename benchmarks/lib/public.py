@@ -216,13 +216,13 @@ def attach(clock: StageClock, chat: Any) -> None:
 
 def profile_infer(chat: Any, n: int, steps: int) -> dict:
     """Chat.infer of n texts of `steps` forced code steps each, end to end, split into STAGES and python."""
-    clock = StageClock()
+    clock, code_params = StageClock(), params(chat, steps)  # the voice string is drawn before the clock starts
     attach(clock, chat)
     try:
         with torch.inference_mode():
             start = time.perf_counter()
             wavs = chat.infer(texts(n), skip_refine_text=True, do_text_normalization=False, split_text=False,
-                              params_infer_code=params(chat, steps))
+                              params_infer_code=code_params)
             wall = time.perf_counter() - start
     finally:
         clock.undo()
