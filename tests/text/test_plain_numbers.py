@@ -8,7 +8,7 @@ import pytest
 
 from chattts_velocity.text import Normalizer
 from chattts_velocity.text import numbers as numbers_module
-from chattts_velocity.text.plain_numbers import NEUTRAL, plain_reading, read_plain_numbers
+from chattts_velocity.text.plain_numbers import NAMES, NEUTRAL, plain_reading, read_plain_numbers
 
 pytest.importorskip("wetext")
 
@@ -64,6 +64,21 @@ def test_neutral_words_never_change_a_numbers_reading(wetext_en) -> None:
             if wetext_en(sentence) != f"{shown} {plain_reading(number)} {word}":
                 wrong.append((sentence, wetext_en(sentence)))
     assert wrong == []
+
+
+def test_names_never_change_a_numbers_reading(wetext_en) -> None:
+    """Each name on each side of an integer, a year, a percentage and a time (and with a mark after it)."""
+    rng = random.Random(11)
+    wrong = []
+    for name in sorted(NAMES):
+        for number in (str(rng.randint(2, 99999)), str(rng.randint(1000, 2999)), f"{rng.randint(0, 100)}%",
+                       f"{rng.randint(0, 23)}:{rng.randint(0, 59):02d}"):
+            sentence = f"{name} {number} {name}{rng.choice(['', ',', '.', '?', '!'])}"
+            if wetext_en(sentence) != f"{name} {plain_reading(number)} {sentence.split()[-1]}":
+                wrong.append((sentence, wetext_en(sentence)))
+    assert wrong == []
+    assert read_plain_numbers("Anna 42 Paris, 7:43 the") == "Anna forty two Paris, seven forty three the"
+    assert read_plain_numbers("anna 42 paris") == "anna 42 paris"  # a name is neutral only capitalised
 
 
 def test_a_number_beside_a_word_that_joins_it_is_left_for_wetext() -> None:

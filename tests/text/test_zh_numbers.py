@@ -1,0 +1,93 @@
+"""Chinese plain numbers read without wetext (text/zh_numbers.py) give wetext's own words: every form and every
+neutral character is read through wetext itself here, on the same string, and the two must be equal."""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from chattts_velocity.text.zh_numbers import MARKS, MAX_DIGITS, NEUTRAL, read_zh_span
+
+pytest.importorskip("wetext")
+
+EDGES = [0, 1, 2, 3, 9, 10, 11, 12, 19, 20, 21, 22, 99, 100, 101, 102, 110, 112, 120, 200, 202, 220, 222, 999, 1000,
+         1001, 1002, 1010, 1020, 1100, 1200, 2000, 2002, 2020, 2200, 2222, 9999, 10000, 10001, 10010, 10100, 11000,
+         12000, 20000, 20002, 22222, 100000, 100010, 110000, 120000, 200000, 1000000, 1000001, 1000100, 2000000,
+         10000000, 10000001, 12345678, 20000000, 22222222, 99999999]
+NOT_READ_HERE = ["约2元", "有2元3月的", "有00元", "有007元", "有2.5元", "有-2元", "有123456789元", "有25元,",
+                 "有2 元", "有25％", "第2名", "3点30分", "有13月", "有3月32日", "有0月", "二零2024年", "有12年",
+                 "有25个", "有25", "有25元A", "Q2有25元"]
+
+
+@pytest.fixture(scope="module")
+def wetext_zh():
+    from wetext import Normalizer as Wetext
+
+    return Wetext(lang="zh", operator="tn").normalize
+
+
+def integers(rng: random.Random, count: int) -> list[int]:
+    """Integers of every length up to MAX_DIGITS, many with runs of zeros and twos (零 and 两 are where slips hide)."""
+    out = []
+    for _ in range(count):
+        length = rng.randint(1, MAX_DIGITS)
+        out.append(int(str(rng.randint(1, 9)) + "".join(rng.choice("0000122345679") for _ in range(length - 1))))
+    return out
+
+
+def forms(rng: random.Random) -> list[str]:
+    """One of each form with fresh numbers: money, percentage, year, year-month, year-month-day, month, month-day."""
+    year, month, day = rng.randint(1000, 9999), rng.randint(1, 12), rng.randint(1, 31)
+    return [f"{rng.choice(integers(rng, 1) + EDGES)}元", f"{rng.choice(integers(rng, 1) + EDGES[:30])}%",
+            f"{year}年", f"{year}年{month}月", f"{year}年{month}月{day}{rng.choice('日号')}", f"{month}月",
+            f"{month}月{day}{rng.choice('日号')}"]
+
+
+def test_money_and_percentages_are_wetexts(wetext_zh) -> None:
+    numbers = EDGES + integers(random.Random(5), 250)
+    texts = [f"有{n}元" for n in numbers] + [f"是{n}%，" for n in numbers[::2]]
+    assert [(t, read_zh_span(t), wetext_zh(t)) for t in texts if read_zh_span(t) != wetext_zh(t)] == []
+
+
+def test_dates_are_wetexts(wetext_zh) -> None:
+    rng = random.Random(8)
+    years = [1000, 1990, 2000, 2001, 2010, 2024, 2030, 9999] + [rng.randint(1000, 9999) for _ in range(30)]
+    texts = [f"在{year}年{month}月" for year, month in zip(years, range(1, 13), strict=False)]
+    days = [(1, "日"), (2, "号"), (10, "日"), (12, "号"), (20, "日"), (22, "日"), (31, "号")]
+    texts += [f"是{month}月{day}{mark}的" for month in range(1, 13) for day, mark in days]
+    texts += [f"在{year}年" for year in years]
+    texts += [f"于{rng.choice(years)}年{rng.randint(1, 12)}月{day}日" for day in range(1, 32)]
+    assert [(t, read_zh_span(t), wetext_zh(t)) for t in texts if read_zh_span(t) != wetext_zh(t)] == []
+
+
+def test_every_neutral_character_and_mark_on_each_side_of_every_form(wetext_zh) -> None:
+    rng = random.Random(49)
+    wrong = []
+    for c in sorted(NEUTRAL | MARKS):
+        money, percent, year, year_month, full_date, month, month_day = forms(rng)
+        for text in (c.join(["", money, full_date, month, ""]), c.join(["", percent, year, month_day, year_month, ""])):
+            if read_zh_span(text) != wetext_zh(text):
+                wrong.append((text, read_zh_span(text), wetext_zh(text)))
+    assert wrong == []
+
+
+def test_spans_of_neutral_characters_marks_and_forms_are_wetexts(wetext_zh) -> None:
+    """Random spans as wetext_spans cuts them (up to ten characters of context around a form, clauses joined)."""
+    rng = random.Random(2026)
+    pool = sorted(NEUTRAL) * 4 + sorted(MARKS)
+    wrong, read = [], 0
+    for _ in range(300):
+        pieces = ["".join(rng.choice(pool) for _ in range(rng.randint(0, 4)))]
+        for _ in range(rng.randint(1, 3)):
+            pieces += [rng.choice(forms(rng)), "".join(rng.choice(pool) for _ in range(rng.randint(1, 4)))]
+        text = "".join(pieces)[: 64]
+        if read_zh_span(text) is not None:
+            read += 1
+            if read_zh_span(text) != wetext_zh(text):
+                wrong.append((text, read_zh_span(text), wetext_zh(text)))
+    assert wrong == [] and read > 250
+
+
+@pytest.mark.parametrize("text", NOT_READ_HERE)
+def test_anything_else_is_left_for_wetext(text: str) -> None:
+    assert read_zh_span(text) is None
