@@ -4,10 +4,12 @@ A span is what wetext is asked to read (wetext_spans: a clause's digits with thr
 It is read here when every character is a mark (，。！？；：、), a character of `NEUTRAL` or part of a plain number
 form, and two forms are never side by side (at least one other character between them). The forms, and wetext's
 reading of each (slips included):
-- money "25元": a cardinal, the leading 2 of a number said 两 (两元, 两百元, 两千五百元, 两万, but 二十元);
-- a percentage "25%": 百分之 and a cardinal (百分之二, never 两);
+- a count "25元", "3个", "2小时" (a measure word of MEASURES): a cardinal, the leading 2 of a number said 两 (两元,
+  两百人, 两千五百元, 两万个, but 二十元); with a fraction "2.5元", "200.25个": 点 and its digits, and 2 alone is 二;
+- a percentage "25%", "5.2%": 百分之 and the number read as with a fraction (百分之二, 百分之两百);
 - a year "2024年": four digits said one by one (二零二四年), and with a month and a day: "2024年3月", "2024年3月5日";
-- a month "3月" (1-12) and a date "3月5日" / "3月5号" (day 1-31): cardinals (二月, 十二月, 三十一日).
+- a month "3月" (1-12) and a date "3月5日" / "3月5号" (day 1-31): cardinals (二月, 十二月, 三十一日);
+- an hour "3点" (0-24) and "3点30分": 二点, 三点零五分, 二点两分; a clock time "2:05" (1:00-24:59): 两点零五分, 十点.
 Integers have no leading zero ("0" alone is one) and at most MAX_DIGITS digits (wetext says 亿 from nine).
 `NEUTRAL` holds characters wetext was measured never to join with a number: tests/text/test_zh_numbers.py reads
 every one on each side of every form through wetext itself (not 约: "约2元" is 约二元). Anything else is wetext's.
@@ -17,6 +19,7 @@ from __future__ import annotations
 import re
 
 MAX_DIGITS = 8  # below 亿
+MAX_FRACTION = 6  # digits after the point
 MARKS = frozenset("，。！？；：、")
 NEUTRAL = frozenset(
     "的一是在不了有和人这中大为上个国我以要他时来用们生到作地于出就分对成会可主发年动同工也能下过子说产种面而方后多定"
@@ -28,12 +31,17 @@ NEUTRAL = frozenset(
     "张信马节话米整空元况今集温传土许步群广石记需段研界拉林律叫且究观越织装影算低持音众书布复容儿须际商非验连断深难近"
     "矿周委素技备半办青省列习响支般史感劳便团往酸历市克何除消构府称太准精值号率族维划选标写存候毛亲快效斯院查江型眼王"
     "按格养易置派层片始却专状育厂京识适属圆包火住调满县局照参红细引听该铁价严龙飞")
+# measure words after which wetext says a cardinal with 两 (两个, 两百人); not 次 种 倍 台 部 楼 公斤 (二次, 幺幺零次)
+MEASURES = ("元", "个", "人", "岁", "天", "米", "名", "本", "家", "件", "只", "条", "位", "辆", "块", "张", "斤", "层",
+            "周", "小时", "分钟", "秒")
 _MONTH = r"(?:[1-9]|1[0-2])月"
 _DAY = r"(?:[1-9]|[12]\d|3[01])[日号]"
-_INTEGER = rf"(?:0|[1-9]\d{{0,{MAX_DIGITS - 1}}})"
+_NUMBER = rf"(?:0|[1-9]\d{{0,{MAX_DIGITS - 1}}})(?:\.\d{{1,{MAX_FRACTION}}})?"
 _FORM = re.compile(
-    rf"(?<!\d)(?:(?P<date>[1-9]\d{{3}}年(?:{_MONTH}(?:{_DAY})?)?|{_MONTH}(?:{_DAY})?)"
-    rf"|(?P<money>{_INTEGER})元|(?P<percent>{_INTEGER})%)(?!\d)")
+    rf"(?<![\d.:])(?:(?P<date>[1-9]\d{{3}}年(?:{_MONTH}(?:{_DAY})?)?|{_MONTH}(?:{_DAY})?)"
+    rf"|(?P<hour>1?\d|2[0-4])点(?:(?P<minute>0[1-9]|[1-5]\d|[1-9])分)?"
+    rf"|(?P<clock>(?:[1-9]|1\d|2[0-4]):[0-5]\d)(?!:)"
+    rf"|(?P<number>{_NUMBER})(?P<suffix>%|{'|'.join(MEASURES)}))(?![\d.])")
 _DATE_PARTS = re.compile(r"(?:(\d+)年)?(?:(\d+)月)?(?:(\d+)([日号]))?")
 DIGITS = "零一二三四五六七八九"
 _PLACES = ("千", "百", "十", "")
@@ -58,17 +66,43 @@ def _plain(text: str) -> bool:
 
 
 def _form_reading(m: re.Match[str]) -> str:
-    if m.group("money") is not None:
-        return cardinal(int(m.group("money")), liang=True) + "元"
-    if m.group("percent") is not None:
-        return "百分之" + cardinal(int(m.group("percent")))
-    year, month, day, day_mark = _DATE_PARTS.fullmatch(m.group("date")).groups()  # type: ignore[union-attr]
+    if m.group("number") is not None:
+        return _number_reading(m.group("number"), m.group("suffix"))
+    if m.group("hour") is not None:
+        minute = m.group("minute")
+        return cardinal(int(m.group("hour"))) + "点" + (_zero(minute) + cardinal(int(minute), liang=True) + "分"
+                                                       if minute else "")
+    if m.group("clock") is not None:
+        hour, minute = m.group("clock").split(":")
+        return cardinal(int(hour), liang=True) + "点" + ("" if minute == "00" else _zero(minute) + (
+            DIGITS[int(minute)] if minute[0] == "0" else cardinal(int(minute))) + "分")
+    return _date_reading(m.group("date"))
+
+
+def _number_reading(number: str, suffix: str) -> str:
+    whole, _, fraction = number.partition(".")
+    said = cardinal(int(whole), liang=whole != "2" or not (fraction or suffix == "%")) + _fraction(fraction)
+    return "百分之" + said if suffix == "%" else said + suffix
+
+
+def _date_reading(date: str) -> str:
+    parts = _DATE_PARTS.fullmatch(date)
+    assert parts is not None  # _FORM's date is a year, month and day
+    year, month, day, day_mark = parts.groups()
     said = "".join(DIGITS[int(d)] for d in year) + "年" if year else ""
     if month:
         said += cardinal(int(month)) + "月"
     if day:
         said += cardinal(int(day)) + day_mark
     return said
+
+
+def _fraction(digits: str) -> str:
+    return "点" + "".join(DIGITS[int(d)] for d in digits) if digits else ""
+
+
+def _zero(minute: str) -> str:
+    return "零" if len(minute) == 2 and minute[0] == "0" else ""
 
 
 def cardinal(n: int, liang: bool = False) -> str:
@@ -89,7 +123,7 @@ def cardinal(n: int, liang: bool = False) -> str:
 
 
 def _group(n: int) -> str:
-    """0 < n < 10,000 in full ("一千零一十"); a group after 万 is said after one 零 when it has no thousands."""
+    """0 < n < 10,000 in full ("一千零一十"), one 零 for a run of zeros inside."""
     said, zero = "", False
     for digit, place in zip(f"{n:04d}", _PLACES, strict=True):
         if digit == "0":

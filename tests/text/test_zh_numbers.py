@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from chattts_velocity.text.zh_numbers import MARKS, MAX_DIGITS, NEUTRAL, read_zh_span
+from chattts_velocity.text.zh_numbers import MARKS, MAX_DIGITS, MEASURES, NEUTRAL, read_zh_span
 
 pytest.importorskip("wetext")
 
@@ -14,9 +14,10 @@ EDGES = [0, 1, 2, 3, 9, 10, 11, 12, 19, 20, 21, 22, 99, 100, 101, 102, 110, 112,
          1001, 1002, 1010, 1020, 1100, 1200, 2000, 2002, 2020, 2200, 2222, 9999, 10000, 10001, 10010, 10100, 11000,
          12000, 20000, 20002, 22222, 100000, 100010, 110000, 120000, 200000, 1000000, 1000001, 1000100, 2000000,
          10000000, 10000001, 12345678, 20000000, 22222222, 99999999]
-NOT_READ_HERE = ["约2元", "有2元3月的", "有00元", "有007元", "有2.5元", "有-2元", "有123456789元", "有25元,",
-                 "有2 元", "有25％", "第2名", "3点30分", "有13月", "有3月32日", "有0月", "二零2024年", "有12年",
-                 "有25个", "有25", "有25元A", "Q2有25元"]
+MINUTES = [f"{m:02d}" for m in range(1, 10)] + [str(m) for m in range(1, 60)]
+NOT_READ_HERE = ["约2元", "有2元3月的", "有00元", "有007元", "有-2元", "有123456789元", "有25元,", "有2 元", "有25％",
+                 "第2", "3点30", "0:30", "1:5", "12:45:30", "25点", "有13月", "有3月32日", "有0月", "二零2024年",
+                 "有12年", "有25次", "有2公斤", "有25", "有25元A", "Q2有25元", "有2.元", "有.5元", "有1.2.3元"]
 
 
 @pytest.fixture(scope="module")
@@ -36,16 +37,22 @@ def integers(rng: random.Random, count: int) -> list[int]:
 
 
 def forms(rng: random.Random) -> list[str]:
-    """One of each form with fresh numbers: money, percentage, year, year-month, year-month-day, month, month-day."""
-    year, month, day = rng.randint(1000, 9999), rng.randint(1, 12), rng.randint(1, 31)
-    return [f"{rng.choice(integers(rng, 1) + EDGES)}元", f"{rng.choice(integers(rng, 1) + EDGES[:30])}%",
-            f"{year}年", f"{year}年{month}月", f"{year}年{month}月{day}{rng.choice('日号')}", f"{month}月",
-            f"{month}月{day}{rng.choice('日号')}"]
+    """One of each form with fresh numbers: count, percentage, year, year-month, year-month-day, month, month-day,
+    hour, hour-minute, clock time, count with a fraction, percentage with a fraction."""
+    year, month, day, hour = rng.randint(1000, 9999), rng.randint(1, 12), rng.randint(1, 31), rng.randint(0, 24)
+    count, percent = rng.choice(integers(rng, 1) + EDGES), rng.choice(integers(rng, 1) + EDGES[:30])
+    day_mark, fraction = rng.choice("日号"), "".join(rng.choice("0123456789") for _ in range(rng.randint(1, 4)))
+    return [f"{count}{rng.choice(MEASURES)}", f"{percent}%", f"{year}年", f"{year}年{month}月",
+            f"{year}年{month}月{day}{day_mark}", f"{month}月", f"{month}月{day}{day_mark}", f"{hour}点",
+            f"{hour}点{rng.choice(MINUTES)}分", f"{rng.randint(1, 24)}:{rng.randint(0, 59):02d}",
+            f"{rng.choice([0, 2, count])}.{fraction}{rng.choice(MEASURES)}",
+            f"{rng.choice([0, 2, percent])}.{fraction}%"]
 
 
-def test_money_and_percentages_are_wetexts(wetext_zh) -> None:
+def test_counts_and_percentages_are_wetexts(wetext_zh) -> None:
     numbers = EDGES + integers(random.Random(5), 250)
     texts = [f"有{n}元" for n in numbers] + [f"是{n}%，" for n in numbers[::2]]
+    texts += [f"有{n}{unit}的" for unit in MEASURES for n in (2, 12, 20, 110, 200, 2024, 20000, 22222)]
     assert [(t, read_zh_span(t), wetext_zh(t)) for t in texts if read_zh_span(t) != wetext_zh(t)] == []
 
 
@@ -60,12 +67,29 @@ def test_dates_are_wetexts(wetext_zh) -> None:
     assert [(t, read_zh_span(t), wetext_zh(t)) for t in texts if read_zh_span(t) != wetext_zh(t)] == []
 
 
+def test_times_are_wetexts(wetext_zh) -> None:
+    rng = random.Random(12)
+    texts = [f"在{hour}点的" for hour in range(25)]
+    texts += [f"{hour}点{minute}分" for hour in range(25) for minute in rng.sample(MINUTES, 6)]
+    minutes = [0, 2, 20, 22, *rng.sample(range(60), 5)]
+    texts += [f"在{hour}:{minute:02d}，" for hour in range(1, 25) for minute in minutes]
+    assert [(t, read_zh_span(t), wetext_zh(t)) for t in texts if read_zh_span(t) != wetext_zh(t)] == []
+
+
+def test_fractions_are_wetexts(wetext_zh) -> None:
+    rng = random.Random(13)
+    numbers = [0, 1, 2, 10, 12, 20, 22, 200, 2000, 20000] + integers(rng, 40)
+    texts = [f"有{n}.{rng.choice(['0', '5', '05', '25', '50', '2', '123456'])}{rng.choice(MEASURES + ('%',))}"
+             for n in numbers for _ in range(3)]
+    assert [(t, read_zh_span(t), wetext_zh(t)) for t in texts if read_zh_span(t) != wetext_zh(t)] == []
+
+
 def test_every_neutral_character_and_mark_on_each_side_of_every_form(wetext_zh) -> None:
     rng = random.Random(49)
     wrong = []
     for c in sorted(NEUTRAL | MARKS):
-        money, percent, year, year_month, full_date, month, month_day = forms(rng)
-        for text in (c.join(["", money, full_date, month, ""]), c.join(["", percent, year, month_day, year_month, ""])):
+        shown = forms(rng)
+        for text in (c.join(["", *shown[:4], ""]), c.join(["", *shown[4:8], ""]), c.join(["", *shown[8:], ""])):
             if read_zh_span(text) != wetext_zh(text):
                 wrong.append((text, read_zh_span(text), wetext_zh(text)))
     assert wrong == []
