@@ -8,8 +8,10 @@ reading of each (slips included):
   两百人, 两千五百元, 两万个, but 二十元); with a fraction "2.5元", "200.25个": 点 and its digits, and 2 alone is 二;
 - a percentage "25%", "5.2%": 百分之 and the number read as with a fraction (百分之二, 百分之两百);
 - a year "2024年": four digits said one by one (二零二四年), and with a month and a day: "2024年3月", "2024年3月5日";
-- a month "3月" (1-12) and a date "3月5日" / "3月5号" (day 1-31): cardinals (二月, 十二月, 三十一日);
-- an hour "3点" (0-24) and "3点30分": 二点, 三点零五分, 二点两分; a clock time "2:05" (1:00-24:59): 两点零五分, 十点.
+  not a span of years ("9400年内", "2024年前": 九千四百年内, two thousand and twenty-four years);
+- a month "3月" (1-12) and a date "3月5日" / "3月5号" (day 1-31): cardinals (二月, 十二月, 三十一日; 两日 but 二号);
+- an hour "3点" (0-24) and "3点30分": 二点, 三点零五分, 二点两分. Not a clock time "7:35": wetext reads it as a
+  time or a ratio (七比三五) by the characters around it.
 Integers have no leading zero ("0" alone is one) and at most MAX_DIGITS digits (wetext says 亿 from nine).
 `NEUTRAL` holds characters wetext was measured never to join with a number: tests/text/test_zh_numbers.py reads
 every one on each side of every form through wetext itself (not 约: "约2元" is 约二元). Anything else is wetext's.
@@ -22,9 +24,9 @@ MAX_DIGITS = 8  # below 亿
 MAX_FRACTION = 6  # digits after the point
 MARKS = frozenset("，。！？；：、")
 NEUTRAL = frozenset(
-    "的一是在不了有和人这中大为上个国我以要他时来用们生到作地于出就分对成会可主发年动同工也能下过子说产种面而方后多定"
+    "内的一是在不了有和人这中大为上个国我以要他时来用们生到作地于出就分对成会可主发年动同工也能下过子说产种面而方后多定"
     "行学法所民得经之进着等部度家电力里如水化高自理起小物现实加量都体制机当使点从业本去把性好应开它合还因由其些然前外"
-    "天政日那社义事平形相全表间样与关各重新线内数正心反你明看原又么利比或但质气第向道命此变条只没结解问意建月公无系军"
+    "天政日那社义事平形相全表间样与关各重新线数正心反你明看原又么利比或但质气第向道命此变条只没结解问意建月公无系军"
     "很情者最立代想已通并提直题党程展果料象员革位入常文总次品式活设及管特件长求老头基资边流路级少图山统接知较将组见计"
     "别她手角期根论运农指几区强放决西被干做必战先回则任取据处队南给色光门即保治北造规热领海口东导器压志世金增争济阶油"
     "思术极交受联什认共权收证改清己美再采转更单风切打白教速花带安场身车例真务具每目至达走积示议声报斗完类离华名确才科"
@@ -34,13 +36,13 @@ NEUTRAL = frozenset(
 # measure words after which wetext says a cardinal with 两 (两个, 两百人); not 次 种 倍 台 部 楼 公斤 (二次, 幺幺零次)
 MEASURES = ("元", "个", "人", "岁", "天", "米", "名", "本", "家", "件", "只", "条", "位", "辆", "块", "张", "斤", "层",
             "周", "小时", "分钟", "秒")
+SPAN_AFTER_YEAR = "内前后来"  # "9400年内", "2024年前": a span of years, read as a cardinal (九千四百年内)
 _MONTH = r"(?:[1-9]|1[0-2])月"
 _DAY = r"(?:[1-9]|[12]\d|3[01])[日号]"
 _NUMBER = rf"(?:0|[1-9]\d{{0,{MAX_DIGITS - 1}}})(?:\.\d{{1,{MAX_FRACTION}}})?"
 _FORM = re.compile(
-    rf"(?<![\d.:])(?:(?P<date>[1-9]\d{{3}}年(?:{_MONTH}(?:{_DAY})?)?|{_MONTH}(?:{_DAY})?)"
+    rf"(?<![\d.:])(?:(?P<date>[1-9]\d{{3}}年(?:{_MONTH}(?:{_DAY})?|(?![{SPAN_AFTER_YEAR}]))|{_MONTH}(?:{_DAY})?)"
     rf"|(?P<hour>1?\d|2[0-4])点(?:(?P<minute>0[1-9]|[1-5]\d|[1-9])分)?"
-    rf"|(?P<clock>(?:[1-9]|1\d|2[0-4]):[0-5]\d)(?!:)"
     rf"|(?P<number>{_NUMBER})(?P<suffix>%|{'|'.join(MEASURES)}))(?![\d.])")
 _DATE_PARTS = re.compile(r"(?:(\d+)年)?(?:(\d+)月)?(?:(\d+)([日号]))?")
 DIGITS = "零一二三四五六七八九"
@@ -72,10 +74,6 @@ def _form_reading(m: re.Match[str]) -> str:
         minute = m.group("minute")
         return cardinal(int(m.group("hour"))) + "点" + (_zero(minute) + cardinal(int(minute), liang=True) + "分"
                                                        if minute else "")
-    if m.group("clock") is not None:
-        hour, minute = m.group("clock").split(":")
-        return cardinal(int(hour), liang=True) + "点" + ("" if minute == "00" else _zero(minute) + (
-            DIGITS[int(minute)] if minute[0] == "0" else cardinal(int(minute))) + "分")
     return _date_reading(m.group("date"))
 
 
@@ -93,7 +91,7 @@ def _date_reading(date: str) -> str:
     if month:
         said += cardinal(int(month)) + "月"
     if day:
-        said += cardinal(int(day)) + day_mark
+        said += cardinal(int(day), liang=day_mark == "日") + day_mark
     return said
 
 

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from chattts_velocity.text.zh_numbers import MARKS, MAX_DIGITS, MEASURES, NEUTRAL, read_zh_span
+from chattts_velocity.text.zh_numbers import MARKS, MAX_DIGITS, MEASURES, NEUTRAL, SPAN_AFTER_YEAR, read_zh_span
 
 pytest.importorskip("wetext")
 
@@ -16,8 +16,9 @@ EDGES = [0, 1, 2, 3, 9, 10, 11, 12, 19, 20, 21, 22, 99, 100, 101, 102, 110, 112,
          10000000, 10000001, 12345678, 20000000, 22222222, 99999999]
 MINUTES = [f"{m:02d}" for m in range(1, 10)] + [str(m) for m in range(1, 60)]
 NOT_READ_HERE = ["约2元", "有2元3月的", "有00元", "有007元", "有-2元", "有123456789元", "有25元,", "有2 元", "有25％",
-                 "第2", "3点30", "0:30", "1:5", "12:45:30", "25点", "有13月", "有3月32日", "有0月", "二零2024年",
-                 "有12年", "有25次", "有2公斤", "有25", "有25元A", "Q2有25元", "有2.元", "有.5元", "有1.2.3元"]
+                 "第2", "3点30", "在3:30", "0:30", "1:5", "12:45:30", "25点", "有13月", "有3月32日", "有0月",
+                 "二零2024年", "有12年", "有25次", "有2公斤", "有25", "有25元A", "Q2有25元", "有2.元", "有.5元",
+                 "有1.2.3元", "在2024年前", "9400年内", "2024年来"]
 
 
 @pytest.fixture(scope="module")
@@ -38,13 +39,13 @@ def integers(rng: random.Random, count: int) -> list[int]:
 
 def forms(rng: random.Random) -> list[str]:
     """One of each form with fresh numbers: count, percentage, year, year-month, year-month-day, month, month-day,
-    hour, hour-minute, clock time, count with a fraction, percentage with a fraction."""
+    hour, hour-minute, count with a fraction, percentage with a fraction."""
     year, month, day, hour = rng.randint(1000, 9999), rng.randint(1, 12), rng.randint(1, 31), rng.randint(0, 24)
     count, percent = rng.choice(integers(rng, 1) + EDGES), rng.choice(integers(rng, 1) + EDGES[:30])
     day_mark, fraction = rng.choice("日号"), "".join(rng.choice("0123456789") for _ in range(rng.randint(1, 4)))
     return [f"{count}{rng.choice(MEASURES)}", f"{percent}%", f"{year}年", f"{year}年{month}月",
             f"{year}年{month}月{day}{day_mark}", f"{month}月", f"{month}月{day}{day_mark}", f"{hour}点",
-            f"{hour}点{rng.choice(MINUTES)}分", f"{rng.randint(1, 24)}:{rng.randint(0, 59):02d}",
+            f"{hour}点{rng.choice(MINUTES)}分",
             f"{rng.choice([0, 2, count])}.{fraction}{rng.choice(MEASURES)}",
             f"{rng.choice([0, 2, percent])}.{fraction}%"]
 
@@ -60,7 +61,7 @@ def test_dates_are_wetexts(wetext_zh) -> None:
     rng = random.Random(8)
     years = [1000, 1990, 2000, 2001, 2010, 2024, 2030, 9999] + [rng.randint(1000, 9999) for _ in range(30)]
     texts = [f"在{year}年{month}月" for year, month in zip(years, range(1, 13), strict=False)]
-    days = [(1, "日"), (2, "号"), (10, "日"), (12, "号"), (20, "日"), (22, "日"), (31, "号")]
+    days = [(day, mark) for day in (1, 2, 10, 12, 20, 22, 31) for mark in "日号"]
     texts += [f"是{month}月{day}{mark}的" for month in range(1, 13) for day, mark in days]
     texts += [f"在{year}年" for year in years]
     texts += [f"于{rng.choice(years)}年{rng.randint(1, 12)}月{day}日" for day in range(1, 32)]
@@ -71,8 +72,6 @@ def test_times_are_wetexts(wetext_zh) -> None:
     rng = random.Random(12)
     texts = [f"在{hour}点的" for hour in range(25)]
     texts += [f"{hour}点{minute}分" for hour in range(25) for minute in rng.sample(MINUTES, 6)]
-    minutes = [0, 2, 20, 22, *rng.sample(range(60), 5)]
-    texts += [f"在{hour}:{minute:02d}，" for hour in range(1, 25) for minute in minutes]
     assert [(t, read_zh_span(t), wetext_zh(t)) for t in texts if read_zh_span(t) != wetext_zh(t)] == []
 
 
@@ -85,14 +84,18 @@ def test_fractions_are_wetexts(wetext_zh) -> None:
 
 
 def test_every_neutral_character_and_mark_on_each_side_of_every_form(wetext_zh) -> None:
+    """Each character between forms; one of SPAN_AFTER_YEAR after a year leaves the span to wetext."""
     rng = random.Random(49)
-    wrong = []
+    wrong, declined = [], set()
     for c in sorted(NEUTRAL | MARKS):
         shown = forms(rng)
-        for text in (c.join(["", *shown[:4], ""]), c.join(["", *shown[4:8], ""]), c.join(["", *shown[8:], ""])):
-            if read_zh_span(text) != wetext_zh(text):
-                wrong.append((text, read_zh_span(text), wetext_zh(text)))
-    assert wrong == []
+        for text in (c.join(["", *shown[:4], ""]), c.join(["", *shown[4:7], ""]), c.join(["", *shown[7:], ""])):
+            said = read_zh_span(text)
+            if said is None:
+                declined.add(c)
+            elif said != wetext_zh(text):
+                wrong.append((text, said, wetext_zh(text)))
+    assert wrong == [] and declined == set(SPAN_AFTER_YEAR)
 
 
 def test_spans_of_neutral_characters_marks_and_forms_are_wetexts(wetext_zh) -> None:
