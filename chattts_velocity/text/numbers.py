@@ -25,7 +25,7 @@ import re
 from collections.abc import Callable
 
 from chattts_velocity.text.budget import check_budget
-from chattts_velocity.text.plain_numbers import read_plain_numbers
+from chattts_velocity.text.plain_numbers import read_en_span
 from chattts_velocity.text.spoken_rules import after_wetext, before_wetext
 from chattts_velocity.text.wetext_spans import WetextMemo, wetext_spans
 from chattts_velocity.text.zh_numbers import read_zh_span
@@ -75,10 +75,7 @@ class SpokenText:
         return text[: len(text) - len(text.lstrip())] + spoken + text[len(text.rstrip()):]
 
     def say(self, text: str, lang: str) -> str:
-        """wetext's reading of the parts of `text` it must read (wetext_spans); the rest is kept as it is. English
-        plain numbers in neutral company are read without wetext (plain_numbers: the same words, 100 times faster)."""
-        if lang == "en":
-            text = read_plain_numbers(text)
+        """wetext's reading of the parts of `text` it must read (wetext_spans); the rest is kept as it is."""
         return "".join(_keep_edges(piece, lambda core: self._say_bounded(core, lang)) if hot else piece
                        for piece, hot in wetext_spans(text, lang, lambda word: self._memo[lang](word) == word))
 
@@ -90,10 +87,10 @@ class SpokenText:
                        for chunk in bounded_chunks(text, MAX_WETEXT_CHARS))
 
     def _say_chunk(self, text: str, lang: str) -> str:
-        """wetext's reading of a short text; where its grammar fails on it, each word is read on its own. Chinese plain
-        numbers among neutral characters are read without wetext (zh_numbers: the same words, 100 times faster)."""
+        """wetext's reading of a short text; where its grammar fails on it, each word is read on its own. Plain numbers
+        among neutral words are read without wetext (plain_numbers, zh_numbers: the same words, 100 times faster)."""
         check_budget()
-        spoken = read_zh_span(text) if lang == "zh" else None
+        spoken = read_zh_span(text) if lang == "zh" else read_en_span(text)
         if spoken is None:
             spoken = self._memo[lang](text)
         if spoken is not None:

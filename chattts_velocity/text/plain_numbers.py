@@ -4,17 +4,17 @@ A plain number is a whole word: an integer without a leading zero ("42", "1990",
 clock time ("7:43"), with at most one of , . ! ? after it. Its reading is wetext's, word for word, slips included
 ("1000" -> "ten hundred", "1001" -> "ten zero one": after_wetext mends them as it mends wetext's): a four-digit
 integer from 1000 to 2999 is read as a year, any other integer (and a percentage's) as a cardinal.
-Context can change a reading ("5 kg", "5 may", "7:43 pm", "no 5"), so a plain number is read here only when every
-word within `REACH` words of it is another plain number, a word of `NEUTRAL` or a name of `NAMES`: words wetext was
-measured never to join with a number (tests/text/test_plain_numbers.py compares every one against wetext itself,
-on each side of an integer, a year, a percentage and a time), and a year, a percentage or a time followed by "to"
-and a percentage (a range: "5% to 7%" -> "five to seven percent") is not. Anything else is left for wetext.
+Context can change a reading ("5 kg", "5 may", "7:43 pm", "no 5"), so a span wetext would read (a piece of a
+sentence with its numbers, wetext_spans) is read here only when every word of it is a plain number, a word of
+`NEUTRAL` or a name of `NAMES`: words wetext was measured never to join with a number (tests/text/test_plain_numbers.py
+compares every one against wetext itself, on each side of an integer, a year, a percentage and a time), and no year,
+percentage or time in it is followed by "to" and a percentage (a range: "5% to 7%" -> "five to seven percent").
+Anything else is left for wetext. Reading whole spans, never single numbers, keeps what wetext is asked exactly what it
+would be asked without this path.
 """
 from __future__ import annotations
 
 import re
-
-from chattts_velocity.text.wetext_spans import REACH
 
 MAX_DIGITS = 9  # below a billion (wetext says "one hundred and billion")
 _ONES = ("zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen "
@@ -26,7 +26,6 @@ _INTEGER = re.compile(rf"(0|[1-9]\d{{0,{MAX_DIGITS - 1}}})(%?)({_MARK})")
 _INTEGER_WORD = re.compile(rf"(?:0|[1-9]\d{{0,{MAX_DIGITS - 1}}}){_MARK}")
 _YEAR_WORD = re.compile(rf"[12]\d\d\d{_MARK}")  # read as a year
 _TIME = re.compile(rf"(1?\d|2[0-3]):([0-5]\d)({_MARK})")
-_WORD = re.compile(r"\S+")
 _NEUTRAL_WORD = re.compile(rf"([A-Za-z]+){_MARK}")
 NEUTRAL = frozenset(
     "the of and to in a is that for it as was with be by on not he this are or his from at which but have an they "
@@ -44,23 +43,21 @@ NAMES = frozenset(  # capitalised names wetext reads as themselves beside a numb
     "Scotland Wales River Ocean".split())
 
 
-def read_plain_numbers(text: str) -> str:
-    """`text` with each plain number in neutral company replaced by wetext's reading of it."""
-    words = [m.group(0) for m in _WORD.finditer(text)]
-    spans = [m.span() for m in _WORD.finditer(text)]
-    neutral = [_is_neutral(word) or plain_reading(word) is not None for word in words]
-    out, start = [], 0
-    for i, word in enumerate(words):
-        reading = plain_reading(word)
-        if reading is None or not all(neutral[max(0, i - REACH): i] + neutral[i + 1: i + REACH + 1]):
-            continue
-        if not _INTEGER_WORD.fullmatch(word) or _YEAR_WORD.fullmatch(word):
+def read_en_span(text: str) -> str | None:
+    """wetext's reading of `text` (words with one space between them) when every word is a plain number, a word of
+    NEUTRAL or a name of NAMES and one at least is a number; else None."""
+    words = text.split(" ")
+    said = [plain_reading(word) for word in words]
+    if all(reading is None for reading in said):
+        return None
+    for i, (word, reading) in enumerate(zip(words, said, strict=True)):
+        if reading is None and not _is_neutral(word):
+            return None
+        if reading is not None and (not _INTEGER_WORD.fullmatch(word) or _YEAR_WORD.fullmatch(word)):
             # wetext reads "X to Y%" as a range: X loses its own "percent" or its year or time reading
             if words[i + 1: i + 2] in (["to"], ["To"]) and words[i + 2: i + 3] and "%" in words[i + 2]:
-                continue
-        out += [text[start:spans[i][0]], reading]
-        start = spans[i][1]
-    return "".join(out) + text[start:]
+                return None
+    return " ".join(word if reading is None else reading for word, reading in zip(words, said, strict=True))
 
 
 def _is_neutral(word: str) -> bool:

@@ -36,7 +36,7 @@ def differences(texts: list[str], monkeypatch: pytest.MonkeyPatch) -> list[tuple
     """(text, output, output with wetext reading every number) wherever the two differ."""
     fast = Normalizer()
     said = [fast(text) for text in texts]
-    monkeypatch.setattr(numbers_module, "read_plain_numbers", lambda text: text)
+    monkeypatch.setattr(numbers_module, "read_en_span", lambda text: None)
     monkeypatch.setattr(numbers_module, "read_zh_span", lambda text: None)
     slow = Normalizer()
     return [(text, out, slow(text)) for text, out in zip(texts, said, strict=True) if slow(text) != out]

@@ -8,7 +8,7 @@ import pytest
 
 from chattts_velocity.text import Normalizer
 from chattts_velocity.text import numbers as numbers_module
-from chattts_velocity.text.plain_numbers import NAMES, NEUTRAL, plain_reading, read_plain_numbers
+from chattts_velocity.text.plain_numbers import NAMES, NEUTRAL, plain_reading, read_en_span
 
 pytest.importorskip("wetext")
 
@@ -50,7 +50,7 @@ def test_plain_readings_are_wetexts_word_for_word(wetext_en) -> None:
 @pytest.mark.parametrize("word", NOT_PLAIN)
 def test_other_forms_are_left_for_wetext(word: str) -> None:
     assert plain_reading(word) is None
-    assert read_plain_numbers(f"the {word} of the") == f"the {word} of the"
+    assert read_en_span(f"the {word} of the") is None
 
 
 def test_neutral_words_never_change_a_numbers_reading(wetext_en) -> None:
@@ -77,19 +77,35 @@ def test_names_never_change_a_numbers_reading(wetext_en) -> None:
             if wetext_en(sentence) != f"{name} {plain_reading(number)} {sentence.split()[-1]}":
                 wrong.append((sentence, wetext_en(sentence)))
     assert wrong == []
-    assert read_plain_numbers("Anna 42 Paris, 7:43 the") == "Anna forty two Paris, seven forty three the"
-    assert read_plain_numbers("anna 42 paris") == "anna 42 paris"  # a name is neutral only capitalised
+    assert read_en_span("Anna 42 Paris, 7:43 the") == "Anna forty two Paris, seven forty three the"
+    assert read_en_span("anna 42 paris") is None  # a name is neutral only capitalised
 
 
-def test_a_number_beside_a_word_that_joins_it_is_left_for_wetext() -> None:
-    assert read_plain_numbers("the 5 kg of the 42 the") == "the 5 kg of the forty two the"
-    assert read_plain_numbers("on 5 may") == "on 5 may" and read_plain_numbers("at 7 pm") == "at 7 pm"
+def test_a_span_with_a_word_that_joins_a_number_is_left_for_wetext() -> None:
+    assert read_en_span("the 5 kg of the 42 the") is None and read_en_span("the 42 the") == "the forty two the"
+    assert read_en_span("on 5 may") is None and read_en_span("at 7 pm") is None
+    assert read_en_span("the  5") is None and read_en_span("the\n5") is None and read_en_span("the of") is None
     # wetext reads "X to Y%" as a range: "158% to 620%" -> "one hundred and fifty eight to six hundred and twenty
     # percent", "2295 to 207%" -> "two thousand two hundred and ninety five to ..."; an integer reads the same
-    assert read_plain_numbers("the 158% to 620% of") == "the 158% to six hundred and twenty percent of"
-    assert read_plain_numbers("the 2295 to 7% of") == "the 2295 to seven percent of"
-    assert read_plain_numbers("the 7:30 To 7% of") == "the 7:30 To seven percent of"
-    assert read_plain_numbers("the 5 to 7% of") == "the five to seven percent of"
+    assert read_en_span("the 158% to 620% of") is None and read_en_span("the 2295 to 7% of") is None
+    assert read_en_span("the 7:30 To 7% of") is None
+    assert read_en_span("the 5 to 7% of") == "the five to seven percent of"
+
+
+def test_spans_of_neutral_words_names_and_numbers_are_wetexts(wetext_en) -> None:
+    rng = random.Random(4)
+    pool = sorted(NEUTRAL) + sorted(NAMES) + ["to"] * 20
+    wrong, read = [], 0
+    for _ in range(250):
+        words = [rng.choice(numbers(rng, 1)) if rng.random() < 0.3 else rng.choice(pool)
+                 for _ in range(rng.randint(2, 10))]
+        text = " ".join(w + (rng.choice(",.!?") if rng.random() < 0.15 else "") for w in words)
+        said = read_en_span(text)
+        if said is not None:
+            read += 1
+            if said != wetext_en(text):
+                wrong.append((text, said, wetext_en(text)))
+    assert wrong == [] and read > 150
 
 
 def sentences(rng: random.Random, count: int) -> list[str]:
@@ -112,6 +128,6 @@ def test_the_normaliser_says_the_same_with_and_without_plain_numbers(monkeypatch
     texts = BROAD + sentences(random.Random(2026), 250)
     fast = Normalizer()
     with_plain = [fast(text) for text in texts]
-    monkeypatch.setattr(numbers_module, "read_plain_numbers", lambda text: text)
+    monkeypatch.setattr(numbers_module, "read_en_span", lambda text: None)
     slow = Normalizer()
     assert [(text, said) for text, said in zip(texts, with_plain, strict=True) if slow(text) != said] == []
