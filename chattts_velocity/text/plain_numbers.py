@@ -46,18 +46,23 @@ NAMES = frozenset(  # capitalised names wetext reads as themselves beside a numb
 def read_en_span(text: str) -> str | None:
     """wetext's reading of `text` (words with one space between them) when every word is a plain number, a word of
     NEUTRAL or a name of NAMES and one at least is a number; else None."""
-    words = text.split(" ")
-    said = [plain_reading(word) for word in words]
-    if all(reading is None for reading in said):
-        return None
-    for i, (word, reading) in enumerate(zip(words, said, strict=True)):
+    words, said = text.split(" "), []
+    for word in words:
+        reading = plain_reading(word)
         if reading is None and not _is_neutral(word):
             return None
-        if reading is not None and (not _INTEGER_WORD.fullmatch(word) or _YEAR_WORD.fullmatch(word)):
-            # wetext reads "X to Y%" as a range: X loses its own "percent" or its year or time reading
-            if words[i + 1: i + 2] in (["to"], ["To"]) and words[i + 2: i + 3] and "%" in words[i + 2]:
-                return None
+        said.append(reading)
+    if all(reading is None for reading in said) or _holds_a_range(words, said):
+        return None
     return " ".join(word if reading is None else reading for word, reading in zip(words, said, strict=True))
+
+
+def _holds_a_range(words: list[str], said: list[str | None]) -> bool:
+    """A year, percentage or time followed by "to" and a percentage: wetext reads "X to Y%" as a range, and X loses
+    its own "percent" or its year or time reading (an integer reads the same)."""
+    return any(reading is not None and (not _INTEGER_WORD.fullmatch(word) or _YEAR_WORD.fullmatch(word))
+               and words[i + 1: i + 2] in (["to"], ["To"]) and "%" in "".join(words[i + 2: i + 3])
+               for i, (word, reading) in enumerate(zip(words, said, strict=True)))
 
 
 def _is_neutral(word: str) -> bool:
