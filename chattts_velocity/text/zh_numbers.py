@@ -10,6 +10,9 @@ reading of each (slips included):
 - a year "2024年": four digits said one by one (二零二四年), and with a month and a day: "2024年3月", "2024年3月5日";
   not a span of years ("9400年内", "2024年前": 九千四百年内, two thousand and twenty-four years);
 - a month "3月" (1-12) and a date "3月5日" / "3月5号" (day 1-31): cardinals (二月, 十二月, 三十一日; 两日 but 二号);
+- a number of up to four digits alone, before a mark (one not followed by a digit: "25，3" is 两百五十三) or at the end
+  of the span ("有25，"): read as with a fraction (二, 两百), the service numbers of SPECIAL digit by digit (幺幺零);
+  a longer one is wetext's (it reads "12345" as 幺二三四五 but "12346" as 一万二千三百四十六);
 - an hour "3点" (0-24) and "3点30分": 二点, 三点零五分, 二点两分. Not a clock time "7:35": wetext reads it as a
   time or a ratio (七比三五) by the characters around it.
 Integers have no leading zero ("0" alone is one) and at most MAX_DIGITS digits (wetext says 亿 from nine).
@@ -43,9 +46,12 @@ _NUMBER = rf"(?:0|[1-9]\d{{0,{MAX_DIGITS - 1}}})(?:\.\d{{1,{MAX_FRACTION}}})?"
 _FORM = re.compile(
     rf"(?<![\d.:])(?:(?P<date>[1-9]\d{{3}}年(?:{_MONTH}(?:{_DAY})?|(?![{SPAN_AFTER_YEAR}]))|{_MONTH}(?:{_DAY})?)"
     rf"|(?P<hour>1?\d|2[0-4])点(?:(?P<minute>0[1-9]|[1-5]\d|[1-9])分)?"
-    rf"|(?P<number>{_NUMBER})(?P<suffix>%|{'|'.join(MEASURES)}))(?![\d.])")
+    rf"|(?P<number>{_NUMBER})(?P<suffix>%|{'|'.join(MEASURES)})|(?P<bare>0|[1-9]\d{{0,3}})(?=[{''.join(MARKS)}](?!\d)|\Z))"
+    r"(?![\d.])")
 _DATE_PARTS = re.compile(r"(?:(\d+)年)?(?:(\d+)月)?(?:(\d+)([日号]))?")
 DIGITS = "零一二三四五六七八九"
+PHONE_DIGITS = "零幺二三四五六七八九"
+SPECIAL = frozenset({"110", "111", "112", "114", "119", "120", "122"})  # 幺幺零: measured over all of 0-9999
 _PLACES = ("千", "百", "十", "")
 
 
@@ -70,6 +76,11 @@ def _plain(text: str) -> bool:
 def _form_reading(m: re.Match[str]) -> str:
     if m.group("number") is not None:
         return _number_reading(m.group("number"), m.group("suffix"))
+    if m.group("bare") is not None:
+        bare = m.group("bare")
+        if bare in SPECIAL:
+            return "".join(PHONE_DIGITS[int(d)] for d in bare)
+        return cardinal(int(bare), liang=bare != "2")
     if m.group("hour") is not None:
         minute = m.group("minute")
         return cardinal(int(m.group("hour"))) + "点" + (_zero(minute) + cardinal(int(minute), liang=True) + "分"

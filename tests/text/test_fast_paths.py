@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from benchmarks.bench_normalizer import chinese, english
+from benchmarks.bench_normalizer import HAN, chinese, english
 from chattts_velocity.text import Normalizer
 from chattts_velocity.text import numbers as numbers_module
 from chattts_velocity.text.numbers import SpokenText
@@ -23,9 +23,21 @@ FAST_OVER_WETEXT = 1 / 3  # ... and at most this share of its cost with wetext r
 
 
 def corpus(seed: int, chars: int) -> list[str]:
-    """The benchmark's prose and number-dense kinds, English and Chinese, from `seed`."""
+    """The benchmark's prose and number-dense kinds, English and Chinese, and Chinese with every form, from `seed`."""
     rng = random.Random(seed)
-    return [english(rng, chars, 40), english(rng, chars, 4), chinese(rng, chars, 6), chinese(rng, chars, 1)]
+    return [english(rng, chars, 40), english(rng, chars, 4), chinese(rng, chars, 6), chinese(rng, chars, 1),
+            chinese_forms(rng, chars)]
+
+
+def chinese_forms(rng: random.Random, chars: int) -> str:
+    """Chinese clauses, each with a number in one of zh_numbers' forms or one it leaves to wetext."""
+    from test_zh_numbers import NOT_READ_HERE, forms
+
+    out: list[str] = []
+    while sum(map(len, out)) < chars:
+        number = rng.choice([*forms(rng), str(rng.randint(0, 9999)), rng.choice(NOT_READ_HERE)])
+        out.append("".join(rng.choice(HAN) for _ in range(rng.randint(1, 8))) + number + rng.choice("，，。！的了"))
+    return "".join(out)[:chars]
 
 
 def sentences() -> list[str]:
