@@ -6,8 +6,9 @@ attention_rows.h (paged decode attention), cpu_decode_layer.cpp (a whole decode 
 (the fp32 output heads, row-invariant), cpu_sampling.cpp (the sampler's processor chain and draw as one op). Their
 inner loops come from one micro-kernel header per ISA: isa_avx512.h (AVX-512 BF16 and VNNI, plus cpu_amx.cpp on AMX
 CPUs), isa_avx2.h (AVX2 + FMA), isa_neon.h (aarch64 NEON; dotprod / bf16 / i8mm where the compiler targets them),
-each on isa_common.h and checked by isa_contract.h; on AVX-512 and AVX2 the weight-only int8 tiles multiply x as
-int16 per row (isa_avx512_q16.h, isa_avx2_q16.h). The packed layouts live on 2 MiB-page arenas (pages.py).
+each on isa_common.h (the tile kernels' loop and exp, written once over each ISA's operations) and checked by
+isa_contract.h; on AVX-512 and AVX2 the weight-only int8 tiles multiply x as int16 per row (isa_avx512_q16.h,
+isa_avx2_q16.h). The packed layouts live on 2 MiB-page arenas (pages.py).
 cpu_audio.cpp: the audio ConvNeXt blocks' depthwise conv + LayerNorm and layer scale, channels-last
 (audio/cpu_decode.py).
 

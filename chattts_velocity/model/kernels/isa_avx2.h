@@ -38,25 +38,23 @@ inline float hmax8(__m256 v) {
 inline float reduce_add(V16 a) { return hsum8(_mm256_add_ps(a.lo, a.hi)); }
 inline float reduce_max(V16 a) { return hmax8(_mm256_max_ps(a.lo, a.hi)); }
 
-// exp(x) for x in [-87, 88] (clamped outside), as isa_avx512.h: x = n ln2 + r, e^r by Cephes' degree-7 polynomial,
-// times 2^n built in the exponent bits (n + 127 in 1..254: always a normal float).
-inline __m256 exp8(__m256 x) {
-  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-  const __m256i scale = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(p, _mm256_castsi256_ps(scale));
-}
+struct ExpOps {  // exp_cephes's operations on one __m256
+  using Vec = __m256;
+  static Vec set1(float a) { return _mm256_set1_ps(a); }
+  static Vec add(Vec a, Vec b) { return _mm256_add_ps(a, b); }
+  static Vec mul(Vec a, Vec b) { return _mm256_mul_ps(a, b); }
+  static Vec min(Vec a, Vec b) { return _mm256_min_ps(a, b); }
+  static Vec max(Vec a, Vec b) { return _mm256_max_ps(a, b); }
+  static Vec fmadd(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
+  static Vec fnmadd(Vec a, Vec b, Vec c) { return _mm256_fnmadd_ps(a, b, c); }
+  static Vec round(Vec a) { return _mm256_round_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  static Vec ldexp(Vec p, Vec n) {  // 2^n built in the exponent bits (n + 127 in 1..254: a normal float)
+    const __m256i scale = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(scale));
+  }
+};
 
+inline __m256 exp8(__m256 x) { return exp_cephes<ExpOps>(x); }
 inline V16 exp_ps(V16 x) { return {exp8(x.lo), exp8(x.hi)}; }
 
 inline __m256 bf16x8(const uint16_t* p) {  // 8 bf16 -> 8 fp32 (exact)
@@ -142,35 +140,26 @@ inline void weights32(const int8_t* wt, int r, __m256 w[4]) {  // int8 tiles: tw
   w[0] = int8x8(lo), w[1] = int8x8(lo + 8), w[2] = int8x8(hi), w[3] = int8x8(hi + 8);
 }
 
-// Rows x[0, M) times `tiles` consecutive weight tiles: y[m * N + 4 t + r] = (row_scales[4 t + r] *) the sum. Each
-// (row, output) has one accumulator and the same summation order at every M (the batch-invariance contract).
+// Rows x[0, M) times `tiles` consecutive weight tiles (tile_loop): y[m * N + 4 t + r] = (row_scales[4 t + r] *) the
+// sum, fp32 FMAs into one accumulator per (row, output).
 template <int M, typename W>
 void tile_rows(Activations x, const W* w, const float* row_scales, at::BFloat16* y, int64_t K, int64_t N,
                int64_t tiles) {
-  constexpr int64_t kStep = step_bytes<W>() * kTileRows / sizeof(W);
-  for (int64_t t = 0; t < tiles; ++t) {
-    const W* wt = w + t * (K / 32) * kStep;
-    __m256 acc[M][kTileRows];
-    for (int m = 0; m < M; ++m)
-      for (int r = 0; r < kTileRows; ++r) acc[m][r] = _mm256_setzero_ps();
-    for (int64_t k = 0; k < K; k += 32, wt += kStep) {
-      for (int64_t line = 0; line < step_bytes<W>() * kTileRows; line += 64)
-        prefetch(reinterpret_cast<const char*>(wt) + kPrefetch + line);
-      for (int r = 0; r < kTileRows; ++r) {
-        __m256 wv[4];
-        weights32(wt, r, wv);
-        for (int m = 0; m < M; ++m) {
-          const float* xm = x + m * K + k;
-          for (int j = 0; j < 4; ++j) acc[m][r] = _mm256_fmadd_ps(wv[j], _mm256_loadu_ps(xm + 8 * j), acc[m][r]);
-        }
+  using Acc = __m256[kTileRows];
+  const auto step = [&](Acc* acc, const W* wt, int64_t, int64_t s) {
+    for (int r = 0; r < kTileRows; ++r) {
+      __m256 wv[4];
+      weights32(wt, r, wv);
+      for (int m = 0; m < M; ++m) {
+        const float* xm = x + m * K + 32 * s;
+        for (int j = 0; j < 4; ++j) acc[m][r] = _mm256_fmadd_ps(wv[j], _mm256_loadu_ps(xm + 8 * j), acc[m][r]);
       }
     }
-    for (int m = 0; m < M; ++m)
-      for (int r = 0; r < kTileRows; ++r) {
-        const float sum = hsum8(acc[m][r]);
-        y[m * N + t * kTileRows + r] = at::BFloat16(row_scales ? row_scales[t * kTileRows + r] * sum : sum);
-      }
-  }
+  };
+  const auto finish = [&](const Acc& acc, int, int64_t t, at::BFloat16* out) {
+    for (int r = 0; r < kTileRows; ++r) out[r] = scaled_output(hsum8(acc[r]), row_scales, t, r);
+  };
+  tile_loop<M, Acc, step_bytes<W>() * kTileRows, kPrefetch>(w, y, K, N, tiles, step, finish);
 }
 
 // int4 tiles [tiles, K / 32, 4, 16] (byte j of a row's group: q + 8 of column j in its low nibble, of column j + 16
@@ -180,37 +169,32 @@ void tile_rows(Activations x, const W* w, const float* row_scales, at::BFloat16*
 // lane each taken by a permute), into 8 fp32 lanes per (row, output) in a fixed order at every M.
 template <int M>
 void tile_rows_int4(Q8Rows x, const uint8_t* w, const float* group_scales, at::BFloat16* y, int64_t K, int64_t N,
-                  int64_t tiles) {
+                    int64_t tiles) {
   const int64_t groups = K / kQ8Group;
   const __m256i nibbles = _mm256_set1_epi8(0x0F), eight = _mm256_set1_epi8(8), ones = _mm256_set1_epi16(1);
-  for (int64_t t = 0; t < tiles; ++t) {
-    const uint8_t* wt = w + t * groups * 16 * kTileRows;
-    const float* gs = group_scales + t * groups * kTileRows;
-    __m256 acc[M][kTileRows];
-    for (int m = 0; m < M; ++m)
-      for (int r = 0; r < kTileRows; ++r) acc[m][r] = _mm256_setzero_ps();
-    for (int64_t g = 0; g < groups; ++g, wt += 16 * kTileRows) {
-      prefetch(wt + kPrefetch);
-      __m256i biased[kTileRows];
+  using Acc = __m256[kTileRows];
+  const auto step = [&](Acc* acc, const uint8_t* wt, int64_t t, int64_t g) {
+    __m256i biased[kTileRows];
+    for (int r = 0; r < kTileRows; ++r) {
+      const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(wt + 16 * r));
+      biased[r] = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(packed, 4), packed), nibbles);  // cols 16-31 | 0-15
+    }
+    const __m128 weight_scales = _mm_loadu_ps(group_scales + (t * groups + g) * kTileRows);  // the 4 rows' scales
+    for (int m = 0; m < M; ++m) {
+      const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q + m * K + g * kQ8Group));
+      const __m256i bias = _mm256_madd_epi16(_mm256_maddubs_epi16(eight, xq), ones);
+      const __m256 scales = _mm256_castps128_ps256(_mm_mul_ps(weight_scales, _mm_set1_ps(x.scales[m * groups + g])));
       for (int r = 0; r < kTileRows; ++r) {
-        const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(wt + 16 * r));
-        biased[r] = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(packed, 4), packed), nibbles);  // cols 16-31 | 0-15
-      }
-      const __m128 weight_scales = _mm_loadu_ps(gs + g * kTileRows);  // the 4 rows' scales of this group
-      for (int m = 0; m < M; ++m) {
-        const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q + m * K + g * kQ8Group));
-        const __m256i bias = _mm256_madd_epi16(_mm256_maddubs_epi16(eight, xq), ones);
-        const __m256 scales = _mm256_castps128_ps256(_mm_mul_ps(weight_scales, _mm_set1_ps(x.scales[m * groups + g])));
-        for (int r = 0; r < kTileRows; ++r) {
-          const __m256i sums = _mm256_sub_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(biased[r], xq), ones), bias);
-          const __m256 scale = _mm256_permutevar8x32_ps(scales, _mm256_set1_epi32(r));
-          acc[m][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), scale, acc[m][r]);
-        }
+        const __m256i sums = _mm256_sub_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(biased[r], xq), ones), bias);
+        const __m256 scale = _mm256_permutevar8x32_ps(scales, _mm256_set1_epi32(r));
+        acc[m][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), scale, acc[m][r]);
       }
     }
-    for (int m = 0; m < M; ++m)
-      for (int r = 0; r < kTileRows; ++r) y[m * N + t * kTileRows + r] = at::BFloat16(hsum8(acc[m][r]));
-  }
+  };
+  const auto finish = [](const Acc& acc, int, int64_t, at::BFloat16* out) {
+    for (int r = 0; r < kTileRows; ++r) out[r] = at::BFloat16(hsum8(acc[r]));
+  };
+  tile_loop<M, Acc, 16 * kTileRows, kPrefetch>(w, y, K, N, tiles, step, finish);
 }
 
 // int8 tiles [tiles, K / 16, 4, 16] (per 32-wide step columns 0-15 of the 4 rows, then 16-31) times Q8 rows, exact
@@ -225,35 +209,29 @@ void tile_rows_int8(Q8Rows x, const int8_t* w, const float* row_scales, at::BFlo
                     int64_t tiles) {
   const int64_t groups = K / kQ8Group;
   const __m256i ones = _mm256_set1_epi16(1);
-  for (int64_t t = 0; t < tiles; ++t) {
-    const int8_t* wt = w + t * K * kTileRows;
-    __m256 acc[M];
-    for (int m = 0; m < M; ++m) acc[m] = _mm256_setzero_ps();
-    for (int64_t g = 0; g < groups; ++g, wt += kQ8Group * kTileRows) {
-      prefetch(wt + kPrefetch);
-      prefetch(wt + kPrefetch + 64);
-      __m256i signs[kTileRows], magnitudes[kTileRows];
-      for (int r = 0; r < kTileRows; ++r) {
-        signs[r] = _mm256_set_m128i(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wt + 16 * kTileRows + 16 * r)),
-                                    _mm_loadu_si128(reinterpret_cast<const __m128i*>(wt + 16 * r)));
-        magnitudes[r] = _mm256_abs_epi8(signs[r]);
-      }
-      for (int m = 0; m < M; ++m) {
-        const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q + m * K + g * kQ8Group));
-        __m256i sums[kTileRows];
-        for (int r = 0; r < kTileRows; ++r)
-          sums[r] = _mm256_madd_epi16(_mm256_maddubs_epi16(magnitudes[r], _mm256_sign_epi8(xq, signs[r])), ones);
-        const __m256i rows = _mm256_hadd_epi32(_mm256_hadd_epi32(sums[0], sums[1]), _mm256_hadd_epi32(sums[2], sums[3]));
-        acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(rows), _mm256_set1_ps(x.scales[m * groups + g]), acc[m]);
-      }
+  const auto step = [&](__m256* acc, const int8_t* wt, int64_t, int64_t g) {
+    __m256i signs[kTileRows], magnitudes[kTileRows];
+    for (int r = 0; r < kTileRows; ++r) {
+      signs[r] = _mm256_set_m128i(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wt + 16 * kTileRows + 16 * r)),
+                                  _mm_loadu_si128(reinterpret_cast<const __m128i*>(wt + 16 * r)));
+      magnitudes[r] = _mm256_abs_epi8(signs[r]);
     }
     for (int m = 0; m < M; ++m) {
-      alignas(32) float lanes[8];
-      _mm256_store_ps(lanes, acc[m]);
+      const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q + m * K + g * kQ8Group));
+      __m256i sums[kTileRows];
       for (int r = 0; r < kTileRows; ++r)
-        y[m * N + t * kTileRows + r] = at::BFloat16(row_scales[t * kTileRows + r] * (lanes[r] + lanes[4 + r]));
+        sums[r] = _mm256_madd_epi16(_mm256_maddubs_epi16(magnitudes[r], _mm256_sign_epi8(xq, signs[r])), ones);
+      const __m256i rows = _mm256_hadd_epi32(_mm256_hadd_epi32(sums[0], sums[1]), _mm256_hadd_epi32(sums[2], sums[3]));
+      acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(rows), _mm256_set1_ps(x.scales[m * groups + g]), acc[m]);
     }
-  }
+  };
+  const auto finish = [&](__m256 acc, int, int64_t t, at::BFloat16* out) {
+    alignas(32) float lanes[8];
+    _mm256_store_ps(lanes, acc);
+    for (int r = 0; r < kTileRows; ++r)
+      out[r] = at::BFloat16(row_scales[t * kTileRows + r] * (lanes[r] + lanes[4 + r]));
+  };
+  tile_loop<M, __m256, kQ8Group * kTileRows, kPrefetch>(w, y, K, N, tiles, step, finish);
 }
 
 constexpr bool kWidenInt8Blocks = false;  // int8 tiles widen in registers at every M here (no block buffer)

@@ -22,23 +22,20 @@ inline V16 v_abs(V16 a) { return _mm512_abs_ps(a); }
 inline float reduce_add(V16 a) { return _mm512_reduce_add_ps(a); }
 inline float reduce_max(V16 a) { return _mm512_reduce_max_ps(a); }
 
-// exp(x) for x in [-87, 88] (clamped outside): x = n ln2 + r, |r| <= ln2 / 2, e^r by a degree-7 polynomial
-// (Cephes expf coefficients), times 2^n. Relative error ~2e-7.
-inline V16 exp_ps(V16 x) {
-  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-  return _mm512_scalef_ps(p, n);
-}
+struct ExpOps {  // exp_cephes's operations on one __m512
+  using Vec = __m512;
+  static Vec set1(float a) { return _mm512_set1_ps(a); }
+  static Vec add(Vec a, Vec b) { return _mm512_add_ps(a, b); }
+  static Vec mul(Vec a, Vec b) { return _mm512_mul_ps(a, b); }
+  static Vec min(Vec a, Vec b) { return _mm512_min_ps(a, b); }
+  static Vec max(Vec a, Vec b) { return _mm512_max_ps(a, b); }
+  static Vec fmadd(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
+  static Vec fnmadd(Vec a, Vec b, Vec c) { return _mm512_fnmadd_ps(a, b, c); }
+  static Vec round(Vec a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  static Vec ldexp(Vec p, Vec n) { return _mm512_scalef_ps(p, n); }
+};
+
+inline V16 exp_ps(V16 x) { return exp_cephes<ExpOps>(x); }
 
 inline V16 load16(const float* p) { return _mm512_loadu_ps(p); }
 
@@ -82,34 +79,25 @@ inline __m512i weights32(const int8_t* wt, int r) {
   return reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo));
 }
 
-// Rows x[0, M) times `tiles` consecutive weight tiles from w: y[m * N + 4 t + r] = (row_scales[4 t + r] *) the sum.
-// Every row has its own accumulators and the same summation order whatever M is (the batch-invariance contract).
+// Rows x[0, M) times `tiles` consecutive weight tiles from w (tile_loop): y[m * N + 4 t + r] = (row_scales[4 t + r] *)
+// the sum, vdpbf16ps into one accumulator per (row, output).
 template <int M, typename W>
 void tile_rows(Activations x, const W* w, const float* row_scales, at::BFloat16* y, int64_t K, int64_t N,
                int64_t tiles) {
-  constexpr int64_t kStep = step_bytes<W>() * kTileRows / sizeof(W);  // W elements per 32-wide step of a tile
-  for (int64_t t = 0; t < tiles; ++t) {
-    const W* wt = w + t * (K / 32) * kStep;
-    __m512 acc[M][kTileRows];
-    for (int m = 0; m < M; ++m)
-      for (int r = 0; r < kTileRows; ++r) acc[m][r] = _mm512_setzero_ps();
-    for (int64_t k = 0; k < K; k += 32, wt += kStep) {
-      for (int64_t line = 0; line < step_bytes<W>() * kTileRows; line += 64)
-        prefetch(reinterpret_cast<const char*>(wt) + kPrefetch + line);
-      __m512i wv[kTileRows];
-      for (int r = 0; r < kTileRows; ++r) wv[r] = weights32(wt, r);
-      for (int m = 0; m < M; ++m) {
-        const __m512bh xv = reinterpret_cast<__m512bh>(_mm512_loadu_si512(x + m * K + k));
-        for (int r = 0; r < kTileRows; ++r)
-          acc[m][r] = _mm512_dpbf16_ps(acc[m][r], xv, reinterpret_cast<__m512bh>(wv[r]));
-      }
+  using Acc = __m512[kTileRows];
+  const auto step = [&](Acc* acc, const W* wt, int64_t, int64_t s) {
+    __m512i wv[kTileRows];
+    for (int r = 0; r < kTileRows; ++r) wv[r] = weights32(wt, r);
+    for (int m = 0; m < M; ++m) {
+      const __m512bh xv = reinterpret_cast<__m512bh>(_mm512_loadu_si512(x + m * K + 32 * s));
+      for (int r = 0; r < kTileRows; ++r)
+        acc[m][r] = _mm512_dpbf16_ps(acc[m][r], xv, reinterpret_cast<__m512bh>(wv[r]));
     }
-    for (int m = 0; m < M; ++m)
-      for (int r = 0; r < kTileRows; ++r) {
-        const float sum = _mm512_reduce_add_ps(acc[m][r]);
-        y[m * N + t * kTileRows + r] = at::BFloat16(row_scales ? row_scales[t * kTileRows + r] * sum : sum);
-      }
-  }
+  };
+  const auto finish = [&](const Acc& acc, int, int64_t t, at::BFloat16* out) {
+    for (int r = 0; r < kTileRows; ++r) out[r] = scaled_output(_mm512_reduce_add_ps(acc[r]), row_scales, t, r);
+  };
+  tile_loop<M, Acc, step_bytes<W>() * kTileRows, kPrefetch>(w, y, K, N, tiles, step, finish);
 }
 
 // int4 tiles [tiles, K / 32, 4, 16] (byte j of a row's group: q + 8 of column j in its low nibble, of column j + 16
@@ -129,36 +117,31 @@ void tile_rows_int4(Q8Rows x, const uint8_t* w, const float* group_scales, at::B
   const __m512i nibbles = _mm512_set1_epi8(0x0F), eight = _mm512_set1_epi8(8);
   const __m512i offset = _mm512_set1_epi8(static_cast<char>(0x80)), zero = _mm512_setzero_si512();
   const __m512i scale_lanes = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);  // row r: 4r..4r+3
-  for (int64_t t = 0; t < tiles; ++t) {
-    const uint8_t* wt = w + t * groups * 16 * kTileRows;
-    const float* gs = group_scales + t * groups * kTileRows;
-    __m512 acc[M];
-    for (int m = 0; m < M; ++m) acc[m] = _mm512_setzero_ps();
-    for (int64_t g = 0; g < groups; ++g, wt += 16 * kTileRows) {
-      prefetch(wt + kPrefetch);
-      const __m512i packed = _mm512_loadu_si512(wt);
-      const __m512i lo = _mm512_sub_epi8(_mm512_and_si512(packed, nibbles), eight);
-      const __m512i hi = _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16(packed, 4), nibbles), eight);
-      const __m512i start = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(zero, offset, lo), offset, hi));
-      const __m512 ws = _mm512_permutexvar_ps(scale_lanes, _mm512_castps128_ps512(_mm_loadu_ps(gs + g * kTileRows)));
-      for (int m = 0; m < M; ++m) {
-        const int8_t* xq = x.q + m * K + g * kQ8Group;
-        const __m512i x_lo = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(xq)));
-        const __m512i x_hi = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(xq + 16)));
-        const __m512i sums = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(start, x_lo, lo), x_hi, hi);
-        acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), _mm512_mul_ps(ws, _mm512_set1_ps(x.scales[m * groups + g])),
-                                 acc[m]);
-      }
-    }
+  const auto step = [&](__m512* acc, const uint8_t* wt, int64_t t, int64_t g) {
+    const __m512i packed = _mm512_loadu_si512(wt);
+    const __m512i lo = _mm512_sub_epi8(_mm512_and_si512(packed, nibbles), eight);
+    const __m512i hi = _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16(packed, 4), nibbles), eight);
+    const __m512i start = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(zero, offset, lo), offset, hi));
+    const __m128 scales = _mm_loadu_ps(group_scales + (t * groups + g) * kTileRows);
+    const __m512 ws = _mm512_permutexvar_ps(scale_lanes, _mm512_castps128_ps512(scales));
     for (int m = 0; m < M; ++m) {
-      alignas(64) float lanes[16];
-      _mm512_store_ps(lanes, acc[m]);
-      for (int r = 0; r < kTileRows; ++r) {
-        const float* l = lanes + 4 * r;
-        y[m * N + t * kTileRows + r] = at::BFloat16((l[0] + l[1]) + (l[2] + l[3]));
-      }
+      const int8_t* xq = x.q + m * K + g * kQ8Group;
+      const __m512i x_lo = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(xq)));
+      const __m512i x_hi = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(xq + 16)));
+      const __m512i sums = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(start, x_lo, lo), x_hi, hi);
+      acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), _mm512_mul_ps(ws, _mm512_set1_ps(x.scales[m * groups + g])),
+                               acc[m]);
     }
-  }
+  };
+  const auto finish = [](__m512 acc, int, int64_t, at::BFloat16* out) {
+    alignas(64) float lanes[16];
+    _mm512_store_ps(lanes, acc);
+    for (int r = 0; r < kTileRows; ++r) {
+      const float* l = lanes + 4 * r;
+      out[r] = at::BFloat16((l[0] + l[1]) + (l[2] + l[3]));
+    }
+  };
+  tile_loop<M, __m512, 16 * kTileRows, kPrefetch>(w, y, K, N, tiles, step, finish);
 }
 
 // int8 tiles [tiles, K / 16, 4, 16] (a 32-wide step: columns 0-15 of the 4 rows, then their columns 16-31) times
@@ -173,32 +156,26 @@ void tile_rows_int8(Q8Rows x, const int8_t* w, const float* row_scales, at::BFlo
                     int64_t tiles) {
   const int64_t groups = K / kQ8Group;
   const __m512i offset = _mm512_set1_epi8(static_cast<char>(0x80)), zero = _mm512_setzero_si512();
-  for (int64_t t = 0; t < tiles; ++t) {
-    const int8_t* wt = w + t * K * kTileRows;
-    __m512 acc[M];
-    for (int m = 0; m < M; ++m) acc[m] = _mm512_setzero_ps();
-    for (int64_t g = 0; g < groups; ++g, wt += kQ8Group * kTileRows) {
-      prefetch(wt + kPrefetch);
-      prefetch(wt + kPrefetch + 64);
-      const __m512i lo = _mm512_loadu_si512(wt), hi = _mm512_loadu_si512(wt + 16 * kTileRows);
-      const __m512i start = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(zero, offset, lo), offset, hi));
-      for (int m = 0; m < M; ++m) {
-        const int8_t* xq = x.q + m * K + g * kQ8Group;
-        const __m512i x_lo = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(xq)));
-        const __m512i x_hi = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(xq + 16)));
-        const __m512i sums = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(start, x_lo, lo), x_hi, hi);
-        acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), _mm512_set1_ps(x.scales[m * groups + g]), acc[m]);
-      }
-    }
+  const auto step = [&](__m512* acc, const int8_t* wt, int64_t, int64_t g) {
+    const __m512i lo = _mm512_loadu_si512(wt), hi = _mm512_loadu_si512(wt + 16 * kTileRows);
+    const __m512i start = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(zero, offset, lo), offset, hi));
     for (int m = 0; m < M; ++m) {
-      alignas(64) float lanes[16];
-      _mm512_store_ps(lanes, acc[m]);
-      for (int r = 0; r < kTileRows; ++r) {
-        const float* l = lanes + 4 * r;
-        y[m * N + t * kTileRows + r] = at::BFloat16(row_scales[t * kTileRows + r] * ((l[0] + l[1]) + (l[2] + l[3])));
-      }
+      const int8_t* xq = x.q + m * K + g * kQ8Group;
+      const __m512i x_lo = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(xq)));
+      const __m512i x_hi = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(xq + 16)));
+      const __m512i sums = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(start, x_lo, lo), x_hi, hi);
+      acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), _mm512_set1_ps(x.scales[m * groups + g]), acc[m]);
     }
-  }
+  };
+  const auto finish = [&](__m512 acc, int, int64_t t, at::BFloat16* out) {
+    alignas(64) float lanes[16];
+    _mm512_store_ps(lanes, acc);
+    for (int r = 0; r < kTileRows; ++r) {
+      const float* l = lanes + 4 * r;
+      out[r] = at::BFloat16(row_scales[t * kTileRows + r] * ((l[0] + l[1]) + (l[2] + l[3])));
+    }
+  };
+  tile_loop<M, __m512, kQ8Group * kTileRows, kPrefetch>(w, y, K, N, tiles, step, finish);
 }
 
 // Widening int8 tiles once per block (for many rows): [tiles, K/16, 4, 16] int8 -> [tiles, K/32, 4, 32] bf16, exact

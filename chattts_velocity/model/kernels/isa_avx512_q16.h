@@ -24,40 +24,34 @@ inline __m128i row_sums(__m512i a, __m512i b) {
   return _mm512_castsi512_si128(_mm512_permutexvar_epi32(_mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 9, 1, 8, 0), s));
 }
 
-// Rows x[0, M) of Q16 rows times int8 tiles [tiles, K / 16, 4, 16]: per 32-wide step the 4 rows' weights widened
-// to int16 once (for all M rows: a block widened to memory instead runs slower, from L2), then four vpdpwssd per
-// row put in lane j of acc[m][p] the exact sum over columns 2j', 2j' + 1 (j' = j mod 8) and their 16 + of row 2p
-// (lanes 0-7) or 2p + 1 (8-15). The int32 sums are exact (K <= kQ16MaxK), so any M and any order give the same
-// integers; then y = row scale x (x's scale x float(sum)).
+// Rows x[0, M) of Q16 rows times int8 tiles [tiles, K / 16, 4, 16] (tile_loop): per 32-wide step the 4 rows'
+// weights widened to int16 once (for all M rows: a block widened to memory instead runs slower, from L2), then four
+// vpdpwssd per row put in lane j of acc[m][p] the exact sum over columns 2j', 2j' + 1 (j' = j mod 8) and their
+// 16 + of row 2p (lanes 0-7) or 2p + 1 (8-15). The int32 sums are exact (K <= kQ16MaxK), so any M and any order give
+// the same integers; then y = row scale x (x's scale x float(sum)).
 template <int M>
 void tile_rows_q16(Q16Rows x, const int8_t* w, const float* row_scales, at::BFloat16* y, int64_t K, int64_t N,
                    int64_t tiles) {
-  constexpr int64_t kStep = 32 * kTileRows;  // bytes per 32-wide step of a tile
-  for (int64_t t = 0; t < tiles; ++t) {
-    const int8_t* wt = w + t * K * kTileRows;
-    __m512i acc[M][2];
-    for (int m = 0; m < M; ++m) acc[m][0] = acc[m][1] = _mm512_setzero_si512();
-    for (int64_t k = 0; k < K; k += 32, wt += kStep) {
-      prefetch(wt + kPrefetch);
-      prefetch(wt + kPrefetch + 64);
-      const __m512i lo01 = weights_int16(wt), lo23 = weights_int16(wt + 32);
-      const __m512i hi01 = weights_int16(wt + 64), hi23 = weights_int16(wt + 96);
-      for (int m = 0; m < M; ++m) {
-        const int16_t* xm = x.q + m * K + k;  // columns 0-15 and 16-31, each for both rows of a weight vector
-        const __m512i x_lo = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(xm)));
-        const __m512i x_hi = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(xm + 16)));
-        acc[m][0] = _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(acc[m][0], lo01, x_lo), hi01, x_hi);
-        acc[m][1] = _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(acc[m][1], lo23, x_lo), hi23, x_hi);
-      }
-    }
-    const __m128 scales = _mm_loadu_ps(row_scales + t * kTileRows);
+  using Acc = __m512i[2];
+  const auto step = [&](Acc* acc, const int8_t* wt, int64_t, int64_t s) {
+    const __m512i lo01 = weights_int16(wt), lo23 = weights_int16(wt + 32);
+    const __m512i hi01 = weights_int16(wt + 64), hi23 = weights_int16(wt + 96);
     for (int m = 0; m < M; ++m) {
-      const __m128 sums = _mm_cvtepi32_ps(row_sums(acc[m][0], acc[m][1]));
-      alignas(16) float out[kTileRows];
-      _mm_store_ps(out, _mm_mul_ps(scales, _mm_mul_ps(_mm_set1_ps(x.scales[m]), sums)));
-      for (int r = 0; r < kTileRows; ++r) y[m * N + t * kTileRows + r] = at::BFloat16(out[r]);
+      const int16_t* xm = x.q + m * K + 32 * s;  // columns 0-15 and 16-31, each for both rows of a weight vector
+      const __m512i x_lo = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(xm)));
+      const __m512i x_hi = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(xm + 16)));
+      acc[m][0] = _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(acc[m][0], lo01, x_lo), hi01, x_hi);
+      acc[m][1] = _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(acc[m][1], lo23, x_lo), hi23, x_hi);
     }
-  }
+  };
+  const auto finish = [&](const Acc& acc, int m, int64_t t, at::BFloat16* out) {
+    const __m128 scales = _mm_loadu_ps(row_scales + t * kTileRows);
+    const __m128 sums = _mm_cvtepi32_ps(row_sums(acc[0], acc[1]));
+    alignas(16) float values[kTileRows];
+    _mm_store_ps(values, _mm_mul_ps(scales, _mm_mul_ps(_mm_set1_ps(x.scales[m]), sums)));
+    for (int r = 0; r < kTileRows; ++r) out[r] = at::BFloat16(values[r]);
+  };
+  tile_loop<M, Acc, 32 * kTileRows, kPrefetch>(w, y, K, N, tiles, step, finish);
 }
 
 }  // namespace chattts_velocity_cpu

@@ -1,6 +1,6 @@
 // The pieces every ISA's micro-kernels share (included first by isa_<isa>.h): the tile layout's constants, the
-// prefetch helpers, the scalar tail of the softmax and (x86) the fixed-order sum of 8 lanes. What each ISA header
-// must add is isa_contract.h.
+// prefetch helpers, the tile kernels' loop, exp over an ISA's register operations, the scalar tail of the softmax and
+// (x86) the fixed-order sum of 8 lanes. What each ISA header must add is isa_contract.h.
 #pragma once
 
 #include <cstdint>
@@ -13,6 +13,8 @@
 #endif
 
 #include "q8_rows.h"
+
+#define CV_INLINE inline __attribute__((always_inline))  // the shared skeletons, so each kernel compiles as one loop
 
 namespace chattts_velocity_cpu {
 
@@ -27,6 +29,52 @@ inline void prefetch(const void* p) { __builtin_prefetch(p, 0, 3); }  // prefetc
 
 inline void prefetch_row(const uint8_t* row, int64_t bytes) {
   for (int64_t d = 0; d < bytes; d += 64) prefetch(row + d);
+}
+
+// The loop of every tile kernel (tile_rows, tile_rows_int8, tile_rows_int4, tile_rows_q16): rows x[0, M) times
+// `tiles` consecutive weight tiles of K / 32 steps, a step being kStepBytes of weights (the tile's kTileRows rows over
+// 32 columns, read once for all M rows). Per tile the rows' accumulators (one Acc each) start at zero; each step
+// prefetches kAhead bytes ahead of the stream, then step(acc, weights, tile, step) updates all M of them; then
+// finish(acc[m], m, tile, y + m * N + tile * kTileRows) writes row m's kTileRows outputs. The kernels keep each row's
+// arithmetic apart and in the same order at every M (the batch-invariance contract).
+template <int M, typename Acc, int64_t kStepBytes, int64_t kAhead, typename W, typename Step, typename Finish>
+CV_INLINE void tile_loop(const W* w, at::BFloat16* y, int64_t K, int64_t N, int64_t tiles, const Step& step,
+                         const Finish& finish) {
+  constexpr int64_t kStep = kStepBytes / sizeof(W);  // W elements per step
+  const int64_t steps = K / 32;
+  for (int64_t t = 0; t < tiles; ++t) {
+    Acc acc[M] = {};
+    const W* wt = w + t * steps * kStep;
+    for (int64_t s = 0; s < steps; ++s, wt += kStep) {
+      for (int64_t line = 0; line < kStepBytes; line += 64) prefetch(reinterpret_cast<const char*>(wt) + kAhead + line);
+      step(acc, wt, t, s);
+    }
+    for (int m = 0; m < M; ++m) finish(acc[m], m, t, y + m * N + t * kTileRows);
+  }
+}
+
+// tile_rows' outputs: the sum, times the row's scale where the weights have one (int8 tiles).
+inline at::BFloat16 scaled_output(float sum, const float* row_scales, int64_t t, int r) {
+  return at::BFloat16(row_scales ? row_scales[t * kTileRows + r] * sum : sum);
+}
+
+// exp(x) for x in [-87, 88] (clamped outside) on one register of fp32 lanes; Ops is the ISA's operations on it
+// (set1, add, mul, min, max, fmadd: a * b + c, fnmadd: c - a * b, round: to nearest integer, ldexp: p * 2^n for
+// integral n in -126..127). x = n ln2 + r, |r| <= ln2 / 2 (ln2 in two parts: n * the first is exact), e^r by a
+// degree-7 polynomial (Cephes expf coefficients), times 2^n. Relative error ~2e-7.
+template <typename Ops>
+CV_INLINE typename Ops::Vec exp_cephes(typename Ops::Vec x) {
+  using V = typename Ops::Vec;
+  constexpr float kPoly[] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f,
+                             1.6666665459e-1f, 5.0000001201e-1f};  // e^r = 1 + r + r^2 (kPoly[5] + .. + kPoly[0] r^5)
+  x = Ops::min(Ops::max(x, Ops::set1(-87.0f)), Ops::set1(88.0f));
+  const V n = Ops::round(Ops::mul(x, Ops::set1(1.44269504088896341f)));
+  V r = Ops::fnmadd(n, Ops::set1(0.693359375f), x);
+  r = Ops::fnmadd(n, Ops::set1(-2.12194440e-4f), r);
+  V p = Ops::set1(kPoly[0]);
+  for (int i = 1; i < 6; ++i) p = Ops::fmadd(p, r, Ops::set1(kPoly[i]));
+  p = Ops::fmadd(p, Ops::mul(r, r), Ops::add(r, Ops::set1(1.0f)));
+  return Ops::ldexp(p, n);
 }
 
 #if defined(__AVX2__)

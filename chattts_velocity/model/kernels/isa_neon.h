@@ -38,23 +38,22 @@ inline V16 v_abs(V16 a) {
 inline float reduce_add(V16 a) { return vaddvq_f32(vaddq_f32(vaddq_f32(a.v[0], a.v[1]), vaddq_f32(a.v[2], a.v[3]))); }
 inline float reduce_max(V16 a) { return vmaxvq_f32(vmaxq_f32(vmaxq_f32(a.v[0], a.v[1]), vmaxq_f32(a.v[2], a.v[3]))); }
 
-// exp(x) for x in [-87, 88] (clamped outside), as isa_avx512.h: x = n ln2 + r, e^r by Cephes' degree-7 polynomial,
-// times 2^n built in the exponent bits (n + 127 in 1..254: always a normal float).
-inline float32x4_t exp4(float32x4_t x) {
-  x = vminq_f32(vmaxq_f32(x, vdupq_n_f32(-87.0f)), vdupq_n_f32(88.0f));
-  const float32x4_t n = vrndnq_f32(vmulq_f32(x, vdupq_n_f32(1.44269504088896341f)));
-  float32x4_t r = vfmsq_f32(x, n, vdupq_n_f32(0.693359375f));
-  r = vfmsq_f32(r, n, vdupq_n_f32(-2.12194440e-4f));
-  float32x4_t p = vdupq_n_f32(1.9875691500e-4f);
-  p = vfmaq_f32(vdupq_n_f32(1.3981999507e-3f), p, r);
-  p = vfmaq_f32(vdupq_n_f32(8.3334519073e-3f), p, r);
-  p = vfmaq_f32(vdupq_n_f32(4.1665795894e-2f), p, r);
-  p = vfmaq_f32(vdupq_n_f32(1.6666665459e-1f), p, r);
-  p = vfmaq_f32(vdupq_n_f32(5.0000001201e-1f), p, r);
-  p = vfmaq_f32(vaddq_f32(r, vdupq_n_f32(1.0f)), p, vmulq_f32(r, r));
-  const int32x4_t scale = vshlq_n_s32(vaddq_s32(vcvtq_s32_f32(n), vdupq_n_s32(127)), 23);
-  return vmulq_f32(p, vreinterpretq_f32_s32(scale));
-}
+struct ExpOps {  // exp_cephes's operations on one float32x4_t
+  using Vec = float32x4_t;
+  static Vec set1(float a) { return vdupq_n_f32(a); }
+  static Vec add(Vec a, Vec b) { return vaddq_f32(a, b); }
+  static Vec mul(Vec a, Vec b) { return vmulq_f32(a, b); }
+  static Vec min(Vec a, Vec b) { return vminq_f32(a, b); }
+  static Vec max(Vec a, Vec b) { return vmaxq_f32(a, b); }
+  static Vec fmadd(Vec a, Vec b, Vec c) { return vfmaq_f32(c, a, b); }
+  static Vec fnmadd(Vec a, Vec b, Vec c) { return vfmsq_f32(c, a, b); }
+  static Vec round(Vec a) { return vrndnq_f32(a); }
+  static Vec ldexp(Vec p, Vec n) {  // 2^n built in the exponent bits (n + 127 in 1..254: a normal float)
+    return vmulq_f32(p, vreinterpretq_f32_s32(vshlq_n_s32(vaddq_s32(vcvtq_s32_f32(n), vdupq_n_s32(127)), 23)));
+  }
+};
+
+inline float32x4_t exp4(float32x4_t x) { return exp_cephes<ExpOps>(x); }
 
 inline V16 exp_ps(V16 x) {
   for (auto& v : x.v) v = exp4(v);
@@ -146,35 +145,26 @@ inline void weights32(const int8_t* wt, int r, float32x4_t w[8]) {  // int8 tile
   int8x16(vld1q_s8(wt + 16 * kTileRows + 16 * r), w + 4);
 }
 
-// Rows x[0, M) times `tiles` consecutive weight tiles: y[m * N + 4 t + r] = (row_scales[4 t + r] *) the sum. Each
-// (row, output) has one accumulator and the same summation order at every M (the batch-invariance contract).
+// Rows x[0, M) times `tiles` consecutive weight tiles (tile_loop): y[m * N + 4 t + r] = (row_scales[4 t + r] *) the
+// sum, fp32 FMAs into one accumulator per (row, output).
 template <int M, typename W>
 void tile_rows(Activations x, const W* w, const float* row_scales, at::BFloat16* y, int64_t K, int64_t N,
                int64_t tiles) {
-  constexpr int64_t kStep = step_bytes<W>() * kTileRows / sizeof(W);
-  for (int64_t t = 0; t < tiles; ++t) {
-    const W* wt = w + t * (K / 32) * kStep;
-    float32x4_t acc[M][kTileRows];
-    for (int m = 0; m < M; ++m)
-      for (int r = 0; r < kTileRows; ++r) acc[m][r] = vdupq_n_f32(0);
-    for (int64_t k = 0; k < K; k += 32, wt += kStep) {
-      for (int64_t line = 0; line < step_bytes<W>() * kTileRows; line += 64)
-        prefetch(reinterpret_cast<const char*>(wt) + kPrefetch + line);
-      for (int r = 0; r < kTileRows; ++r) {
-        float32x4_t wv[8];
-        weights32(wt, r, wv);
-        for (int m = 0; m < M; ++m) {
-          const float* xm = x + m * K + k;
-          for (int j = 0; j < 8; ++j) acc[m][r] = vfmaq_f32(acc[m][r], wv[j], vld1q_f32(xm + 4 * j));
-        }
+  using Acc = float32x4_t[kTileRows];
+  const auto step = [&](Acc* acc, const W* wt, int64_t, int64_t s) {
+    for (int r = 0; r < kTileRows; ++r) {
+      float32x4_t wv[8];
+      weights32(wt, r, wv);
+      for (int m = 0; m < M; ++m) {
+        const float* xm = x + m * K + 32 * s;
+        for (int j = 0; j < 8; ++j) acc[m][r] = vfmaq_f32(acc[m][r], wv[j], vld1q_f32(xm + 4 * j));
       }
     }
-    for (int m = 0; m < M; ++m)
-      for (int r = 0; r < kTileRows; ++r) {
-        const float sum = vaddvq_f32(acc[m][r]);
-        y[m * N + t * kTileRows + r] = at::BFloat16(row_scales ? row_scales[t * kTileRows + r] * sum : sum);
-      }
-  }
+  };
+  const auto finish = [&](const Acc& acc, int, int64_t t, at::BFloat16* out) {
+    for (int r = 0; r < kTileRows; ++r) out[r] = scaled_output(vaddvq_f32(acc[r]), row_scales, t, r);
+  };
+  tile_loop<M, Acc, step_bytes<W>() * kTileRows, kPrefetch>(w, y, K, N, tiles, step, finish);
 }
 
 // sum(q x) of 32 int8 / int4 weights (two int8x16: columns 0-15, 16-31) and 32 int8 activations in 4 int32 lanes,
@@ -194,32 +184,27 @@ inline int32x4_t group_dot(int8x16_t w0, int8x16_t w1, int8x16_t x0, int8x16_t x
 // and the row's, into 4 fp32 lanes per (row, output) in a fixed order at every M.
 template <int M>
 void tile_rows_int4(Q8Rows x, const uint8_t* w, const float* group_scales, at::BFloat16* y, int64_t K, int64_t N,
-                  int64_t tiles) {
+                    int64_t tiles) {
   const int64_t groups = K / kQ8Group;
   const int8x16_t eight = vdupq_n_s8(8);
-  for (int64_t t = 0; t < tiles; ++t) {
-    const uint8_t* wt = w + t * groups * 16 * kTileRows;
-    const float* gs = group_scales + t * groups * kTileRows;
-    float32x4_t acc[M][kTileRows];
-    for (int m = 0; m < M; ++m)
-      for (int r = 0; r < kTileRows; ++r) acc[m][r] = vdupq_n_f32(0);
-    for (int64_t g = 0; g < groups; ++g, wt += 16 * kTileRows) {
-      prefetch(wt + kPrefetch);
-      for (int r = 0; r < kTileRows; ++r) {
-        const uint8x16_t packed = vld1q_u8(wt + 16 * r);
-        const int8x16_t low = vsubq_s8(vreinterpretq_s8_u8(vandq_u8(packed, vdupq_n_u8(0x0F))), eight);
-        const int8x16_t high = vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8(packed, 4)), eight);
-        const float ws = gs[g * kTileRows + r];
-        for (int m = 0; m < M; ++m) {
-          const int8_t* xq = x.q + m * K + g * kQ8Group;
-          const int32x4_t sums = group_dot(low, high, vld1q_s8(xq), vld1q_s8(xq + 16));
-          acc[m][r] = vfmaq_n_f32(acc[m][r], vcvtq_f32_s32(sums), ws * x.scales[m * groups + g]);
-        }
+  using Acc = float32x4_t[kTileRows];
+  const auto step = [&](Acc* acc, const uint8_t* wt, int64_t t, int64_t g) {
+    for (int r = 0; r < kTileRows; ++r) {
+      const uint8x16_t packed = vld1q_u8(wt + 16 * r);
+      const int8x16_t low = vsubq_s8(vreinterpretq_s8_u8(vandq_u8(packed, vdupq_n_u8(0x0F))), eight);
+      const int8x16_t high = vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8(packed, 4)), eight);
+      const float ws = group_scales[(t * groups + g) * kTileRows + r];
+      for (int m = 0; m < M; ++m) {
+        const int8_t* xq = x.q + m * K + g * kQ8Group;
+        const int32x4_t sums = group_dot(low, high, vld1q_s8(xq), vld1q_s8(xq + 16));
+        acc[m][r] = vfmaq_n_f32(acc[m][r], vcvtq_f32_s32(sums), ws * x.scales[m * groups + g]);
       }
     }
-    for (int m = 0; m < M; ++m)
-      for (int r = 0; r < kTileRows; ++r) y[m * N + t * kTileRows + r] = at::BFloat16(vaddvq_f32(acc[m][r]));
-  }
+  };
+  const auto finish = [](const Acc& acc, int, int64_t, at::BFloat16* out) {
+    for (int r = 0; r < kTileRows; ++r) out[r] = at::BFloat16(vaddvq_f32(acc[r]));
+  };
+  tile_loop<M, Acc, 16 * kTileRows, kPrefetch>(w, y, K, N, tiles, step, finish);
 }
 
 // int8 tiles [tiles, K / 16, 4, 16] (per 32-wide step columns 0-15 of the 4 rows, then 16-31) times Q8 rows: per
@@ -232,27 +217,21 @@ template <int M>
 void tile_rows_int8(Q8Rows x, const int8_t* w, const float* row_scales, at::BFloat16* y, int64_t K, int64_t N,
                     int64_t tiles) {
   const int64_t groups = K / kQ8Group;
-  for (int64_t t = 0; t < tiles; ++t) {
-    const int8_t* wt = w + t * K * kTileRows;
-    float32x4_t acc[M][kTileRows];
-    for (int m = 0; m < M; ++m)
-      for (int r = 0; r < kTileRows; ++r) acc[m][r] = vdupq_n_f32(0);
-    for (int64_t g = 0; g < groups; ++g, wt += kQ8Group * kTileRows) {
-      prefetch(wt + kPrefetch);
-      prefetch(wt + kPrefetch + 64);
-      for (int r = 0; r < kTileRows; ++r) {
-        const int8x16_t w0 = vld1q_s8(wt + 16 * r), w1 = vld1q_s8(wt + 16 * kTileRows + 16 * r);
-        for (int m = 0; m < M; ++m) {
-          const int8_t* xq = x.q + m * K + g * kQ8Group;
-          const int32x4_t sums = group_dot(w0, w1, vld1q_s8(xq), vld1q_s8(xq + 16));
-          acc[m][r] = vfmaq_n_f32(acc[m][r], vcvtq_f32_s32(sums), x.scales[m * groups + g]);
-        }
+  using Acc = float32x4_t[kTileRows];
+  const auto step = [&](Acc* acc, const int8_t* wt, int64_t, int64_t g) {
+    for (int r = 0; r < kTileRows; ++r) {
+      const int8x16_t w0 = vld1q_s8(wt + 16 * r), w1 = vld1q_s8(wt + 16 * kTileRows + 16 * r);
+      for (int m = 0; m < M; ++m) {
+        const int8_t* xq = x.q + m * K + g * kQ8Group;
+        const int32x4_t sums = group_dot(w0, w1, vld1q_s8(xq), vld1q_s8(xq + 16));
+        acc[m][r] = vfmaq_n_f32(acc[m][r], vcvtq_f32_s32(sums), x.scales[m * groups + g]);
       }
     }
-    for (int m = 0; m < M; ++m)
-      for (int r = 0; r < kTileRows; ++r)
-        y[m * N + t * kTileRows + r] = at::BFloat16(row_scales[t * kTileRows + r] * vaddvq_f32(acc[m][r]));
-  }
+  };
+  const auto finish = [&](const Acc& acc, int, int64_t t, at::BFloat16* out) {
+    for (int r = 0; r < kTileRows; ++r) out[r] = at::BFloat16(row_scales[t * kTileRows + r] * vaddvq_f32(acc[r]));
+  };
+  tile_loop<M, Acc, kQ8Group * kTileRows, kPrefetch>(w, y, K, N, tiles, step, finish);
 }
 
 constexpr bool kWidenInt8Blocks = false;  // int8 tiles widen in registers at every M here (no block buffer)
