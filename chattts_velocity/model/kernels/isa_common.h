@@ -65,14 +65,16 @@ inline at::BFloat16 scaled_output(float sum, const float* row_scales, int64_t t,
 template <typename Ops>
 CV_INLINE typename Ops::Vec exp_cephes(typename Ops::Vec x) {
   using V = typename Ops::Vec;
-  constexpr float kPoly[] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f,
-                             1.6666665459e-1f, 5.0000001201e-1f};  // e^r = 1 + r + r^2 (kPoly[5] + .. + kPoly[0] r^5)
   x = Ops::min(Ops::max(x, Ops::set1(-87.0f)), Ops::set1(88.0f));
   const V n = Ops::round(Ops::mul(x, Ops::set1(1.44269504088896341f)));
   V r = Ops::fnmadd(n, Ops::set1(0.693359375f), x);
   r = Ops::fnmadd(n, Ops::set1(-2.12194440e-4f), r);
-  V p = Ops::set1(kPoly[0]);
-  for (int i = 1; i < 6; ++i) p = Ops::fmadd(p, r, Ops::set1(kPoly[i]));
+  V p = Ops::set1(1.9875691500e-4f);  // e^r = 1 + r + r^2 p(r), p by Horner's rule
+  p = Ops::fmadd(p, r, Ops::set1(1.3981999507e-3f));
+  p = Ops::fmadd(p, r, Ops::set1(8.3334519073e-3f));
+  p = Ops::fmadd(p, r, Ops::set1(4.1665795894e-2f));
+  p = Ops::fmadd(p, r, Ops::set1(1.6666665459e-1f));
+  p = Ops::fmadd(p, r, Ops::set1(5.0000001201e-1f));
   p = Ops::fmadd(p, Ops::mul(r, r), Ops::add(r, Ops::set1(1.0f)));
   return Ops::ldexp(p, n);
 }
