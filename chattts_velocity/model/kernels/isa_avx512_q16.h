@@ -33,7 +33,7 @@ template <int M>
 void tile_rows_q16(Q16Rows x, const int8_t* w, const float* row_scales, at::BFloat16* y, int64_t K, int64_t N,
                    int64_t tiles) {
   using Acc = __m512i[2];
-  const auto step = [&](Acc* acc, const int8_t* wt, int64_t, int64_t s) {
+  const auto step = [&](Acc (&acc)[M], const int8_t* wt, int64_t, int64_t s) {
     const __m512i lo01 = weights_int16(wt), lo23 = weights_int16(wt + 32);
     const __m512i hi01 = weights_int16(wt + 64), hi23 = weights_int16(wt + 96);
     for (int m = 0; m < M; ++m) {

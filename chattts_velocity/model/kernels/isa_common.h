@@ -25,10 +25,21 @@ constexpr int64_t step_bytes() {  // weight bytes of one 32-wide step of one row
   return std::is_same_v<W, uint16_t> ? 64 : 32;
 }
 
-inline void prefetch(const void* p) { __builtin_prefetch(p, 0, 3); }  // prefetcht0 on x86, prfm pldl1keep on arm
+// prefetcht0 on x86, prfm pldl1keep on arm; always inlined: GCC deems a wrapper of __builtin_prefetch free of side
+// effects and drops the calls it does not inline
+CV_INLINE void prefetch(const void* p) { __builtin_prefetch(p, 0, 3); }
 
 inline void prefetch_row(const uint8_t* row, int64_t bytes) {
   for (int64_t d = 0; d < bytes; d += 64) prefetch(row + d);
+}
+
+template <typename T>
+CV_INLINE void zero_fill(T& a) {  // a vector register, or an array of them, set to zero
+  if constexpr (std::is_array_v<T>) {
+    for (auto& e : a) zero_fill(e);
+  } else {
+    a = T{};
+  }
 }
 
 // The loop of every tile kernel (tile_rows, tile_rows_int8, tile_rows_int4, tile_rows_q16): rows x[0, M) times
@@ -43,7 +54,8 @@ CV_INLINE void tile_loop(const W* w, at::BFloat16* y, int64_t K, int64_t N, int6
   constexpr int64_t kStep = kStepBytes / sizeof(W);  // W elements per step
   const int64_t steps = K / 32;
   for (int64_t t = 0; t < tiles; ++t) {
-    Acc acc[M] = {};
+    Acc acc[M];
+    for (auto& a : acc) zero_fill(a);
     const W* wt = w + t * steps * kStep;
     for (int64_t s = 0; s < steps; ++s, wt += kStep) {
       for (int64_t line = 0; line < kStepBytes; line += 64) prefetch(reinterpret_cast<const char*>(wt) + kAhead + line);
