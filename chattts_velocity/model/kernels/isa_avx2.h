@@ -146,7 +146,7 @@ template <int M, typename W>
 void tile_rows(Activations x, const W* w, const float* row_scales, at::BFloat16* y, int64_t K, int64_t N,
                int64_t tiles) {
   using Acc = __m256[kTileRows];
-  const auto step = [&](Acc (&acc)[M], const W* wt, int64_t, int64_t s) {
+  const auto step = [=](Acc (&acc)[M], const W* wt, int64_t, int64_t s) {
     for (int r = 0; r < kTileRows; ++r) {
       __m256 wv[4];
       weights32(wt, r, wv);
@@ -156,7 +156,7 @@ void tile_rows(Activations x, const W* w, const float* row_scales, at::BFloat16*
       }
     }
   };
-  const auto finish = [&](const Acc& acc, int, int64_t t, at::BFloat16* out) {
+  const auto finish = [=](const Acc& acc, int, int64_t t, at::BFloat16* out) {
     for (int r = 0; r < kTileRows; ++r) out[r] = scaled_output(hsum8(acc[r]), row_scales, t, r);
   };
   tile_loop<M, Acc, step_bytes<W>() * kTileRows, kPrefetch>(w, y, K, N, tiles, step, finish);
@@ -173,7 +173,7 @@ void tile_rows_int4(Q8Rows x, const uint8_t* w, const float* group_scales, at::B
   const int64_t groups = K / kQ8Group;
   const __m256i nibbles = _mm256_set1_epi8(0x0F), eight = _mm256_set1_epi8(8), ones = _mm256_set1_epi16(1);
   using Acc = __m256[kTileRows];
-  const auto step = [&](Acc (&acc)[M], const uint8_t* wt, int64_t t, int64_t g) {
+  const auto step = [=](Acc (&acc)[M], const uint8_t* wt, int64_t t, int64_t g) {
     __m256i biased[kTileRows];
     for (int r = 0; r < kTileRows; ++r) {
       const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(wt + 16 * r));
@@ -209,7 +209,7 @@ void tile_rows_int8(Q8Rows x, const int8_t* w, const float* row_scales, at::BFlo
                     int64_t tiles) {
   const int64_t groups = K / kQ8Group;
   const __m256i ones = _mm256_set1_epi16(1);
-  const auto step = [&](__m256 (&acc)[M], const int8_t* wt, int64_t, int64_t g) {
+  const auto step = [=](__m256 (&acc)[M], const int8_t* wt, int64_t, int64_t g) {
     __m256i signs[kTileRows], magnitudes[kTileRows];
     for (int r = 0; r < kTileRows; ++r) {
       signs[r] = _mm256_set_m128i(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wt + 16 * kTileRows + 16 * r)),
@@ -225,7 +225,7 @@ void tile_rows_int8(Q8Rows x, const int8_t* w, const float* row_scales, at::BFlo
       acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(rows), _mm256_set1_ps(x.scales[m * groups + g]), acc[m]);
     }
   };
-  const auto finish = [&](__m256 acc, int, int64_t t, at::BFloat16* out) {
+  const auto finish = [=](__m256 acc, int, int64_t t, at::BFloat16* out) {
     alignas(32) float lanes[8];
     _mm256_store_ps(lanes, acc);
     for (int r = 0; r < kTileRows; ++r)

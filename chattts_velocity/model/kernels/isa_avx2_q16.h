@@ -23,7 +23,7 @@ template <int M>
 void tile_rows_q16(Q16Rows x, const int8_t* w, const float* row_scales, at::BFloat16* y, int64_t K, int64_t N,
                    int64_t tiles) {
   using Acc = __m256i[kTileRows];
-  const auto step = [&](Acc (&acc)[M], const int8_t* wt, int64_t, int64_t s) {
+  const auto step = [=](Acc (&acc)[M], const int8_t* wt, int64_t, int64_t s) {
     for (int r = 0; r < kTileRows; ++r) {
       const __m256i lo = weights_int16(wt + 16 * r), hi = weights_int16(wt + 16 * kTileRows + 16 * r);
       for (int m = 0; m < M; ++m) {
@@ -35,7 +35,7 @@ void tile_rows_q16(Q16Rows x, const int8_t* w, const float* row_scales, at::BFlo
       }
     }
   };
-  const auto finish = [&](const Acc& acc, int m, int64_t t, at::BFloat16* out) {
+  const auto finish = [=](const Acc& acc, int m, int64_t t, at::BFloat16* out) {
     const __m128 scales = _mm_loadu_ps(row_scales + t * kTileRows);
     const __m256i folded = _mm256_hadd_epi32(_mm256_hadd_epi32(acc[0], acc[1]), _mm256_hadd_epi32(acc[2], acc[3]));
     const __m128i sums = _mm_add_epi32(_mm256_castsi256_si128(folded), _mm256_extracti128_si256(folded, 1));

@@ -85,7 +85,7 @@ template <int M, typename W>
 void tile_rows(Activations x, const W* w, const float* row_scales, at::BFloat16* y, int64_t K, int64_t N,
                int64_t tiles) {
   using Acc = __m512[kTileRows];
-  const auto step = [&](Acc (&acc)[M], const W* wt, int64_t, int64_t s) {
+  const auto step = [=](Acc (&acc)[M], const W* wt, int64_t, int64_t s) {
     __m512i wv[kTileRows];
     for (int r = 0; r < kTileRows; ++r) wv[r] = weights32(wt, r);
     for (int m = 0; m < M; ++m) {
@@ -94,7 +94,7 @@ void tile_rows(Activations x, const W* w, const float* row_scales, at::BFloat16*
         acc[m][r] = _mm512_dpbf16_ps(acc[m][r], xv, reinterpret_cast<__m512bh>(wv[r]));
     }
   };
-  const auto finish = [&](const Acc& acc, int, int64_t t, at::BFloat16* out) {
+  const auto finish = [=](const Acc& acc, int, int64_t t, at::BFloat16* out) {
     for (int r = 0; r < kTileRows; ++r) out[r] = scaled_output(_mm512_reduce_add_ps(acc[r]), row_scales, t, r);
   };
   tile_loop<M, Acc, step_bytes<W>() * kTileRows, kPrefetch>(w, y, K, N, tiles, step, finish);
@@ -117,7 +117,7 @@ void tile_rows_int4(Q8Rows x, const uint8_t* w, const float* group_scales, at::B
   const __m512i nibbles = _mm512_set1_epi8(0x0F), eight = _mm512_set1_epi8(8);
   const __m512i offset = _mm512_set1_epi8(static_cast<char>(0x80)), zero = _mm512_setzero_si512();
   const __m512i scale_lanes = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);  // row r: 4r..4r+3
-  const auto step = [&](__m512 (&acc)[M], const uint8_t* wt, int64_t t, int64_t g) {
+  const auto step = [=](__m512 (&acc)[M], const uint8_t* wt, int64_t t, int64_t g) {
     const __m512i packed = _mm512_loadu_si512(wt);
     const __m512i lo = _mm512_sub_epi8(_mm512_and_si512(packed, nibbles), eight);
     const __m512i hi = _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16(packed, 4), nibbles), eight);
@@ -156,7 +156,7 @@ void tile_rows_int8(Q8Rows x, const int8_t* w, const float* row_scales, at::BFlo
                     int64_t tiles) {
   const int64_t groups = K / kQ8Group;
   const __m512i offset = _mm512_set1_epi8(static_cast<char>(0x80)), zero = _mm512_setzero_si512();
-  const auto step = [&](__m512 (&acc)[M], const int8_t* wt, int64_t, int64_t g) {
+  const auto step = [=](__m512 (&acc)[M], const int8_t* wt, int64_t, int64_t g) {
     const __m512i lo = _mm512_loadu_si512(wt), hi = _mm512_loadu_si512(wt + 16 * kTileRows);
     const __m512i start = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(zero, offset, lo), offset, hi));
     for (int m = 0; m < M; ++m) {
@@ -167,7 +167,7 @@ void tile_rows_int8(Q8Rows x, const int8_t* w, const float* row_scales, at::BFlo
       acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), _mm512_set1_ps(x.scales[m * groups + g]), acc[m]);
     }
   };
-  const auto finish = [&](__m512 acc, int, int64_t t, at::BFloat16* out) {
+  const auto finish = [=](__m512 acc, int, int64_t t, at::BFloat16* out) {
     alignas(64) float lanes[16];
     _mm512_store_ps(lanes, acc);
     for (int r = 0; r < kTileRows; ++r) {

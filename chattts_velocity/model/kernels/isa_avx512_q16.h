@@ -33,7 +33,7 @@ template <int M>
 void tile_rows_q16(Q16Rows x, const int8_t* w, const float* row_scales, at::BFloat16* y, int64_t K, int64_t N,
                    int64_t tiles) {
   using Acc = __m512i[2];
-  const auto step = [&](Acc (&acc)[M], const int8_t* wt, int64_t, int64_t s) {
+  const auto step = [=](Acc (&acc)[M], const int8_t* wt, int64_t, int64_t s) {
     const __m512i lo01 = weights_int16(wt), lo23 = weights_int16(wt + 32);
     const __m512i hi01 = weights_int16(wt + 64), hi23 = weights_int16(wt + 96);
     for (int m = 0; m < M; ++m) {
@@ -44,7 +44,7 @@ void tile_rows_q16(Q16Rows x, const int8_t* w, const float* row_scales, at::BFlo
       acc[m][1] = _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(acc[m][1], lo23, x_lo), hi23, x_hi);
     }
   };
-  const auto finish = [&](const Acc& acc, int m, int64_t t, at::BFloat16* out) {
+  const auto finish = [=](const Acc& acc, int m, int64_t t, at::BFloat16* out) {
     const __m128 scales = _mm_loadu_ps(row_scales + t * kTileRows);
     const __m128 sums = _mm_cvtepi32_ps(row_sums(acc[0], acc[1]));
     alignas(16) float values[kTileRows];

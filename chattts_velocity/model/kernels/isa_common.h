@@ -47,7 +47,9 @@ CV_INLINE void zero_fill(T& a) {  // a vector register, or an array of them, set
 // 32 columns, read once for all M rows). Per tile the rows' accumulators (one Acc each) start at zero; each step
 // prefetches kAhead bytes ahead of the stream, then step(acc, weights, tile, step) updates all M of them; then
 // finish(acc[m], m, tile, y + m * N + tile * kTileRows) writes row m's kTileRows outputs. The kernels keep each row's
-// arithmetic apart and in the same order at every M (the batch-invariance contract).
+// arithmetic apart and in the same order at every M (the batch-invariance contract). For GCC to compile this as it
+// does a hand-written loop (row loop unrolled, accumulators in registers), the accumulators are zeroed one register
+// at a time, step takes them as an array reference (Acc (&)[M]) and the kernels' lambdas capture by value.
 template <int M, typename Acc, int64_t kStepBytes, int64_t kAhead, typename W, typename Step, typename Finish>
 CV_INLINE void tile_loop(const W* w, at::BFloat16* y, int64_t K, int64_t N, int64_t tiles, const Step& step,
                          const Finish& finish) {

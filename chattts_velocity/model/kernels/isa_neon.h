@@ -151,7 +151,7 @@ template <int M, typename W>
 void tile_rows(Activations x, const W* w, const float* row_scales, at::BFloat16* y, int64_t K, int64_t N,
                int64_t tiles) {
   using Acc = float32x4_t[kTileRows];
-  const auto step = [&](Acc (&acc)[M], const W* wt, int64_t, int64_t s) {
+  const auto step = [=](Acc (&acc)[M], const W* wt, int64_t, int64_t s) {
     for (int r = 0; r < kTileRows; ++r) {
       float32x4_t wv[8];
       weights32(wt, r, wv);
@@ -161,7 +161,7 @@ void tile_rows(Activations x, const W* w, const float* row_scales, at::BFloat16*
       }
     }
   };
-  const auto finish = [&](const Acc& acc, int, int64_t t, at::BFloat16* out) {
+  const auto finish = [=](const Acc& acc, int, int64_t t, at::BFloat16* out) {
     for (int r = 0; r < kTileRows; ++r) out[r] = scaled_output(vaddvq_f32(acc[r]), row_scales, t, r);
   };
   tile_loop<M, Acc, step_bytes<W>() * kTileRows, kPrefetch>(w, y, K, N, tiles, step, finish);
@@ -188,7 +188,7 @@ void tile_rows_int4(Q8Rows x, const uint8_t* w, const float* group_scales, at::B
   const int64_t groups = K / kQ8Group;
   const int8x16_t eight = vdupq_n_s8(8);
   using Acc = float32x4_t[kTileRows];
-  const auto step = [&](Acc (&acc)[M], const uint8_t* wt, int64_t t, int64_t g) {
+  const auto step = [=](Acc (&acc)[M], const uint8_t* wt, int64_t t, int64_t g) {
     for (int r = 0; r < kTileRows; ++r) {
       const uint8x16_t packed = vld1q_u8(wt + 16 * r);
       const int8x16_t low = vsubq_s8(vreinterpretq_s8_u8(vandq_u8(packed, vdupq_n_u8(0x0F))), eight);
@@ -218,7 +218,7 @@ void tile_rows_int8(Q8Rows x, const int8_t* w, const float* row_scales, at::BFlo
                     int64_t tiles) {
   const int64_t groups = K / kQ8Group;
   using Acc = float32x4_t[kTileRows];
-  const auto step = [&](Acc (&acc)[M], const int8_t* wt, int64_t, int64_t g) {
+  const auto step = [=](Acc (&acc)[M], const int8_t* wt, int64_t, int64_t g) {
     for (int r = 0; r < kTileRows; ++r) {
       const int8x16_t w0 = vld1q_s8(wt + 16 * r), w1 = vld1q_s8(wt + 16 * kTileRows + 16 * r);
       for (int m = 0; m < M; ++m) {
@@ -228,7 +228,7 @@ void tile_rows_int8(Q8Rows x, const int8_t* w, const float* row_scales, at::BFlo
       }
     }
   };
-  const auto finish = [&](const Acc& acc, int, int64_t t, at::BFloat16* out) {
+  const auto finish = [=](const Acc& acc, int, int64_t t, at::BFloat16* out) {
     for (int r = 0; r < kTileRows; ++r) out[r] = at::BFloat16(row_scales[t * kTileRows + r] * vaddvq_f32(acc[r]));
   };
   tile_loop<M, Acc, kQ8Group * kTileRows, kPrefetch>(w, y, K, N, tiles, step, finish);
