@@ -14,7 +14,7 @@
 
 #include "q8_rows.h"
 
-#define CV_INLINE inline __attribute__((always_inline))  // the shared skeletons, so each kernel compiles as one loop
+#define CV_INLINE inline __attribute__((always_inline))  // shared helpers that must compile into each kernel
 
 namespace chattts_velocity_cpu {
 
