@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from ..assets import AssetPaths
-from ..audio import DVAE, Decoder, Spoken, Vocos, load_clip, load_safetensors, piece_timestamps
+from ..audio import DVAE, Decoder, Spoken, Vocos, load_clip, load_safetensors
 from ..audio.wav import SAMPLE_RATE
 from ..config import ModelConfig
 from ..demo import default_max_new_token
@@ -29,17 +29,14 @@ from ..params import InferCodeParams
 from ..precision import Precision
 from ..schema import SpeechRequests, TextPieces
 from ..text import Normalizer, Tokenizer, empty_text, encode_prompt, sample_random_speaker
-from .calls import CallGate, PerTextRequests, Stop
+from .calls import CallGate, PerTextRequests
 from .frontend import TextFrontEnd
 from .job import SynthesisJob
+from .local_runner import LocalRunner
 from .mel_source import MEL_SOURCES, MelSource, mel_sources
 from .prepare import PreparedJob, Preparer, check_piece_count, step_capped
 from .streams import StreamOptions
-from .synthesis import Synthesis
-
-
-def _never() -> bool:
-    return False
+from .synthesis import Runner, Synthesis
 
 
 class SpeechPipeline:
@@ -147,44 +144,30 @@ class SpeechPipeline:
         """prepared after its pending refine pass (token_ids [T, 1] per prompt): its code requests built."""
         return self.preparer.refined(prepared, token_ids)
 
-    # ---- requests -> audio ---------------------------------------------------------------------------
-    def per_text(self, pieces: TextPieces, params: list[InferCodeParams],
-                 mel: MelSource | None = None) -> PerTextRequests:
+    # ---- a shape 'each' job's requests ---------------------------------------------------------------
+    def each_requests(self, job: SynthesisJob) -> PerTextRequests:
         """Each text's requests with its own params, in one flat list; a text that cannot be made (no piece, a bad
         speaker) is recorded in PerTextRequests.failed with its ValueError, and the others go on."""
-        if not isinstance(params, (list, tuple)) or len(params) != pieces.num_texts:
-            raise ValueError(f"params: expected one InferCodeParams per text ({pieces.num_texts})")
-        jobs = PerTextRequests(pieces, mel or self.mel())
-        for i, item_params in enumerate(params):
+        pieces = self.pieces(job, allow_empty=True)
+        check_piece_count(job, pieces)
+        self.gpt(job.use_vllm)  # loaded (or its load failed) before the call waits for its turn
+        requests = PerTextRequests(pieces, self.mel(job.mel))
+        for i, params in enumerate(self.preparer.params(job)):
             try:
                 if not pieces.of_text(i).texts:
                     raise empty_text(i)
-                jobs.add(i, self.code_requests(pieces.of_text(i), item_params, jobs.mel))
+                requests.add(i, self.code_requests(pieces.of_text(i), params, requests.mel))
             except ValueError as exc:
-                jobs.failed.append((i, exc))
-        return jobs
-
-    def _run_jobs(self, jobs: PerTextRequests, *, use_vllm: bool | None = None, progress: bool = False,
-                 timestamps: bool = False, stop: Stop = _never,
-                 ) -> Iterator[tuple[int, np.ndarray | Spoken | Exception]]:
-        """(text index, its waveform) as each text finishes (with `timestamps`, a Spoken with each piece's span);
-        a text whose generation failed yields its error instead."""
-        for k, output in self.gpt(use_vllm).generate_iter(jobs.prompts, jobs.sampling, progress, stop):
-            for i, outputs in jobs.done(k, output):
-                if isinstance(outputs, Exception):
-                    yield i, outputs
-                    continue
-                waves = jobs.mel.decode(outputs)
-                wav = np.concatenate(waves).astype(np.float32)
-                texts = jobs.pieces.of_text(i).texts
-                yield i, Spoken(wav, piece_timestamps(texts, [len(w) for w in waves])) if timestamps \
-                    else wav
+                requests.failed.append((i, exc))
+        return requests
 
     # ---- use cases: what Chat, the page and the export call ------------------------------------------
-    def synthesis(self, job: SynthesisJob, chunking: StreamOptions | None = None) -> Synthesis:
-        """The job with its two verbs (speech/synthesis.py): run() the whole audio, stream() chunks as made (in the
-        job's shape), arun()/astream() for an event loop, cancel(). Texts are checked now."""
-        return Synthesis(self, job, chunking)
+    def synthesis(self, job: SynthesisJob, chunking: StreamOptions | None = None,
+                  runner: Runner | None = None) -> Synthesis:
+        """The job with its verbs (speech/synthesis.py): run() the whole audio, stream() chunks as made (in the
+        job's shape), arun()/astream() for an event loop, open() (the server's), each(), cancel(). `runner`: where
+        its GPT work runs (None: this pipeline's own GPT backend, one call at a time; texts are checked now)."""
+        return Synthesis(self, job, runner or LocalRunner(), chunking)
 
     def run(self, job: SynthesisJob) -> list[np.ndarray] | list[str]:
         """The whole job: one float32 24 kHz waveform per text (its pieces joined in order), or with `refine_only`
@@ -197,13 +180,7 @@ class SpeechPipeline:
         its error) and the others go on; the texts refused before generation come first. No refine pass."""
         if job.refine is not None:
             raise ValueError("refine: run_each has no refine pass (refine the texts with run(refine_only=True))")
-        pieces = self.pieces(job, allow_empty=True)
-        check_piece_count(job, pieces)
-        jobs = self.per_text(pieces, self.preparer.params(job), self.mel(job.mel))
-        yield from jobs.failed
-        with self.gate.call(job.stop) as stop:
-            yield from self._run_jobs(jobs, use_vllm=job.use_vllm, progress=bool(job.progress),
-                                      timestamps=job.timestamps, stop=stop)
+        yield from self.synthesis(dataclasses.replace(job, shape="each")).each()
 
     def stream(self, job: SynthesisJob, options: StreamOptions | None = None) -> Iterator[list[np.ndarray]]:
         """Audio as the GPT generates it: each yield holds one new (maybe empty) chunk per text; a text's chunks

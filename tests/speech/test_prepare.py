@@ -14,6 +14,7 @@ from chattts_velocity import InferCodeParams, RefineTextParams
 from chattts_velocity.demo import DEMO_MAX_NEW_TOKEN
 from chattts_velocity.schema import MAX_NEW_TOKEN, SpeechRequests
 from chattts_velocity.speech import SpeechPipeline, SynthesisJob, TextOptions
+from chattts_velocity.speech.local_runner import LocalRunner
 
 REPO = Path(__file__).resolve().parents[2]
 TEXT = "Hello there. The second sentence is here."
@@ -85,7 +86,7 @@ def test_the_server_and_the_pipeline_prepare_the_same_code_requests_for_the_same
         service.shutdown()
     assert plain.texts == [TEXT] and plain.text == TextOptions(None, True, True, True)
     with pipeline.gate.call() as stop:  # the sync path: the refine pass on GPTBackend.generate
-        own, own_refined = (pipeline.synthesis(job)._ready(stop) for job in (plain, refined))
+        own, own_refined = (LocalRunner().ready(pipeline.synthesis(job), stop) for job in (plain, refined))
     assert served.requests is not None and own.requests is not None
     assert same_requests(served.requests, own.requests)
     assert served_refined.pieces.texts == own_refined.pieces.texts != own.pieces.texts
