@@ -140,11 +140,11 @@ class Chat:
     def sample_random_speaker(self, seed: int | None = None) -> str:
         """A random voice (upstream's draw); with `seed`, the voice torch.manual_seed(seed) would give, drawn
         without touching the global RNG (safe while other threads sample)."""
-        return self.pipeline.sample_random_speaker(seed)
+        return self.pipeline.speakers.random(seed)
 
     def sample_audio_speaker(self, wav: np.ndarray | torch.Tensor | str | Path, sample_rate: int = SAMPLE_RATE) -> str:
         """Encode a 24 kHz mono clip (array or audio file path) into an spk_smp string."""
-        return self.pipeline.sample_audio_speaker(wav, sample_rate)
+        return self.pipeline.speakers.from_audio(wav, sample_rate)
 
     # ---- inference -----------------------------------------------------------------------
     def infer(

@@ -72,7 +72,7 @@ class ServerState:
         self.service = SpeechService(pipeline, self.engine, config.stream_options,
                                      TextWorker(config.text_workers, config.text_budget_s, config.text_processes))
         self.library = VoiceLibrary(config.voices_dir, config.max_voices)
-        self.voices = VoiceBook(pipeline.sample_random_speaker, self.library)
+        self.voices = VoiceBook(pipeline.speakers.random, self.library)
         self.cache = AudioCache(config.cache_mb << 20)
         self.admission = Admission(self.engine, config.max_preparing_per_client)
         self.metrics = metrics.ServerMetrics(lambda: {**self.engine.metrics(),

@@ -18,8 +18,7 @@ import numpy as np
 import torch
 
 from ..assets import AssetPaths
-from ..audio import DVAE, Decoder, Spoken, Vocos, load_clip, load_safetensors
-from ..audio.wav import SAMPLE_RATE
+from ..audio import DVAE, Decoder, Spoken, Vocos, load_safetensors
 from ..config import ModelConfig
 from ..demo import default_max_new_token
 from ..engine.gpt import GPTBackend, load_pretrained
@@ -28,13 +27,14 @@ from ..engine.loading.host import decide_here
 from ..params import InferCodeParams
 from ..precision import Precision
 from ..schema import SpeechRequests, TextPieces
-from ..text import Normalizer, Tokenizer, empty_text, encode_prompt, sample_random_speaker
+from ..text import Normalizer, Tokenizer, empty_text
 from .calls import CallGate, PerTextRequests
 from .frontend import TextFrontEnd
 from .job import SynthesisJob
 from .local_runner import LocalRunner
 from .mel_source import MEL_SOURCES, MelSource, mel_sources
 from .prepare import PreparedJob, Preparer, check_piece_count, step_capped
+from .speakers import Speakers
 from .streams import StreamOptions
 from .synthesis import Runner, Synthesis
 
@@ -58,6 +58,7 @@ class SpeechPipeline:
         config = self.gpt().config
         self.frontend = TextFrontEnd(tokenizer, config.hidden_size, config.audio_eos_id, normalizer)
         self.preparer = Preparer(self.frontend, self.step_cap)
+        self.speakers = Speakers(self.frontend, self.dvae, self.device, self.gate)  # draws, clip codes, the check
 
     @classmethod
     def load(cls, paths: AssetPaths | str | Path, *, device: str | torch.device | None = None,
@@ -199,20 +200,6 @@ class SpeechPipeline:
         """Each params with the loaded weights' default step cap (step_cap, decided at load) where max_new_token
         was left at InferCodeParams' default; an explicit max_new_token is kept."""
         return step_capped(params, self.step_cap)
-
-    # ---- speakers ------------------------------------------------------------------------------------
-    def sample_random_speaker(self, seed: int | None = None) -> str:
-        """A random voice (upstream's draw); with `seed`, the voice torch.manual_seed(seed) would give, drawn
-        without touching the global RNG."""
-        return sample_random_speaker(self.config.hidden_size, device=self.device, seed=seed)
-
-    def sample_audio_speaker(self, wav: np.ndarray | torch.Tensor | str | Path,
-                             sample_rate: int = SAMPLE_RATE) -> str:
-        """Encode a 24 kHz mono clip (array or audio file path) into an spk_smp string."""
-        wav = load_clip(wav, sample_rate, expected_rate=SAMPLE_RATE)
-        with torch.inference_mode():
-            codes = self.dvae.encode(wav.to(self.device))  # [4, T]
-        return encode_prompt(codes.cpu())
 
     def shutdown(self) -> None:
         """Release the GPT backends' threads and memory; the pipeline is unusable afterwards."""

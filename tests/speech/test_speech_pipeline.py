@@ -29,7 +29,7 @@ def counted(monkeypatch: pytest.MonkeyPatch, module: object, name: str) -> list[
 
 
 def test_a_speaker_and_its_voice_sample_are_decoded_once_per_request(pipeline, monkeypatch) -> None:
-    speaker = pipeline.sample_random_speaker(seed=1)
+    speaker = pipeline.speakers.random(seed=1)
     clip = text.encode_prompt(torch.randint(0, 625, (4, 8)))
     speakers = counted(monkeypatch, speaker_module, "decode_spk_emb")
     clips = counted(monkeypatch, frontend, "decode_prompt")
@@ -51,8 +51,8 @@ def test_a_wrong_width_speaker_is_one_value_error_naming_spk_emb(pipeline) -> No
                                              rf"{hidden}"):
             pipeline.code_requests(pieces, forced(spk_emb=spk_emb))
     with pytest.raises(ValueError, match=rf"^speaker: this speaker has {hidden + 3} values"):
-        pipeline.frontend.speaker(wrong, field="speaker")  # other callers name their own field
-    assert pipeline.frontend.speaker(pipeline.sample_random_speaker(seed=2)).shape == (hidden,)
+        pipeline.speakers.check(wrong, field="speaker")  # other callers name their own field
+    assert pipeline.speakers.check(pipeline.speakers.random(seed=2)).shape == (hidden,)
 
 
 def test_each_mel_source_says_what_the_gpt_returns_and_how_wide_its_rows_are(pipeline) -> None:
