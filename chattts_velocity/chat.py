@@ -202,8 +202,8 @@ class Chat:
             raise ValueError(f"params: expected one InferCodeParams per text ({len(texts)})")
         job = SynthesisJob(list(texts), list(params), mel=_mel_name(use_decoder),
                            text=TextOptions(lang, do_text_normalization, do_homophone_replacement, split_text),
-                           use_vllm=use_vllm, progress=progress, timestamps=timestamps)
-        yield from self.pipeline.run_each(job)
+                           use_vllm=use_vllm, progress=progress, timestamps=timestamps, shape="each")
+        yield from self.pipeline.synthesis(job).each()
 
     # ---- text -> requests, in upstream's argument names (the pipeline's front end does the work) ------------
     def split(self, texts: str | list[str], lang: str | None = None, do_text_normalization: bool = True,

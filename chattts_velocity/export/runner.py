@@ -50,7 +50,7 @@ class ShardLine:
 
 @dataclass(frozen=True)
 class Shard:
-    """Lines synthesised together (one SpeechPipeline.run_each call) and what every WAV of the run gets."""
+    """Lines synthesised together (one job of shape "each": Synthesis.each()) and what every WAV of the run gets."""
 
     jobs: list[ShardLine]
     timestamps: bool = False  # also make each WAV's sentence spans
@@ -106,8 +106,8 @@ def run_shard(pipeline: SpeechPipeline, shard: Shard, done: Callable[[LineResult
         turns: dict[int, dict[int, np.ndarray | Spoken]] = {k: {} for k in range(len(jobs))}
         timestamps = shard.timestamps or shard.captions is not None or any(job.script for job in jobs)
         synthesis = SynthesisJob([text for job in jobs for text in job.texts()],
-                                 [p for job in jobs for p in job.params_list()], timestamps=timestamps)
-        for i, result in pipeline.run_each(synthesis):
+                                 [p for job in jobs for p in job.params_list()], timestamps=timestamps, shape="each")
+        for i, result in pipeline.synthesis(synthesis).each():
             k = owner[i]
             if jobs[k].key in finished:
                 continue  # another turn of this line failed already

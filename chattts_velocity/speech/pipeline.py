@@ -175,14 +175,6 @@ class SpeechPipeline:
         one refined string per text (synthesis(job).run())."""
         return self.synthesis(job).run()
 
-    def run_each(self, job: SynthesisJob) -> Iterator[tuple[int, np.ndarray | Spoken | Exception]]:
-        """Each text on its own params, all in one batch: (index, waveform) as texts finish (with `timestamps`,
-        a Spoken with each piece's span). A text that cannot be made, or whose generation fails, yields (index,
-        its error) and the others go on; the texts refused before generation come first. No refine pass."""
-        if job.refine is not None:
-            raise ValueError("refine: run_each has no refine pass (refine the texts with run(refine_only=True))")
-        yield from self.synthesis(dataclasses.replace(job, shape="each")).each()
-
     def stream(self, job: SynthesisJob, options: StreamOptions | None = None) -> Iterator[list[np.ndarray]]:
         """Audio as the GPT generates it: each yield holds one new (maybe empty) chunk per text; a text's chunks
         concatenate to its run() waveform, its pieces in order (synthesis(job, shape "chunks").stream()). Texts

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -48,7 +49,11 @@ class FailsAfterFirst:
     def __init__(self) -> None:
         self.calls: list[list[str]] = []
 
-    def run_each(self, job):
+    def synthesis(self, job):
+        """The job's verbs as SpeechPipeline.synthesis gives them (each(), for a job of shape "each")."""
+        return SimpleNamespace(each=lambda: self.each(job))
+
+    def each(self, job):
         self.calls.append(list(job.texts))
         yield 0, np.full(2400, 0.1, np.float32)
         if len(job.texts) > 1:

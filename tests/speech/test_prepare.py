@@ -67,7 +67,7 @@ def test_the_weights_cap_applies_unless_the_job_brings_its_own_and_the_piece_lim
     with pytest.raises(ValueError, match="^text: splits into 2 sentence pieces, over the limit of 1"):
         pipeline.prepare(SynthesisJob([TEXT], default, max_pieces=1))
     with pytest.raises(ValueError, match="^text: splits into 2"):
-        next(pipeline.run_each(SynthesisJob([TEXT], [default], max_pieces=1)))
+        next(pipeline.synthesis(SynthesisJob([TEXT], [default], max_pieces=1, shape="each")).each())
 
 
 def test_the_server_and_the_pipeline_prepare_the_same_code_requests_for_the_same_job(pipeline) -> None:

@@ -1,4 +1,4 @@
-"""The pipeline's use cases on tiny random weights: a SynthesisJob through run, run_each and stream, the one call
+"""The pipeline's use cases on tiny random weights: a SynthesisJob through run, each and stream, the one call
 gate, interruption and the step cap. These are what Chat, the page and the export call."""
 from __future__ import annotations
 
@@ -39,9 +39,9 @@ def test_run_with_refine_only_gives_the_refined_texts(pipeline) -> None:
     assert len(refined) == 2 and all(isinstance(t, str) for t in refined)
 
 
-def test_run_each_gives_each_text_its_own_params_and_a_bad_text_fails_alone(pipeline) -> None:
+def test_each_gives_each_text_its_own_params_and_a_bad_text_fails_alone(pipeline) -> None:
     params = [forced(seed=1), InferCodeParams(spk_emb="not a speaker", show_tqdm=False), forced(seed=2)]
-    results = dict(pipeline.run_each(SynthesisJob(["One.", "Two.", "Three."], params)))
+    results = dict(pipeline.synthesis(SynthesisJob(["One.", "Two.", "Three."], params, shape="each")).each())
     assert isinstance(results[1], ValueError) and "spk_emb" in str(results[1])
     assert len(results[0]) == len(results[2]) == (2 * STEPS - 1) * 256
     alone = pipeline.run(SynthesisJob(["Three."], forced(seed=2)))[0]
@@ -56,10 +56,14 @@ def test_a_job_states_its_shape_before_any_work() -> None:
     assert SynthesisJob("One text.").texts == ["One text."]
 
 
-def test_run_each_and_stream_refuse_what_they_cannot_do(pipeline) -> None:
+def test_each_and_stream_refuse_what_they_cannot_do(pipeline) -> None:
     refine = RefineTextParams(show_tqdm=False)
-    with pytest.raises(ValueError, match="refine"):
-        next(pipeline.run_each(SynthesisJob(TEXTS, refine=refine)))
+    with pytest.raises(ValueError, match="^refine: shape 'each' has no refine pass"):
+        SynthesisJob(TEXTS, refine=refine, shape="each")
+    with pytest.raises(ValueError, match="^shape: each\\(\\) is the verb of shape 'each' jobs"):
+        pipeline.synthesis(SynthesisJob(TEXTS, forced())).each()
+    with pytest.raises(ValueError, match="^shape: a job of shape 'each' gives its results through each"):
+        pipeline.synthesis(SynthesisJob(TEXTS, forced(), shape="each")).run()
     with pytest.raises(ValueError, match="refine_only"):
         pipeline.stream(SynthesisJob(TEXTS, refine=refine, refine_only=True))
 
