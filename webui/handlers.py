@@ -2,10 +2,10 @@
 
 The page runs on a SpeechPipeline (Chat.pipeline): each run is one job (`pipeline.synthesis(job)`: its refine pass,
 then its audio, whole or streamed; the refined text is shown once the pass ends) and voices come from its
-`speakers` (draws, clip codes, the width check). Bad input surfaces as a gr.Warning toast plus an "error:" line in the stats box.
-Every run belongs to the browser session that started it (gradio's session hash, `session`): Interrupt stops only
-that session's run, and its downloads live in that session's folder, removed when the session ends (`forget`) or
-when older than `files_ttl_s`.
+`speakers` (draws, clip codes, the width check). Bad input surfaces as a gr.Warning toast plus an "error:" line in
+the stats box. Every run belongs to the browser session that started it (gradio's session hash, `session`):
+Interrupt stops only that session's run, and its downloads live in that session's folder, removed when the session
+ends (`forget`) or when older than `files_ttl_s`.
 """
 from __future__ import annotations
 
@@ -74,11 +74,11 @@ class Handlers(ScriptRuns):
     the browser gone): a new run's flag is new, so starting it never revives an abandoned one.
     """
 
-    def __init__(self, pipeline: SpeechPipeline, use_vllm: bool = True, max_new_token: int = MAX_NEW_TOKEN,
+    def __init__(self, pipeline: SpeechPipeline, gpt: str = "velocity", max_new_token: int = MAX_NEW_TOKEN,
                  voices: VoiceLibrary | None = None, max_chars: int = MAX_RUN_CHARS,
                  files_ttl_s: float = FILES_TTL_S) -> None:
         self.pipeline, self.voice_check = pipeline, VoiceCheck(pipeline, voices)
-        self.use_vllm = use_vllm
+        self.gpt = gpt  # the GPT path every run of the page takes ("velocity" or "plain")
         self.max_new_token = max_new_token
         self.max_chars = max_chars
         self.sessions = SessionRuns(tempfile.mkdtemp(prefix="chattts-velocity-webui-"), files_ttl_s)
@@ -201,7 +201,7 @@ class Handlers(ScriptRuns):
     def _job(self, text: str, params: InferCodeParams, options: RunOptions, **extra: Any) -> SynthesisJob:
         """One run of the page: its text, its own stop flag, the page's engine and batch size (extra: its refine
         settings, its shape)."""
-        return SynthesisJob([text], params, text=TextOptions(split=options["split"]), use_vllm=self.use_vllm,
+        return SynthesisJob([text], params, text=TextOptions(split=options["split"]), gpt=self.gpt,
                             max_batch=options["max_batch"], progress=False, stop=options["stop"].is_set, **extra)
 
     def _check_text(self, text: str | None) -> None:

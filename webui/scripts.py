@@ -44,7 +44,7 @@ class ScriptRuns:
 
     pipeline: SpeechPipeline
     voice_check: VoiceCheck
-    use_vllm: bool
+    gpt: str
     _wait: Wait
     _results: Callable[[np.ndarray, str, Run], tuple[object, str]]
     _final: Callable[[RunStats, Run], str]
@@ -57,7 +57,7 @@ class ScriptRuns:
         turns = turn_params(script, params, lambda voice: voice_params(voice, self.voice_check.voices,
                                                                        self._speaker_for_seed), field="text")
         spoken: Spoken = yield from self._wait(
-            lambda: speak_script(self.pipeline, script, turns, refine=refine, use_vllm=self.use_vllm,
+            lambda: speak_script(self.pipeline, script, turns, refine=refine, gpt=self.gpt,
                                  stop=options["stop"].is_set), stats, "generating", options["stop"])
         stats.add(len(spoken.wav), time.perf_counter())
         stats.end = time.perf_counter()

@@ -68,7 +68,7 @@ class ServerState:
 
     def __init__(self, pipeline: SpeechPipeline, config: ServerConfig) -> None:
         self.pipeline, self.config = pipeline, config
-        self.engine = AsyncLLMEngine(pipeline.engine(), config.max_queued_per_client)
+        self.engine = AsyncLLMEngine(pipeline.stages.engine(), config.max_queued_per_client)
         self.service = SpeechService(pipeline, self.engine, config.stream_options,
                                      TextWorker(config.text_workers, config.text_budget_s, config.text_processes))
         self.library = VoiceLibrary(config.voices_dir, config.max_voices)

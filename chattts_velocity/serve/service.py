@@ -54,7 +54,7 @@ class SpeechService:
         chunk at least first_chunk_samples long, `window` pieces in the engine at once (None: all)."""
         normalize = text_options.get("normalize", True)
         texts = script.texts if script is not None else [text] if isinstance(text, str) else text
-        return SynthesisJob(texts, params, mel=mel, refine=refine, use_vllm=True, weights_step_cap=False,
+        return SynthesisJob(texts, params, mel=mel, refine=refine, gpt="velocity", weights_step_cap=False,
                             text=TextOptions(text_options.get("lang"), normalize, normalize,
                                              text_options.get("split", True)),
                             max_pieces=text_options.get("max_pieces"), shape="chunks",
@@ -66,7 +66,7 @@ class SpeechService:
 
     def pieces(self, text: str, **text_options: Unpack[PieceOptions]) -> TextPieces:
         """The text's normalised sentence pieces, as open() speaks them (before a refine pass)."""
-        return self.pipeline.pieces(self.job(text, InferCodeParams(), **text_options))
+        return self.pipeline.stages.pieces(self.job(text, InferCodeParams(), **text_options))
 
     async def prepare(self, job: SynthesisJob) -> PreparedJob:
         """The job made ready as open() makes it (text work, then its refine pass on the engine)."""

@@ -24,7 +24,7 @@ from ..engine.client_quota import CLIENT
 from ..schema import TextPieces
 from ..speech.frontend import TextFrontEnd
 from ..speech.job import SynthesisJob
-from ..speech.synthesis import Stages
+from ..speech.stages import Stages
 from ..text.budget import time_budget
 from ..text.pool import split_in_worker, start_worker, uses_default_normalizers
 from .fair_turns import FairTurns

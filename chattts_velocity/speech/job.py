@@ -25,6 +25,7 @@ class TextOptions:
     split: bool = True
 
 
+GPT_PATHS = ("velocity", "plain")  # the GPT backends a local job may run on (Stages.gpt)
 # What a job hands out: "whole" each text's whole clip (run's bytes), "chunks" windows as the GPT makes rows,
 # "each" each text's own result as it finishes (Synthesis.each(): per-text errors, no refine pass).
 SHAPES = ("whole", "chunks", "each")
@@ -42,7 +43,7 @@ class SynthesisJob:
     refine: RefineTextParams | None = None
     refine_only: bool = False
     text: TextOptions = field(default_factory=TextOptions)
-    use_vllm: bool | None = None  # None: the GPT backend the pipeline loaded first
+    gpt: str | None = None  # GPT_PATHS: "velocity" (the engine) or "plain"; None: the one the pipeline loaded first
     max_batch: int | None = None  # pieces per GPT batch (upstream's max_split_batch); None: all at once
     progress: bool | None = None  # None: the code params' show_tqdm
     timestamps: bool = False  # run_each: each text's sentence spans (audio.Spoken)

@@ -42,7 +42,7 @@ class LocalRunner:
             prepared = self.ready(synthesis, stop)
             if prepared.requests is None:
                 raise RuntimeError("stream: a prepared job without code requests (refine_only)")
-            gpt = stages.gpt(job.use_vllm)
+            gpt = stages.gpt(job.gpt)
             if job.shape == "chunks":
                 yield from stream_texts(StreamSet(synthesis.chunking), gpt, prepared.requests, prepared.mel, stop)
                 return
@@ -102,7 +102,7 @@ class LocalRunner:
         if prepared is None:
             raise RuntimeError("run: a job of shape 'each' has no prepared requests")
         while (work := prepared.pending) is not None:
-            outputs = stages.gpt(job.use_vllm).generate(work.prompts, work.sampling, work.progress, stop,
+            outputs = stages.gpt(job.gpt).generate(work.prompts, work.sampling, work.progress, stop,
                                                         max_batch=job.max_batch)
             prepared = stages.refined(prepared, [o.token_ids for o in outputs])
         if job.refine is not None:
@@ -113,7 +113,7 @@ class LocalRunner:
         """(text index, its waveform) as each text finishes (with `timestamps`, a Spoken with each piece's span);
         a text whose generation failed yields its error instead."""
         job = synthesis.job
-        for k, output in synthesis.stages.gpt(job.use_vllm).generate_iter(requests.prompts, requests.sampling,
+        for k, output in synthesis.stages.gpt(job.gpt).generate_iter(requests.prompts, requests.sampling,
                                                                           bool(job.progress), stop):
             for i, outputs in requests.done(k, output):
                 if isinstance(outputs, Exception):

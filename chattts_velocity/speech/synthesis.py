@@ -16,38 +16,18 @@ from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
-import torch
 
 from ..audio.timestamps import Spoken, Timeline
-from ..engine.gpt import GPTBackend
-from ..schema import TextPieces
-from .calls import CallGate, PerTextRequests, Stop
+from .calls import Stop
 from .job import SynthesisJob
 from .prepare import PreparedJob
 from .streams import StreamOptions
 
 if TYPE_CHECKING:
-    from .frontend import TextFrontEnd
+    from .stages import Stages
 
 Chunks = list[np.ndarray]  # one new (maybe empty) float32 24 kHz chunk per text
 Result = np.ndarray | Spoken | Exception  # each(): a text's waveform (Spoken with timestamps), or its error
-
-
-class Stages(Protocol):
-    """What a runner needs of its pipeline: the job made ready (in steps), the GPT backends and the call gate."""
-
-    gate: CallGate
-    frontend: TextFrontEnd
-
-    def pieces(self, job: SynthesisJob, allow_empty: bool = False) -> TextPieces: ...
-
-    def prepare(self, job: SynthesisJob, pieces: TextPieces | None = None) -> PreparedJob: ...
-
-    def refined(self, prepared: PreparedJob, token_ids: list[torch.Tensor]) -> PreparedJob: ...
-
-    def gpt(self, use_vllm: bool | None = None) -> GPTBackend: ...
-
-    def each_requests(self, job: SynthesisJob) -> PerTextRequests: ...
 
 
 class AudioStream(Protocol):

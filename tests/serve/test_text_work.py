@@ -39,7 +39,7 @@ def test_a_long_text_reads_the_same_in_the_worker_process_and_a_dead_worker_is_r
     job = SynthesisJob(["On 3/5/2024 we paid $3.50 for 12 apples. " * (LONG_TEXT_CHARS // 40 + 1)])
     try:
         in_process = asyncio.run(worker.split(pipeline, job))
-        assert in_process == pipeline.pieces(job)
+        assert in_process == pipeline.stages.pieces(job)
         for pid in list(worker._processes._processes):
             os.kill(pid, signal.SIGKILL)
         assert asyncio.run(worker.split(pipeline, job)) == in_process  # on a thread this once
