@@ -22,7 +22,7 @@ from .safe_files import check_inside
 if TYPE_CHECKING:
     from ..speech import SpeechPipeline
 
-CHUNK_SIZE = 256  # lines per run_each call: bounds the prompts and finished audio held at once
+CHUNK_SIZE = 256  # lines per job (shape "each"): bounds the prompts and finished audio held at once
 
 
 def timestamps_path(wav_path: Path) -> Path:

@@ -46,7 +46,7 @@ class SynthesisJob:
     gpt: str | None = None  # GPT_PATHS: "velocity" (the engine) or "plain"; None: the one the pipeline loaded first
     max_batch: int | None = None  # pieces per GPT batch (upstream's max_split_batch); None: all at once
     progress: bool | None = None  # None: the code params' show_tqdm
-    timestamps: bool = False  # run_each: each text's sentence spans (audio.Spoken)
+    timestamps: bool = False  # shape "each": each text's sentence spans (audio.Spoken)
     stop: Stop | None = None
     max_pieces: int | None = None  # sentence pieces this caller accepts in one job (the server's limit); None: any
     weights_step_cap: bool = True  # max_new_token left at the default takes the weights' cap (False: the caller's own)
