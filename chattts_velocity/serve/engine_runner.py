@@ -30,7 +30,8 @@ from .text_work import TextWorker
 
 
 class EngineRunner:
-    """Jobs on one AsyncLLMEngine, their windows decoded together; the async verbs only (arun, astream, open)."""
+    """Jobs on one AsyncLLMEngine, their windows decoded together; the async verbs only (arun, astream, open). A job's
+    cancel() is called on the runner's event loop."""
 
     def __init__(self, engine: AsyncLLMEngine, options: StreamOptions | None = None,
                  text: TextWorker | None = None) -> None:
@@ -206,6 +207,8 @@ class SpeechStream:
                         self.first_audio = time.perf_counter() - self.started
                     samples += len(item)
                     yield owner, item
+                if self._closed:
+                    return  # closed while this piece was being read: it ends with what it had
                 self.timeline.add(text, samples)
             for silence in self._silence(len(self._pieces)):
                 yield last, silence
@@ -219,9 +222,14 @@ class SpeechStream:
         yield from silence_chunks(samples)
 
     def close(self) -> None:
-        """Abort the pieces still generating (cancelling a feeder aborts its engine request); start no more."""
+        """Abort the pieces still generating (cancelling a feeder aborts its engine request); start no more; a
+        reader ends after the chunks it already has. Call it on the stream's event loop."""
+        if self._closed:
+            return
         self._closed = True
         for task in self._tasks:
             task.cancel()
         for key in self._keys:
             self.runner.worker.drop(key)
+        for chunks in self._queues:
+            chunks.put_nowait(END)

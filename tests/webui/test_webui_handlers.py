@@ -81,6 +81,7 @@ class RecordingPipeline:
 
     def __init__(self) -> None:
         self.calls: list[dict] = []
+        self.jobs: list[SynthesisJob] = []
         self.frontend = RecordingFrontEnd()
         self.speakers = RecordingSpeakers(self.frontend)
         self.gate = CallGate()
@@ -96,6 +97,7 @@ class RecordingPipeline:
                                  stop=stop)
 
     def synthesis(self, job: SynthesisJob) -> RecordingSynthesis:
+        self.jobs.append(job)
         return RecordingSynthesis(self, job)
 
     def record(self, kind: str, pieces: TextPieces, params, max_batch: int | None) -> None:
@@ -104,7 +106,9 @@ class RecordingPipeline:
 
     def refine(self, pieces: TextPieces, params, *, max_batch: int | None = None, **options) -> TextPieces:
         self.record("refine", pieces, params, max_batch)
-        return pieces.replace([f"{pieces.texts[0]} {params.prompt}"])
+        refined = pieces.replace([f"{pieces.texts[0]} {params.prompt}"])
+        refined.split = pieces.split  # the code pass reads the refined pieces themselves
+        return refined
 
     def generate(self, requests: SimpleNamespace, *, max_batch: int | None = None, **options) -> list[np.ndarray]:
         self.record("code", requests.pieces, requests.params, max_batch)
@@ -166,6 +170,8 @@ def test_generate_passes_every_control_to_the_pipeline() -> None:
                                             split_text=False, batch_size=7, fmt="flac")
     refine, code = pipeline.calls
     assert (refine["pass"], code["pass"]) == ("refine", "code")
+    (job,) = pipeline.jobs  # one job: its refine pass, then the audio of the refined text
+    assert job.refine is not None and not job.refine_only
     assert refine["params"].prompt == "[oral_4][laugh_1][break_3]" and refine["params"].beam_width == 3
     assert code["params"].prompt == "[speed_8]"
     assert spoken == "Hello there. [oral_4][laugh_1][break_3]" == code["text"]
