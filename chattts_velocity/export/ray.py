@@ -174,6 +174,6 @@ def dispatch(actors: dict[str, ActorHandle[ShardWorker]], shards: list[Shard],
             if isinstance(exc, ray.exceptions.RayActorError):
                 lost.add(name)
             reason = f"synthesis failed: the Ray task failed ({type(exc).__name__}: {exc}); run again"
-            results = [LineResult(job.key, error=reason) for job in shard.jobs]
+            results = [LineResult(line.key, error=reason) for line in shard.lines]
         yield name, results
         hand(name)

@@ -397,8 +397,8 @@ def test_shards_run_elsewhere_and_stored_here_give_the_local_export_s_files(tmp_
 
     plan = plan_export(src, tmp_path / "sharded", **settings)
     shards = shards_of(plan, PARAMS, 4)
-    assert [[job.key for job in shard.jobs] for shard in shards] == [[0, 1, 2, 3], [4, 5]]
-    assert [job.params.manual_seed for job in shards[1].jobs] == [5, 6] and shards[0].timestamps
+    assert [[line.key for line in shard.lines] for shard in shards] == [[0, 1, 2, 3], [4, 5]]
+    assert [line.params.manual_seed for line in shards[1].lines] == [5, 6] and shards[0].timestamps
     for shard in reversed(shards):  # shards finish in any order
         results: list = []
         run_shard(StubPipeline(), shard, results.append, lambda m: None)
