@@ -243,7 +243,7 @@ class Handlers(ScriptRuns):
         finally:
             producer.join(timeout=0.5)
             if producer.is_alive():  # the browser went away: stop the engine (one TTS run at a time)
-                synthesis.cancel()
+                run.stop.set()
         if pending:  # a run shorter than FIRST_LIVE_SAMPLES
             yield _live(pending), gr.skip(), gr.skip(), gr.skip(), stats.progress("streaming")
         full = np.concatenate(pieces) if pieces else np.zeros(0, np.float32)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Iterator
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -16,9 +15,7 @@ from ..audio import Spoken, piece_timestamps
 from .calls import PerTextRequests, Stop
 from .prepare import PreparedJob
 from .streams import StreamSet, stream_texts
-
-if TYPE_CHECKING:
-    from .synthesis import AudioStream, Chunks, Result, Synthesis
+from .synthesis import AudioStream, Chunks, Result, Synthesis, collect
 
 _DONE = object()  # the end of an async stream's queue
 
@@ -29,8 +26,6 @@ class LocalRunner:
         return None if synthesis.job.shape == "each" else synthesis.stages.prepare(synthesis.job)
 
     def run(self, synthesis: Synthesis) -> list[np.ndarray] | list[str]:
-        from .synthesis import collect
-
         if synthesis.job.refine_only:
             with synthesis.stages.gate.call(synthesis.stop_flag()) as stop:
                 return self.ready(synthesis, stop).refined_texts()
@@ -59,8 +54,6 @@ class LocalRunner:
             yield from self._each(synthesis, requests, stop)
 
     async def arun(self, synthesis: Synthesis) -> list[np.ndarray] | list[str]:
-        from .synthesis import collect
-
         if synthesis.job.refine_only:
             try:
                 return await asyncio.to_thread(self.run, synthesis)
