@@ -71,11 +71,12 @@ class Synthesis:
     def __init__(self, stages: Stages, job: SynthesisJob, runner: Runner,
                  chunking: StreamOptions | None = None) -> None:
         self.stages, self.job, self.runner = stages, job, runner
-        self.chunking = chunking or StreamOptions(chunk_steps=job.params_list()[0].stream_batch)
         self.cancelled = threading.Event()
         self.refined: list[str] | None = None  # the refine pass's texts (one per text) once it has run
         self.on_cancel: list[Callable[[], None]] = []  # what cancel() also does (the engine runner: abort)
-        self.prepared = runner.prepare_now(self)
+        self.prepared = runner.prepare_now(self)  # the local runner checks the texts here
+        first = job.params_list()[:1]
+        self.chunking = chunking or (StreamOptions(chunk_steps=first[0].stream_batch) if first else StreamOptions())
 
     def cancel(self) -> None:
         """Stop this job after its current step (running or waiting for its turn); it ends with what it has."""
