@@ -1,4 +1,4 @@
-"""The one preparation between a job and its code requests (SpeechPipeline.prepare, speech/prepare.py): what it
+"""The one preparation between a job and its code requests (Stages.prepare, speech/prepare.py): what it
 decides (pieces, refine, step caps, the mel source, the piece limit), that the server's async path reaches the same
 code requests as the pipeline's own for the same job, and that serve/ composes none of its steps itself."""
 from __future__ import annotations
@@ -104,7 +104,7 @@ STEP_NAMES = {"Preparer", "step_capped", "check_piece_count", "stream_texts", "P
 
 
 def serve_step_uses(path: Path) -> list[str]:
-    """The pipeline steps `path` reaches past SpeechPipeline.prepare/refined: step methods it calls, step helpers it
+    """The pipeline steps `path` reaches past Stages.prepare/refined: step methods it calls, step helpers it
     imports, and front-end calls other than the speaker check."""
     found = []
     for node in ast.walk(ast.parse(path.read_text())):
