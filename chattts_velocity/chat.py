@@ -2,9 +2,10 @@
 
 Drop-in for upstream `ChatTTS.Chat` callers: same method names, parameters and defaults, but one
 waveform per input text, no mutation of params, and the velocity engine behind `use_vllm=True`.
-Everything below turns upstream's arguments into one SynthesisJob (`use_decoder` into a mel source) and runs it
-through the pipeline: `synthesis(job).run()` or `.stream()` (speech/synthesis.py), or `run_each`, which take the
-model one call at a time, from any thread.
+Everything below turns upstream's arguments into one SynthesisJob (`use_decoder` into a mel source, `use_vllm` into
+the job's GPT path) and runs it through the pipeline: `synthesis(job).run()`, `.stream()` or `.each()`
+(speech/synthesis.py), which take the model one call at a time, from any thread. The low-level upstream steps
+(`split`, `speech_requests`, `gpt`, `engine`) read the pipeline's stages.
 """
 from __future__ import annotations
 
@@ -77,7 +78,7 @@ class Chat:
         elif verify:
             verify_assets(paths)
         self._pipeline = SpeechPipeline.load(
-            paths, device=device, use_vllm=use_vllm, dtype=dtype, decode_dtype=decode_dtype,
+            paths, device=device, gpt=_gpt_name(use_vllm), dtype=dtype, decode_dtype=decode_dtype,
             normalizer=self.normalizer, compile=compile, kv_cache_dtype=kv_cache_dtype, **engine_kwargs)
         return self.has_loaded()
 
@@ -90,11 +91,11 @@ class Chat:
 
     def gpt(self, use_vllm: bool | None = None) -> GPTBackend:
         """The GPT stage for use_vllm (None: the one load() chose), loaded on first use; both may live side by side."""
-        return self.pipeline.gpt(use_vllm)
+        return self.pipeline.stages.gpt(None if use_vllm is None else _gpt_name(use_vllm))
 
     def engine(self) -> LLMEngine:
         """The velocity engine (loaded on first use) for callers that step it themselves: the server, Ray export."""
-        return self.pipeline.engine()
+        return self.pipeline.stages.engine()
 
     @property
     def config(self) -> ModelConfig:
@@ -106,21 +107,28 @@ class Chat:
     device = property(lambda self: self._loaded("device"))
     dtype = property(lambda self: self._loaded("dtype", "float32"))
     decode_dtype = property(lambda self: self._loaded("decode_dtype"))
-    default_use_vllm = property(lambda self: self._loaded("default_use_vllm", False))
-    dvae = property(lambda self: self._loaded("dvae"))
-    decoder = property(lambda self: self._loaded("decoder"))
-    vocos = property(lambda self: self._loaded("vocos"))
+    dvae = property(lambda self: self._stage("dvae"))
+    decoder = property(lambda self: self._stage("decoder"))
+    vocos = property(lambda self: self._stage("vocos"))
+
+    @property
+    def default_use_vllm(self) -> bool:
+        """Whether load() chose the velocity engine (upstream's flag)."""
+        return self._pipeline is not None and self._pipeline.stages.default_gpt == "velocity"
 
     @property
     def tokenizer(self) -> Tokenizer | None:
-        return None if self._pipeline is None else self._pipeline.frontend.tokenizer
+        return None if self._pipeline is None else self._pipeline.stages.frontend.tokenizer
 
     def step_capped(self, params: InferCodeParams) -> InferCodeParams:
-        """params with the loaded weights' default step cap (SpeechPipeline.step_capped)."""
-        return self.pipeline.step_capped([params])[0]
+        """params with the loaded weights' default step cap (Stages.step_capped)."""
+        return self.pipeline.stages.step_capped([params])[0]
 
     def _loaded(self, name: str, default: object = None) -> object:
         return default if self._pipeline is None else getattr(self._pipeline, name)
+
+    def _stage(self, name: str) -> object:
+        return None if self._pipeline is None else getattr(self._pipeline.stages, name)
 
     def has_loaded(self, use_decoder: bool = False) -> bool:
         return self._pipeline is not None and self._mel(use_decoder).model is not None
@@ -140,11 +148,11 @@ class Chat:
     def sample_random_speaker(self, seed: int | None = None) -> str:
         """A random voice (upstream's draw); with `seed`, the voice torch.manual_seed(seed) would give, drawn
         without touching the global RNG (safe while other threads sample)."""
-        return self.pipeline.sample_random_speaker(seed)
+        return self.pipeline.speakers.random(seed)
 
     def sample_audio_speaker(self, wav: np.ndarray | torch.Tensor | str | Path, sample_rate: int = SAMPLE_RATE) -> str:
         """Encode a 24 kHz mono clip (array or audio file path) into an spk_smp string."""
-        return self.pipeline.sample_audio_speaker(wav, sample_rate)
+        return self.pipeline.speakers.from_audio(wav, sample_rate)
 
     # ---- inference -----------------------------------------------------------------------
     def infer(
@@ -172,7 +180,7 @@ class Chat:
         job = SynthesisJob(text if isinstance(text, list) else [text], params_infer_code or InferCodeParams(),
                            mel=_mel_name(use_decoder), refine=refine, refine_only=refine_text_only and bool(refine),
                            text=TextOptions(lang, do_text_normalization, do_homophone_replacement, split_text),
-                           use_vllm=use_vllm, max_batch=max_split_batch)
+                           gpt=None if use_vllm is None else _gpt_name(use_vllm), max_batch=max_split_batch)
         if stream and not job.refine_only:
             return self.pipeline.synthesis(dataclasses.replace(job, shape="chunks")).stream()
         out = self.pipeline.synthesis(job).run()
@@ -202,30 +210,36 @@ class Chat:
             raise ValueError(f"params: expected one InferCodeParams per text ({len(texts)})")
         job = SynthesisJob(list(texts), list(params), mel=_mel_name(use_decoder),
                            text=TextOptions(lang, do_text_normalization, do_homophone_replacement, split_text),
-                           use_vllm=use_vllm, progress=progress, timestamps=timestamps)
-        yield from self.pipeline.run_each(job)
+                           gpt=None if use_vllm is None else _gpt_name(use_vllm), progress=progress,
+                           timestamps=timestamps, shape="each")
+        yield from self.pipeline.synthesis(job).each()
 
     # ---- text -> requests, in upstream's argument names (the pipeline's front end does the work) ------------
     def split(self, texts: str | list[str], lang: str | None = None, do_text_normalization: bool = True,
               do_homophone_replacement: bool = True, split_text: bool = True, allow_empty: bool = False) -> TextPieces:
         """Checked texts (lengths first) -> the normalised sentence pieces that hold speech (TextFrontEnd.pieces)."""
-        return self.pipeline.frontend.pieces(texts, lang=lang, normalize=do_text_normalization,
-                                             homophones=do_homophone_replacement, split=split_text,
-                                             allow_empty=allow_empty)
+        return self.pipeline.stages.frontend.pieces(texts, lang=lang, normalize=do_text_normalization,
+                                                    homophones=do_homophone_replacement, split=split_text,
+                                                    allow_empty=allow_empty)
 
     def speech_requests(self, pieces: TextPieces, params: InferCodeParams | list[InferCodeParams],
                         use_decoder: bool = True) -> SpeechRequests:
         """One audio-code request per piece; params is one InferCodeParams for all texts or one per text."""
-        return self.pipeline.code_requests(pieces, params, self._mel(use_decoder))
+        return self.pipeline.stages.code_requests(pieces, params, self._mel(use_decoder))
 
     def _mel(self, use_decoder: bool) -> MelSource:
         """Upstream's flag as the pipeline's mel source (the one place inside the package that reads it)."""
-        return self.pipeline.mel(_mel_name(use_decoder))
+        return self.pipeline.stages.mel(_mel_name(use_decoder))
 
 
 def _mel_name(use_decoder: bool) -> str:
     """Upstream's flag as the pipeline's mel source name (the one place inside the package that reads it)."""
     return "decoder" if use_decoder else "dvae"
+
+
+def _gpt_name(use_vllm: bool) -> str:
+    """Upstream's flag as the job's GPT path (the one place inside the package that reads it)."""
+    return "velocity" if use_vllm else "plain"
 
 
 def pipeline_of(speech: Chat | SpeechPipeline) -> SpeechPipeline:

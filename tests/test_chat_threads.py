@@ -62,7 +62,7 @@ def test_interrupt_stops_the_calls_in_flight_and_not_later_ones(chat: Chat) -> N
     for t in threads:
         t.start()
     assert started.wait(60)
-    while chat.pipeline.gate.in_flight < 2:  # the second call is queued behind the first
+    while chat.pipeline.stages.gate.in_flight < 2:  # the second call is queued behind the first
         threading.Event().wait(0.01)
     chat.interrupt()
     for t in threads:

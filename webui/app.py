@@ -134,10 +134,11 @@ def _wire_runs(c: Controls, handlers: Handlers) -> None:
     c["interrupt"].click(interrupt, None, None, queue=False)
 
 
-def build_ui(pipeline: SpeechPipeline, use_vllm: bool = True, max_new_token: int = MAX_NEW_TOKEN,
+def build_ui(pipeline: SpeechPipeline, gpt: str = "velocity", max_new_token: int = MAX_NEW_TOKEN,
              voices: VoiceLibrary | None = None, demo_weights: bool = False, max_chars: int = MAX_RUN_CHARS,
              queue_size: int = QUEUE_SIZE, files_ttl_s: int = FILES_TTL_S) -> gr.Blocks:
-    """The whole page around one speech pipeline (a loaded Chat's `.pipeline`) and a voice library (default:
+    """The whole page around one speech pipeline (a loaded Chat's `.pipeline`; its runs on the GPT path `gpt`,
+    "velocity" or "plain") and a voice library (default:
     $CHATTTS_VELOCITY_VOICES); demo_weights shows a notice that the audio is random. A run holds at most
     `max_chars` characters; at most `queue_size` runs wait for the engine (the page's queue is set up here:
     streaming needs it); files the page made (downloads, gradio's copies of the audio) are removed after
@@ -145,7 +146,7 @@ def build_ui(pipeline: SpeechPipeline, use_vllm: bool = True, max_new_token: int
     `.launch(theme=THEME, css=CSS)` (CSS hides the live player outside streaming runs); calling `.queue()` again
     would undo the queue's bound."""
     voices = voices or VoiceLibrary()
-    handlers = Handlers(pipeline, use_vllm=use_vllm, max_new_token=max_new_token, voices=voices,
+    handlers = Handlers(pipeline, gpt=gpt, max_new_token=max_new_token, voices=voices,
                         max_chars=max_chars, files_ttl_s=files_ttl_s)
     library = LibraryHandlers(voices, handlers.voice_check.fits)
     # gradio deletes the files it made for this page (the players' audio, the downloads' copies) once older than

@@ -1,10 +1,11 @@
 """Web UI event handlers: widget values -> speech pipeline calls -> (audio, download, refined text, stats) updates.
 
-The page runs on a SpeechPipeline (Chat.pipeline): its text front end splits the text and checks the voice, its
-passes refine, generate and stream. Bad input surfaces as a gr.Warning toast plus an "error:" line in the stats box.
-Every run belongs to the browser session that started it (gradio's session hash, `session`): Interrupt stops only
-that session's run, and its downloads live in that session's folder, removed when the session ends (`forget`) or
-when older than `files_ttl_s`.
+The page runs on a SpeechPipeline (Chat.pipeline): each run is one job (`pipeline.synthesis(job)`: its refine pass,
+then its audio, whole or streamed; the refined text is shown once the pass ends) and voices come from its
+`speakers` (draws, clip codes, the width check). Bad input surfaces as a gr.Warning toast plus an "error:" line in
+the stats box. Every run belongs to the browser session that started it (gradio's session hash, `session`):
+Interrupt stops only that session's run, and its downloads live in that session's folder, removed when the session
+ends (`forget`) or when older than `files_ttl_s`.
 """
 from __future__ import annotations
 
@@ -20,12 +21,11 @@ from typing import Any, TypeVar, cast
 import gradio as gr
 import numpy as np
 
-from chattts_velocity import InferCodeParams, RefineTextParams
+from chattts_velocity import InferCodeParams
 from chattts_velocity.audio import SAMPLE_RATE, float_to_int16
 from chattts_velocity.audio.formats import available_formats
-from chattts_velocity.params import SHARED_MAX_BEAMS
 from chattts_velocity.schema import MAX_NEW_TOKEN
-from chattts_velocity.speech import SpeechPipeline, SynthesisJob, TextOptions
+from chattts_velocity.speech import SpeechPipeline, Synthesis, SynthesisJob, TextOptions
 from chattts_velocity.text.speaker import VOICE_SEED_MAX
 from chattts_velocity.text.voices import PRESET_SEEDS, VoiceLibrary
 
@@ -35,15 +35,13 @@ from .controls import (
     batch_size,
     check_seed,
     preset_for_seed,
-    refine_prompt,
     speed_prompt,
-    whole,
     write_download,
 )
-from .scripts import ScriptRuns, page_script
+from .scripts import ScriptRuns, page_script, refine_params
 from .sessions import Run, SessionRuns
 from .voice_check import VoiceCheck
-from .worker import Chunk, RunOptions, Update, batches, outcome
+from .worker import Chunk, RunOptions, ShownText, Update, batches, outcome
 
 T = TypeVar("T")
 PROGRESS_EVERY_S = 0.5  # how often a run's progress line in the stats box is refreshed
@@ -76,11 +74,11 @@ class Handlers(ScriptRuns):
     the browser gone): a new run's flag is new, so starting it never revives an abandoned one.
     """
 
-    def __init__(self, pipeline: SpeechPipeline, use_vllm: bool = True, max_new_token: int = MAX_NEW_TOKEN,
+    def __init__(self, pipeline: SpeechPipeline, gpt: str = "velocity", max_new_token: int = MAX_NEW_TOKEN,
                  voices: VoiceLibrary | None = None, max_chars: int = MAX_RUN_CHARS,
                  files_ttl_s: float = FILES_TTL_S) -> None:
         self.pipeline, self.voice_check = pipeline, VoiceCheck(pipeline, voices)
-        self.use_vllm = use_vllm
+        self.gpt = gpt  # the GPT path every run of the page takes ("velocity" or "plain")
         self.max_new_token = max_new_token
         self.max_chars = max_chars
         self.sessions = SessionRuns(tempfile.mkdtemp(prefix="chattts-velocity-webui-"), files_ttl_s)
@@ -94,7 +92,7 @@ class Handlers(ScriptRuns):
             return gr.skip(), gr.skip(), gr.skip()
         try:
             seed = check_seed(seed, "audio seed")  # the seed's own generator: no lock, no global RNG
-            return self.pipeline.sample_random_speaker(seed=seed), preset_for_seed(seed), gr.skip()
+            return self.pipeline.speakers.random(seed=seed), preset_for_seed(seed), gr.skip()
         except ValueError as exc:
             warn(exc)
             return gr.skip(), gr.skip(), f"error: {exc}"
@@ -112,8 +110,7 @@ class Handlers(ScriptRuns):
             return "", gr.skip(), gr.skip()
         try:
             clip = read_clip(path)
-            with self.pipeline.gate.call():  # the DVAE is the model's: one call at a time
-                code = self.pipeline.sample_audio_speaker(clip, sample_rate=SAMPLE_RATE)
+            code = self.pipeline.speakers.from_audio(clip, sample_rate=SAMPLE_RATE)  # in its turn at the model
         except ValueError as exc:
             warn(exc)
             return "", f"error: {exc}", None
@@ -154,32 +151,35 @@ class Handlers(ScriptRuns):
         try:
             self._check_text(r.text)
             params, options = self._code_params(r), self._split_options(r, run.stop)
+            refine = refine_params(r) if r.refine else None
             if (script := page_script(r)) is not None:  # [voice]/[pause] tags or captions: webui/scripts.py
                 yield from self._script_run(r, script, params, options, stats, run)
                 return
-            spoken = r.text
-            if r.refine:
-                spoken = yield from self._wait(lambda: self._refine(r, options), stats, "refining the text",
-                                               options["stop"])
-            yield skip, skip, skip, spoken, skip
-            if run.interrupted.is_set():  # pressed during the refine pass
-                yield skip, skip, skip, skip, "interrupted before audio"
-                return
+            # One job: the refine pass (if any), then the audio of the refined text; the page shows the refined
+            # text once the pass ends.
+            shape = "chunks" if stream else "whole"
+            synthesis = self.pipeline.synthesis(self._job(r.text, params, options, refine=refine, shape=shape))
+            spoken = ShownText(synthesis, r.text)
+            yield skip, skip, skip, spoken.text() if refine is None else skip, skip
             if stream:
-                yield from self._stream(spoken, params, options, stats, r.fmt, run)
+                yield from self._stream(synthesis, spoken, stats, r.fmt, run)
                 return
-            wav = yield from self._wait(lambda: self._infer(spoken, params, options), stats, "generating",
-                                        options["stop"])
+            waves = yield from self._wait(synthesis.run, stats, spoken.doing, options["stop"], spoken.update)
+            wav = cast(list[np.ndarray], waves)[0]  # run() gives waveforms without refine_only
+            if run.interrupted.is_set() and not len(wav):  # pressed during the refine pass
+                yield skip, skip, skip, spoken.text(), "interrupted before audio"
+                return
             stats.add(len(wav), time.perf_counter())
             stats.end = time.perf_counter()
-            yield skip, *self._results(wav, r.fmt, run), skip, self._final(stats, run)
+            yield skip, *self._results(wav, r.fmt, run), spoken.text(), self._final(stats, run)
         except ValueError as exc:
             warn(exc)
             yield skip, skip, skip, skip, f"error: {exc}"
 
-    def _wait(self, work: Callable[[], T], stats: RunStats, doing: str,
-              stop: threading.Event) -> Generator[Update, None, T]:
-        """Run work() in a thread; meanwhile show the progress line every PROGRESS_EVERY_S. Returns its result."""
+    def _wait(self, work: Callable[[], T], stats: RunStats, doing: str | Callable[[], str],
+              stop: threading.Event, note: Callable[[], object] = gr.skip) -> Generator[Update, None, T]:
+        """Run work() in a thread; meanwhile show the progress line (`doing`, and `note()` in the spoken-text box)
+        every PROGRESS_EVERY_S. Returns its result."""
         done: queue.Queue[T | Exception] = queue.Queue()
         worker = threading.Thread(target=lambda: done.put(outcome(work)), daemon=True)
         worker.start()
@@ -189,7 +189,8 @@ class Handlers(ScriptRuns):
                     result = done.get(timeout=PROGRESS_EVERY_S)
                     break
                 except queue.Empty:
-                    yield gr.skip(), gr.skip(), gr.skip(), gr.skip(), stats.progress(doing)
+                    label = doing if isinstance(doing, str) else doing()
+                    yield gr.skip(), gr.skip(), gr.skip(), note(), stats.progress(label)
         finally:
             if worker.is_alive():  # the browser went away: stop the engine (one TTS run at a time)
                 stop.set()
@@ -197,14 +198,10 @@ class Handlers(ScriptRuns):
             raise result
         return result
 
-    def _infer(self, spoken: str, params: InferCodeParams, options: RunOptions) -> np.ndarray:
-        waves = self.pipeline.synthesis(self._job(spoken, params, options)).run()
-        return cast(list[np.ndarray], waves)[0]  # run() gives waveforms without refine_only
-
     def _job(self, text: str, params: InferCodeParams, options: RunOptions, **extra: Any) -> SynthesisJob:
         """One run of the page: its text, its own stop flag, the page's engine and batch size (extra: its refine
         settings, its shape)."""
-        return SynthesisJob([text], params, text=TextOptions(split=options["split"]), use_vllm=self.use_vllm,
+        return SynthesisJob([text], params, text=TextOptions(split=options["split"]), gpt=self.gpt,
                             max_batch=options["max_batch"], progress=False, stop=options["stop"].is_set, **extra)
 
     def _check_text(self, text: str | None) -> None:
@@ -226,13 +223,11 @@ class Handlers(ScriptRuns):
         in the run's session folder."""
         return (SAMPLE_RATE, float_to_int16(wav)), str(write_download(wav, fmt, run.folder))
 
-    def _stream(self, spoken: str, params: InferCodeParams, options: RunOptions, stats: RunStats,
-                fmt: str, run: Run) -> Iterator[Update]:
+    def _stream(self, synthesis: Synthesis, spoken: ShownText, stats: RunStats, fmt: str, run: Run) -> Iterator[Update]:
         # Gradio encodes every yielded chunk with ffmpeg before it resumes the generator, so the
         # engine runs in its own thread and each yield sends whatever audio is ready by then.
         ready: queue.Queue[Chunk] = queue.Queue()
-        producer = threading.Thread(target=self._produce, args=(spoken, params, options, stats, ready),
-                                    daemon=True)
+        producer = threading.Thread(target=self._produce, args=(synthesis, stats, ready), daemon=True)
         producer.start()
         pieces: list[np.ndarray] = []
         pending: list[np.ndarray] = []  # not yet sent to the live player
@@ -244,21 +239,21 @@ class Handlers(ScriptRuns):
                 player_open = len(pieces) > len(pending)  # an earlier chunk went out: send each one as it comes
                 if pending and (player_open or sum(map(len, pending)) >= FIRST_LIVE_SAMPLES):
                     live, pending = _live(pending), []
-                yield live, gr.skip(), gr.skip(), gr.skip(), stats.progress("streaming")
+                yield live, gr.skip(), gr.skip(), spoken.update(), stats.progress(spoken.doing("streaming"))
         finally:
             producer.join(timeout=0.5)
             if producer.is_alive():  # the browser went away: stop the engine (one TTS run at a time)
-                options["stop"].set()
+                run.stop.set()
         if pending:  # a run shorter than FIRST_LIVE_SAMPLES
             yield _live(pending), gr.skip(), gr.skip(), gr.skip(), stats.progress("streaming")
         full = np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
-        yield gr.skip(), *self._results(full, fmt, run), gr.skip(), self._final(stats, run)
+        yield gr.skip(), *self._results(full, fmt, run), spoken.text(), self._final(stats, run)
 
-    def _produce(self, spoken: str, params: InferCodeParams, options: RunOptions, stats: RunStats,
-                 ready: queue.Queue[Chunk]) -> None:
+    @staticmethod
+    def _produce(synthesis: Synthesis, stats: RunStats, ready: queue.Queue[Chunk]) -> None:
         """Engine thread: puts float32 chunks, then None (done) or the exception that stopped it."""
         try:
-            for chunks in self.pipeline.synthesis(self._job(spoken, params, options, shape="chunks")).stream():
+            for chunks in synthesis.stream():
                 chunk = np.asarray(chunks[0], dtype=np.float32)  # [n] new samples of text 0
                 if chunk.size:
                     stats.add(chunk.size, time.perf_counter())
@@ -267,16 +262,6 @@ class Handlers(ScriptRuns):
             ready.put(None)
         except Exception as exc:  # handed to the UI thread, which re-raises it
             ready.put(exc)
-
-    def _refine(self, r: Request, options: RunOptions) -> str:
-        # Same sliders for both passes, as in the upstream web UI (users compare the two).
-        params = RefineTextParams(prompt=refine_prompt(r.oral, r.laugh, r.pause), temperature=float(r.temperature),
-                                  top_P=float(r.top_p), top_K=int(r.top_k),
-                                  manual_seed=check_seed(r.text_seed, "text seed"), show_tqdm=False,
-                                  beam_width=whole(r.refine_beams, "refine beams", 1, SHARED_MAX_BEAMS))
-        job = self._job(r.text, InferCodeParams(), options, refine=params, refine_only=True)
-        refined = self.pipeline.synthesis(job).run()
-        return cast(list[str], refined)[0]  # run() gives the refined texts with refine_only
 
     def _code_params(self, r: Request) -> InferCodeParams:
         spk_emb, spk_smp, txt_smp = self.voice_check.voice(r.speaker, r.clip_code, r.transcript)

@@ -44,7 +44,7 @@ class ScriptRuns:
 
     pipeline: SpeechPipeline
     voice_check: VoiceCheck
-    use_vllm: bool
+    gpt: str
     _wait: Wait
     _results: Callable[[np.ndarray, str, Run], tuple[object, str]]
     _final: Callable[[RunStats, Run], str]
@@ -53,11 +53,11 @@ class ScriptRuns:
                     stats: RunStats, run: Run) -> Iterator[Update]:
         """-> the page's updates (live, audio, download, spoken text, stats) for a script or captions run."""
         skip = gr.skip()
-        refine = _refine_params(r) if r.refine else None
+        refine = refine_params(r) if r.refine else None
         turns = turn_params(script, params, lambda voice: voice_params(voice, self.voice_check.voices,
                                                                        self._speaker_for_seed), field="text")
         spoken: Spoken = yield from self._wait(
-            lambda: speak_script(self.pipeline, script, turns, refine=refine, use_vllm=self.use_vllm,
+            lambda: speak_script(self.pipeline, script, turns, refine=refine, gpt=self.gpt,
                                  stop=options["stop"].is_set), stats, "generating", options["stop"])
         stats.add(len(spoken.wav), time.perf_counter())
         stats.end = time.perf_counter()
@@ -70,11 +70,12 @@ class ScriptRuns:
         yield skip, audio, files, "\n".join(stamp.text for stamp in spoken.timestamps), self._final(stats, run)
 
     def _speaker_for_seed(self, seed: int) -> str:
-        return self.pipeline.sample_random_speaker(seed=check_voice_seed(seed))
+        return self.pipeline.speakers.random(seed=check_voice_seed(seed))
 
 
-def _refine_params(r: Request) -> RefineTextParams:
-    """The page's refine controls, as Handlers._refine reads them, for each turn's refine pass."""
+def refine_params(r: Request) -> RefineTextParams:
+    """The page's refine controls (the same sliders as the code pass, as in the upstream web UI: users compare
+    the two): a run's refine pass, and each turn's in a script run."""
     return RefineTextParams(prompt=refine_prompt(r.oral, r.laugh, r.pause), temperature=float(r.temperature),
                             top_P=float(r.top_p), top_K=int(r.top_k), manual_seed=check_seed(r.text_seed, "text seed"),
                             show_tqdm=False, beam_width=whole(r.refine_beams, "refine beams", 1, SHARED_MAX_BEAMS))

@@ -1,7 +1,7 @@
 """Web UI: the voice fields -> what the pipeline takes, checked as the server checks them.
 
-Generate and Save both go through `VoiceCheck`: a speaker string must pass the pipeline's text front end
-(`frontend.speaker(speaker, "speaker")`: it decodes and has the model's width), the same call the server makes before
+Generate and Save both go through `VoiceCheck`: a speaker string must pass the pipeline's speaker check
+(`speakers.check(speaker, "speaker")`: it decodes and has the model's width), the same call the server makes before
 it saves a voice or uses one; so the page cannot save a voice the server refuses on every use.
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ class VoiceCheck:
 
     def fits(self, speaker: str) -> None:
         """ValueError naming `speaker` unless the model can use it (the server's check)."""
-        self.pipeline.frontend.speaker(speaker, "speaker")  # decodes (cached) and checks the model's width
+        self.pipeline.speakers.check(speaker, "speaker")  # decodes (cached) and checks the model's width
 
     def voice(self, speaker: str, clip_code: str, transcript: str) -> tuple[str | None, ...]:
         """Generate's voice fields -> (spk_emb, spk_smp, txt_smp). A cloned clip wins over the speaker string."""
@@ -45,4 +45,4 @@ class VoiceCheck:
         return speaker, None, None
 
     def _seed_speaker(self, seed: int) -> str:
-        return self.pipeline.sample_random_speaker(seed=check_voice_seed(seed))
+        return self.pipeline.speakers.random(seed=check_voice_seed(seed))

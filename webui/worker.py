@@ -5,11 +5,15 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Callable, Generator, Iterator
-from typing import Protocol, TypedDict, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypedDict, TypeVar
 
+import gradio as gr
 import numpy as np
 
 from .clips import RunStats
+
+if TYPE_CHECKING:
+    from chattts_velocity.speech import Synthesis
 
 T = TypeVar("T")
 Update = tuple[object, object, object, object, object]  # (live chunk, full audio, download file, spoken text, stats)
@@ -27,8 +31,8 @@ class RunOptions(TypedDict):
 class Wait(Protocol):
     """Handlers._wait: work() on a thread, the page's progress updates meanwhile; its result."""
 
-    def __call__(self, work: Callable[[], T], stats: RunStats, doing: str,
-                 stop: threading.Event) -> Generator[Update, None, T]: ...
+    def __call__(self, work: Callable[[], T], stats: RunStats, doing: str | Callable[[], str],
+                 stop: threading.Event, note: Callable[[], object] = ...) -> Generator[Update, None, T]: ...
 
 
 def outcome(work: Callable[[], T]) -> T | Exception:
@@ -59,3 +63,26 @@ def batches(ready: queue.Queue[Chunk], every_s: float) -> Iterator[list[np.ndarr
             raise batch[-1]
         if done:
             return
+
+
+class ShownText:
+    """What the page's spoken-text box shows for a run: the text as typed, or the refined text once the job's
+    refine pass has ended (shown once while the run goes on, and again with the result)."""
+
+    def __init__(self, synthesis: Synthesis, typed: str) -> None:
+        self.synthesis, self.typed, self.shown = synthesis, typed, False
+
+    def text(self) -> str:
+        return self.typed if self.synthesis.refined is None else self.synthesis.refined[0]
+
+    def doing(self, after: str = "generating") -> str:
+        """The progress line's verb: refining until the refine pass has ended."""
+        return "refining the text" if self.synthesis.job.refine is not None and self.synthesis.refined is None \
+            else after
+
+    def update(self) -> object:
+        """The box's update now: the refined text the first time it is known, else no change."""
+        if self.shown or self.synthesis.refined is None:
+            return gr.skip()
+        self.shown = True
+        return self.text()

@@ -28,7 +28,7 @@ import torch
 from chattts_velocity import Chat, InferCodeParams
 from chattts_velocity.audio import decode_hidden_batch
 from chattts_velocity.precision import Precision
-from chattts_velocity.speech import DecoderSource, StreamOptions, StreamSet, stream_texts
+from chattts_velocity.speech import DecoderSource, StreamOptions, StreamSet, SynthesisJob, TextOptions
 
 SENTENCES = [
     "The quick brown fox jumps over the lazy dog near the river bank",
@@ -113,18 +113,18 @@ def batch_run(chat: Chat, n: int, steps: int) -> BatchRun:
         start = time.perf_counter()
         outputs = chat.gpt(True).generate(reqs.prompts, reqs.sampling, False)
         gpt = time.perf_counter() - start
-        chat.pipeline.mel("decoder").decode(outputs)
+        chat.pipeline.stages.mel("decoder").decode(outputs)
     return BatchRun(n, steps, gpt, time.perf_counter() - start - gpt)
 
 
 def stream_ttfa(chat: Chat, n: int, steps: int, options: StreamOptions) -> dict:
     """n texts streamed at once as Chat.infer(stream=True) streams them, with `options`: seconds from submission
     to each text's first audio."""
-    reqs = requests(chat, n, steps)
-    streams = StreamSet(options)
+    job = SynthesisJob(texts(n), params(chat, steps), text=TextOptions(normalize=False, split=False), gpt="velocity",
+                       shape="chunks")
     first: dict[int, float] = {}
     start = time.perf_counter()
-    for chunks in stream_texts(streams, chat.gpt(True), reqs, chat.pipeline.mel("decoder")):
+    for chunks in chat.pipeline.synthesis(job, options).stream():
         for k, chunk in enumerate(chunks):
             if len(chunk):
                 first.setdefault(k, time.perf_counter() - start)
@@ -202,7 +202,7 @@ def attach(clock: StageClock, chat: Any) -> None:
     engine = chat.engine()
     clock.wrap(engine.runner, "run", lambda batch: "gpt_decode" if batch.is_decode_only else "gpt_prefill")
     clock.wrap(engine.scheduler, "schedule", "planning")
-    source = chat.pipeline.mel("decoder")
+    source = chat.pipeline.stages.mel("decoder")
     clock.wrap(source.model, "forward", "decoder")
     for name in ("forward", "decode_rows"):
         clock.wrap(source.vocos, name, "vocos")

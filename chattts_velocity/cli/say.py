@@ -48,13 +48,13 @@ def cmd_say(args: argparse.Namespace) -> None:
     chat = load_chat(args, use_vllm=not args.plain)
     library = VoiceLibrary(args.voices)
     flag = "--voice" if args.voice is not None else "--speaker"
-    fields = _voice(args.voice or args.speaker or None, library, chat.pipeline.sample_random_speaker, flag)
+    fields = _voice(args.voice or args.speaker or None, library, chat.pipeline.speakers.random, flag)
     params = chat.InferCodeParams(manual_seed=args.seed, max_new_token=max_new_token(args), **fields)
     if script is None and fmt is None:
         wav = chat.infer(args.text, skip_refine_text=not args.refine, params_infer_code=params)[0]
     else:
         script = script or plain_script(args.text)
-        turns = turn_params(script, params, lambda v: voice_params(v, library, chat.pipeline.sample_random_speaker),
+        turns = turn_params(script, params, lambda v: voice_params(v, library, chat.pipeline.speakers.random),
                             field="text")
         spoken = speak_script(chat.pipeline, script, turns, refine=chat.RefineTextParams() if args.refine else None)
         wav = spoken.wav

@@ -48,7 +48,7 @@ def cmd_webui(args: argparse.Namespace) -> None:
             raise ValueError(f"{flag}: must be at least 1, got {value}")
     check_port_free(args.host, args.port)
     chat = load_chat(args, use_vllm=not args.plain)
-    page = build_ui(chat.pipeline, use_vllm=not args.plain, max_new_token=max_new_token(args),
+    page = build_ui(chat.pipeline, gpt="plain" if args.plain else "velocity", max_new_token=max_new_token(args),
                     voices=VoiceLibrary(args.voices),  # None: $CHATTTS_VELOCITY_VOICES or ~/.cache
                     demo_weights=uses_demo_weights(args.model),
                     **{name: value for name, value in limits.items() if value is not None})

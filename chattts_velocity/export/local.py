@@ -22,7 +22,7 @@ from .safe_files import check_inside
 if TYPE_CHECKING:
     from ..speech import SpeechPipeline
 
-CHUNK_SIZE = 256  # lines per run_each call: bounds the prompts and finished audio held at once
+CHUNK_SIZE = 256  # lines per job (shape "each"): bounds the prompts and finished audio held at once
 
 
 def timestamps_path(wav_path: Path) -> Path:
@@ -115,5 +115,5 @@ def export(speech: SpeechPipeline | Chat, input_path: str | Path, out_dir: str |
            log: Log = tqdm.write, voice: str | None = None, voices: VoiceLibrary | None = None) -> ExportPlan:
     """plan_export + run_export: every line of `input_path` to a WAV in `out_dir`, resuming earlier runs."""
     plan = plan_export(input_path, out_dir, seed, speaker, params, voice, voices,
-                       speaker_for_seed=lambda seed: pipeline_of(speech).sample_random_speaker(seed=seed))
+                       speaker_for_seed=lambda seed: pipeline_of(speech).speakers.random(seed=seed))
     return run_export(speech, plan, params, progress=progress, log=log)

@@ -36,7 +36,7 @@ class RayExportOptions:
     actors: int = 2
     cpus_per_actor: float = 0.5  # keep actors x cpus below the cluster's CPUs, or the actors wait forever
     gpus_per_actor: float = 0.0
-    batch_size: int = 64  # lines per shard: one run_each call, so the engine batches them all (max_num_seqs)
+    batch_size: int = 64  # lines per shard: one job of shape "each", so the engine batches them all (max_num_seqs)
     batches_in_flight: int = 2  # shards queued per actor, so it starts the next as soon as one returns
     start_timeout_s: int = 600  # every actor must have loaded its model by then; raises if the cluster cannot
     #                             place them (too few CPUs or GPUs)
@@ -174,6 +174,6 @@ def dispatch(actors: dict[str, ActorHandle[ShardWorker]], shards: list[Shard],
             if isinstance(exc, ray.exceptions.RayActorError):
                 lost.add(name)
             reason = f"synthesis failed: the Ray task failed ({type(exc).__name__}: {exc}); run again"
-            results = [LineResult(job.key, error=reason) for job in shard.jobs]
+            results = [LineResult(line.key, error=reason) for line in shard.lines]
         yield name, results
         hand(name)

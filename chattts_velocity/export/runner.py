@@ -50,9 +50,9 @@ class ShardLine:
 
 @dataclass(frozen=True)
 class Shard:
-    """Lines synthesised together (one SpeechPipeline.run_each call) and what every WAV of the run gets."""
+    """Lines synthesised together (one job of shape "each": Synthesis.each()) and what every WAV of the run gets."""
 
-    jobs: list[ShardLine]
+    lines: list[ShardLine]
     timestamps: bool = False  # also make each WAV's sentence spans
     loudness: float | None = None  # LUFS target, or None: as generated
     captions: str | None = None  # also make each WAV's caption file: "srt" or "vtt"
@@ -72,11 +72,11 @@ class LineResult:
 
 def shards_of(plan: ExportPlan, params: InferCodeParams, size: int) -> list[Shard]:
     """The plan's pending lines, in order, as shards of at most `size` lines."""
-    jobs = [shard_line(plan, key, dataclasses.replace(params, spk_emb=line.speaker, manual_seed=line.seed,
-                                                    **plan.clip_params(line)))
-            for key, line in enumerate(plan.lines) if line.status == "pending"]
-    return [Shard(jobs[start : start + size], plan.timestamps, plan.loudness, plan.captions)
-            for start in range(0, len(jobs), size)]
+    lines = [shard_line(plan, key, dataclasses.replace(params, spk_emb=line.speaker, manual_seed=line.seed,
+                                                     **plan.clip_params(line)))
+             for key, line in enumerate(plan.lines) if line.status == "pending"]
+    return [Shard(lines[start : start + size], plan.timestamps, plan.loudness, plan.captions)
+            for start in range(0, len(lines), size)]
 
 
 def shard_line(plan: ExportPlan, key: int, params: InferCodeParams) -> ShardLine:
@@ -100,44 +100,45 @@ def run_shard(pipeline: SpeechPipeline, shard: Shard, done: Callable[[LineResult
         done(result)
 
     try:
-        jobs = shard.jobs
-        owner = [k for k, job in enumerate(jobs) for _ in job.texts()]  # flat text -> its line's job
-        first = {k: owner.index(k) for k in range(len(jobs))}
-        turns: dict[int, dict[int, np.ndarray | Spoken]] = {k: {} for k in range(len(jobs))}
-        timestamps = shard.timestamps or shard.captions is not None or any(job.script for job in jobs)
-        synthesis = SynthesisJob([text for job in jobs for text in job.texts()],
-                                 [p for job in jobs for p in job.params_list()], timestamps=timestamps)
-        for i, result in pipeline.run_each(synthesis):
+        lines = shard.lines
+        owner = [k for k, line in enumerate(lines) for _ in line.texts()]  # flat text -> its line
+        first = {k: owner.index(k) for k in range(len(lines))}
+        turns: dict[int, dict[int, np.ndarray | Spoken]] = {k: {} for k in range(len(lines))}
+        timestamps = shard.timestamps or shard.captions is not None or any(line.script for line in lines)
+        job = SynthesisJob([text for line in lines for text in line.texts()],
+                           [p for line in lines for p in line.params_list()], timestamps=timestamps, shape="each")
+        for i, result in pipeline.synthesis(job).each():
             k = owner[i]
-            if jobs[k].key in finished:
+            if lines[k].key in finished:
                 continue  # another turn of this line failed already
             if isinstance(result, Exception):
-                finish(LineResult(jobs[k].key, error=f"synthesis failed: {type(result).__name__}: {result}"))
+                finish(LineResult(lines[k].key, error=f"synthesis failed: {type(result).__name__}: {result}"))
                 continue
             turns[k][i - first[k]] = result
-            if len(turns[k]) == len(jobs[k].texts()):
-                finish(encode(jobs[k].key, _joined(jobs[k], turns[k], result), shard))
+            if len(turns[k]) == len(lines[k].texts()):
+                finish(encode(lines[k].key, _joined(lines[k], turns[k], result), shard))
     except Exception as exc:  # noqa: BLE001 - one line's failure must not cost the others
-        rest = [job for job in shard.jobs if job.key not in finished]
-        if len(shard.jobs) == 1:
-            for job in rest:  # alone and still failing: this line is the culprit
-                finish(LineResult(job.key, error=f"synthesis failed: {type(exc).__name__}: {exc}"))
+        rest = [line for line in shard.lines if line.key not in finished]
+        if len(shard.lines) == 1:
+            for line in rest:  # alone and still failing: this line is the culprit
+                finish(LineResult(line.key, error=f"synthesis failed: {type(exc).__name__}: {exc}"))
             return
-        log(f"a batch of {len(shard.jobs)} lines failed ({type(exc).__name__}: {exc}); retrying {len(rest)} in halves")
+        log(f"a batch of {len(shard.lines)} lines failed ({type(exc).__name__}: {exc}); retrying {len(rest)} in "
+            "halves")
         half = (len(rest) + 1) // 2
         for part in (rest[:half], rest[half:]):
             if part:
-                run_shard(pipeline, dataclasses.replace(shard, jobs=part), finish, log)
+                run_shard(pipeline, dataclasses.replace(shard, lines=part), finish, log)
 
 
-def _joined(job: ShardLine, turns: dict[int, np.ndarray | Spoken], last: np.ndarray | Spoken) -> np.ndarray | Spoken:
+def _joined(line: ShardLine, turns: dict[int, np.ndarray | Spoken], last: np.ndarray | Spoken) -> np.ndarray | Spoken:
     """A line's audio: its one text's result, or its script's turns joined with their pauses."""
-    if job.script is None:
+    if line.script is None:
         return last
-    spoken = [turns[t] for t in range(len(job.script.turns))]
+    spoken = [turns[t] for t in range(len(line.script.turns))]
     if not all(isinstance(s, Spoken) for s in spoken):
         raise RuntimeError("run_shard: a script's turns came without their timestamps")
-    return join_script(job.script, [s for s in spoken if isinstance(s, Spoken)])
+    return join_script(line.script, [s for s in spoken if isinstance(s, Spoken)])
 
 
 def encode(key: int, result: np.ndarray | Spoken, shard: Shard) -> LineResult:

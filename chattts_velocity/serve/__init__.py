@@ -7,8 +7,9 @@ The app runs on a SpeechPipeline: give it one, a loaded Chat (its `.pipeline` is
 
 Needs the [server] extra (fastapi, uvicorn); importing chattts_velocity itself does not.
 """
+from chattts_velocity.serve.engine_runner import SpeechStream
 from chattts_velocity.serve.openai_api import create_app, run_server
 from chattts_velocity.serve.server_config import ServerConfig
-from chattts_velocity.serve.service import SpeechService, SpeechStream
+from chattts_velocity.serve.service import SpeechService
 
 __all__ = ["ServerConfig", "SpeechService", "SpeechStream", "create_app", "run_server"]

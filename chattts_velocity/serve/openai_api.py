@@ -28,6 +28,7 @@ from ..engine.async_engine import AsyncLLMEngine
 from ..params import InferCodeParams
 from ..speech.pipeline import SpeechPipeline
 from ..speech.script_audio import scripted
+from ..speech.synthesis import AudioStream
 from ..text.voices import VoiceLibrary
 from . import metrics
 from .audio_stream import StreamedAudio, encoded_chunks
@@ -51,7 +52,7 @@ from .request import (
 )
 from .request_id import RequestId
 from .server_config import API_KEY_ENV, ServerConfig  # noqa: F401 -- the names this module has always offered
-from .service import SpeechService, SpeechStream
+from .service import SpeechService
 from .sse import caption_field, sse_events
 from .text_work import TextWorker
 from .voice_fields import VoiceBook
@@ -67,11 +68,11 @@ class ServerState:
 
     def __init__(self, pipeline: SpeechPipeline, config: ServerConfig) -> None:
         self.pipeline, self.config = pipeline, config
-        self.engine = AsyncLLMEngine(pipeline.engine(), config.max_queued_per_client)
+        self.engine = AsyncLLMEngine(pipeline.stages.engine(), config.max_queued_per_client)
         self.service = SpeechService(pipeline, self.engine, config.stream_options,
                                      TextWorker(config.text_workers, config.text_budget_s, config.text_processes))
         self.library = VoiceLibrary(config.voices_dir, config.max_voices)
-        self.voices = VoiceBook(pipeline.sample_random_speaker, self.library)
+        self.voices = VoiceBook(pipeline.speakers.random, self.library)
         self.cache = AudioCache(config.cache_mb << 20)
         self.admission = Admission(self.engine, config.max_preparing_per_client)
         self.metrics = metrics.ServerMetrics(lambda: {**self.engine.metrics(),
@@ -104,7 +105,7 @@ class ServerState:
                             self.config.strict_instructions)
         return plan, code_params(plan, voice, sampling), self.voices.kind(body.voice)
 
-    async def observed(self, stream: SpeechStream, labels: metrics.Labels) -> AsyncIterator[np.ndarray]:
+    async def observed(self, stream: AudioStream, labels: metrics.Labels) -> AsyncIterator[np.ndarray]:
         """The stream's chunks, counted into the metrics; an early exit (client gone) aborts the rest."""
         first, status = True, "disconnect"
         try:
@@ -124,7 +125,7 @@ class ServerState:
             self.metrics.outcome(status, labels)
 
     async def open_speech(self, body: SpeechBody, fmt: str, streamed: bool,
-                          request: Request) -> tuple[SpeechInput, SpeechStream | Response, str | None]:
+                          request: Request) -> tuple[SpeechInput, AudioStream | Response, str | None]:
         """(plan, its stream or cached response, its cache key): text work, refine pass, first pieces."""
         plan, params, kind = await self.service.text.run(self.speech, body)
         script, turns = await self.service.text.run(scripted, plan.text, params, self.voices.params)
@@ -161,10 +162,10 @@ class ServerState:
     def encode(self, wav: np.ndarray, fmt: str, loudness: float | None) -> bytes:
         return wav_bytes(wav if loudness is None else normalize_loudness(wav, loudness), fmt=fmt)
 
-    def audio_bytes(self, stream: SpeechStream, labels: metrics.Labels) -> AsyncIterator[bytes]:
+    def audio_bytes(self, stream: AudioStream, labels: metrics.Labels) -> AsyncIterator[bytes]:
         return encoded_chunks(self.observed(stream, labels), labels.format)
 
-    async def collect(self, stream: SpeechStream, request: Request, labels: metrics.Labels) -> np.ndarray | None:
+    async def collect(self, stream: AudioStream, request: Request, labels: metrics.Labels) -> np.ndarray | None:
         """The whole clip, or None if the client disconnected first (the request is then aborted)."""
         async def gather() -> list[np.ndarray]:
             return [c async for c in self.observed(stream, labels)]

@@ -24,7 +24,7 @@ from ..engine.client_quota import CLIENT
 from ..schema import TextPieces
 from ..speech.frontend import TextFrontEnd
 from ..speech.job import SynthesisJob
-from ..speech.pipeline import SpeechPipeline
+from ..speech.stages import Stages
 from ..text.budget import time_budget
 from ..text.pool import split_in_worker, start_worker, uses_default_normalizers
 from .fair_turns import FairTurns
@@ -35,7 +35,7 @@ LONG_TEXT_CHARS = 256  # longer texts go to a worker process (shorter ones cost 
 
 
 class PieceOptions(TypedDict, total=False):
-    """SpeechService.job()'s keywords: how a request's text becomes its sentence pieces (homophones follow
+    """SpeechService.job()'s text keywords: how a request's text becomes its sentence pieces (homophones follow
     normalize), and how many it may split into."""
 
     lang: str | None
@@ -70,11 +70,11 @@ class TextWorker:
                 cancelled.set()
                 raise
 
-    async def split(self, pipeline: SpeechPipeline, job: SynthesisJob) -> TextPieces:
-        """pipeline.pieces(job): a long job's texts in a worker process when its front end reads the same there."""
-        pieces = partial(pipeline.pieces, job)
+    async def split(self, stages: Stages, job: SynthesisJob) -> TextPieces:
+        """stages.pieces(job): a long job's texts in a worker process when its front end reads the same there."""
+        pieces = partial(stages.pieces, job)
         if self._processes is None or sum(map(len, job.texts)) <= LONG_TEXT_CHARS \
-                or not self._reads_alike(pipeline.frontend):
+                or not self._reads_alike(stages.frontend):
             return await self.run(pieces)
         o = job.text
         work = partial(split_in_worker, job.texts, o.lang, o.normalize, o.homophones, o.split, None, self.budget_s)

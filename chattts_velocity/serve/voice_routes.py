@@ -100,7 +100,7 @@ def _save(state: VoiceServer, fields: Fields) -> Voice:
     """Check what the voice holds against this model (lengths before decoding), then save it (a text thread)."""
     if fields.get("speaker") is not None:
         check_voice_fields(fields["speaker"], None, None)
-        state.pipeline.frontend.speaker(fields["speaker"], "speaker")  # the model's width and sane values
+        state.pipeline.speakers.check(fields["speaker"], "speaker")  # the model's width and sane values
     if fields.get("clip_code") is not None:
         check_voice_fields(None, fields["clip_code"], fields.get("transcript"))
         _check_clip_fits(state, fields["clip_code"])
@@ -181,7 +181,7 @@ async def _upload_fields(request: Request, state: VoiceServer) -> Fields:
         return fields
     clip = await asyncio.to_thread(_clip, upload.file)  # the edge and the form parser spool it to disk
     try:
-        fields["clip_code"] = await asyncio.to_thread(state.pipeline.sample_audio_speaker, clip, SAMPLE_RATE)
+        fields["clip_code"] = await asyncio.to_thread(state.pipeline.speakers.from_audio, clip, SAMPLE_RATE)
     except ValueError as exc:
         raise api_error(400, f"file: cannot be cloned ({exc})", "file") from None
     return fields

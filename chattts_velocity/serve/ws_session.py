@@ -18,12 +18,12 @@ import numpy as np
 
 from ..audio.encode import Encoder, open_encoder
 from ..audio.wav import SAMPLE_RATE
+from ..speech.synthesis import AudioStream
 from .request import error_detail
-from .service import SpeechStream
 
 SendJson = Callable[[dict[str, Any]], Awaitable[None]]
 SendBytes = Callable[[bytes], Awaitable[None]]
-OpenSentence = Callable[[str], Coroutine[Any, Any, SpeechStream]]
+OpenSentence = Callable[[str], Coroutine[Any, Any, AudioStream]]
 
 
 class SessionError(Exception):
@@ -39,7 +39,7 @@ class SessionError(Exception):
 class Sentence:
     index: int
     text: str
-    opening: asyncio.Task[SpeechStream] | None = None
+    opening: asyncio.Task[AudioStream] | None = None
 
 
 @dataclass
@@ -60,7 +60,7 @@ class SentenceQueue:
         self.samples = 0  # audio samples sent so far: the session's clock
         self._more = asyncio.Event()
         self._encoder: Encoder = open_encoder(fmt)
-        self._current: SpeechStream | None = None
+        self._current: AudioStream | None = None
 
     @property
     def busy(self) -> bool:
@@ -148,7 +148,7 @@ class SentenceQueue:
                               round(self.samples / SAMPLE_RATE, 4)})
 
 
-def _close_stream(task: asyncio.Task[SpeechStream]) -> None:
+def _close_stream(task: asyncio.Task[AudioStream]) -> None:
     if not task.cancelled() and task.exception() is None:
         task.result().close()
 

@@ -33,12 +33,12 @@ from starlette.websockets import WebSocketDisconnect
 
 from ..audio.formats import FORMATS
 from ..engine.async_engine import CLIENT, QUOTAS
+from ..speech.synthesis import AudioStream
 from ..text.sentence_stream import SentenceStream
 from .clients import Clients
 from .openai_names import check_model
 from .request import SpeechBody, bad_request, check_body, error_detail, validation_detail
 from .server_config import ServerConfig
-from .service import SpeechStream
 from .ws_session import SentenceQueue, SessionError, error_frame
 
 WS_PATH = "/v1/audio/speech/ws"
@@ -194,11 +194,11 @@ class Session:
             raise WebSocketDisconnect(message.get("code", 1000))
         return _parse(message)
 
-    async def _open(self, body: SpeechBody, fmt: str, text: str) -> SpeechStream:
+    async def _open(self, body: SpeechBody, fmt: str, text: str) -> AudioStream:
         sentence = body.model_copy(update={"input": text})
         try:
             plan, params, _ = await self.state.service.text.run(self.state.speech, sentence)
-            stream: SpeechStream = await self.state.service.open(
+            stream: AudioStream = await self.state.service.open(
                 plan.text, params, refine=plan.refine, split=self.config.split_text,
                 max_pieces=self.config.max_pieces, first_chunk_samples=FORMATS[fmt].first_chunk_samples,
                 window=self.config.stream_window_pieces)

@@ -2,7 +2,8 @@
 
 `CallGate` serialises the calls of every thread (the engine, the plain path's generator and the audio modules
 are one set of state) and lets `interrupt()` stop every call in flight when it is made, the ones still waiting
-for their turn included; a call that starts later is not affected. `PerTextRequests` is run_each's bookkeeping.
+for their turn included; a call that starts later is not affected. `PerTextRequests` is a shape-"each" job's
+bookkeeping.
 """
 from __future__ import annotations
 

@@ -1,84 +1,57 @@
-"""SpeechPipeline: the speech stages built once from the assets, and the operations every caller shares.
+"""SpeechPipeline: the speech stages built once from the assets (speech/stages.py), and the use cases every caller
+shares: a job's verbs (`synthesis(job)`), voices (`speakers`), `interrupt`, `shutdown`.
 
-texts -> TextFrontEnd (normalise, split, voice, prompts) -> GPTBackend (refine pass, then code pass)
-      -> MelSource (Decoder on hidden states or DVAE on codes; Vocos) -> float32 24 kHz waveforms.
 `Chat` (upstream's facade), the server's SpeechService, the export and the web UI all hold one. Precision and
 device are decided here once (`self.precision`, precision.py) and handed to the engine, the plain path and the audio
 stage as that one object.
 """
 from __future__ import annotations
 
-import dataclasses
-import threading
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
-import numpy as np
 import torch
 
 from ..assets import AssetPaths
-from ..audio import DVAE, Decoder, Spoken, Vocos, load_clip, load_safetensors, piece_timestamps
-from ..audio.wav import SAMPLE_RATE
 from ..config import ModelConfig
-from ..demo import default_max_new_token
-from ..engine.gpt import GPTBackend, load_pretrained
-from ..engine.llm_engine import LLMEngine
 from ..engine.loading.host import decide_here
-from ..params import InferCodeParams
 from ..precision import Precision
-from ..schema import SpeechRequests, TextPieces
-from ..text import Normalizer, Tokenizer, empty_text, encode_prompt, sample_random_speaker
-from .calls import CallGate, PerTextRequests, Stop
-from .frontend import TextFrontEnd
+from ..text import Normalizer
 from .job import SynthesisJob
-from .mel_source import MEL_SOURCES, MelSource, mel_sources
-from .prepare import PreparedJob, Preparer, check_piece_count, step_capped
+from .local_runner import LocalRunner
+from .speakers import Speakers
+from .stages import Stages
 from .streams import StreamOptions
-from .synthesis import Synthesis
-
-
-def _never() -> bool:
-    return False
+from .synthesis import Runner, Synthesis
 
 
 class SpeechPipeline:
-    """Text front end + GPT backend(s) + mel sources + Vocos, for one asset folder on one device."""
+    """The stages for one asset folder on one device (`stages`: what runners and Chat's low-level steps use), its
+    voices (`speakers`) and its use cases."""
 
-    def __init__(self, paths: AssetPaths, *, precision: Precision, use_vllm: bool, normalizer: Normalizer | None,
+    def __init__(self, paths: AssetPaths, *, precision: Precision, gpt: str, normalizer: Normalizer | None,
                  gpt_options: dict[str, object]) -> None:
-        self.precision, self.paths, self.default_use_vllm = precision, paths, use_vllm
-        self.step_cap = default_max_new_token(paths.root)  # these weights' default cap (demo weights: the CLI's)
-        self._gpt_options: dict[str, Any] = dict(gpt_options)  # load_pretrained's keywords: EngineConfig checks them
-        self._gpts: dict[bool, GPTBackend] = {}  # use_vllm -> the backend load_pretrained chose
-        self._loading = threading.Lock()
-        self.gate = CallGate()  # one call at a time through the model (run, run_each, stream)
-        tokenizer = Tokenizer(paths.tokenizer_dir)
-        self.dvae = DVAE.from_state_dict(load_safetensors(paths.dvae)).to(self.device).eval()
-        self.decoder = Decoder.from_state_dict(load_safetensors(paths.decoder)).to(self.device).eval()
-        self.vocos = Vocos.from_state_dict(load_safetensors(paths.vocos)).to(self.device).eval()
-        self.mel_sources = mel_sources(self.decoder, self.dvae, self.vocos, precision)
-        config = self.gpt().config
-        self.frontend = TextFrontEnd(tokenizer, config.hidden_size, config.audio_eos_id, normalizer)
-        self.preparer = Preparer(self.frontend, self.step_cap)
+        self.precision, self.paths = precision, paths
+        self.stages = Stages(paths, precision, gpt, normalizer, gpt_options)
+        self.speakers = Speakers(self.stages.frontend, self.stages.dvae, self.device, self.stages.gate)
 
     @classmethod
     def load(cls, paths: AssetPaths | str | Path, *, device: str | torch.device | None = None,
-             use_vllm: bool = False, dtype: str = "float32", decode_dtype: str | None = None,
+             gpt: str = "plain", dtype: str = "float32", decode_dtype: str | None = None,
              kv_cache_dtype: str = "auto", normalizer: Normalizer | None = None,
              **gpt_options: object) -> SpeechPipeline:
         """Load every module from an asset folder (verified or not: that is the caller's choice).
 
-        use_vllm: the GPT backend loaded now (the other loads on first use). dtype: the GPT's weights ("float32",
-        "bfloat16", "int8", "int4"; "auto": the fastest accepted here); decode_dtype: the Decoder's and Vocos's
-        ("bfloat16" or "float32"; None picks bfloat16 on CUDA, or with a reduced-precision GPT on a CPU with native
-        bf16); kv_cache_dtype: "auto" or "int8". gpt_options: load_pretrained's (compile, EngineConfig fields).
-        device None: CUDA when available, else the CPU. Device and precision are decided here, once, into one
-        `Precision` that the engine, the plain path and the audio stage read.
+        gpt: the GPT backend loaded now ("velocity": the engine, or "plain"; the other loads on first use). dtype:
+        the GPT's weights ("float32", "bfloat16", "int8", "int4"; "auto": the fastest accepted here); decode_dtype:
+        the Decoder's and Vocos's ("bfloat16" or "float32"; None picks bfloat16 on CUDA, or with a
+        reduced-precision GPT on a CPU with native bf16); kv_cache_dtype: "auto" or "int8". gpt_options:
+        load_pretrained's (compile, EngineConfig fields). device None: CUDA when available, else the CPU. Device
+        and precision are decided here, once, into one `Precision` that the engine, the plain path and the audio
+        stage read.
         """
         paths = paths if isinstance(paths, AssetPaths) else AssetPaths.from_root(paths)
         precision = decide_here(dtype, kv_cache_dtype, decode_dtype, device, str(gpt_options.get("backend", "auto")))
-        return cls(paths, precision=precision, use_vllm=use_vllm, normalizer=normalizer, gpt_options=gpt_options)
+        return cls(paths, precision=precision, gpt=gpt, normalizer=normalizer, gpt_options=gpt_options)
 
     @property
     def device(self) -> torch.device:
@@ -95,150 +68,25 @@ class SpeechPipeline:
         """The audio decode's autocast dtype (None: exact float32)."""
         return self.precision.audio
 
-    # ---- the stages ------------------------------------------------------------------------------
-    def gpt(self, use_vllm: bool | None = None) -> GPTBackend:
-        """The GPT backend (None: the one loaded first), loaded on first use; both may live side by side."""
-        is_vllm = self.default_use_vllm if use_vllm is None else bool(use_vllm)
-        with self._loading:  # two threads asking for a backend not loaded yet load it once
-            if is_vllm not in self._gpts:
-                self._gpts[is_vllm] = load_pretrained(self.paths, is_vllm=is_vllm, precision=self.precision,
-                                                      **self._gpt_options)
-        return self._gpts[is_vllm]
-
-    def engine(self) -> LLMEngine:
-        """The velocity engine (loaded on first use), for callers that step it themselves (server, Ray)."""
-        engine = self.gpt(True).engine
-        if engine is None:
-            raise RuntimeError("engine: the velocity GPT backend holds no LLMEngine")
-        return engine
-
     @property
     def config(self) -> ModelConfig:
         """The GPT's dimensions (hidden_size is a speaker vector's width)."""
-        return self.gpt().config
+        return self.stages.config
 
-    def mel(self, name: str = "decoder") -> MelSource:
-        """The mel source named `name` (MEL_SOURCES: "decoder" on hidden states, "dvae" on codes)."""
-        if name not in self.mel_sources:
-            raise ValueError(f"mel source: must be one of {list(MEL_SOURCES)}, got {name!r}")
-        return self.mel_sources[name]
-
-    # ---- texts -> requests ---------------------------------------------------------------------------
-    def code_requests(self, pieces: TextPieces, params: InferCodeParams | list[InferCodeParams],
-                      mel: MelSource | None = None) -> SpeechRequests:
-        """One code-pass request per piece, returning what `mel` decodes (default: the Decoder's hidden states)."""
-        return self.frontend.code_requests(pieces, params, return_hidden=(mel or self.mel()).return_hidden)
-
-    def pieces(self, job: SynthesisJob, allow_empty: bool = False) -> TextPieces:
-        """The job's texts, checked and split by its TextOptions (TextFrontEnd.pieces)."""
-        o = job.text
-        return self.frontend.pieces(job.texts, lang=o.lang, normalize=o.normalize, homophones=o.homophones,
-                                    split=o.split, allow_empty=allow_empty)
-
-    def prepare(self, job: SynthesisJob, pieces: TextPieces | None = None) -> PreparedJob:
-        """The job made ready before its turn (speech/prepare.py): its GPT loaded, its texts checked and split (or
-        `pieces`: its texts split elsewhere by pieces(job), as the server does for long texts in a worker process),
-        its params step-capped, and its code requests built, or its refine pass `pending`."""
-        mel = self.mel(job.mel)
-        self.gpt(job.use_vllm)  # loaded (or its load failed) before the call waits for its turn
-        return self.preparer.start(job, mel, self.pieces(job) if pieces is None else pieces)
-
-    def refined(self, prepared: PreparedJob, token_ids: list[torch.Tensor]) -> PreparedJob:
-        """prepared after its pending refine pass (token_ids [T, 1] per prompt): its code requests built."""
-        return self.preparer.refined(prepared, token_ids)
-
-    # ---- requests -> audio ---------------------------------------------------------------------------
-    def per_text(self, pieces: TextPieces, params: list[InferCodeParams],
-                 mel: MelSource | None = None) -> PerTextRequests:
-        """Each text's requests with its own params, in one flat list; a text that cannot be made (no piece, a bad
-        speaker) is recorded in PerTextRequests.failed with its ValueError, and the others go on."""
-        if not isinstance(params, (list, tuple)) or len(params) != pieces.num_texts:
-            raise ValueError(f"params: expected one InferCodeParams per text ({pieces.num_texts})")
-        jobs = PerTextRequests(pieces, mel or self.mel())
-        for i, item_params in enumerate(params):
-            try:
-                if not pieces.of_text(i).texts:
-                    raise empty_text(i)
-                jobs.add(i, self.code_requests(pieces.of_text(i), item_params, jobs.mel))
-            except ValueError as exc:
-                jobs.failed.append((i, exc))
-        return jobs
-
-    def _run_jobs(self, jobs: PerTextRequests, *, use_vllm: bool | None = None, progress: bool = False,
-                 timestamps: bool = False, stop: Stop = _never,
-                 ) -> Iterator[tuple[int, np.ndarray | Spoken | Exception]]:
-        """(text index, its waveform) as each text finishes (with `timestamps`, a Spoken with each piece's span);
-        a text whose generation failed yields its error instead."""
-        for k, output in self.gpt(use_vllm).generate_iter(jobs.prompts, jobs.sampling, progress, stop):
-            for i, outputs in jobs.done(k, output):
-                if isinstance(outputs, Exception):
-                    yield i, outputs
-                    continue
-                waves = jobs.mel.decode(outputs)
-                wav = np.concatenate(waves).astype(np.float32)
-                texts = jobs.pieces.of_text(i).texts
-                yield i, Spoken(wav, piece_timestamps(texts, [len(w) for w in waves])) if timestamps \
-                    else wav
-
-    # ---- use cases: what Chat, the page and the export call ------------------------------------------
-    def synthesis(self, job: SynthesisJob, chunking: StreamOptions | None = None) -> Synthesis:
-        """The job with its two verbs (speech/synthesis.py): run() the whole audio, stream() chunks as made (in the
-        job's shape), arun()/astream() for an event loop, cancel(). Texts are checked now."""
-        return Synthesis(self, job, chunking)
-
-    def run(self, job: SynthesisJob) -> list[np.ndarray] | list[str]:
-        """The whole job: one float32 24 kHz waveform per text (its pieces joined in order), or with `refine_only`
-        one refined string per text (synthesis(job).run())."""
-        return self.synthesis(job).run()
-
-    def run_each(self, job: SynthesisJob) -> Iterator[tuple[int, np.ndarray | Spoken | Exception]]:
-        """Each text on its own params, all in one batch: (index, waveform) as texts finish (with `timestamps`,
-        a Spoken with each piece's span). A text that cannot be made, or whose generation fails, yields (index,
-        its error) and the others go on; the texts refused before generation come first. No refine pass."""
-        if job.refine is not None:
-            raise ValueError("refine: run_each has no refine pass (refine the texts with run(refine_only=True))")
-        pieces = self.pieces(job, allow_empty=True)
-        check_piece_count(job, pieces)
-        jobs = self.per_text(pieces, self.preparer.params(job), self.mel(job.mel))
-        yield from jobs.failed
-        with self.gate.call(job.stop) as stop:
-            yield from self._run_jobs(jobs, use_vllm=job.use_vllm, progress=bool(job.progress),
-                                      timestamps=job.timestamps, stop=stop)
-
-    def stream(self, job: SynthesisJob, options: StreamOptions | None = None) -> Iterator[list[np.ndarray]]:
-        """Audio as the GPT generates it: each yield holds one new (maybe empty) chunk per text; a text's chunks
-        concatenate to its run() waveform, its pieces in order (synthesis(job, shape "chunks").stream()). Texts
-        are checked now; the call holds the model from its first chunk until the iterator is exhausted or closed."""
-        if job.refine_only:
-            raise ValueError("refine_only: a stream is audio; refine the texts with run(refine_only=True)")
-        return self.synthesis(dataclasses.replace(job, shape="chunks"), options).stream()
+    # ---- use cases: what Chat, the server, the page and the export call ---------------------------------
+    def synthesis(self, job: SynthesisJob, chunking: StreamOptions | None = None,
+                  runner: Runner | None = None) -> Synthesis:
+        """The job with its verbs (speech/synthesis.py): run() the whole audio, stream() chunks as made (in the
+        job's shape), arun()/astream() for an event loop, open() (the server's one track), each() (shape 'each'),
+        cancel(). `runner`: where its GPT work runs (None: this pipeline's own GPT backend, one call at a time;
+        texts are checked now)."""
+        return Synthesis(self.stages, job, runner or LocalRunner(), chunking)
 
     def interrupt(self) -> None:
-        """Stop every call in flight (running or waiting for its turn) after its current step; each returns what it
-        has. A call made afterwards is not affected."""
-        self.gate.interrupt()
-
-    def step_capped(self, params: list[InferCodeParams]) -> list[InferCodeParams]:
-        """Each params with the loaded weights' default step cap (step_cap, decided at load) where max_new_token
-        was left at InferCodeParams' default; an explicit max_new_token is kept."""
-        return step_capped(params, self.step_cap)
-
-    # ---- speakers ------------------------------------------------------------------------------------
-    def sample_random_speaker(self, seed: int | None = None) -> str:
-        """A random voice (upstream's draw); with `seed`, the voice torch.manual_seed(seed) would give, drawn
-        without touching the global RNG."""
-        return sample_random_speaker(self.config.hidden_size, device=self.device, seed=seed)
-
-    def sample_audio_speaker(self, wav: np.ndarray | torch.Tensor | str | Path,
-                             sample_rate: int = SAMPLE_RATE) -> str:
-        """Encode a 24 kHz mono clip (array or audio file path) into an spk_smp string."""
-        wav = load_clip(wav, sample_rate, expected_rate=SAMPLE_RATE)
-        with torch.inference_mode():
-            codes = self.dvae.encode(wav.to(self.device))  # [4, T]
-        return encode_prompt(codes.cpu())
+        """Stop every local call in flight (running or waiting for its turn) after its current step; each returns
+        what it has. A call made afterwards is not affected."""
+        self.stages.gate.interrupt()
 
     def shutdown(self) -> None:
         """Release the GPT backends' threads and memory; the pipeline is unusable afterwards."""
-        for gpt in self._gpts.values():
-            gpt.shutdown()
-        self._gpts.clear()
+        self.stages.shutdown()

@@ -4,7 +4,7 @@
 loaded weights' step cap), and either the code requests (each reading the job's mel source) or, when the job has a
 refine pass, the text generation it waits for first (`PreparedJob.pending`). The caller runs that generation on its
 own engine and hands the token ids to `Preparer.refined`, which rewrites the pieces and builds the requests.
-`SpeechPipeline.run`/`stream` wait on GPTBackend.generate inside the call gate; the server waits on its
+The local runner waits on GPTBackend.generate inside the call gate; the server's engine runner waits on its
 AsyncLLMEngine without blocking its event loop. Only the waiting differs.
 """
 from __future__ import annotations

@@ -92,21 +92,22 @@ def join_script(script: Script, spoken: Sequence[Spoken]) -> Spoken:
 
 
 def speak_script(pipeline: SpeechPipeline, script: Script, params: list[InferCodeParams], *,
-                 refine: RefineTextParams | None = None, use_vllm: bool | None = None, stop: Stop | None = None,
+                 refine: RefineTextParams | None = None, gpt: str | None = None, stop: Stop | None = None,
                  field: str = "text") -> Spoken:
-    """A script spoken in one batch (SpeechPipeline.run_each: every turn at once, each with its params), after a
+    """A script spoken in one batch (a job of shape "each": every turn at once, each with its params), after a
     refine pass of every turn if `refine`, joined with its silences. A turn that fails is a ValueError naming
     `field` and the turn."""
     texts = script.texts
     if refine is not None:
-        refined = pipeline.run(SynthesisJob(texts, refine=refine, refine_only=True, use_vllm=use_vllm, stop=stop))
+        refined = pipeline.synthesis(SynthesisJob(texts, refine=refine, refine_only=True, gpt=gpt,
+                                                  stop=stop)).run()
         texts = [str(text) for text in refined]  # refine_only: one string per text
     spoken: dict[int, Spoken] = {}
-    for i, result in pipeline.run_each(SynthesisJob(list(texts), params, use_vllm=use_vllm, timestamps=True,
-                                                    stop=stop)):
+    job = SynthesisJob(list(texts), params, gpt=gpt, timestamps=True, stop=stop, shape="each")
+    for i, result in pipeline.synthesis(job).each():
         if isinstance(result, Exception):
             where = f"turn {i + 1} ({script.turns[i].text[:30]!r})" if len(script.turns) > 1 else "the text"
             raise ValueError(f"{field}: {where}: {str(result).split(': ', 1)[-1]}") from None
-        assert isinstance(result, Spoken)  # run_each with timestamps
+        assert isinstance(result, Spoken)  # each() with timestamps
         spoken[i] = result
     return join_script(script, [spoken[i] for i in range(len(script.turns))])

@@ -1,8 +1,9 @@
 """Streaming speech: engine deltas -> StreamDecoder -> float32 24 kHz chunks, in order per text.
 
-Shared by `SpeechPipeline.stream` (here: the caller's thread steps the engine) and the OpenAI server
-(`serve/service.py`: an AsyncLLMEngine plus a decode thread running a StreamSet). With the default StreamOptions
-a text's chunks concatenate to its whole-clip waveform within the StreamDecoder tolerance (1e-5 max abs).
+Shared by the local runner's "chunks" stream (`stream_texts`, here: the caller's thread steps the engine) and the
+server's engine runner (`serve/engine_runner.py`: an AsyncLLMEngine plus a decode thread running a StreamSet). With
+the default StreamOptions a text's chunks concatenate to its whole-clip waveform within the StreamDecoder tolerance
+(1e-5 max abs).
 """
 from __future__ import annotations
 
@@ -114,7 +115,7 @@ class StreamSet(Generic[K]):
         return out
 
 
-# ---- synchronous streaming for SpeechPipeline.stream ---------------------------------------------
+# ---- synchronous streaming for the local runner ----------------------------------------------------
 class InOrder:
     """Per text, releases piece audio in piece order: a later piece is held until the earlier ones finish."""
 
@@ -144,9 +145,9 @@ class InOrder:
 
 def stream_texts(streams: StreamSet[int], gpt: GPTBackend, requests: SpeechRequests, mel: MelSource,
                  should_stop: Callable[[], bool] = lambda: False) -> Iterator[list[np.ndarray]]:
-    """SpeechPipeline.stream: yields one new chunk per text whenever any text has new audio. The GPT hands rows on
-    every chunk_steps steps and whenever a window of a stream becomes due (StreamSet.due_rows), so batching the
-    hand-offs delays no audio."""
+    """A "chunks" job on the local runner: yields one new chunk per text whenever any text has new audio. The GPT
+    hands rows on every chunk_steps steps and whenever a window of a stream becomes due (StreamSet.due_rows), so
+    batching the hand-offs delays no audio."""
     for k in range(len(requests.prompts)):
         streams.open(k, mel)
     order = InOrder(requests.pieces.owner, requests.pieces.num_texts)

@@ -1,141 +1,142 @@
-"""One synthesis job's two verbs: `stream()` (audio as it is made) and `run()` (the whole of it: the stream collected).
+"""One synthesis job and its verbs: `stream()` (audio as it is made) and `run()` (the whole of it: the stream
+collected), `astream()` / `arun()` for an event loop, `open()` (the server's: a started stream of one track),
+`each()` (each text's result as it finishes) and `cancel()`.
 
-A `Synthesis` is a `SynthesisJob` bound to its pipeline's steps (`SpeechPipeline.synthesis(job)`). Its shape
-(`SynthesisJob.shape`) says what the stream hands out: "whole" (each text's clip once it is complete, decoded whole;
-the bytes `run` has always given) or "chunks" (StreamDecoder windows as the GPT makes rows: speech/streams.py, within
-1e-5 of the whole clip). `run` concatenates the stream's chunks per text whatever the shape. Both hold the model for
-the call (the pipeline's CallGate) and stop early when the job's stop flag, `SpeechPipeline.interrupt()` or this
-call's own `cancel()` says so. `arun` / `astream` are the same verbs for an event loop: the stream runs on a thread
-and cancelling the awaiting task cancels the call.
+A `Synthesis` is a `SynthesisJob` (job.py) bound to its pipeline's stages and to the runner that does its GPT work,
+chosen once (`SpeechPipeline.synthesis(job, runner)`): the local runner (speech/local_runner.py: the pipeline's
+CallGate and a GPTBackend, one call at a time, the caller's thread) or the server's engine runner
+(serve/engine_runner.py: the shared AsyncLLMEngine, many jobs at once, one decode thread for every job's windows).
+Either runs the job's refine pass first (its texts then in `refined`) and stops early when the job's stop flag,
+`SpeechPipeline.interrupt()` or this job's own `cancel()` says so.
 """
 from __future__ import annotations
 
-import asyncio
 import threading
-from collections.abc import AsyncIterator, Iterator
-from typing import Protocol
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
-import torch
 
-from ..engine.gpt import GPTBackend
-from .calls import CallGate, Stop
+from ..audio.timestamps import Spoken, Timeline
+from .calls import Stop
 from .job import SynthesisJob
 from .prepare import PreparedJob
-from .streams import StreamOptions, StreamSet, stream_texts
+from .streams import StreamOptions
+
+if TYPE_CHECKING:
+    from .stages import Stages
 
 Chunks = list[np.ndarray]  # one new (maybe empty) float32 24 kHz chunk per text
-_DONE = object()  # the end of an async stream's queue
+Result = np.ndarray | Spoken | Exception  # each(): a text's waveform (Spoken with timestamps), or its error
 
 
-class Steps(Protocol):
-    """What a synthesis needs of its pipeline: the job made ready, its GPT backend, the call gate."""
+class AudioStream(Protocol):
+    """A started job's audio as one track (the server's response): float32 chunks in order, its texts one after
+    another with a script's pauses between them, and what the response reports beside the audio."""
 
-    gate: CallGate
+    started: float  # perf_counter() when the job was opened
+    first_audio: float | None  # seconds from open to the first chunk
+    timeline: Timeline  # a span per piece whose audio has all been read (and the pauses)
 
-    def prepare(self, job: SynthesisJob) -> PreparedJob: ...
+    def __aiter__(self) -> AsyncIterator[np.ndarray]: ...
 
-    def refined(self, prepared: PreparedJob, token_ids: list[torch.Tensor]) -> PreparedJob: ...
+    def usage(self) -> dict[str, int]: ...
 
-    def gpt(self, use_vllm: bool | None = None) -> GPTBackend: ...
+    def close(self) -> None: ...
+
+
+class Runner(Protocol):
+    """Where a job's GPT work runs (one chosen per job). A verb a runner cannot offer raises RuntimeError."""
+
+    def prepare_now(self, synthesis: Synthesis) -> PreparedJob | None: ...
+
+    def run(self, synthesis: Synthesis) -> list[np.ndarray] | list[str]: ...
+
+    def stream(self, synthesis: Synthesis) -> Iterator[Chunks]: ...
+
+    def each(self, synthesis: Synthesis) -> Iterator[tuple[int, Result]]: ...
+
+    async def arun(self, synthesis: Synthesis) -> list[np.ndarray] | list[str]: ...
+
+    def astream(self, synthesis: Synthesis) -> AsyncIterator[Chunks]: ...
+
+    async def open(self, synthesis: Synthesis) -> AudioStream: ...
 
 
 class Synthesis:
-    """A job's run and stream on one pipeline. Texts are checked (and a refine prompt built) when it is made, before
-    the call waits for its turn."""
+    """A job's verbs on one pipeline and runner. With the local runner its texts are checked (and a refine prompt
+    built) when it is made, before the call waits for its turn; the engine runner checks them in open(), on the
+    server's text workers."""
 
-    def __init__(self, steps: Steps, job: SynthesisJob, chunking: StreamOptions | None = None) -> None:
-        self.steps, self.job = steps, job
-        self.prepared = steps.prepare(job)
-        self.chunking = chunking or StreamOptions(chunk_steps=job.params_list()[0].stream_batch)
+    def __init__(self, stages: Stages, job: SynthesisJob, runner: Runner,
+                 chunking: StreamOptions | None = None) -> None:
+        self.stages, self.job, self.runner = stages, job, runner
         self.cancelled = threading.Event()
+        self.refined: list[str] | None = None  # the refine pass's texts (one per text) once it has run
+        self.on_cancel: list[Callable[[], None]] = []  # what cancel() also does (the engine runner: abort)
+        self.prepared = runner.prepare_now(self)  # the local runner checks the texts here
+        first = job.params_list()[:1]
+        self.chunking = chunking or (StreamOptions(chunk_steps=first[0].stream_batch) if first else StreamOptions())
 
     def cancel(self) -> None:
-        """Stop this call after its current step (running or waiting for its turn); it ends with what it has."""
+        """Stop this job after its current step (running or waiting for its turn); it ends with what it has."""
         self.cancelled.set()
+        for stop in self.on_cancel:
+            stop()
 
     def run(self) -> list[np.ndarray] | list[str]:
         """The whole job: one float32 24 kHz waveform per text (its chunks joined in order), or with `refine_only`
         one refined string per text."""
-        if self.job.refine_only:
-            with self.steps.gate.call(self._stop_flag()) as stop:
-                return self._ready(stop).refined_texts()
-        return collect(self.stream(), len(self.job.texts))
+        self._check_audio_verb("run", refine_only_ok=True)
+        return self.runner.run(self)
 
     def stream(self) -> Iterator[Chunks]:
         """Each yield holds one new (maybe empty) chunk per text, in the job's shape; a text's chunks concatenate to
-        its run() waveform. The call holds the model from its first chunk until the iterator ends or is closed."""
-        if self.job.refine_only:
-            raise ValueError("refine_only: a stream is audio; refine the texts with run(refine_only=True)")
-        with self.steps.gate.call(self._stop_flag()) as stop:
-            prepared = self._ready(stop)
-            if prepared.requests is None:
-                raise RuntimeError("stream: a prepared job without code requests (refine_only)")
-            gpt = self.steps.gpt(self.job.use_vllm)
-            if self.job.shape == "chunks":
-                yield from stream_texts(StreamSet(self.chunking), gpt, prepared.requests, prepared.mel, stop)
-                return
-            outputs = gpt.generate(prepared.requests.prompts, prepared.requests.sampling, self.job.shows_progress(),
-                                   stop, max_batch=self.job.max_batch)
-            yield [np.concatenate(g).astype(np.float32) if g else np.zeros(0, np.float32)
-                   for g in prepared.requests.pieces.group(prepared.mel.decode(outputs))]
+        its run() waveform. The local call holds the model until the iterator ends or is closed."""
+        self._check_audio_verb("stream")
+        return self.runner.stream(self)
+
+    def each(self) -> Iterator[tuple[int, Result]]:
+        """Each text on its own params, all in one batch: (index, waveform) as texts finish (with the job's
+        `timestamps`, a Spoken with each piece's span). A text that cannot be made, or whose generation fails,
+        yields (index, its error) and the others go on; the texts refused before generation come first."""
+        if self.job.shape != "each":
+            raise ValueError(f"shape: each() is the verb of shape 'each' jobs, this one's is {self.job.shape!r}")
+        return self.runner.each(self)
 
     async def arun(self) -> list[np.ndarray] | list[str]:
-        """run() for an event loop: cancelling the awaiting task cancels the call."""
-        if self.job.refine_only:
-            try:
-                return await asyncio.to_thread(self.run)
-            except asyncio.CancelledError:
-                self.cancel()
-                raise
-        chunks = [c async for c in self.astream()]
-        return collect(iter(chunks), len(self.job.texts))
+        """run() for an event loop: cancelling the awaiting task cancels the job."""
+        self._check_audio_verb("arun", refine_only_ok=True)
+        return await self.runner.arun(self)
 
-    async def astream(self) -> AsyncIterator[Chunks]:
-        """stream() for an event loop: the model runs on a thread; closing the iterator or cancelling the task
-        cancels the call."""
-        loop, queue = asyncio.get_running_loop(), asyncio.Queue[object]()
+    def astream(self) -> AsyncIterator[Chunks]:
+        """stream() for an event loop: closing the iterator or cancelling the task cancels the job."""
+        self._check_audio_verb("astream")
+        return self.runner.astream(self)
 
-        def produce() -> None:
-            try:
-                for chunks in self.stream():
-                    loop.call_soon_threadsafe(queue.put_nowait, chunks)
-                    if self.cancelled.is_set():
-                        break
-            except BaseException as exc:  # noqa: BLE001  # handed to the awaiting side, raised there
-                loop.call_soon_threadsafe(queue.put_nowait, exc)
-            loop.call_soon_threadsafe(queue.put_nowait, _DONE)
+    async def open(self) -> AudioStream:
+        """The job prepared (text work, refine pass) and started: its audio as one track (AudioStream). Bad input
+        raises here, before any audio."""
+        self._check_audio_verb("open")
+        return await self.runner.open(self)
 
-        worker = asyncio.ensure_future(asyncio.to_thread(produce))
-        try:
-            while (item := await queue.get()) is not _DONE:
-                if isinstance(item, BaseException):
-                    raise item
-                yield item  # type: ignore[misc]  # the queue holds Chunks, an error or _DONE
-        finally:
-            self.cancel()
-            await asyncio.shield(worker)
+    def _check_audio_verb(self, verb: str, refine_only_ok: bool = False) -> None:
+        if self.job.shape == "each":
+            raise ValueError(f"shape: a job of shape 'each' gives its results through each(), not {verb}()")
+        if self.job.refine_only and not refine_only_ok:
+            raise ValueError("refine_only: a stream is audio; refine the texts with run(refine_only=True)")
 
-    def _stop_flag(self) -> Stop:
+    def stop_flag(self) -> Stop:
+        """cancel() or the job's own stop flag."""
         own, theirs = self.cancelled.is_set, self.job.stop
         return own if theirs is None else (lambda: own() or theirs())
 
-    def _ready(self, stop: Stop) -> PreparedJob:
-        """The prepared job with its pending refine pass run on its GPT backend, in the call's turn."""
-        prepared = self.prepared
-        while (work := prepared.pending) is not None:
-            outputs = self.steps.gpt(self.job.use_vllm).generate(work.prompts, work.sampling, work.progress, stop,
-                                                                 max_batch=self.job.max_batch)
-            prepared = self.steps.refined(prepared, [o.token_ids for o in outputs])
-        return prepared
 
-
-def collect(stream: Iterator[Chunks], num_texts: int) -> list[np.ndarray]:
+def collect(chunks: Iterable[Chunks], num_texts: int) -> list[np.ndarray]:
     """A stream's chunks joined per text (float32)."""
     parts: list[list[np.ndarray]] = [[] for _ in range(num_texts)]
-    for chunks in stream:
-        for text, chunk in zip(parts, chunks, strict=True):
+    for texts in chunks:
+        for text, chunk in zip(parts, texts, strict=True):
             text.append(chunk)
     return [p[0] if len(p) == 1 else np.concatenate(p).astype(np.float32) if p else np.zeros(0, np.float32)
             for p in parts]
-

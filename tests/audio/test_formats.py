@@ -102,7 +102,7 @@ def test_first_chunk_samples_is_the_least_a_format_must_hold_to_give_out_audio(n
 def decoder_source(tiny_assets):
     from chattts_velocity.speech import SpeechPipeline
 
-    return SpeechPipeline.load(tiny_assets, dtype="float32", device="cpu").mel("decoder")
+    return SpeechPipeline.load(tiny_assets, dtype="float32", device="cpu").stages.mel("decoder")
 
 
 def _first_audio_step(name: str, mel, streamed_first: int) -> tuple[int, int]:

@@ -38,7 +38,7 @@ def test_the_command_builds_the_page_from_its_flags(monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(app, "launch", lambda page, **kw: launched.append((page, kw)))
     cli.main(["webui", "--model", "demo", "--plain", "--port", "7999", "--share"])
     ((pipeline, options),) = built
-    assert pipeline == ("pipeline", False) and options["use_vllm"] is False  # the loaded Chat's pipeline
+    assert pipeline == ("pipeline", False) and options["gpt"] == "plain"  # the loaded Chat's pipeline
     assert options["max_new_token"] == DEMO_MAX_NEW_TOKEN and options["demo_weights"] is True
     assert not {"max_chars", "queue_size", "files_ttl_s"} & set(options)  # the page's own defaults
     cli.main(["webui", "--model", "demo", "--max-chars", "900", "--queue-size", "3", "--files-ttl", "60"])

@@ -240,11 +240,11 @@ def test_the_python_api_applies_the_clis_demo_step_cap_unless_max_new_token_is_s
 
     from chattts_velocity.demo import DEMO_MAX_NEW_TOKEN, default_max_new_token
     from chattts_velocity.params import InferCodeParams
-    from chattts_velocity.speech.pipeline import SpeechPipeline
+    from chattts_velocity.speech.stages import Stages
 
     def capped(root: Path, *params: InferCodeParams) -> list[InferCodeParams]:
-        loaded = SimpleNamespace(step_cap=default_max_new_token(root))  # as SpeechPipeline decides it at load
-        return SpeechPipeline.step_capped(loaded, list(params))
+        loaded = SimpleNamespace(step_cap=default_max_new_token(root))  # as the pipeline's Stages decide it at load
+        return Stages.step_capped(loaded, list(params))
 
     shared = InferCodeParams(manual_seed=3)
     first, second = capped(tiny_assets, shared, shared)

@@ -410,7 +410,7 @@ def test_the_key_can_come_from_the_environment(tiny_assets, monkeypatch: pytest.
 @pytest.mark.e2e
 def test_saved_voices_instructions_and_models_through_the_openai_client(server: Server, client) -> None:
     state = server.state
-    speaker = state.pipeline.sample_random_speaker()
+    speaker = state.pipeline.speakers.random()
     created = httpx.post(server.url + "/v1/audio/voices", json={"name": "e2e voice", "speaker": speaker,
                                                                 "overwrite": True})
     assert created.status_code == 201

@@ -417,9 +417,9 @@ def test_export_dispatch_reports_a_lost_actor_s_shard_and_hands_it_no_more(ray_c
     @ray.remote(num_cpus=0.25)
     class Worker:  # an actor process that dies on the line "die"
         def run(self, shard: Shard) -> list[LineResult]:
-            if any(job.text == "die" for job in shard.jobs):
+            if any(line.text == "die" for line in shard.lines):
                 os._exit(1)
-            return [LineResult(job.key, seconds=1.0) for job in shard.jobs]
+            return [LineResult(line.key, seconds=1.0) for line in shard.lines]
 
     shards = [Shard([ShardLine(key, text, InferCodeParams())]) for key, text in enumerate(["a", "die", "b", "c"])]
     got = {result.key: (name, result.error) for name, results in dispatch({"one": Worker.remote(),

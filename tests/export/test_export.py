@@ -123,13 +123,13 @@ def test_only_failed_lines_are_synthesised_again(chat: Chat, tmp_path: Path, mon
     for blocked in ("00003.wav", "00041.wav"):
         (out / blocked).rmdir()
     seen: list[str] = []
-    real = chat.pipeline.run_each
+    real = chat.pipeline.synthesis
 
-    def counting(job):
+    def counting(job, *args):
         seen.extend(job.texts)
-        return real(job)
+        return real(job, *args)
 
-    monkeypatch.setattr(chat.pipeline, "run_each", counting)
+    monkeypatch.setattr(chat.pipeline, "synthesis", counting)
     plan, log = run(chat, src, out, seed=11)
     assert seen == [say(1), say(20)]  # file lines 3 and 41
     assert (plan.count("ok"), plan.count("skipped") - 24, log[-1]) == (2, 23, "25/25 succeeded")  # 24 empty lines
@@ -233,7 +233,7 @@ def test_a_line_too_long_for_the_engine_fails_alone(tiny_assets: Path, tmp_path:
 
 
 class StubPipeline:
-    """A speech pipeline whose run_each makes a tone per text, fails on 'boom' and can raise after some lines."""
+    """A speech pipeline whose jobs make a tone per text, fails on 'boom' and can raise after some lines."""
 
     config = SimpleNamespace(hidden_size=64)
     paths, dtype = SimpleNamespace(root=Path("stub-model")), "float32"
@@ -241,7 +241,11 @@ class StubPipeline:
     def __init__(self, stop_after: int | None = None) -> None:
         self.stop_after, self.calls = stop_after, []
 
-    def run_each(self, job):
+    def synthesis(self, job):
+        """The job's verbs as SpeechPipeline.synthesis gives them (each(), for a job of shape "each")."""
+        return SimpleNamespace(each=lambda: self.each(job))
+
+    def each(self, job):
         texts, params, timestamps = job.texts, job.params, job.timestamps
         self.calls.append(list(texts))
         for i, text in enumerate(texts):
@@ -393,8 +397,8 @@ def test_shards_run_elsewhere_and_stored_here_give_the_local_export_s_files(tmp_
 
     plan = plan_export(src, tmp_path / "sharded", **settings)
     shards = shards_of(plan, PARAMS, 4)
-    assert [[job.key for job in shard.jobs] for shard in shards] == [[0, 1, 2, 3], [4, 5]]
-    assert [job.params.manual_seed for job in shards[1].jobs] == [5, 6] and shards[0].timestamps
+    assert [[line.key for line in shard.lines] for shard in shards] == [[0, 1, 2, 3], [4, 5]]
+    assert [line.params.manual_seed for line in shards[1].lines] == [5, 6] and shards[0].timestamps
     for shard in reversed(shards):  # shards finish in any order
         results: list = []
         run_shard(StubPipeline(), shard, results.append, lambda m: None)

@@ -7,6 +7,7 @@ import json
 import os
 import threading
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -30,7 +31,11 @@ class Tones:
     def __init__(self, stop_after: int | None = None) -> None:
         self.stop_after = stop_after
 
-    def run_each(self, job):
+    def synthesis(self, job):
+        """The job's verbs as SpeechPipeline.synthesis gives them (each(), for a job of shape "each")."""
+        return SimpleNamespace(each=lambda: self.each(job))
+
+    def each(self, job):
         for i, _ in enumerate(job.texts):
             if i == self.stop_after:
                 raise KeyboardInterrupt
@@ -81,9 +86,9 @@ def test_a_journal_swapped_for_a_link_mid_run_is_never_written_through(tmp_path:
     log: list[str] = []
 
     class Swapper(Tones):
-        def run_each(self, job):
+        def each(self, job):
             (out / JOURNAL).symlink_to(victim)  # planted after the plan, before any line lands
-            yield from super().run_each(job)
+            yield from super().each(job)
 
     plan = plan_export(lines_file(tmp_path), out, seed=1, params=PARAMS)
     run_export(Swapper(), plan, PARAMS, progress=False, log=log.append)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -48,7 +49,11 @@ class FailsAfterFirst:
     def __init__(self) -> None:
         self.calls: list[list[str]] = []
 
-    def run_each(self, job):
+    def synthesis(self, job):
+        """The job's verbs as SpeechPipeline.synthesis gives them (each(), for a job of shape "each")."""
+        return SimpleNamespace(each=lambda: self.each(job))
+
+    def each(self, job):
         self.calls.append(list(job.texts))
         yield 0, np.full(2400, 0.1, np.float32)
         if len(job.texts) > 1:
@@ -57,7 +62,7 @@ class FailsAfterFirst:
 
 def test_a_failed_batch_retries_only_the_lines_not_finished() -> None:
     pipeline, results = FailsAfterFirst(), {}
-    jobs = [ShardLine(k, f"line {k}", PARAMS) for k in range(4)]
-    run_shard(pipeline, Shard(jobs), lambda r: results.setdefault(r.key, []).append(r), lambda _: None)
+    lines = [ShardLine(k, f"line {k}", PARAMS) for k in range(4)]
+    run_shard(pipeline, Shard(lines), lambda r: results.setdefault(r.key, []).append(r), lambda _: None)
     assert sorted(results) == [0, 1, 2, 3] and all(len(r) == 1 and r[0].error is None for r in results.values())
     assert all("line 0" not in call for call in pipeline.calls[1:])  # the finished line is never made again

@@ -43,8 +43,8 @@ def test_lines_speak_with_saved_voices_and_bad_voices_fail_alone(chat: Chat, tmp
             {"text": "Two.", "voice": "Clip", "seed": 2}, {"text": "Three.", "voice": "nobody"},
             {"text": "Four.", "voice": "alloy"}, {"text": "Five.", "voice": "Anna", "speaker": speaker}]
     seen: list[InferCodeParams] = []
-    original = chat.pipeline.run_each
-    monkeypatch.setattr(chat.pipeline, "run_each", lambda job: seen.extend(job.params) or original(job))
+    original = chat.pipeline.synthesis
+    monkeypatch.setattr(chat.pipeline, "synthesis", lambda job, *args: seen.extend(job.params) or original(job, *args))
     plan = export(chat, _jsonl(tmp_path / "in.jsonl", rows), tmp_path / "out", params=PARAMS, progress=False,
                   log=lambda _: None, voices=library)
     lines = _lines(tmp_path / "out")

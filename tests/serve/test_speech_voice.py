@@ -22,7 +22,7 @@ def speak(client: TestClient, voice: object) -> dict:
 
 
 def test_a_speaker_string_is_decoded_once_per_request(client: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
-    speaker = client.app.state.server.pipeline.sample_random_speaker(seed=918_273)  # a voice no other test decodes
+    speaker = client.app.state.server.pipeline.speakers.random(seed=918_273)  # a voice no other test decodes
     decoded, original = [], speaker_module.b14.decode_from_string
     monkeypatch.setattr(speaker_module.b14, "decode_from_string", lambda s: decoded.append(s) or original(s))
     assert speak(client, speaker)["status"] == 200  # three sentence pieces, one voice

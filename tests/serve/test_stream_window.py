@@ -42,7 +42,7 @@ def idle(engine: AsyncLLMEngine) -> bool:
 
 
 def test_a_reader_that_stops_leaves_the_pieces_past_its_window_unstarted(chat: Chat) -> None:
-    engine = AsyncLLMEngine(chat.pipeline.engine())
+    engine = AsyncLLMEngine(chat.pipeline.stages.engine())
     service = SpeechService(chat.pipeline, engine)
     assert len(service.pieces(TEXT).texts) == 6
 
@@ -66,7 +66,7 @@ def test_a_reader_that_stops_leaves_the_pieces_past_its_window_unstarted(chat: C
 
 
 def test_a_reader_that_reads_everything_gets_the_same_audio_with_a_window(chat: Chat) -> None:
-    engine = AsyncLLMEngine(chat.pipeline.engine())
+    engine = AsyncLLMEngine(chat.pipeline.stages.engine())
     service = SpeechService(chat.pipeline, engine)
 
     async def audio(window: int | None) -> np.ndarray:

@@ -19,8 +19,8 @@ class FakeFrontEnd:
         self.normalizer = Normalizer()
 
 
-class FakePipeline:
-    """SpeechPipeline.pieces on the default normaliser, without weights."""
+class FakeStages:
+    """Stages.pieces on the default normaliser, without weights."""
 
     def __init__(self) -> None:
         self.frontend = FakeFrontEnd()
@@ -35,15 +35,15 @@ class FakePipeline:
 
 def test_a_long_text_reads_the_same_in_the_worker_process_and_a_dead_worker_is_replaced() -> None:
     pytest.importorskip("wetext")
-    pipeline, worker = FakePipeline(), TextWorker(workers=1, budget_s=60, processes=1)
+    stages, worker = FakeStages(), TextWorker(workers=1, budget_s=60, processes=1)
     job = SynthesisJob(["On 3/5/2024 we paid $3.50 for 12 apples. " * (LONG_TEXT_CHARS // 40 + 1)])
     try:
-        in_process = asyncio.run(worker.split(pipeline, job))
-        assert in_process == pipeline.pieces(job)
+        in_process = asyncio.run(worker.split(stages, job))
+        assert in_process == stages.pieces(job)
         for pid in list(worker._processes._processes):
             os.kill(pid, signal.SIGKILL)
-        assert asyncio.run(worker.split(pipeline, job)) == in_process  # on a thread this once
-        assert asyncio.run(worker.split(pipeline, job)) == in_process  # new workers
+        assert asyncio.run(worker.split(stages, job)) == in_process  # on a thread this once
+        assert asyncio.run(worker.split(stages, job)) == in_process  # new workers
     finally:
         worker.shutdown()
 

@@ -52,7 +52,7 @@ def _error(response, status: int, param: str | None) -> dict:
 
 def _spy(client: TestClient, monkeypatch) -> list[list[str]]:
     """The sentence pieces (as the model reads them) of every speech request."""
-    seen, frontend = [], client.app.state.server.pipeline.frontend
+    seen, frontend = [], client.app.state.server.pipeline.stages.frontend
     original = frontend.code_requests
     monkeypatch.setattr(frontend, "code_requests", lambda pieces, *a, **kw: seen.append(list(pieces.texts))
                         or original(pieces, *a, **kw))
@@ -111,8 +111,8 @@ def test_a_voice_cloned_from_an_upload_speaks_with_its_clip(chat, tmp_path, monk
         voice = created.json()
         assert voice["has_clip"] and voice["speaker"] is None and voice["transcript"] == "a test clip"
         prompts = []
-        original = chat.pipeline.frontend.code_requests
-        monkeypatch.setattr(chat.pipeline.frontend, "code_requests",
+        original = chat.pipeline.stages.frontend.code_requests
+        monkeypatch.setattr(chat.pipeline.stages.frontend, "code_requests",
                             lambda *a, **kw: prompts.append(original(*a, **kw)) or prompts[-1])
         assert len(_speak(client, voice="clip")) > 0
         assert all(p.input_ids.shape[0] > 40 for p in prompts[0].prompts)  # the clip's codes are in the prompt
@@ -144,8 +144,8 @@ def test_unknown_model_is_openai_404_and_known_names_work(chat, tmp_path) -> Non
 
 def test_instructions_reach_the_refine_pass_or_are_refused_when_strict(chat, tmp_path, monkeypatch) -> None:
     with _client(chat, tmp_path, strict_instructions=True) as client:
-        refines, original = [], chat.pipeline.frontend.refine_requests
-        monkeypatch.setattr(chat.pipeline.frontend, "refine_requests", lambda pieces, params:
+        refines, original = [], chat.pipeline.stages.frontend.refine_requests
+        monkeypatch.setattr(chat.pipeline.stages.frontend, "refine_requests", lambda pieces, params:
                             refines.append(params.prompt) or original(pieces, params))
         _speak(client, instructions="no refine, speed 3")
         assert refines == []
@@ -166,8 +166,8 @@ def test_free_text_instructions_are_applied_where_understood_and_reported(chat, 
                                                                          caplog) -> None:
     caplog.set_level(logging.INFO, logger="chattts_velocity.serve")
     with _client(chat, tmp_path) as client:
-        prompts, original = [], chat.pipeline.frontend.code_requests
-        monkeypatch.setattr(chat.pipeline.frontend, "code_requests", lambda pieces, params, *a, **kw:
+        prompts, original = [], chat.pipeline.stages.frontend.code_requests
+        monkeypatch.setattr(chat.pipeline.stages.frontend, "code_requests", lambda pieces, params, *a, **kw:
                             prompts.append(params[0].prompt) or original(pieces, params, *a, **kw))
         body = {"input": "Hi.", "response_format": "wav", "max_new_tokens": 8, "stream": False}
         agents = "You will receive partial sentences. Do not complete the sentence just read out the text."

@@ -19,8 +19,8 @@ def native_bf16_host(monkeypatch):
 
 def test_the_engine_runs_the_pipelines_precision_and_logs_it(tiny_assets, native_bf16_host, caplog) -> None:
     with caplog.at_level(logging.INFO, logger="chattts_velocity"):
-        pipeline = SpeechPipeline.load(tiny_assets, device="cpu", use_vllm=True, dtype="bfloat16", backend="torch")
-    engine_precision = pipeline.engine().engine_config.precision
+        pipeline = SpeechPipeline.load(tiny_assets, device="cpu", gpt="velocity", dtype="bfloat16", backend="torch")
+    engine_precision = pipeline.stages.engine().engine_config.precision
     assert engine_precision is pipeline.precision
     assert pipeline.precision.audio == torch.bfloat16  # the CPU's native bf16 reached the decision
     logged = [r.getMessage() for r in caplog.records if r.getMessage().startswith("precision ")]
@@ -30,12 +30,12 @@ def test_the_engine_runs_the_pipelines_precision_and_logs_it(tiny_assets, native
 
 def test_auto_is_resolved_once_when_the_pipeline_loads(tiny_assets, monkeypatch) -> None:
     monkeypatch.setattr(kernels, "unsupported", lambda: "no kernels on this host")
-    pipeline = SpeechPipeline.load(tiny_assets, device="cpu", use_vllm=True, dtype="auto")
+    pipeline = SpeechPipeline.load(tiny_assets, device="cpu", gpt="velocity", dtype="auto")
     assert pipeline.precision.dtype == pipeline.dtype == "float32"  # no C++ kernels: exact float32
-    assert pipeline.engine().engine_config.precision is pipeline.precision
+    assert pipeline.stages.engine().engine_config.precision is pipeline.precision
     pipeline.shutdown()
 
 
 def test_a_bad_dtype_is_one_value_error_naming_dtype(tiny_assets) -> None:
     with pytest.raises(ValueError, match="dtype"):
-        SpeechPipeline.load(tiny_assets, device="cpu", use_vllm=True, dtype="float8")
+        SpeechPipeline.load(tiny_assets, device="cpu", gpt="velocity", dtype="float8")

@@ -29,51 +29,52 @@ def counted(monkeypatch: pytest.MonkeyPatch, module: object, name: str) -> list[
 
 
 def test_a_speaker_and_its_voice_sample_are_decoded_once_per_request(pipeline, monkeypatch) -> None:
-    speaker = pipeline.sample_random_speaker(seed=1)
+    speaker = pipeline.speakers.random(seed=1)
     clip = text.encode_prompt(torch.randint(0, 625, (4, 8)))
     speakers = counted(monkeypatch, speaker_module, "decode_spk_emb")
     clips = counted(monkeypatch, frontend, "decode_prompt")
-    pieces = pipeline.frontend.pieces(["One. Two. Three.", "Four. Five."])
+    pieces = pipeline.stages.frontend.pieces(["One. Two. Three.", "Four. Five."])
     assert len(pieces.texts) == 5
-    requests = pipeline.code_requests(pieces, forced(spk_emb=speaker, spk_smp=clip, txt_smp="a clip"))
+    requests = pipeline.stages.code_requests(pieces, forced(spk_emb=speaker, spk_smp=clip, txt_smp="a clip"))
     assert len(requests.prompts) == 5 and all(p.spk_emb is not None for p in requests.prompts)
     assert speakers == [speaker] and clips == [clip]  # one params object: decoded once for all five pieces
-    pipeline.code_requests(pieces, [forced(spk_emb=speaker), forced(spk_emb=speaker)])
+    pipeline.stages.code_requests(pieces, [forced(spk_emb=speaker), forced(spk_emb=speaker)])
     assert len(speakers) == 3  # one params per text: each text's request decodes its own speaker once
 
 
 def test_a_wrong_width_speaker_is_one_value_error_naming_spk_emb(pipeline) -> None:
     hidden = pipeline.config.hidden_size
     wrong = text.encode_spk_emb(torch.randn(hidden + 3))
-    pieces = pipeline.frontend.pieces(["One. Two."])
+    pieces = pipeline.stages.frontend.pieces(["One. Two."])
     for spk_emb, width in ((wrong, hidden + 3), (torch.randn(hidden - 1), hidden - 1)):
         with pytest.raises(ValueError, match=rf"^spk_emb: this speaker has {width} values but the model needs "
                                              rf"{hidden}"):
-            pipeline.code_requests(pieces, forced(spk_emb=spk_emb))
+            pipeline.stages.code_requests(pieces, forced(spk_emb=spk_emb))
     with pytest.raises(ValueError, match=rf"^speaker: this speaker has {hidden + 3} values"):
-        pipeline.frontend.speaker(wrong, field="speaker")  # other callers name their own field
-    assert pipeline.frontend.speaker(pipeline.sample_random_speaker(seed=2)).shape == (hidden,)
+        pipeline.speakers.check(wrong, field="speaker")  # other callers name their own field
+    pipeline.speakers.check(pipeline.speakers.random(seed=2))  # a voice of this model passes
+    assert pipeline.stages.frontend.speaker(pipeline.speakers.random(seed=2)).shape == (hidden,)
 
 
 def test_each_mel_source_says_what_the_gpt_returns_and_how_wide_its_rows_are(pipeline) -> None:
-    decoder, dvae = pipeline.mel("decoder"), pipeline.mel("dvae")
+    decoder, dvae = pipeline.stages.mel("decoder"), pipeline.stages.mel("dvae")
     assert isinstance(decoder, DecoderSource) and isinstance(dvae, DVAESource)
     assert (decoder.return_hidden, decoder.row_width) == (True, pipeline.config.hidden_size)
     assert (dvae.return_hidden, dvae.row_width) == (False, 4)
-    pieces = pipeline.frontend.pieces(["Hello there."])
+    pieces = pipeline.stages.frontend.pieces(["Hello there."])
     for mel in (decoder, dvae):
-        requests = pipeline.code_requests(pieces, forced(manual_seed=3), mel)
+        requests = pipeline.stages.code_requests(pieces, forced(manual_seed=3), mel)
         assert [s.return_hidden for s in requests.sampling] == [mel.return_hidden]
-        output = pipeline.gpt().generate(requests.prompts, requests.sampling, False)[0]
+        output = pipeline.stages.gpt().generate(requests.prompts, requests.sampling, False)[0]
         assert mel.rows(output).shape == (STEPS, mel.row_width)
         assert mel.stream_decoder().width == mel.row_width
         assert len(mel.decode([output])[0]) == (2 * STEPS - 1) * 256
     with pytest.raises(ValueError, match="mel source"):
-        pipeline.mel("vocos")
+        pipeline.stages.mel("vocos")
 
 
 def test_requests_are_built_by_keyword_and_control_tokens_are_checked(pipeline) -> None:
-    frontend = pipeline.frontend
+    frontend = pipeline.stages.frontend
     pieces = frontend.pieces(["Hello there."], normalize=False, split=False)
     with pytest.raises(TypeError):
         frontend.pieces(["Hello."], None, True)  # no positional booleans
@@ -89,9 +90,9 @@ def test_requests_are_built_by_keyword_and_control_tokens_are_checked(pipeline) 
 
 
 def test_engine_is_the_velocity_backends_and_the_plain_path_has_none(pipeline) -> None:
-    assert pipeline.gpt(False).engine is None
-    engine = pipeline.engine()
-    assert engine is pipeline.gpt(True).engine and engine.config.hidden_size == pipeline.config.hidden_size
+    assert pipeline.stages.gpt("plain").engine is None
+    engine = pipeline.stages.engine()
+    assert engine is pipeline.stages.gpt("velocity").engine and engine.config.hidden_size == pipeline.config.hidden_size
 
 
 def test_chat_is_the_facade_over_its_pipeline(tiny_assets) -> None:
@@ -99,7 +100,7 @@ def test_chat_is_the_facade_over_its_pipeline(tiny_assets) -> None:
     with pytest.raises(RuntimeError, match="load"):
         chat.pipeline  # noqa: B018 -- the property's error is what is tested
     assert chat.load(source="custom", custom_path=tiny_assets, verify=False)
-    assert chat.pipeline.frontend.normalizer is chat.normalizer  # a normaliser registered on Chat is the one used
+    assert chat.pipeline.stages.frontend.normalizer is chat.normalizer  # a normaliser registered on Chat is used
     params = forced(manual_seed=5)
     wav = chat.infer(["Hello there."], skip_refine_text=True, params_infer_code=params)[0]
     job = SynthesisJob(["Hello there."], params)
@@ -110,7 +111,7 @@ def test_chat_is_the_facade_over_its_pipeline(tiny_assets) -> None:
 
 def test_unreadable_characters_are_named_once_per_request_not_per_sentence(pipeline, caplog) -> None:
     caplog.set_level("WARNING")
-    pieces = pipeline.frontend.pieces("First one ☃. Second one 😀. Third one ☃.", normalize=False)
+    pieces = pipeline.stages.frontend.pieces("First one ☃. Second one 😀. Third one ☃.", normalize=False)
     assert len(pieces.texts) == 3
     warned = [r.getMessage() for r in caplog.records if "dropped characters" in r.getMessage()]
     assert warned == ["dropped characters the model cannot read: ☃ 😀"]

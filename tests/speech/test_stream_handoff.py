@@ -47,7 +47,7 @@ def _run(chat: Chat, gpt, monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, li
     params = InferCodeParams(manual_seed=4, max_new_token=STEPS, min_new_token=STEPS, show_tqdm=False)
     requests = chat.speech_requests(split_pieces(TEXTS, split=False), params)
     out = [(steps[0], y) for y in stream_texts(StreamSet(StreamOptions()), gpt, requests,
-                                                chat.pipeline.mel("decoder"))]
+                                                chat.pipeline.stages.mel("decoder"))]
     monkeypatch.undo()
     return out
 

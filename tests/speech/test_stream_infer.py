@@ -87,7 +87,7 @@ def test_small_first_chunk_is_early_and_only_it_is_approximate(chat: Chat) -> No
     hidden = torch.randn(80, chat.decoder.decoder.idim * 2, generator=torch.Generator().manual_seed(0))  # [T, H]
     ref = decode_hidden_batch(chat.decoder, chat.vocos, [hidden])[0]
     streams = StreamSet(StreamOptions(chunk_steps=8, first_chunk_steps=4, first_lookahead_steps=2))
-    streams.open("a", chat.pipeline.mel("decoder"))
+    streams.open("a", chat.pipeline.stages.mel("decoder"))
     parts, first_at = [], None
     for t in range(len(hidden)):
         chunk = streams.push({"a": hidden[t: t + 1]})["a"]

@@ -16,7 +16,7 @@ EXACT = StreamOptions(chunk_steps=4, first_chunk_steps=None, first_lookahead_ste
 
 @pytest.fixture(scope="module")
 def pipeline(tiny_assets) -> SpeechPipeline:
-    return SpeechPipeline.load(tiny_assets, device="cpu", use_vllm=True)
+    return SpeechPipeline.load(tiny_assets, device="cpu", gpt="velocity")
 
 
 def job(steps: int = 12, **options: object) -> SynthesisJob:

@@ -44,30 +44,61 @@ class RecordingFrontEnd(TextFrontEnd):
         return pieces
 
 
+class RecordingSynthesis:
+    """A job's verbs as SpeechPipeline.synthesis gives them: run() (the refine pass, its texts in `refined`, then
+    the code pass on them), stream(), cancel()."""
+
+    def __init__(self, pipeline: RecordingPipeline, job: SynthesisJob) -> None:
+        self.pipeline, self.job, self.refined = pipeline, job, None
+
+    def run(self) -> list:
+        return self.pipeline.run(self)
+
+    def stream(self):
+        return self.pipeline.stream(self.job)
+
+    def cancel(self) -> None:
+        pass
+
+
+class RecordingSpeakers:
+    """SpeechPipeline.speakers for a HIDDEN-wide model (the check is the real front end's)."""
+
+    def __init__(self, frontend: TextFrontEnd) -> None:
+        self.frontend = frontend
+
+    def random(self, seed: int | None = None) -> str:
+        return sample_random_speaker(HIDDEN, seed=seed)
+
+    def check(self, speaker: str, field: str = "speaker") -> None:
+        self.frontend.speaker(speaker, field)
+
+
 class RecordingPipeline:
-    """SpeechPipeline's surface as the handlers use it (synthesis(job).run / .stream, gate); every pass is recorded
-    ({"pass": "refine" or "code", "text", "params", "split", "max_batch"}). The waveform's length follows the speed
-    prompt, so a test can see the prompt reached the code pass."""
+    """SpeechPipeline's surface as the handlers use it (synthesis(job): one job, its refine pass then its audio;
+    speakers); every pass is recorded ({"pass": "refine" or "code", "text", "params", "split", "max_batch"}). The
+    waveform's length follows the speed prompt, so a test can see the prompt reached the code pass."""
 
     def __init__(self) -> None:
         self.calls: list[dict] = []
+        self.jobs: list[SynthesisJob] = []
         self.frontend = RecordingFrontEnd()
+        self.speakers = RecordingSpeakers(self.frontend)
         self.gate = CallGate()
 
-    def run(self, job: SynthesisJob) -> list:
+    def run(self, synthesis: RecordingSynthesis) -> list:
+        job = synthesis.job
         pieces = self.frontend.pieces(job.texts[0], split=job.text.split)
         with self.gate.call(job.stop) as stop:
-            if job.refine_only:
-                return ["\n".join(self.refine(pieces, job.refine, max_batch=job.max_batch, stop=stop).texts)]
+            if job.refine is not None:
+                pieces = self.refine(pieces, job.refine, max_batch=job.max_batch, stop=stop)
+                synthesis.refined = list(pieces.texts)
             return self.generate(SimpleNamespace(pieces=pieces, params=job.params), max_batch=job.max_batch,
                                  stop=stop)
 
-    def synthesis(self, job: SynthesisJob) -> SimpleNamespace:
-        """The job's verbs, as SpeechPipeline.synthesis gives them."""
-        return SimpleNamespace(run=lambda: self.run(job), stream=lambda: self.stream(job))
-
-    def sample_random_speaker(self, seed: int | None = None) -> str:
-        return sample_random_speaker(HIDDEN, seed=seed)
+    def synthesis(self, job: SynthesisJob) -> RecordingSynthesis:
+        self.jobs.append(job)
+        return RecordingSynthesis(self, job)
 
     def record(self, kind: str, pieces: TextPieces, params, max_batch: int | None) -> None:
         self.calls.append({"pass": kind, "text": pieces.texts[0], "params": params, "split": pieces.split,
@@ -75,7 +106,9 @@ class RecordingPipeline:
 
     def refine(self, pieces: TextPieces, params, *, max_batch: int | None = None, **options) -> TextPieces:
         self.record("refine", pieces, params, max_batch)
-        return pieces.replace([f"{pieces.texts[0]} {params.prompt}"])
+        refined = pieces.replace([f"{pieces.texts[0]} {params.prompt}"])
+        refined.split = pieces.split  # the code pass reads the refined pieces themselves
+        return refined
 
     def generate(self, requests: SimpleNamespace, *, max_batch: int | None = None, **options) -> list[np.ndarray]:
         self.record("code", requests.pieces, requests.params, max_batch)
@@ -137,6 +170,8 @@ def test_generate_passes_every_control_to_the_pipeline() -> None:
                                             split_text=False, batch_size=7, fmt="flac")
     refine, code = pipeline.calls
     assert (refine["pass"], code["pass"]) == ("refine", "code")
+    (job,) = pipeline.jobs  # one job: its refine pass, then the audio of the refined text
+    assert job.refine is not None and not job.refine_only
     assert refine["params"].prompt == "[oral_4][laugh_1][break_3]" and refine["params"].beam_width == 3
     assert code["params"].prompt == "[speed_8]"
     assert spoken == "Hello there. [oral_4][laugh_1][break_3]" == code["text"]
@@ -261,7 +296,7 @@ def test_a_clip_upload_answers_in_the_stats(tmp_path: Path) -> None:
     import wave
 
     pipeline = RecordingPipeline()
-    pipeline.sample_audio_speaker = lambda clip, sample_rate: f"codes of {len(clip)}"
+    pipeline.speakers.from_audio = lambda clip, sample_rate: f"codes of {len(clip)}"
     handlers = Handlers(pipeline)
     notes = tmp_path / "notes.wav"
     notes.write_text("not audio\n" * 20)
@@ -349,9 +384,9 @@ def test_the_speaker_field_takes_presets_and_seeds_as_the_server_does_with_its_w
     _final(Handlers(pipeline), speaker="alloy", audio_seed=None, refine=False)
     _final(Handlers(pipeline), speaker="42", audio_seed=None, refine=False)
     used = [c["params"].spk_emb for c in pipeline.calls]
-    assert used == [pipeline.sample_random_speaker(PRESET_SEEDS["alloy"]), pipeline.sample_random_speaker(42)]
+    assert used == [pipeline.speakers.random(PRESET_SEEDS["alloy"]), pipeline.speakers.random(42)]
     with pytest.raises(ValueError) as server:
-        voice_params("nobody", None, pipeline.sample_random_speaker)
+        voice_params("nobody", None, pipeline.speakers.random)
     with pytest.warns(UserWarning):
         *_, stats = _final(Handlers(pipeline), speaker="nobody", audio_seed=None, refine=False)
     assert stats.startswith(f"error: {server.value}")  # the server's and the export's words
@@ -361,7 +396,7 @@ def test_the_speaker_field_takes_a_saved_voices_name_as_the_server_does(tmp_path
     from chattts_velocity.text.voices import VoiceLibrary
 
     pipeline, library = RecordingPipeline(), VoiceLibrary(tmp_path / "voices")
-    speaker = pipeline.sample_random_speaker(7)
+    speaker = pipeline.speakers.random(7)
     library.save("Anna", speaker=speaker)
     _final(Handlers(pipeline, voices=library), speaker="Anna", audio_seed=None, refine=False)
     assert [c["params"].spk_emb for c in pipeline.calls] == [speaker]
