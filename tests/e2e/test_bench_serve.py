@@ -15,8 +15,9 @@ if str(REPO) not in sys.path:
 
 from benchmarks import bench_serve  # noqa: E402 (imported once REPO is on sys.path)
 
+pytestmark = pytest.mark.e2e
 
-@pytest.mark.e2e
+
 def test_bench_serve_measures_both_sides(tiny_assets, tmp_path) -> None:
     bench_serve.main(["--model", str(tiny_assets), "--sizes", "1,3", "--steps", "20", "--repeats", "1",
                       "--name", "smoke", "--out", str(tmp_path)])

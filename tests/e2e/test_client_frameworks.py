@@ -19,6 +19,8 @@ import test_openai_server as openai_server  # noqa: E402 (after the importorskip
 from chattts_velocity.audio import SAMPLE_RATE, samples_for_steps  # noqa: E402 (after the importorskips)
 from chattts_velocity.serve import ServerConfig, create_app  # noqa: E402 (after the importorskips)
 
+pytestmark = pytest.mark.e2e
+
 KEY = "frameworks-key"  # each framework sends it as OpenAI's Bearer key
 STEPS = 400  # 8 s of audio; the first chunk is due after 28 steps
 TEXT = "Hello from a voice agent."  # one sentence piece: one engine request
@@ -64,7 +66,6 @@ class Clip:
         assert self.stats.num_finished == self.finished_before + 1  # and the clip did finish, as one request
 
 
-@pytest.mark.e2e
 def test_openai_agents_tts_model_with_its_default_settings(server: openai_server.Server) -> None:
     voice = pytest.importorskip("agents.voice")
 
@@ -84,7 +85,6 @@ def test_openai_agents_tts_model_with_its_default_settings(server: openai_server
     assert len(pcm) == 2 * samples_for_steps(STEPS)  # s16le at 24 kHz: 2 bytes per sample of the clip
 
 
-@pytest.mark.e2e
 def test_pipecat_openai_tts_service_run_tts(server: openai_server.Server) -> None:
     pytest.importorskip("pipecat")
     from pipecat.clocks.system_clock import SystemClock
@@ -113,7 +113,6 @@ def test_pipecat_openai_tts_service_run_tts(server: openai_server.Server) -> Non
     assert sum(len(f.audio) for f in audio) == 2 * samples_for_steps(STEPS)
 
 
-@pytest.mark.e2e
 def test_pipecat_raises_on_a_401_rather_than_yielding_an_error_frame(server: openai_server.Server) -> None:
     """What docs/serving.md's recipe warns about: a wrong key is an exception out of run_tts."""
     pytest.importorskip("pipecat")
@@ -133,7 +132,6 @@ def test_pipecat_raises_on_a_401_rather_than_yielding_an_error_frame(server: ope
         asyncio.run(run())
 
 
-@pytest.mark.e2e
 @pytest.mark.parametrize("model", ["gpt-4o-mini-tts", "tts-1"])  # SSE events for the first, raw bytes for tts-1
 def test_livekit_openai_tts_synthesize(server: openai_server.Server, model: str) -> None:
     pytest.importorskip("livekit.plugins.openai")
@@ -162,7 +160,6 @@ def test_livekit_openai_tts_synthesize(server: openai_server.Server, model: str)
     assert {a.request_id for a in audio} != {""}  # the server's x-request-id reached the plugin
 
 
-@pytest.mark.e2e
 def test_openai_client_with_streaming_response(server: openai_server.Server) -> None:
     client = openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0, timeout=300)
     clip = Clip(server)

@@ -14,6 +14,8 @@ import test_openai_server as openai_server  # noqa: E402 (only once openai and a
 from chattts_velocity.audio import SAMPLE_RATE, samples_for_steps  # noqa: E402 (after the importorskips)
 from chattts_velocity.audio.formats import FORMATS  # noqa: E402 (after the importorskips)
 
+pytestmark = pytest.mark.e2e
+
 Server, speech_kwargs = openai_server.Server, openai_server.speech_kwargs
 server, client = openai_server.server, openai_server.client  # the same server fixtures, registered here by name
 
@@ -33,7 +35,6 @@ def _exact_seconds(steps: int) -> float:
     return samples_for_steps(steps) / SAMPLE_RATE  # min_new_tokens = max_new_tokens: exactly `steps` steps
 
 
-@pytest.mark.e2e
 def test_the_server_offers_every_openai_format(server: Server) -> None:
     assert set(OPENAI_FORMATS) <= set(server.state.formats)
 
@@ -49,7 +50,6 @@ def _steps_done(engine) -> int:
 STREAM_SLACK = {"mp3": 2 * 1152 + 576, "aac": 2 * 1024, "opus": 2 * 960}
 
 
-@pytest.mark.e2e
 @pytest.mark.parametrize("fmt", (*OPENAI_FORMATS, "ogg"))
 def test_each_format_streams_through_the_openai_client(server: Server, client, fmt: str, decode_audio) -> None:
     engine = server.state.engine.engine
@@ -79,7 +79,6 @@ def _samples(data: bytes, fmt: str, decode_audio) -> int:  # at 24 kHz (Opus dec
     return len(audio) * SAMPLE_RATE // rate
 
 
-@pytest.mark.e2e
 @pytest.mark.parametrize("fmt", OPENAI_FORMATS)
 def test_each_format_non_streamed_decodes_to_the_clip_length(server: Server, client, fmt: str,
                                                              decode_audio) -> None:
