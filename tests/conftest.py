@@ -2,10 +2,13 @@
 from __future__ import annotations
 
 import ast
+import contextlib
 import functools
 import io
 import itertools
 import os
+import subprocess
+import threading
 from pathlib import Path
 
 # OpenMP threads that wait for work sleep rather than spin (read once, when torch loads libgomp): the suite's tensors
@@ -27,6 +30,37 @@ torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
 # tests/model/conftest.py imports transformers, which does.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+_KERNEL_BUILDS: list[threading.Thread] = []
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """On a run of the whole suite, the C++ CPU kernels of this CPU (when not cached yet: 25-60 s of g++ on 2 cores)
+    build in a thread while collection imports the test modules on one core; collection's end waits for the build,
+    so no test starts a second one."""
+    config = session.config
+    if config.option.collectonly or config.args_source != pytest.Config.ArgsSource.TESTPATHS:
+        return
+    from chattts_velocity.model import kernels
+
+    which = kernels.isa()
+    if which is not None:
+        _KERNEL_BUILDS.append(threading.Thread(target=_build_kernels, args=(which,), name="kernel-build", daemon=True))
+        _KERNEL_BUILDS[-1].start()
+
+
+def _build_kernels(which: str) -> None:
+    from chattts_velocity.model import kernels
+    from chattts_velocity.model.kernels.build import build_library
+
+    with contextlib.suppress(OSError, RuntimeError, subprocess.SubprocessError):  # kernels.load() retries, says why
+        build_library(which, kernels.ISAS[which])
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    while _KERNEL_BUILDS:
+        _KERNEL_BUILDS.pop().join()
 
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
@@ -54,8 +88,9 @@ def _module_marks(path: Path) -> frozenset[str]:
 
 def _mark_name(node: ast.expr) -> str:  # "e2e" of pytest.mark.e2e or pytest.mark.e2e(...); else ""
     node = node.func if isinstance(node, ast.Call) else node
-    is_mark = isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute) and node.value.attr == "mark"
-    return node.attr if is_mark else ""
+    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute) and node.value.attr == "mark":
+        return node.attr
+    return ""
 
 
 def _deselects_every_test(markexpr: str, marks: frozenset[str]) -> bool:
