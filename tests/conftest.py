@@ -1,11 +1,8 @@
 """Shared fixtures: the real tokenizer/config (when present) and cached random-weight checkpoints."""
 from __future__ import annotations
 
-import ast
 import contextlib
-import functools
 import io
-import itertools
 import os
 import subprocess
 import threading
@@ -20,6 +17,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import numpy as np  # noqa: E402 (after the OpenMP setting)
 import pytest  # noqa: E402 (after the OpenMP setting)
 import torch  # noqa: E402 (after the OpenMP setting)
+from mark_filter import deselects_every_test, module_marks  # noqa: E402 (after the OpenMP setting)
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_ASSETS = REPO.parent / "shared" / "chattts-asset"
@@ -69,58 +67,8 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
     browsers' and clients' packages for no test. A file named on the command line is always collected."""
     if not (collection_path.name.startswith("test_") and collection_path.suffix == ".py"):
         return None
-    marks = _module_marks(collection_path)
-    return True if marks and _deselects_every_test(config.option.markexpr, marks) else None
-
-
-def _module_marks(path: Path) -> frozenset[str]:
-    """The names of `pytestmark = pytest.mark.X` (or a list of them) at the top level of the module's source."""
-    try:
-        tree = ast.parse(path.read_bytes())
-    except (OSError, SyntaxError, ValueError):
-        return frozenset()
-    for node in tree.body:
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "pytestmark" for t in node.targets):
-            values = node.value.elts if isinstance(node.value, ast.List | ast.Tuple) else [node.value]
-            return frozenset(_mark_name(v) for v in values) - {""}
-    return frozenset()
-
-
-def _mark_name(node: ast.expr) -> str:  # "e2e" of pytest.mark.e2e or pytest.mark.e2e(...); else ""
-    node = node.func if isinstance(node, ast.Call) else node
-    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute) and node.value.attr == "mark":
-        return node.attr
-    return ""
-
-
-def _deselects_every_test(markexpr: str, marks: frozenset[str]) -> bool:
-    """Whether `markexpr` is false for every test carrying `marks`, whatever other marks each test adds (every
-    combination of the expression's other names is tried); False for anything unusual (a mark's arguments)."""
-    if not markexpr:
-        return False
-    from _pytest.mark.expression import Expression  # pytest's own -m parser (pinned: pytest>=9.2,<10)
-
-    try:
-        expression = Expression.compile(markexpr)
-    except SyntaxError:
-        return False
-    others = sorted(expression.idents() - marks)
-    if len(others) > 8:
-        return False
-    for values in itertools.product((False, True), repeat=len(others)):
-        present = marks | {name for name, on in zip(others, values, strict=True) if on}
-        try:
-            if expression.evaluate(functools.partial(_has_mark, present)):
-                return False
-        except ValueError:
-            return False
-    return True
-
-
-def _has_mark(present: frozenset[str], name: str, /, **kwargs: object) -> bool:
-    if kwargs:
-        raise ValueError(f"{name}: a mark's arguments in -m")
-    return name in present
+    marks = module_marks(collection_path)
+    return True if marks and deselects_every_test(config.option.markexpr, marks) else None
 
 
 @pytest.fixture(scope="session")
