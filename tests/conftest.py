@@ -8,16 +8,10 @@ import subprocess
 import threading
 from pathlib import Path
 
-# OpenMP threads that wait for work sleep rather than spin (read once, when torch loads libgomp): the suite's tensors
-# are tiny, so two threads spinning at every parallel region of a busy 2-core host cost several times the work itself
-# (a 200-step stream decode: 0.7 s of CPU instead of 4-10 s); the suite keeps its two threads. The subprocesses that
-# tests start inherit it.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
-import numpy as np  # noqa: E402 (after the OpenMP setting)
-import pytest  # noqa: E402 (after the OpenMP setting)
-import torch  # noqa: E402 (after the OpenMP setting)
-from mark_filter import deselects_every_test, module_marks  # noqa: E402 (after the OpenMP setting)
+import numpy as np
+import pytest
+import torch
+from mark_filter import deselects_every_test, module_marks
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_ASSETS = REPO.parent / "shared" / "chattts-asset"
