@@ -11,6 +11,9 @@ from chattts_velocity.model import DecodeMetadata
 from chattts_velocity.model.llama import run_decoder_layer
 from chattts_velocity.text import Tokenizer
 
+# Every test here waits for inductor: ~25 s on a first run (a cold inductor cache), so the module is in the slow suite.
+pytestmark = pytest.mark.slow
+
 TEXTS = ["Hello world.", "你好，今天天气很好。", "Short", "A somewhat longer English sentence here."]
 
 
