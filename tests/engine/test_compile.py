@@ -42,9 +42,7 @@ def test_compiled_fp32_equals_the_plain_path(tiny_assets, compiled_fp32) -> None
         assert (a.hidden - b.hidden).abs().max().item() <= 1e-4
 
 
-# float32 in the default suite; the reduced precisions (a cold inductor compile each) in the slow suite
-@pytest.mark.parametrize("dtype", ["float32", pytest.param("bfloat16", marks=pytest.mark.slow),
-                                   pytest.param("int8", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int8"])
 def test_no_recompiles_once_warmed_up(tiny_assets, compiled_fp32, dtype) -> None:
     llm = compiled_fp32 if dtype == "float32" else load_pretrained(tiny_assets, is_vllm=True, compile=True,
                                                                     block_size=4, dtype=dtype)
@@ -77,7 +75,6 @@ def test_compiled_step_writes_the_kv_pool_in_place(compiled_fp32) -> None:
     assert not any(f"{k_pool.numel()}L" in c for c in code)
 
 
-@pytest.mark.slow  # a cold inductor compile
 def test_chat_load_compile_bfloat16_runs(tiny_assets) -> None:
     chat = Chat()
     chat.load(source="custom", custom_path=tiny_assets, verify=False, compile=True, dtype="bfloat16",
@@ -87,7 +84,6 @@ def test_chat_load_compile_bfloat16_runs(tiny_assets) -> None:
     assert [len(w) for w in wavs] == [(2 * 8 - 1) * 256] * 2
 
 
-@pytest.mark.slow  # two cold inductor compiles
 def test_engines_of_other_dtypes_in_one_process_keep_their_own_graphs(tiny_assets) -> None:
     # all engines compile the same Python function; the graphs of engines built later must be told apart
     # from the fp32 one, and the fp32 engine must keep running its own graph afterwards
